@@ -1,0 +1,27 @@
+# Two entry points, both of which build the environment first:
+#   make run   - set up .venv and run the main job (every scenario in scenarios/)
+#   make test  - set up .venv and run the whole test suite in parallel
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# CPU build of torch from the local wheel cache; a bare `torch` would pull CUDA wheels.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/commsim run scenarios/
+
+test: $(STAMP)
+	bash scripts/test.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,50 @@
+"""The `commsim` command line. Each verb lives in `commsim/commands/<verb>.py` and exposes
+`register(subparsers)`; this module only assembles them and turns UserError into a message
+and exit status 2 (no traceback for bad input)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import UserError
+
+# Verb modules, in the order `commsim --help` lists them.
+VERBS = ("topo", "scenario", "run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="commsim",
+        description="Simulate GPU communicators on CPU: topologies, CUDA IPC / cuMem / multicast "
+                    "semantics, backend choice, and replayable failures.")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+    for verb in VERBS:
+        try:
+            mod = importlib.import_module(f"commsim.commands.{verb}")
+        except ModuleNotFoundError as e:
+            if e.name == f"commsim.commands.{verb}":
+                continue  # a verb not built yet is simply absent from --help
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except UserError as e:
+        print(f"commsim: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("commsim: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

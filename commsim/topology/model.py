@@ -1,0 +1,358 @@
+"""The topology model: pure, immutable data describing a cluster of hosts and GPUs.
+
+This is the simulator's *ground truth* (DESIGN.md §3 rule 1): the communicator never reads it;
+it only learns what a real process could learn through driver queries. Everything here is
+plain frozen dataclasses with validation, so a topology can be hashed, compared, pickled and
+written back out.
+
+Vocabulary (reference §4.3, §9 notation):
+- a **host** is one OS instance: it shares `/dev/shm` and the AF_UNIX namespace, so legacy IPC
+  and POSIX-fd handles reach exactly the processes of one host;
+- an **NVLink domain** is the set of GPUs joined by NVSwitch fabric; it may span hosts (a
+  GB200 NVL72 rack is 18 hosts in one domain). NVML reports it per GPU as fabric info.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Iterable, Iterator
+
+
+
+from ..errors import UserError
+
+
+class TopologyError(UserError, ValueError):
+    """A topology that cannot exist. The message names the field and what is accepted."""
+
+
+class FabricState(IntEnum):
+    """`nvmlGpuFabricState_t` (reference §4.1)."""
+
+    NOT_SUPPORTED = 0
+    NOT_STARTED = 1
+    IN_PROGRESS = 2
+    COMPLETED = 3
+
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNKNOWN = 999  # any non-success status; only meaningful when state is COMPLETED
+ZERO_UUID = bytes(16)
+
+# `nvidia-smi topo -m` link names (the legend printed under the matrix, see seeds/000).
+PCIE_LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+_NV_RE = re.compile(r"^NV(\d+)$")
+
+
+@dataclass(frozen=True)
+class Link:
+    """The path between two GPUs of one host, as `nvidia-smi topo -m` names it.
+
+    `kind` is "NV" (with `nvlinks` = the bonded link count of `NV#`) or one of PCIE_LINKS.
+    `p2p` is what `cuDeviceCanAccessPeer` answers for the pair: NVLink implies it, PCIe paths
+    allow it only where the platform does (GeForce cards never, reference §5).
+    """
+
+    kind: str
+    nvlinks: int = 0
+    p2p: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind == "NV":
+            if self.nvlinks < 1:
+                raise TopologyError(f"link NV needs nvlinks >= 1, got {self.nvlinks}")
+        elif self.kind in PCIE_LINKS:
+            if self.nvlinks:
+                raise TopologyError(f"link {self.kind} is PCIe and cannot carry nvlinks={self.nvlinks}")
+        else:
+            raise TopologyError(
+                f"unknown link kind {self.kind!r}; accepted: NV<count>, {', '.join(PCIE_LINKS)}")
+
+    @property
+    def is_nvlink(self) -> bool:
+        return self.kind == "NV"
+
+    @property
+    def label(self) -> str:
+        """The `topo -m` cell text, e.g. `NV18` or `SYS`."""
+        return f"NV{self.nvlinks}" if self.is_nvlink else self.kind
+
+    @classmethod
+    def parse(cls, text: str, p2p: bool | None = None) -> "Link":
+        """Parse a `topo -m` cell (`NV12`, `PIX`, ...). NVLink implies P2P unless told."""
+        text = text.strip().upper()
+        m = _NV_RE.match(text)
+        if m:
+            return cls("NV", int(m.group(1)), True if p2p is None else p2p)
+        if text in PCIE_LINKS:
+            return cls(text, 0, True if p2p is None else p2p)
+        raise TopologyError(
+            f"unknown link {text!r}; accepted: NV<count>, {', '.join(PCIE_LINKS)}")
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    """`nvmlGpuFabricInfo_t` for one GPU (reference §4.1): what NVML *reports*."""
+
+    cluster_uuid: bytes = ZERO_UUID
+    clique_id: int = 0
+    state: FabricState = FabricState.NOT_SUPPORTED
+    status: int = NVML_SUCCESS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cluster_uuid, bytes) or len(self.cluster_uuid) != 16:
+            raise TopologyError("fabric cluster_uuid must be 16 bytes (NVML_GPU_FABRIC_UUID_LEN)")
+        object.__setattr__(self, "state", FabricState(self.state))
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as its own process sees it through device attributes (reference §2.2)."""
+
+    index: int                     # local ordinal on its host
+    model: str                     # marketing name, e.g. "NVIDIA H100 80GB HBM3"
+    compute_capability: tuple[int, int]
+    memory_bytes: int
+    vmm: bool = True               # CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (102)
+    posix_fd: bool = True          # ..._HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED (103)
+    fabric_handle: bool = False    # ..._HANDLE_TYPE_FABRIC_SUPPORTED (128)
+    multicast: bool = False        # ..._MULTICAST_SUPPORTED (132)
+    gpu_direct_rdma: bool = True   # ..._GPU_DIRECT_RDMA_SUPPORTED (116)
+    ipc_event: bool = True         # ..._IPC_EVENT_SUPPORTED (125); legacy IPC needs unified addressing
+    fabric: FabricInfo = field(default_factory=FabricInfo)
+    nvlinks_up: bool = True        # every P2P-capable NVLink active (what FlashInfer/TRT-LLM check)
+    uuid: str = ""
+
+    def __post_init__(self) -> None:
+        if self.index < 0:
+            raise TopologyError(f"gpu index must be >= 0, got {self.index}")
+        if self.memory_bytes <= 0:
+            raise TopologyError(f"gpu {self.index}: memory_bytes must be > 0")
+        cc = tuple(self.compute_capability)
+        if len(cc) != 2 or not all(isinstance(x, int) and x >= 0 for x in cc):
+            raise TopologyError(f"gpu {self.index}: compute_capability must be (major, minor)")
+        object.__setattr__(self, "compute_capability", cc)
+
+    @property
+    def sm(self) -> int:
+        """Compute capability as vLLM's tables index it (9.0 -> 90, 10.0 -> 100)."""
+        return self.compute_capability[0] * 10 + self.compute_capability[1]
+
+
+@dataclass(frozen=True)
+class Host:
+    """One OS instance with its GPUs and the link matrix between them."""
+
+    name: str
+    gpus: tuple[Gpu, ...]
+    # links[i][j] for i != j; the diagonal is None ("X" in topo -m).
+    links: tuple[tuple[Link | None, ...], ...]
+    imex_channels: tuple[int, ...] = ()   # /dev/nvidia-caps-imex-channels/channel<N> usable here
+    driver_version: str = "580.82.07"
+    shm_namespace: str = ""               # hosts sharing a namespace share /dev/shm (reference §4.3)
+    arch: str = "x86_64"
+
+    def __post_init__(self) -> None:
+        if not self.name or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", self.name):
+            raise TopologyError(
+                f"host name {self.name!r} is not a hostname; use letters, digits, '.', '_', '-'")
+        n = len(self.gpus)
+        if n == 0:
+            raise TopologyError(f"host {self.name}: needs at least one GPU")
+        for i, g in enumerate(self.gpus):
+            if g.index != i:
+                raise TopologyError(f"host {self.name}: gpu at position {i} has index {g.index}")
+        if len(self.links) != n or any(len(row) != n for row in self.links):
+            raise TopologyError(f"host {self.name}: link matrix must be {n}x{n}")
+        for i in range(n):
+            for j in range(n):
+                a = self.links[i][j]
+                if i == j:
+                    if a is not None:
+                        raise TopologyError(f"host {self.name}: links[{i}][{i}] must be empty (self)")
+                    continue
+                if a is None:
+                    raise TopologyError(f"host {self.name}: links[{i}][{j}] is missing")
+                b = self.links[j][i]
+                if b is not None and (a.kind, a.nvlinks, a.p2p) != (b.kind, b.nvlinks, b.p2p):
+                    raise TopologyError(
+                        f"host {self.name}: link GPU{i}-GPU{j} is {a.label} but GPU{j}-GPU{i} is "
+                        f"{b.label}; the matrix must be symmetric")
+        if any(c < 0 for c in self.imex_channels):
+            raise TopologyError(f"host {self.name}: imex channel numbers must be >= 0")
+        if self.arch not in ("x86_64", "aarch64"):
+            raise TopologyError(f"host {self.name}: arch must be x86_64 or aarch64, got {self.arch!r}")
+        if not self.shm_namespace:
+            object.__setattr__(self, "shm_namespace", self.name)
+
+    def link(self, i: int, j: int) -> Link:
+        lk = self.links[i][j]
+        if lk is None:
+            raise TopologyError(f"host {self.name}: no link from GPU{i} to itself")
+        return lk
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """A GPU by (host name, local index): the global identity used across the cluster."""
+
+    host: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.host}/gpu{self.index}"
+
+
+@dataclass(frozen=True)
+class NvlinkDomain:
+    """GPUs joined by one NVSwitch fabric. It may span hosts (GB200 NVL72: 18 trays).
+
+    `multi_node` domains are the MNNVL ones: NVML reports a non-zero cluster UUID and the
+    IMEX service can move fabric handles between their hosts. A single-host NVSwitch board
+    (HGX H100) is a domain too, for multicast, but NVML reports a zero UUID there.
+    """
+
+    name: str
+    members: tuple[GpuRef, ...]
+    cluster_uuid: bytes = ZERO_UUID
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for m in self.members:
+            seen.setdefault(m.host, None)
+        return tuple(seen)
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.hosts) > 1
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Hosts plus the NVLink domains over them. `source` says where the shape comes from."""
+
+    name: str
+    hosts: tuple[Host, ...]
+    domains: tuple[NvlinkDomain, ...] = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.hosts:
+            raise TopologyError(f"cluster {self.name}: needs at least one host")
+        names = [h.name for h in self.hosts]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise TopologyError(f"cluster {self.name}: duplicate host names {sorted(dup)}")
+        by_name = {h.name: h for h in self.hosts}
+        owner: dict[GpuRef, str] = {}
+        for d in self.domains:
+            for m in d.members:
+                if m.host not in by_name:
+                    raise TopologyError(f"domain {d.name}: unknown host {m.host!r}")
+                if not 0 <= m.index < len(by_name[m.host].gpus):
+                    raise TopologyError(f"domain {d.name}: {m} is not a GPU of host {m.host}")
+                if m in owner:
+                    raise TopologyError(f"{m} is in two NVLink domains ({owner[m]}, {d.name})")
+                owner[m] = d.name
+
+    # -- lookups ------------------------------------------------------------------------
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise TopologyError(f"cluster {self.name}: no host {name!r}; hosts: {', '.join(h.name for h in self.hosts)}")
+
+    def gpu(self, ref: GpuRef) -> Gpu:
+        return self.host(ref.host).gpus[ref.index]
+
+    def gpu_refs(self) -> Iterator[GpuRef]:
+        for h in self.hosts:
+            for g in h.gpus:
+                yield GpuRef(h.name, g.index)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(len(h.gpus) for h in self.hosts)
+
+    def domain_of(self, ref: GpuRef) -> NvlinkDomain | None:
+        for d in self.domains:
+            if ref in d.members:
+                return d
+        return None
+
+    def same_host(self, a: GpuRef, b: GpuRef) -> bool:
+        return a.host == b.host
+
+    def same_shm_namespace(self, a: GpuRef, b: GpuRef) -> bool:
+        return self.host(a.host).shm_namespace == self.host(b.host).shm_namespace
+
+    def same_domain(self, a: GpuRef, b: GpuRef) -> bool:
+        da = self.domain_of(a)
+        return da is not None and da is self.domain_of(b)
+
+    def p2p(self, a: GpuRef, b: GpuRef) -> bool:
+        """`cuDeviceCanAccessPeer` between two GPUs of one host (False across hosts)."""
+        if a.host != b.host:
+            return False
+        if a.index == b.index:
+            return True
+        return self.host(a.host).link(a.index, b.index).p2p
+
+    # -- editing (returns new clusters; the model stays immutable) -----------------------
+    def replace_host(self, name: str, **changes: object) -> "Cluster":
+        self.host(name)
+        hosts = tuple(dataclasses.replace(h, **changes) if h.name == name else h for h in self.hosts)
+        return dataclasses.replace(self, hosts=hosts)
+
+    def replace_gpu(self, ref: GpuRef, **changes: object) -> "Cluster":
+        h = self.host(ref.host)
+        if not 0 <= ref.index < len(h.gpus):
+            raise TopologyError(f"host {h.name} has no GPU {ref.index} (it has {len(h.gpus)})")
+        gpus = tuple(dataclasses.replace(g, **changes) if g.index == ref.index else g for g in h.gpus)
+        return self.replace_host(ref.host, gpus=gpus)
+
+    def set_p2p(self, host: str, i: int, j: int, allowed: bool) -> "Cluster":
+        h = self.host(host)
+        n = len(h.gpus)
+        if not (0 <= i < n and 0 <= j < n) or i == j:
+            raise TopologyError(f"host {host}: no GPU pair ({i}, {j}); GPUs are 0..{n - 1}")
+        rows = [list(r) for r in h.links]
+        rows[i][j] = dataclasses.replace(h.link(i, j), p2p=allowed)
+        rows[j][i] = dataclasses.replace(h.link(j, i), p2p=allowed)
+        return self.replace_host(host, links=tuple(tuple(r) for r in rows))
+
+    def slice_hosts(self, count: int) -> "Cluster":
+        """The first `count` hosts, with domains cut to the GPUs that remain."""
+        if not 1 <= count <= len(self.hosts):
+            raise TopologyError(
+                f"cluster {self.name} has {len(self.hosts)} hosts; a slice must keep 1..{len(self.hosts)}")
+        hosts = self.hosts[:count]
+        keep = {h.name for h in hosts}
+        domains = []
+        for d in self.domains:
+            members = tuple(m for m in d.members if m.host in keep)
+            if members:
+                domains.append(dataclasses.replace(d, members=members))
+        return dataclasses.replace(self, name=f"{self.name}[:{count}]", hosts=hosts, domains=tuple(domains))
+
+
+def full_matrix(n: int, link: Link) -> tuple[tuple[Link | None, ...], ...]:
+    """An n x n link matrix with the same link between every pair (an NVSwitch board)."""
+    return tuple(tuple(None if i == j else link for j in range(n)) for i in range(n))
+
+
+def matrix_from(n: int, cell: "callable[[int, int], Link]") -> tuple[tuple[Link | None, ...], ...]:
+    return tuple(tuple(None if i == j else cell(i, j) for j in range(n)) for i in range(n))
+
+
+def iter_pairs(refs: Iterable[GpuRef]) -> Iterator[tuple[GpuRef, GpuRef]]:
+    """Every ordered pair of distinct GPUs."""
+    refs = list(refs)
+    for a in refs:
+        for b in refs:
+            if a != b:
+                yield a, b
