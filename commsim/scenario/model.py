@@ -1,0 +1,108 @@
+"""A scenario as data: topology, faults, placement, groups, workload, expectations.
+
+`commsim.scenario.schema.load(path)` parses and validates a TOML file into a `Scenario`;
+the runner consumes only this model. Field meanings are documented in docs/scenario-format.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..topology.model import Cluster, GpuRef
+
+# Lifecycle steps at which an expected error may occur, in the order a run goes through them.
+STEPS = ("discover", "init", "op", "capture", "register", "release_capture", "close")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce_rmsnorm")
+DTYPES = ("float32", "float16", "bfloat16")
+
+# Topology faults (edits of the cluster, commsim.topology.modify) and driver faults
+# (commsim.sim.faults). `kind` selects one; the other fields it needs are listed here.
+FAULT_FIELDS: dict[str, tuple[str, ...]] = {
+    "imex_missing": ("host",),
+    "fabric_state": ("gpu", "state"),
+    "fabric_status_error": ("gpu",),
+    "zero_cluster_uuid": ("gpu",),
+    "p2p_disabled": ("host", "gpus"),
+    "no_multicast": ("gpu",),
+    "nvlinks_down": ("gpu",),
+    "oom": ("rank", "at_allocation"),
+    "call_fails": ("rank", "api", "code"),
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    host: str | None = None
+    gpu: GpuRef | None = None
+    gpus: tuple[int, int] | None = None
+    state: str | None = None          # FabricState name for fabric_state
+    rank: int | None = None
+    at_allocation: int | None = None  # 1-based: the k-th allocation of that rank fails
+    api: str | None = None            # Driver method name, e.g. "cudaIpcOpenMemHandle"
+    code: str | None = None           # cudaError_t / CUresult name, e.g. "cudaErrorInvalidValue"
+    nth: int = 1                      # which call of `api` fails (1-based)
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    ops: tuple[str, ...] = ("all_reduce",)
+    sizes: tuple[int, ...] = (4096,)          # message sizes in bytes
+    dtypes: tuple[str, ...] = ("bfloat16",)
+    graph_capture: bool = False               # also run each op inside `comm.capture()`
+    discard_capture: bool = False             # capture then discard (the profiling pattern)
+    iterations: int = 1
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """Either a backend (`backend` for `group`, optionally per `op` and `size`), or an error
+    (`error` by CUDA name, at lifecycle `step`, optionally on `rank`)."""
+
+    group: str | None = None
+    op: str | None = None
+    size: int | None = None
+    backend: str | None = None
+    error: str | None = None
+    step: str | None = None
+    rank: int | None = None
+    leak: bool = False                        # a leak is expected (shortcut-policy regressions)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    cluster: Cluster                          # after topology faults were applied
+    placement: tuple[GpuRef, ...]             # placement[rank] = the GPU that rank drives
+    groups: tuple[Group, ...]
+    workload: Workload = field(default_factory=Workload)
+    faults: tuple[Fault, ...] = ()            # all faults, topology ones included (for the record)
+    policy: str = "default"                   # preset name or "module:object"
+    expectations: tuple[Expectation, ...] = ()
+    seed: int = 0
+    description: str = ""
+    topology_spec: str = ""                   # e.g. "preset gb200-nvl72:2", for summaries
+    path: Path | None = None                  # the file it came from, if any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.placement)
+
+    def group(self, name: str) -> Group:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise KeyError(name)
+
+    @property
+    def driver_faults(self) -> tuple[Fault, ...]:
+        return tuple(f for f in self.faults if f.kind in ("oom", "call_fails"))
