@@ -1,0 +1,169 @@
+"""The Driver protocol: the narrow CUDA runtime + driver + NVML surface commsim uses.
+
+Names, argument order and the `(err, value...)` return convention follow cuda-python
+(`cuda.bindings.runtime` / `cuda.bindings.driver`), and errors are cuda-python's own enums
+(`cudaError_t` for `cuda*` calls, `CUresult` for `cu*` calls). Both the simulator
+(`commsim.sim.driver.SimDriver`) and the GPU binding (`device.driver.CudaDriver`) implement it,
+so the conformance suite runs against either (DESIGN.md §3 rule 3).
+
+Handles cross the Driver as plain values that survive pickling: legacy IPC and fabric handles
+as 64-byte `bytes` (CU_IPC_HANDLE_SIZE, reference §1.1), POSIX-fd handles as `int`, VMM and
+multicast handles as `int`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from cuda.bindings import driver as cu
+from cuda.bindings import runtime as cudart
+
+cudaError_t = cudart.cudaError_t
+CUresult = cu.CUresult
+HandleType = cu.CUmemAllocationHandleType
+DevAttr = cu.CUdevice_attribute
+
+IPC_HANDLE_SIZE = 64                    # CUDA_IPC_HANDLE_SIZE (reference §1.1)
+FABRIC_HANDLE_SIZE = 64                 # CUmemFabricHandle.data
+LAZY_ENABLE_PEER_ACCESS = cudart.cudaIpcMemLazyEnablePeerAccess  # 0x01, required flag (§1.1)
+
+NVML_SUCCESS = 0
+NVML_P2P_STATUS_OK = 0
+NVML_P2P_STATUS_NOT_SUPPORTED = 5       # NVML_P2P_STATUS_NOT_SUPPORTED in nvml.h
+
+
+class CudaError(RuntimeError):
+    """A non-success CUDA result, raised by `check()` (never by the Driver itself)."""
+
+    def __init__(self, api: str, code: int, name: str, string: str):
+        super().__init__(f"{api} failed: {name} ({code}): {string}")
+        self.api, self.code, self.name, self.string = api, int(code), name, string
+
+    def __reduce__(self):  # keep it picklable across process boundaries
+        return (CudaError, (self.api, self.code, self.name, self.string))
+
+
+def error_string(err: Any) -> str:
+    """The text `cudaGetErrorString` gives for a code (runtime strings, reference §1.5).
+
+    Driver `cuGetErrorString` texts are UNCONFIRMED (§1.5); the runtime string of the same
+    number is used, which matches the one driver text seen in public logs (NOT_PERMITTED).
+    """
+    code = int(err)
+    try:
+        rt = cudaError_t(code)
+    except ValueError:
+        return f"unknown error {code}"
+    status, text = cudart.cudaGetErrorString(rt)
+    return text.decode() if isinstance(text, bytes) else str(text)
+
+
+def error_name(err: Any) -> str:
+    return getattr(err, "name", str(err))
+
+
+def is_success(err: Any) -> bool:
+    return int(err) == 0
+
+
+def check(api: str, result: Any) -> Any:
+    """Unwrap `(err, value...)`: return the value(s) on success, raise CudaError otherwise.
+
+    `check("cudaMalloc", drv.cudaMalloc(n))` -> the pointer. A call returning only `(err,)`
+    gives None; several values come back as a tuple.
+    """
+    if not isinstance(result, tuple):
+        result = (result,)
+    err, rest = result[0], result[1:]
+    if int(err) != 0:
+        raise CudaError(api, int(err), error_name(err), error_string(err))
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else rest
+
+
+@dataclass(frozen=True)
+class GpuFabricInfo:
+    """`nvmlGpuFabricInfo_t` v1 fields (reference §4.1)."""
+
+    cluster_uuid: bytes
+    status: int
+    clique_id: int
+    state: int
+
+
+def alloc_prop(device: int, handle_types: int = 0) -> "cu.CUmemAllocationProp":
+    """A `CUmemAllocationProp` for pinned device memory, as every project builds it (§2.1)."""
+    p = cu.CUmemAllocationProp()
+    p.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    p.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    p.location.id = device
+    p.requestedHandleTypes = handle_types
+    return p
+
+
+def access_desc(device: int) -> "cu.CUmemAccessDesc":
+    d = cu.CUmemAccessDesc()
+    d.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    d.location.id = device
+    d.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return d
+
+
+def multicast_prop(num_devices: int, size: int, handle_types: int = 0) -> "cu.CUmulticastObjectProp":
+    p = cu.CUmulticastObjectProp()
+    p.numDevices = num_devices
+    p.size = size
+    p.handleTypes = handle_types
+    return p
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """What one process may ask of CUDA and NVML. Every method returns `(err, value...)`."""
+
+    # --- process / device identity (what a real process can learn, DESIGN.md §3 rule 1) ---
+    def gethostname(self) -> str: ...
+    def imex_channels(self) -> tuple[int, ...]: ...
+    def cudaGetDeviceCount(self) -> tuple: ...
+    def cudaGetDevice(self) -> tuple: ...
+    def cudaSetDevice(self, device: int) -> tuple: ...
+    def cuDeviceGetAttribute(self, attrib: Any, dev: int) -> tuple: ...
+    def cuDeviceCanAccessPeer(self, dev: int, peer_dev: int) -> tuple: ...
+    def cudaDeviceCanAccessPeer(self, device: int, peer_device: int) -> tuple: ...
+    def cudaDeviceSynchronize(self) -> tuple: ...
+
+    # --- legacy memory and IPC ---
+    def cudaMalloc(self, size: int) -> tuple: ...
+    def cudaFree(self, dev_ptr: int) -> tuple: ...
+    def cudaMemcpy(self, dst: int, src: int, count: int, kind: Any) -> tuple: ...
+    def cudaMemset(self, dev_ptr: int, value: int, count: int) -> tuple: ...
+    def cudaIpcGetMemHandle(self, dev_ptr: int) -> tuple: ...
+    def cudaIpcOpenMemHandle(self, handle: bytes, flags: int) -> tuple: ...
+    def cudaIpcCloseMemHandle(self, dev_ptr: int) -> tuple: ...
+
+    # --- VMM ---
+    def cuMemGetAllocationGranularity(self, prop: Any, option: Any) -> tuple: ...
+    def cuMemCreate(self, size: int, prop: Any, flags: int) -> tuple: ...
+    def cuMemExportToShareableHandle(self, handle: int, handle_type: Any, flags: int) -> tuple: ...
+    def cuMemImportFromShareableHandle(self, os_handle: Any, handle_type: Any) -> tuple: ...
+    def cuMemAddressReserve(self, size: int, alignment: int, addr: int, flags: int) -> tuple: ...
+    def cuMemMap(self, ptr: int, size: int, offset: int, handle: int, flags: int) -> tuple: ...
+    def cuMemSetAccess(self, ptr: int, size: int, desc: Sequence[Any], count: int) -> tuple: ...
+    def cuMemUnmap(self, ptr: int, size: int) -> tuple: ...
+    def cuMemRelease(self, handle: int) -> tuple: ...
+    def cuMemAddressFree(self, ptr: int, size: int) -> tuple: ...
+
+    # --- multicast ---
+    def cuMulticastGetGranularity(self, prop: Any, option: Any) -> tuple: ...
+    def cuMulticastCreate(self, prop: Any) -> tuple: ...
+    def cuMulticastAddDevice(self, mc_handle: int, dev: int) -> tuple: ...
+    def cuMulticastBindMem(self, mc_handle: int, mc_offset: int, mem_handle: int,
+                           mem_offset: int, size: int, flags: int) -> tuple: ...
+    def cuMulticastUnbind(self, mc_handle: int, dev: int, mc_offset: int, size: int) -> tuple: ...
+
+    # --- NVML ---
+    def nvmlDeviceGetGpuFabricInfo(self, index: int) -> tuple: ...
+    def nvmlDeviceGetP2PStatus(self, index1: int, index2: int) -> tuple: ...
+    def nvmlDeviceGetNvLinkState(self, index: int) -> tuple: ...

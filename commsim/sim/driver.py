@@ -1,0 +1,745 @@
+"""SimDriver: one simulated process's view of CUDA and NVML over a SimFabric.
+
+Every method follows cuda-python's `(err, value...)` convention and returns the real codes;
+misuse never raises. Each rule cites its row in shared/reference/domain.md §9; the rows whose
+exact code is UNCONFIRMED take it from `rules.UNCONFIRMED`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from cuda.bindings import driver as cu
+from cuda.bindings import runtime as cudart
+
+from ..driver import LAZY_ENABLE_PEER_ACCESS, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
+from ..group.scheduler import wait_until
+from ..topology.model import FabricState, GpuRef
+from . import rules
+from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
+
+E = cudart.cudaError_t
+R = cu.CUresult
+A = cu.CUdevice_attribute
+FD = int(cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+FABRIC = int(cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_FABRIC)
+VA_ALIGN = 512          # cudaMalloc alignment seen in practice is >= 256 B
+
+
+class Fail(Exception):
+    """Internal: abort the current call with this code (caught by @api, never escapes)."""
+
+    def __init__(self, code: Any):
+        self.code = code
+
+
+def api(nvals: int, runtime: bool):
+    """Wrap a driver method: faults first, then the body; a Fail becomes `(code, None...)`."""
+    ok = E.cudaSuccess if runtime else R.CUDA_SUCCESS
+
+    def deco(fn: Callable) -> Callable:
+        name = fn.__name__
+
+        @functools.wraps(fn)
+        def wrapper(self: "SimDriver", *args: Any) -> tuple:
+            if not self.proc.alive:
+                return (E.cudaErrorCudartUnloading if runtime else R.CUDA_ERROR_DEINITIALIZED,) + (None,) * nvals
+            forced = self.proc.faults.before(name)
+            if forced is not None:
+                return (forced,) + (None,) * nvals
+            try:
+                out = fn(self, *args)
+            except Fail as f:
+                return (f.code,) + (None,) * nvals
+            if nvals == 0:
+                return (ok,)
+            return (ok, out) if nvals == 1 else (ok,) + tuple(out)
+        return wrapper
+    return deco
+
+
+@dataclass(eq=False)
+class Mapping:
+    base: int
+    size: int
+    kind: str                       # "malloc" | "ipc" | "vmm" | "mc"
+    target: PhysicalAlloc | MulticastObject
+    offset: int = 0
+    access: bool = True
+    refs: int = 1
+    handle: int | None = None       # process-local VMM handle it was mapped from
+
+
+def _attr_int(x: Any) -> int:
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return -1
+
+
+class SimDriver:
+    """The Driver protocol for one simulated process (see commsim/driver.py)."""
+
+    def __init__(self, fabric: SimFabric, proc: SimProcess):
+        self.fabric = fabric
+        self.proc = proc
+        self.cluster = fabric.cluster
+        self._maps: dict[int, Mapping] = {}
+        self._bases: list[int] = []
+        self._reserved: dict[int, int] = {}           # VA reservations: base -> size
+        self._next_va = 0x7F00_0000_0000 + (proc.pid % 4096) * (1 << 34)
+        self._handles: dict[int, tuple[str, int]] = {}  # VMM handle -> ("mem"|"mc", id)
+        self._next_handle = 0x1000 + (proc.pid % 997) * 16
+        self._fds: dict[int, tuple[str, int]] = {}
+        self._next_fd = 10
+        self._ipc_open: dict[int, int] = {}           # aid -> base of our import
+        self._peer_maps = 0
+
+    # ---- identity ---------------------------------------------------------------------
+    @property
+    def ledger(self):
+        return self.proc.ledger
+
+    @property
+    def device(self) -> GpuRef:
+        return self.proc.gpus[self.proc.current]
+
+    def gethostname(self) -> str:
+        return self.proc.host
+
+    def imex_channels(self) -> tuple[int, ...]:
+        return self.cluster.host(self.proc.host).imex_channels
+
+    def shm_namespace(self) -> str:
+        """What vLLM's same-node test observes: hosts that share /dev/shm (reference §4.3)."""
+        return self.cluster.host(self.proc.host).shm_namespace
+
+    def _dev(self, ordinal: Any, runtime: bool = False) -> GpuRef:
+        o = _attr_int(ordinal)
+        if not 0 <= o < len(self.proc.gpus):
+            raise Fail(E.cudaErrorInvalidDevice if runtime else R.CUDA_ERROR_INVALID_DEVICE)
+        return self.proc.gpus[o]
+
+    @api(1, True)
+    def cudaGetDeviceCount(self) -> int:
+        return len(self.proc.gpus)
+
+    @api(1, True)
+    def cudaGetDevice(self) -> int:
+        return self.proc.current
+
+    @api(0, True)
+    def cudaSetDevice(self, device: int) -> None:
+        self._dev(device, runtime=True)
+        self.proc.current = int(device)
+
+    @api(0, True)
+    def cudaDeviceSynchronize(self) -> None:
+        return None  # simulated kernels complete at launch
+
+    @api(1, False)
+    def cuDeviceGetAttribute(self, attrib: Any, dev: int) -> int:
+        g = self.cluster.gpu(self._dev(dev))
+        a = _attr_int(attrib)
+        table = {
+            int(A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): g.vmm,
+            int(A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED): g.posix_fd,
+            int(A.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED): g.gpu_direct_rdma,
+            int(A.CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED): g.ipc_event,
+            int(A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED): g.fabric_handle,
+            int(A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED): g.multicast,
+            int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR): g.compute_capability[0],
+            int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR): g.compute_capability[1],
+            int(A.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING): 1,
+        }
+        if a not in table:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        return int(table[a])
+
+    def _can_access(self, a: GpuRef, b: GpuRef) -> bool:
+        return self.cluster.p2p(a, b)
+
+    @api(1, False)
+    def cuDeviceCanAccessPeer(self, dev: int, peer_dev: int) -> int:
+        return int(self._can_access(self._dev(dev), self._dev(peer_dev)))
+
+    @api(1, True)
+    def cudaDeviceCanAccessPeer(self, device: int, peer_device: int) -> int:
+        return int(self._can_access(self._dev(device, True), self._dev(peer_device, True)))
+
+    # ---- virtual address space ----------------------------------------------------------
+    def _va(self, size: int, align: int = VA_ALIGN) -> int:
+        align = max(align, VA_ALIGN)
+        base = (self._next_va + align - 1) // align * align
+        self._next_va = base + max(size, 1) + VA_ALIGN   # a gap, so off-by-one reads fault
+        return base
+
+    def _add_map(self, m: Mapping) -> None:
+        self._maps[m.base] = m
+        bisect.insort(self._bases, m.base)
+
+    def _del_map(self, m: Mapping) -> None:
+        del self._maps[m.base]
+        self._bases.pop(bisect.bisect_left(self._bases, m.base))
+
+    def _find(self, ptr: int) -> tuple[Mapping, int] | None:
+        i = bisect.bisect_right(self._bases, ptr) - 1
+        if i < 0:
+            return None
+        m = self._maps[self._bases[i]]
+        off = ptr - m.base
+        return (m, off) if off < m.size else None
+
+    def resolve(self, ptr: int, nbytes: int) -> tuple[Mapping, int]:
+        """Mapping and offset for a device access of `nbytes` at `ptr`; Fail(700) when the
+        range is unmapped, has no access (row V11) or its memory was freed (row L15)."""
+        hit = self._find(_attr_int(ptr))
+        if hit is None or hit[1] + nbytes > hit[0].size or nbytes < 0:
+            raise Fail(E.cudaErrorIllegalAddress)
+        m, off = hit
+        if not m.access:
+            raise Fail(E.cudaErrorIllegalAddress)
+        if isinstance(m.target, PhysicalAlloc) and m.target.freed:
+            self.fabric.flag(f"pid {self.proc.pid}: access to memory its exporter freed while "
+                             f"mapped (undefined behaviour, row L15)")
+            raise Fail(E.cudaErrorIllegalAddress)
+        return m, off
+
+    def view(self, ptr: int, nbytes: int) -> np.ndarray:
+        """Raw bytes behind a unicast device range (for simulated kernels and memcpy)."""
+        m, off = self.resolve(ptr, nbytes)
+        if m.kind == "mc":
+            raise Fail(E.cudaErrorIllegalAddress)   # multicast VA only through multimem ops
+        a = m.target
+        start = m.offset + off
+        return a.data[start:start + nbytes]
+
+    def multimem_views(self, ptr: int, nbytes: int) -> list[np.ndarray]:
+        """The bound unicast bytes behind a multicast range, one per team device, in join order."""
+        m, off = self.resolve(ptr, nbytes)
+        if m.kind != "mc":
+            raise Fail(E.cudaErrorIllegalAddress)
+        mc: MulticastObject = m.target
+        out = []
+        for g in mc.devices:
+            b = mc.bindings.get(g)
+            if b is None:
+                raise Fail(E.cudaErrorIllegalAddress)
+            alloc, mem_off, mc_off, size = b
+            lo = off - mc_off
+            if lo < 0 or lo + nbytes > size:
+                raise Fail(E.cudaErrorIllegalAddress)
+            out.append(alloc.data[mem_off + lo: mem_off + lo + nbytes])
+        return out
+
+    # ---- legacy memory --------------------------------------------------------------------
+    @api(1, True)
+    def cudaMalloc(self, size: int) -> int:
+        size = _attr_int(size)
+        if size < 0:
+            raise Fail(E.cudaErrorInvalidValue)
+        g = self.device
+        if self.fabric.device_bytes_used(g) + size > self.cluster.gpu(g).memory_bytes:
+            raise Fail(E.cudaErrorMemoryAllocation)
+        a = self.fabric.new_alloc(g, size, legacy=True, owner=self.proc.pid)
+        base = self._va(size)
+        self._add_map(Mapping(base, max(size, 1), "malloc", a))
+        self.ledger.add("allocation", base, f"cudaMalloc({size}) on {g}")
+        return base
+
+    @api(0, True)
+    def cudaFree(self, dev_ptr: int) -> None:
+        p = _attr_int(dev_ptr)
+        if p == 0:
+            return None   # cudaFree(0) is a no-op by the runtime's contract
+        m = self._maps.get(p)
+        if m is None or m.kind != "malloc":
+            raise Fail(E.cudaErrorInvalidValue)
+        a: PhysicalAlloc = m.target
+        importers = [q for q in self.fabric.processes.values()
+                     if q.pid != self.proc.pid and q.ledger.has("ipc_mapping", ("aid", a.aid))]
+        if importers:
+            # Row L15: freeing while peers still map it is undefined; poisoned for them.
+            self.fabric.flag(f"pid {self.proc.pid} freed {hex(p)} while pids "
+                             f"{', '.join(str(q.pid) for q in importers)} still had it open (row L15, "
+                             f"close-before-free G7)")
+        self._del_map(m)
+        self.fabric.free_alloc(a)
+        self.ledger.remove("allocation", p, all_refs=True)
+
+    def _memcpy_check(self, count: int) -> int:
+        c = _attr_int(count)
+        if c < 0:
+            raise Fail(E.cudaErrorInvalidValue)
+        return c
+
+    @api(0, True)
+    def cudaMemcpy(self, dst: int, src: int, count: int, kind: Any) -> None:
+        c = self._memcpy_check(count)
+        if c == 0:
+            return None
+        try:
+            d = self.view(dst, c)
+            s = self.view(src, c)
+        except Fail:
+            raise Fail(E.cudaErrorInvalidValue)  # runtime validates pointers before launch
+        np.copyto(d, s)
+
+    @api(0, True)
+    def cudaMemset(self, dev_ptr: int, value: int, count: int) -> None:
+        c = self._memcpy_check(count)
+        try:
+            self.view(dev_ptr, c)[:] = _attr_int(value) & 0xFF
+        except Fail:
+            raise Fail(E.cudaErrorInvalidValue)
+
+    @api(0, True)
+    def memcpy_htod(self, dst: int, host: np.ndarray) -> None:
+        """cudaMemcpy(dst, host, nbytes, HostToDevice) with the host side as an array."""
+        b = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
+        try:
+            np.copyto(self.view(dst, b.size), b)
+        except Fail:
+            raise Fail(E.cudaErrorInvalidValue)
+
+    @api(1, True)
+    def memcpy_dtoh(self, src: int, nbytes: int) -> np.ndarray:
+        try:
+            return self.view(src, self._memcpy_check(nbytes)).copy()
+        except Fail:
+            raise Fail(E.cudaErrorInvalidValue)
+
+    # ---- legacy IPC -----------------------------------------------------------------------
+    @api(1, True)
+    def cudaIpcGetMemHandle(self, dev_ptr: int) -> bytes:
+        hit = self._find(_attr_int(dev_ptr))
+        if hit is None:
+            raise Fail(E.cudaErrorInvalidValue)
+        m, off = hit
+        if m.kind != "malloc":
+            raise Fail(E.cudaErrorInvalidValue)        # row L2: VMM memory is rejected
+        if off != 0:
+            raise Fail(rules.code("L3"))               # row L3: only allocation bases
+        return self.fabric.ipc_handle_for(m.target, self.proc.pid)   # rows L1, L4
+
+    @api(1, True)
+    def cudaIpcOpenMemHandle(self, handle: Any, flags: int) -> int:
+        if _attr_int(flags) != int(LAZY_ENABLE_PEER_ACCESS):
+            raise Fail(rules.code("L13"))
+        key = bytes(getattr(handle, "reserved", handle))[:64] if handle is not None else b""
+        entry = self.fabric.ipc_handles.get(key)
+        if entry is None:
+            raise Fail(E.cudaErrorInvalidResourceHandle)   # unknown or freed allocation
+        aid, exporter = entry
+        a = self.fabric.allocs.get(aid)
+        exp = self.fabric.processes.get(exporter)
+        if a is None or exp is None or a.freed:
+            raise Fail(E.cudaErrorInvalidResourceHandle)
+        if exp.host != self.proc.host:
+            # Row L8: a legacy handle names OS-local driver state; on another host, even in
+            # one NVLink domain (GB200 trays), it resolves to nothing (flashinfer#2006, vLLM#52778).
+            raise Fail(E.cudaErrorInvalidResourceHandle)
+        if exporter == self.proc.pid:
+            raise Fail(E.cudaErrorDeviceUninitialized)      # row L9 (ucx#11603)
+        me = self.device
+        if me != a.gpu and not self._can_access(me, a.gpu):
+            raise Fail(E.cudaErrorPeerAccessUnsupported)    # row L10 (sglang#4814)
+        if aid in self._ipc_open:                            # row L6: same pointer, refcount
+            base = self._ipc_open[aid]
+            self._maps[base].refs += 1
+            self.ledger.add("ipc_mapping", ("aid", aid), "")
+            return base
+        if self._peer_maps >= rules.MAX_PEER_MAPPINGS:
+            raise Fail(E.cudaErrorTooManyPeers)              # row L12
+        base = self._va(a.size)
+        self._add_map(Mapping(base, max(a.size, 1), "ipc", a))
+        self._ipc_open[aid] = base
+        self._peer_maps += 1
+        self.ledger.add("ipc_mapping", ("aid", aid),
+                        f"cudaIpcOpenMemHandle of {a.gpu}'s allocation from pid {exporter}")
+        return base
+
+    @api(0, True)
+    def cudaIpcCloseMemHandle(self, dev_ptr: int) -> None:
+        m = self._maps.get(_attr_int(dev_ptr))
+        if m is None or m.kind != "ipc":
+            raise Fail(E.cudaErrorInvalidValue)
+        a: PhysicalAlloc = m.target
+        m.refs -= 1                                           # row L14
+        self.ledger.remove("ipc_mapping", ("aid", a.aid))
+        if m.refs <= 0:
+            self._del_map(m)
+            self._ipc_open.pop(a.aid, None)
+            self._peer_maps -= 1
+
+    # ---- VMM --------------------------------------------------------------------------------
+    def _prop_device(self, prop: Any) -> GpuRef:
+        try:
+            ordinal = prop.location.id
+        except AttributeError:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        return self._dev(ordinal)
+
+    @api(1, False)
+    def cuMemGetAllocationGranularity(self, prop: Any, option: Any) -> int:
+        self._prop_device(prop)
+        return rules.GRANULARITY_RECOMMENDED if _attr_int(option) == 1 else rules.GRANULARITY_MIN
+
+    def _fabric_ready(self, g: GpuRef) -> bool:
+        return self.cluster.gpu(g).fabric.state == FabricState.COMPLETED
+
+    @api(1, False)
+    def cuMemCreate(self, size: int, prop: Any, flags: int) -> int:
+        g = self._prop_device(prop)
+        gpu = self.cluster.gpu(g)
+        size = _attr_int(size)
+        types = _attr_int(getattr(prop, "requestedHandleTypes", 0))
+        if size <= 0 or size % rules.GRANULARITY_MIN or types < 0 or types & ~(FD | FABRIC | 0x6):
+            raise Fail(rules.code("V1"))
+        if not gpu.vmm:
+            raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
+        if types & FD and not gpu.posix_fd:
+            raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
+        if types & FABRIC:
+            if not gpu.fabric_handle:
+                raise Fail(rules.code("V4"))
+            if not self.imex_channels():
+                raise Fail(R.CUDA_ERROR_NOT_PERMITTED)      # row V3 (DeepEP#487, IMEX guide)
+            if not self._fabric_ready(g):
+                raise Fail(rules.code("X2"))
+        if self.fabric.device_bytes_used(g) + size > gpu.memory_bytes:
+            raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
+        a = self.fabric.new_alloc(g, size, legacy=False, owner=self.proc.pid, handle_types=types)
+        h = self._new_handle(("mem", a.aid))
+        self.ledger.add("vmm_handle", ("mem", a.aid, h), f"cuMemCreate({size}) on {g}, types {types:#x}")
+        return h
+
+    def _new_handle(self, target: tuple[str, int]) -> int:
+        h = self._next_handle
+        self._next_handle += 1
+        self._handles[h] = target
+        return h
+
+    def _handle(self, handle: Any) -> tuple[str, int]:
+        t = self._handles.get(_attr_int(handle))
+        if t is None:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        return t
+
+    def _obj(self, target: tuple[str, int]) -> PhysicalAlloc | MulticastObject:
+        kind, oid = target
+        obj = (self.fabric.allocs if kind == "mem" else self.fabric.multicasts).get(oid)
+        if obj is None:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        return obj
+
+    @api(1, False)
+    def cuMemExportToShareableHandle(self, handle: int, handle_type: Any, flags: int) -> Any:
+        target = self._handle(handle)
+        obj = self._obj(target)
+        t = _attr_int(handle_type)
+        if t not in (FD, FABRIC) or not obj.handle_types & t:
+            raise Fail(rules.code("X1"))
+        if t == FABRIC:
+            return self.fabric.fabric_handle_for(*target)       # 64 bytes, any transport
+        fd = self._next_fd
+        self._next_fd += 1
+        self._fds[fd] = target
+        self.ledger.add("exported_fd", fd, f"POSIX fd {fd} for {target[0]} {target[1]}")
+        return fd
+
+    def close_fd(self, fd: int) -> int:
+        """os.close of an exported or received fd: 0, or -1 (EBADF) like the syscall."""
+        if self._fds.pop(fd, None) is None:
+            return -1
+        self.ledger.remove("exported_fd", fd, all_refs=True)
+        return 0
+
+    def receive_fd(self, target: tuple[str, int]) -> int:
+        """The receiving end of SCM_RIGHTS: a new fd in this process (see sim/unix_socket.py)."""
+        fd = self._next_fd
+        self._next_fd += 1
+        self._fds[fd] = target
+        self.ledger.add("exported_fd", fd, f"POSIX fd {fd} received for {target[0]} {target[1]}")
+        return fd
+
+    def fd_target(self, fd: int) -> tuple[str, int] | None:
+        return self._fds.get(fd)
+
+    @api(1, False)
+    def cuMemImportFromShareableHandle(self, os_handle: Any, handle_type: Any) -> int:
+        t = _attr_int(handle_type)
+        me = self.device
+        if t == FD:
+            target = self._fds.get(_attr_int(os_handle))
+            if target is None:
+                raise Fail(rules.code("X4"))
+        elif t == FABRIC:
+            raw = getattr(os_handle, "data", os_handle)
+            try:
+                key = bytes(raw)[:64]
+            except TypeError:
+                raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+            target = self.fabric.fabric_handles.get(key)
+            if target is None:
+                raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+            if not self.cluster.gpu(me).fabric_handle:
+                raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)           # row V6
+            if not self.imex_channels():
+                raise Fail(R.CUDA_ERROR_NOT_PERMITTED)           # row V5
+            obj = self._obj(target)
+            src = obj.gpu if isinstance(obj, PhysicalAlloc) else obj.creator
+            src_host = self.cluster.host(src.host)
+            if not set(src_host.imex_channels) & set(self.imex_channels()):
+                raise Fail(R.CUDA_ERROR_NOT_PERMITTED)           # same channel needed (§2.3)
+            if src != me and not self.cluster.same_domain(src, me):
+                self.fabric.flag(f"pid {self.proc.pid}: FABRIC import from {src} outside its "
+                                 f"NVLink domain (row V7, UNCONFIRMED code)")
+                raise Fail(rules.code("V7"))
+        else:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        obj = self._obj(target)
+        obj.refs += 1                                            # row V14: needs its own release
+        h = self._new_handle(target)
+        self.ledger.add("imported_handle", (target[0], target[1], h),
+                        f"import of {target[0]} {target[1]} ({'fd' if t == FD else 'fabric'})")
+        return h
+
+    @api(1, False)
+    def cuMemAddressReserve(self, size: int, alignment: int, addr: int, flags: int) -> int:
+        size, align = _attr_int(size), _attr_int(alignment)
+        if size <= 0 or size % rules.HOST_PAGE or align < 0 or (align & (align - 1)):
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        base = self._va(size, max(align, rules.GRANULARITY_MIN))
+        self._reserved[base] = size
+        self.ledger.add("reservation", base, f"cuMemAddressReserve({size})")
+        return base
+
+    def _in_reservation(self, ptr: int, size: int) -> bool:
+        for b, s in self._reserved.items():
+            if b <= ptr and ptr + size <= b + s:
+                return True
+        return False
+
+    @api(0, False)
+    def cuMemMap(self, ptr: int, size: int, offset: int, handle: int, flags: int) -> None:
+        ptr, size, offset = _attr_int(ptr), _attr_int(size), _attr_int(offset)
+        target = self._handle(handle)
+        obj = self._obj(target)
+        gran = rules.GRANULARITY_MIN if target[0] == "mem" else rules.MULTICAST_GRANULARITY_MIN
+        if size <= 0 or ptr % gran or size % gran or offset != 0 or size > obj.size:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)               # §2.3: granularity, offset 0
+        if not self._in_reservation(ptr, size):
+            raise Fail(rules.code("V10"))
+        for b in self._bases:
+            m = self._maps[b]
+            if b < ptr + size and ptr < b + m.size:
+                raise Fail(rules.code("V10"))
+        if isinstance(obj, MulticastObject):
+            # Row M2: mapping a multicast handle blocks until every device has joined.
+            wait_until(lambda: len(obj.devices) >= obj.num_devices,
+                       f"cuMemMap of multicast object {obj.mid}: {len(obj.devices)} of "
+                       f"{obj.num_devices} devices added (row M2)")
+        obj.maps += 1
+        kind = "vmm" if target[0] == "mem" else "mc"
+        self._add_map(Mapping(ptr, size, kind, obj, access=False, handle=_attr_int(handle)))
+        self.ledger.add("vmm_mapping", ptr, f"cuMemMap {kind} {target[1]} at {ptr:#x}+{size}")
+
+    @api(0, False)
+    def cuMemSetAccess(self, ptr: int, size: int, desc: Sequence[Any], count: int) -> None:
+        ptr, size = _attr_int(ptr), _attr_int(size)
+        covered, cur, hits = 0, ptr, []
+        while cur < ptr + size:       # §2.3: must cover a fully mapped range
+            m = self._maps.get(cur)
+            if m is None or m.kind not in ("vmm", "mc"):
+                raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+            hits.append(m)
+            cur += m.size
+        if cur != ptr + size or size <= 0:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        try:
+            devs = [self._dev(d.location.id) for d in list(desc)[:max(_attr_int(count), 0)]]
+        except (AttributeError, TypeError):
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        for m in hits:
+            m.access = self.device in devs or bool(devs)
+
+    @api(0, False)
+    def cuMemUnmap(self, ptr: int, size: int) -> None:
+        m = self._maps.get(_attr_int(ptr))
+        if m is None or m.kind not in ("vmm", "mc"):
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        if _attr_int(size) != m.size:
+            raise Fail(rules.code("V12"))                        # row V12: whole range only
+        self._del_map(m)
+        self.ledger.remove("vmm_mapping", m.base, all_refs=True)
+        obj = m.target
+        obj.maps -= 1
+        if obj.refs <= 0 and obj.maps <= 0:                      # row V13
+            if isinstance(obj, PhysicalAlloc):
+                self.fabric.free_alloc(obj)
+            else:
+                self.fabric.unref_multicast(obj)
+
+    @api(0, False)
+    def cuMemRelease(self, handle: int) -> None:
+        h = _attr_int(handle)
+        target = self._handle(h)
+        kind, oid = target
+        obj = (self.fabric.allocs if kind == "mem" else self.fabric.multicasts).get(oid)
+        del self._handles[h]
+        for k in ("vmm_handle", "imported_handle", "multicast"):
+            self.ledger.remove(k, (kind, oid, h), all_refs=True)
+        if obj is None:
+            return None
+        if isinstance(obj, PhysicalAlloc):
+            self.fabric.unref_alloc(obj)                          # rows V13, V14
+        else:
+            self.fabric.unref_multicast(obj)
+
+    @api(0, False)
+    def cuMemAddressFree(self, ptr: int, size: int) -> None:
+        ptr, size = _attr_int(ptr), _attr_int(size)
+        if self._reserved.get(ptr) != size:
+            raise Fail(rules.code("V15"))
+        if any(ptr <= b < ptr + size for b in self._bases):
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # still mapped inside: unmap first
+        del self._reserved[ptr]
+        self.ledger.remove("reservation", ptr, all_refs=True)
+
+    # ---- multicast -------------------------------------------------------------------------
+    @api(1, False)
+    def cuMulticastGetGranularity(self, prop: Any, option: Any) -> int:
+        return rules.MULTICAST_GRANULARITY_RECOMMENDED if _attr_int(option) == 1 \
+            else rules.MULTICAST_GRANULARITY_MIN
+
+    @api(1, False)
+    def cuMulticastCreate(self, prop: Any) -> int:
+        g = self.device
+        try:
+            n, size, types = int(prop.numDevices), int(prop.size), int(prop.handleTypes)
+        except (AttributeError, TypeError, ValueError):
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        if not self.cluster.gpu(g).multicast or self.cluster.domain_of(g) is None:
+            raise Fail(rules.code("M1"))                          # row M1
+        if n < 1 or size <= 0 or size % rules.MULTICAST_GRANULARITY_MIN:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        if types & FABRIC and not self.imex_channels():
+            raise Fail(R.CUDA_ERROR_NOT_PERMITTED)
+        m = self.fabric.new_multicast(g, n, size, types)
+        h = self._new_handle(("mc", m.mid))
+        self.ledger.add("multicast", ("mc", m.mid, h), f"cuMulticastCreate({n} devices, {size} B)")
+        return h
+
+    def _mc(self, handle: Any) -> MulticastObject:
+        target = self._handle(handle)
+        if target[0] != "mc":
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        return self._obj(target)
+
+    @api(0, False)
+    def cuMulticastAddDevice(self, mc_handle: int, dev: int) -> None:
+        mc = self._mc(mc_handle)
+        g = self._dev(dev)
+        if not self.cluster.gpu(g).multicast:
+            raise Fail(rules.code("M1"))
+        if g != mc.creator and not self.cluster.same_domain(g, mc.creator):
+            raise Fail(rules.code("X3"))
+        if g in mc.devices or len(mc.devices) >= mc.num_devices:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        if mc.bindings:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # §3.1: all devices before any bind
+        mc.devices.append(g)
+
+    @api(0, False)
+    def cuMulticastBindMem(self, mc_handle: int, mc_offset: int, mem_handle: int,
+                           mem_offset: int, size: int, flags: int) -> None:
+        mc = self._mc(mc_handle)
+        target = self._handle(mem_handle)
+        if target[0] != "mem":
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        a: PhysicalAlloc = self._obj(target)
+        mc_off, mem_off, size = _attr_int(mc_offset), _attr_int(mem_offset), _attr_int(size)
+        gran = rules.MULTICAST_GRANULARITY_MIN
+        if min(mc_off, mem_off) < 0 or size <= 0 or mc_off % gran or mem_off % gran or size % gran:
+            raise Fail(rules.code("M5"))
+        if mc_off + size > mc.size or mem_off + size > a.size:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        if a.gpu not in self.proc.gpus:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # memHandle must be from a local team device
+        # Row M2: bind blocks until every device has joined.
+        wait_until(lambda: len(mc.devices) >= mc.num_devices,
+                   f"cuMulticastBindMem on multicast object {mc.mid}: {len(mc.devices)} of "
+                   f"{mc.num_devices} devices added (row M2)")
+        if a.gpu not in mc.devices:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        if not self._fabric_ready(a.gpu) and self.cluster.gpu(a.gpu).fabric.state != FabricState.NOT_SUPPORTED:
+            raise Fail(R.CUDA_ERROR_SYSTEM_NOT_READY)              # row M3
+        if a.gpu in mc.bindings:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        mc.bindings[a.gpu] = (a, mem_off, mc_off, size)
+        a.maps += 1   # the binding keeps the physical memory alive like a mapping
+        self.ledger.add("multicast_binding", (mc.mid, str(a.gpu)), f"bind {a.gpu} to multicast {mc.mid}")
+
+    @api(0, False)
+    def cuMulticastUnbind(self, mc_handle: int, dev: int, mc_offset: int, size: int) -> None:
+        mc = self._mc(mc_handle)
+        g = self._dev(dev)
+        b = mc.bindings.get(g)
+        if b is None:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        if (b[2], b[3]) != (_attr_int(mc_offset), _attr_int(size)):
+            self.fabric.flag(f"pid {self.proc.pid}: cuMulticastUnbind with offset/size other than "
+                             f"bound (undefined, row M6)")
+            raise Fail(rules.code("M6"))
+        a = b[0]
+        del mc.bindings[g]
+        a.maps -= 1
+        self.ledger.remove("multicast_binding", (mc.mid, str(g)), all_refs=True)
+        if a.refs <= 0 and a.maps <= 0:
+            self.fabric.free_alloc(a)
+
+    # ---- NVML --------------------------------------------------------------------------------
+    def _nvml_gpu(self, index: int):
+        h = self.cluster.host(self.proc.host)
+        i = _attr_int(index)
+        if not 0 <= i < len(h.gpus):
+            return None
+        return h.gpus[i]
+
+    def nvmlDeviceGetGpuFabricInfo(self, index: int) -> tuple:
+        g = self._nvml_gpu(index)
+        if g is None:
+            return (2, None)   # NVML_ERROR_INVALID_ARGUMENT
+        f = g.fabric
+        return (0, GpuFabricInfo(f.cluster_uuid, f.status, f.clique_id, int(f.state)))
+
+    def nvmlDeviceGetP2PStatus(self, index1: int, index2: int) -> tuple:
+        """NVML_P2P_CAPS_INDEX_NVLINK status, what vLLM's `is_fully_connected` reads (§6.1.1)."""
+        h = self.cluster.host(self.proc.host)
+        a, b = self._nvml_gpu(index1), self._nvml_gpu(index2)
+        if a is None or b is None:
+            return (2, None)
+        if a.index == b.index:
+            return (0, NVML_P2P_STATUS_OK)
+        lk = h.link(a.index, b.index)
+        return (0, NVML_P2P_STATUS_OK if lk.is_nvlink and lk.p2p else NVML_P2P_STATUS_NOT_SUPPORTED)
+
+    def nvmlDeviceGetNvLinkState(self, index: int) -> tuple:
+        """Whether every P2P-capable NVLink of the GPU is active (FlashInfer / TRT-LLM, §4.2)."""
+        g = self._nvml_gpu(index)
+        if g is None:
+            return (2, None)
+        return (0, bool(g.nvlinks_up))
+
+    # ---- kernels ------------------------------------------------------------------------------
+    @api(0, True)
+    def launch_kernel(self, kernel: Callable[..., None], *args: Any) -> None:
+        """Run a simulated kernel (commsim/sim/kernels.py) on the current device. A fault
+        inside it (unmapped, no access, freed memory) is cudaErrorIllegalAddress (700)."""
+        from .kernels import KernelContext
+        kernel(KernelContext(self), *args)

@@ -1,0 +1,190 @@
+"""SimFabric: the ground truth of one simulated cluster and the state shared between processes.
+
+It owns the physical allocations (real bytes), the registries that turn handle bytes back into
+allocations, multicast objects, and the simulated processes placed on hosts and GPUs. Nothing
+in a handle is a Python object: a handle is bytes (or an fd number) and is looked up here, so
+handles survive pickling and transport between ranks. A later multi-process mode swaps the
+`MemoryProvider` for POSIX shared memory and the registries for a shared store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from ..topology.model import Cluster, GpuRef
+from .faults import ProcessFaults
+from .ledger import Ledger
+
+
+class MemoryProvider:
+    """Backs device memory with host bytes. numpy zeros are lazily committed by the OS, so a
+    simulated 2 MiB workspace costs nothing until it is touched."""
+
+    def allocate(self, size: int, tag: str) -> np.ndarray:
+        return np.zeros(size, dtype=np.uint8)
+
+    def release(self, array: np.ndarray, tag: str) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class PhysicalAlloc:
+    """One physical allocation on one GPU: `cudaMalloc` memory or a `cuMemCreate` handle."""
+
+    aid: int
+    gpu: GpuRef
+    size: int
+    data: np.ndarray
+    legacy: bool                    # cudaMalloc (IPC-capable) vs VMM (cuMemCreate)
+    owner_pid: int
+    handle_types: int = 0           # requested shareable types (VMM)
+    refs: int = 1                   # VMM: creator + imports not yet released
+    maps: int = 0                   # VMM: live cuMemMap mappings in any process
+    freed: bool = False
+
+
+@dataclass(eq=False)
+class MulticastObject:
+    mid: int
+    creator: GpuRef
+    num_devices: int
+    size: int
+    handle_types: int
+    devices: list[GpuRef] = field(default_factory=list)
+    # gpu -> (alloc, mem_offset, mc_offset, size)
+    bindings: dict[GpuRef, tuple[PhysicalAlloc, int, int, int]] = field(default_factory=dict)
+    refs: int = 1
+    maps: int = 0
+
+
+@dataclass
+class SimProcess:
+    pid: int
+    host: str
+    gpus: tuple[GpuRef, ...]        # visible devices, ordinal i -> gpus[i]
+    ledger: Ledger
+    faults: ProcessFaults
+    current: int = 0
+    alive: bool = True
+
+
+class SimFabric:
+    """Ground truth plus shared state for one simulated cluster."""
+
+    def __init__(self, cluster: Cluster, seed: int = 0, memory: MemoryProvider | None = None):
+        self.cluster = cluster
+        self.seed = seed
+        self.memory = memory or MemoryProvider()
+        self.processes: dict[int, SimProcess] = {}
+        self.allocs: dict[int, PhysicalAlloc] = {}
+        self.multicasts: dict[int, MulticastObject] = {}
+        self.ipc_handles: dict[bytes, tuple[int, int]] = {}     # handle -> (aid, exporter pid)
+        self.fabric_handles: dict[bytes, tuple[str, int]] = {}  # handle -> ("mem"|"mc", id)
+        self.flags: list[str] = []   # undefined-behaviour events the run must report (L15, M6, V7)
+        self._next_aid = 1
+        self._next_mid = 1
+        self._next_pid = 1000
+        self._host_of: dict[str, str] = {h.name: h.name for h in cluster.hosts}
+
+    # -- processes ------------------------------------------------------------------------
+    def spawn(self, host: str, gpus: Iterable[GpuRef], faults: ProcessFaults | None = None) -> SimProcess:
+        self.cluster.host(host)
+        gpus = tuple(gpus)
+        for g in gpus:
+            if g.host != host:
+                raise ValueError(f"{g} is not on host {host}: a process sees only its host's GPUs")
+            self.cluster.gpu(g)
+        pid = self._next_pid
+        self._next_pid += 1
+        p = SimProcess(pid, host, gpus, Ledger(pid), faults or ProcessFaults())
+        self.processes[pid] = p
+        return p
+
+    def exit_process(self, pid: int) -> list[str]:
+        """End a process like the OS would: everything it held goes away. Returns the leak
+        report (one line per ledger item still held), empty when it exited clean."""
+        p = self.processes[pid]
+        leaks = [str(it) for it in p.ledger]
+        p.alive = False
+        for aid, a in list(self.allocs.items()):
+            if a.owner_pid == pid and a.legacy:
+                self.free_alloc(a)
+        for it in p.ledger:
+            if it.kind in ("vmm_handle", "imported_handle"):
+                obj = it.key
+                if isinstance(obj, tuple) and obj[0] == "mem":
+                    self.unref_alloc(self.allocs.get(obj[1]), all_refs=False)
+        p.ledger.items.clear()
+        return leaks
+
+    # -- allocations ----------------------------------------------------------------------
+    def new_alloc(self, gpu: GpuRef, size: int, legacy: bool, owner: int, handle_types: int = 0) -> PhysicalAlloc:
+        a = PhysicalAlloc(self._next_aid, gpu, size, self.memory.allocate(size, f"a{self._next_aid}"),
+                          legacy, owner, handle_types)
+        self._next_aid += 1
+        self.allocs[a.aid] = a
+        return a
+
+    def free_alloc(self, a: PhysicalAlloc) -> None:
+        a.freed = True
+        self.allocs.pop(a.aid, None)
+        self.memory.release(a.data, f"a{a.aid}")
+        for h, (aid, _) in list(self.ipc_handles.items()):
+            if aid == a.aid:
+                del self.ipc_handles[h]
+
+    def unref_alloc(self, a: PhysicalAlloc | None, all_refs: bool = False) -> None:
+        """cuMemRelease semantics (row V13): memory goes when refs and mappings are both 0."""
+        if a is None:
+            return
+        a.refs = 0 if all_refs else a.refs - 1
+        if a.refs <= 0 and a.maps <= 0:
+            self.free_alloc(a)
+
+    def device_bytes_used(self, gpu: GpuRef) -> int:
+        return sum(a.size for a in self.allocs.values() if a.gpu == gpu)
+
+    # -- handles as bytes -----------------------------------------------------------------
+    def _blob(self, kind: bytes, *fields: int) -> bytes:
+        head = kind + struct.pack("<" + "Q" * len(fields), *fields)
+        pad = hashlib.blake2b(head + struct.pack("<Q", self.seed), digest_size=64).digest()
+        return (head + pad)[:64]
+
+    def ipc_handle_for(self, a: PhysicalAlloc, pid: int) -> bytes:
+        # Row L4: a new allocation at a recycled address gets a different handle, because the
+        # handle encodes the allocation id, not the address.
+        h = self._blob(b"CSIPCMEM", a.aid, pid)
+        self.ipc_handles[h] = (a.aid, pid)
+        return h
+
+    def fabric_handle_for(self, kind: str, oid: int) -> bytes:
+        h = self._blob(b"CSFABRIC" if kind == "mem" else b"CSFABMC_", oid)
+        self.fabric_handles[h] = (kind, oid)
+        return h
+
+    # -- multicast ------------------------------------------------------------------------
+    def new_multicast(self, creator: GpuRef, num_devices: int, size: int, handle_types: int) -> MulticastObject:
+        m = MulticastObject(self._next_mid, creator, num_devices, size, handle_types)
+        self._next_mid += 1
+        self.multicasts[m.mid] = m
+        return m
+
+    def unref_multicast(self, m: MulticastObject) -> None:
+        m.refs -= 1
+        if m.refs <= 0 and m.maps <= 0:
+            self.multicasts.pop(m.mid, None)
+            for h, (k, oid) in list(self.fabric_handles.items()):
+                if k == "mc" and oid == m.mid:
+                    del self.fabric_handles[h]
+
+    def flag(self, text: str) -> None:
+        self.flags.append(text)
+
+    # -- ground truth queries used by the oracle (never by the communicator) -------------
+    def live_bytes(self) -> int:
+        return sum(a.size for a in self.allocs.values())

@@ -1,0 +1,46 @@
+"""Simulated kernels: Python routines that run "on" a simulated GPU through mapped pointers.
+
+A kernel receives a KernelContext bound to the launching process: it reads and writes device
+memory only through that process's mappings (so an unmapped, access-less or freed range
+faults exactly like a CUDA kernel would: cudaErrorIllegalAddress), and synchronises with the
+kernels of other ranks through signal flags in device memory, spinning via the scheduler
+(`wait_until`) the way a CUDA kernel spins on a volatile flag. The device layer's .cu kernels
+use the same flag protocol (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..group.scheduler import wait_until
+
+if TYPE_CHECKING:
+    from .driver import SimDriver
+
+FLAG_DTYPE = np.uint32
+
+
+class KernelContext:
+    def __init__(self, driver: "SimDriver"):
+        self.driver = driver
+
+    def array(self, ptr: int, dtype: np.dtype, count: int) -> np.ndarray:
+        """A typed, writable view of `count` elements at device address `ptr`."""
+        dt = np.dtype(dtype)
+        return self.driver.view(ptr, dt.itemsize * count).view(dt)
+
+    def multimem(self, ptr: int, dtype: np.dtype, count: int) -> list[np.ndarray]:
+        """multimem.ld_reduce / st operands: one view per device bound to the multicast range."""
+        dt = np.dtype(dtype)
+        return [v.view(dt) for v in self.driver.multimem_views(ptr, dt.itemsize * count)]
+
+    def signal(self, ptr: int, value: int) -> None:
+        """Release-store of a 32-bit flag (st.release.sys on the GPU)."""
+        self.array(ptr, FLAG_DTYPE, 1)[0] = value
+
+    def wait(self, ptr: int, value: int, what: str) -> None:
+        """Acquire-spin until the 32-bit flag at `ptr` is >= value (ld.acquire.sys loop)."""
+        flag = self.array(ptr, FLAG_DTYPE, 1)
+        wait_until(lambda: int(flag[0]) >= value, what)

@@ -1,0 +1,54 @@
+"""The simulator's choices where the reference could not confirm a CUDA answer.
+
+Every semantic rule of the simulator cites its row in shared/reference/domain.md §9 in the
+code that applies it. The rows marked UNCONFIRMED there have no primary source for the exact
+code; this one table holds the code chosen for each, so a GPU run (device/) that observes a
+different answer has exactly one place to correct. tests/conformance asserts each entry as
+"UNCONFIRMED: chosen".
+"""
+
+from __future__ import annotations
+
+from cuda.bindings import driver as cu
+from cuda.bindings import runtime as cudart
+
+E = cudart.cudaError_t
+R = cu.CUresult
+
+# row -> (chosen code, why this one)
+UNCONFIRMED: dict[str, tuple[object, str]] = {
+    "L3": (E.cudaErrorInvalidValue, "cudaIpcGetMemHandle on a non-base pointer: argument error"),
+    "L7": (E.cudaErrorInvalidResourceHandle, "second context opening the same exporter's handle"),
+    "L13": (E.cudaErrorInvalidValue, "flags != cudaIpcMemLazyEnablePeerAccess: docs require it"),
+    "V1": (R.CUDA_ERROR_INVALID_VALUE, "cuMemCreate size not a multiple of MINIMUM granularity"),
+    "V4": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate(FABRIC) where attribute 128 is 0"),
+    "V7": (R.CUDA_ERROR_NOT_PERMITTED, "FABRIC import from another NVLink domain (flagged)"),
+    "V10": (R.CUDA_ERROR_INVALID_VALUE, "cuMemMap onto a range that is not reserved or is mapped"),
+    "V12": (R.CUDA_ERROR_INVALID_VALUE, "cuMemUnmap of a sub-range of a mapping"),
+    "V15": (R.CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree with a ptr/size other than reserved"),
+    "M1": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMulticastCreate where attribute 132 is 0"),
+    "M5": (R.CUDA_ERROR_INVALID_VALUE, "multicast bind offset/size off the MINIMUM granularity"),
+    "M6": (R.CUDA_ERROR_INVALID_VALUE, "cuMulticastUnbind offset/size other than bound (UB: flagged)"),
+    "X1": (R.CUDA_ERROR_INVALID_VALUE, "export of a handle type not requested at cuMemCreate (§2.3)"),
+    "X2": (R.CUDA_ERROR_SYSTEM_NOT_READY, "cuMemCreate(FABRIC) / multicast bind while the GPU's "
+           "fabric state is not COMPLETED (fabric manager not done; M3's code)"),
+    "X3": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMulticastAddDevice of a GPU outside the creator's "
+           "NVSwitch domain"),
+    "X4": (R.CUDA_ERROR_INVALID_VALUE, "POSIX-fd import of a descriptor this process does not hold"),
+}
+
+
+def code(row: str):
+    return UNCONFIRMED[row][0]
+
+
+# Granularity: typical values are UNCONFIRMED (§10); 2 MiB matches what FlashInfer rounds to
+# (§2.3) for both allocation granularities and the multicast granularity.
+GRANULARITY_MIN = 2 << 20
+GRANULARITY_RECOMMENDED = 2 << 20
+MULTICAST_GRANULARITY_MIN = 2 << 20
+MULTICAST_GRANULARITY_RECOMMENDED = 2 << 20
+HOST_PAGE = 4096
+# Peer mappings one importer may hold before cudaErrorTooManyPeers (row L12); the real limit
+# is per GPU generation and not documented, so it is set high enough never to bite by accident.
+MAX_PEER_MAPPINGS = 4096

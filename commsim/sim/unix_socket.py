@@ -1,0 +1,35 @@
+"""POSIX-fd transport between simulated processes: AF_UNIX + SCM_RIGHTS.
+
+An fd is a per-process kernel object; it travels only over a Unix-domain socket, whose path
+lives in one host's filesystem, so it reaches only processes of the same host (reference §2.5,
+row V9). Across hosts the peer's socket path does not exist: the sender sees the connect fail
+(FlashInfer's fd_exchange reports "[fd_exchange] timed out connecting to <path>").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .driver import SimDriver
+
+
+class FdTransportError(OSError):
+    """The fd could not be passed (different host, or not an open fd of the sender)."""
+
+
+def socket_path(dst: "SimDriver") -> str:
+    return f"/tmp/symm_mem-{dst.proc.pid}"
+
+
+def pass_fd(src: "SimDriver", fd: int, dst: "SimDriver") -> int:
+    """Send `fd` from `src` to `dst`; returns the fd number in the receiver."""
+    target = src.fd_target(fd)
+    if target is None:
+        raise FdTransportError(9, f"EBADF: fd {fd} is not open in pid {src.proc.pid}")
+    if src.shm_namespace() != dst.shm_namespace():
+        raise FdTransportError(
+            110, f"[fd_exchange] timed out connecting to {socket_path(dst)}: pid {dst.proc.pid} is on "
+                 f"host {dst.gethostname()}, pid {src.proc.pid} on {src.gethostname()}; POSIX fds reach "
+                 f"only processes of one host (reference §2.5, row V9)")
+    return dst.receive_fd(target)
