@@ -1,0 +1,156 @@
+"""Backend interface, eligibility verdicts, and the shared data path over peer pointers.
+
+A backend states what it requires (`eligibility`, from the group-agreed discovery view only),
+sets up its buffers and signal flags through the Driver only, runs its kernels, registers
+graph buffers when it needs to, and closes in the documented order. Set-up is collective:
+after each local step the ranks vote, so a failure on one rank makes every rank roll back
+together instead of leaving peers blocked in the next exchange (reference §7.4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..discovery import GroupView
+from ..driver import CudaError, Driver, check
+from ..sim import collective_kernels as K
+
+Mi = 1 << 20
+Ki = 1 << 10
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    ok: bool
+    reasons: tuple[str, ...] = ()
+
+    @staticmethod
+    def check(conds: Sequence[tuple[bool, str]]) -> "Eligibility":
+        """`conds` = (holds, reason-if-not); eligible when every condition holds."""
+        bad = tuple(reason for holds, reason in conds if not holds)
+        return Eligibility(not bad, bad)
+
+
+class SetupFailed(Exception):
+    """A collective set-up step failed on some rank; every rank raises it together."""
+
+    def __init__(self, backend: str, step: str, rank: int, error: CudaError | str):
+        self.backend, self.step, self.rank, self.error = backend, step, rank, error
+        super().__init__(f"{backend} {step}: rank {rank}: {error}")
+
+
+@dataclass
+class Capture:
+    """Buffers one `comm.capture()` recorded, per backend that needs registration."""
+
+    buffers: list[int] = field(default_factory=list)       # graph-pool pointers (cudaMalloc)
+    opened: list[int] = field(default_factory=list)        # peer IPC mappings from registration
+    registered: bool = False
+    released: bool = False
+
+
+class Backend:
+    name = "?"
+    ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce_rmsnorm")
+    needs_graph_registration = False
+
+    def __init__(self, driver: Driver, group: Any, view: GroupView, params: dict[str, Any]):
+        self.driver, self.group, self.view, self.params = driver, group, view, params
+        self.rank, self.ws = group.rank, group.size
+        self.round = 0
+        self.closed = False
+
+    # -- what it requires ------------------------------------------------------------------
+    @classmethod
+    def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
+        raise NotImplementedError(cls.__name__)  # every concrete backend defines it
+
+    def accepts(self, op: str, nbytes: int, dtype: str) -> tuple[bool, str]:
+        """Per-call admission (size limits, alignment); (False, reason) hands over."""
+        if op not in self.ops:
+            return False, f"{self.name} does not implement {op}"
+        return True, ""
+
+    def algorithm(self, op: str, nbytes: int) -> str:
+        return "ring"
+
+    # -- collective set-up helpers ---------------------------------------------------------
+    def vote(self, step: str, error: Exception | None) -> None:
+        """All ranks learn whether `step` failed anywhere; the first failure is raised on all."""
+        mine = None if error is None else (self.rank, error)
+        errs = self.group.all_gather_object(mine, tag=f"{self.name}.{step}: vote")
+        for e in errs:
+            if e is not None:
+                raise SetupFailed(self.name, step, e[0], e[1])
+
+    def setup(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    # -- the op ----------------------------------------------------------------------------
+    def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(self.name)
+
+    def register_graph_buffers(self, cap: Capture) -> None:
+        cap.registered = True
+
+    def release_capture(self, cap: Capture) -> None:
+        cap.released = True
+
+
+def as_bytes(x: torch.Tensor) -> np.ndarray:
+    return x.contiguous().view(torch.uint8).numpy()
+
+
+class PeerBackend(Backend):
+    """Data path for backends whose ranks map every peer's workspace (ipc, fabric)."""
+
+    one_shot_limit = 0          # bytes below which all_reduce is one-shot (per subclass rule)
+
+    def __init__(self, *a: Any, **k: Any):
+        super().__init__(*a, **k)
+        self.capacity = int(self.params.get("max_size", 8 * Mi))
+        self.ptrs: list[int] = []         # ptrs[j] = rank j's workspace in this process's VA
+
+    def accepts(self, op: str, nbytes: int, dtype: str) -> tuple[bool, str]:
+        ok, why = super().accepts(op, nbytes, dtype)
+        if not ok:
+            return ok, why
+        total = nbytes * self.ws if op == "all_gather" else nbytes
+        if nbytes % 16:
+            return False, f"{nbytes} B is not a multiple of 16 (packed 16-byte kernels)"
+        if total >= self.capacity:
+            return False, f"{total} B >= workspace {self.capacity} B"
+        return True, ""
+
+    def _launch(self, kernel: Any, *args: Any) -> None:
+        self.round += 1
+        check(kernel.__name__, self.driver.launch_kernel(kernel, *args))
+
+    def _stage(self, x: torch.Tensor) -> None:
+        check("cudaMemcpy", self.driver.memcpy_htod(self.ptrs[self.rank] + K.DATA, as_bytes(x)))
+
+    def _result(self, nbytes: int, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.ptrs[self.rank] + K.DATA + self.capacity, nbytes))
+        return torch.from_numpy(raw).view(like.dtype).reshape(shape).clone()
+
+    def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
+        dtype = str(x.dtype).removeprefix("torch.")
+        n, nbytes, me = x.numel(), x.numel() * x.element_size(), self.rank
+        self._stage(x)
+        if op == "all_gather":
+            self._launch(K.all_gather, self.ptrs, me, nbytes, self.capacity, self.round + 1)
+            return self._result(nbytes * self.ws, x, (self.ws * x.shape[0],) + tuple(x.shape[1:]))
+        if op == "reduce_scatter":
+            self._launch(K.reduce_scatter, self.ptrs, me, n, dtype, self.capacity, self.round + 1)
+            per = n // self.ws
+            return self._result(per * x.element_size(), x, (per,))
+        kern = K.one_shot_all_reduce if self.algorithm(op, nbytes) == "one-shot" else K.two_shot_all_reduce
+        self._launch(kern, self.ptrs, me, n, dtype, self.capacity, self.round + 1)
+        return self._result(nbytes, x, tuple(x.shape))

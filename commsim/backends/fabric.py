@@ -1,0 +1,124 @@
+"""`fabric`: MNNVL all-reduce over cuMem FABRIC memory (FlashInfer mnnvl, TRT-LLM MNNVL).
+
+Requires (reference §2.4, §4.2, rows V2-V8, F1-F4): on every rank VMM and the fabric-handle
+attribute, an IMEX channel, NVML fabric state COMPLETED with success status, and one non-zero
+cluster UUID over the group (one NVLink domain; NCCL's test). All ranks must agree, so the
+check is over the all-gathered view (FlashInfer MnnvlMemory AND-reduces it, §4.2).
+Set-up (§2.1): cuMemCreate(FABRIC) -> export -> all-gather -> import -> reserve one VA range ->
+map each rank's handle at its slot -> set access. Graph buffers need no registration: the
+workspace is pre-registered symmetric memory (vLLM#55835, row B10).
+Close (row G8): sync, barrier, unmap every slot, release imports and own handle, free the VA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..discovery import GroupView
+from ..driver import CudaError, access_desc, alloc_prop, check
+from ..sim import collective_kernels as K
+from ..sim.driver import FABRIC
+from ..topology.model import FabricState
+from .base import Eligibility, Mi, PeerBackend
+
+
+def round_up(n: int, g: int) -> int:
+    return (n + g - 1) // g * g
+
+
+class FabricBackend(PeerBackend):
+    name = "fabric"
+
+    @classmethod
+    def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
+        def who(pred) -> str:
+            bad = [r.rank for r in view.ranks if pred(r)]
+            return ", ".join(map(str, bad[:6])) + (" ..." if len(bad) > 6 else "")
+
+        rs = view.ranks
+        return Eligibility.check([
+            (view.size > 1, "a group of one rank needs no all-reduce"),
+            (all(r.vmm and r.fabric_handle for r in rs),
+             f"rank(s) {who(lambda r: not (r.vmm and r.fabric_handle))} lack VMM or the "
+             f"HANDLE_TYPE_FABRIC_SUPPORTED attribute (row V4)"),
+            (all(r.imex for r in rs),
+             f"rank(s) {who(lambda r: not r.imex)} have no IMEX channel; cuMemCreate(FABRIC) "
+             f"would fail NOT_PERMITTED (row V3)"),
+            (all(r.fabric_state == FabricState.COMPLETED and r.fabric_status == 0 for r in rs),
+             f"rank(s) {who(lambda r: not (r.fabric_state == FabricState.COMPLETED and r.fabric_status == 0))} "
+             f"report fabric state not COMPLETED/success (rows F1, F4)"),
+            (view.same_fabric_domain(),
+             "ranks do not share one non-zero NVML cluster UUID: not one NVLink domain (rows F2, V7)"),
+            (all(r.nvlinks_up for r in rs),
+             f"rank(s) {who(lambda r: not r.nvlinks_up)} have NVLinks down (§4.2)"),
+        ])
+
+    def algorithm(self, op: str, nbytes: int) -> str:
+        # FlashInfer trtllm_mnnvl_ar AUTO: one-shot iff tokens*hidden*tp*elem <= 1 MiB (§6.3).
+        if op not in ("all_reduce", "all_reduce_rmsnorm"):
+            return "direct"
+        return "one-shot" if nbytes * self.ws <= 1 * Mi else "two-shot"
+
+    def __init__(self, *a: Any, **k: Any):
+        super().__init__(*a, **k)
+        self.own_handle = 0
+        self.imported: list[int] = []
+        self.mapped: list[int] = []
+        self.va = 0
+        self.slot = 0
+
+    def setup(self) -> None:
+        d, me = self.driver, check("cudaGetDevice", self.driver.cudaGetDevice())
+        prop = alloc_prop(me, FABRIC)
+        err, blob = None, None
+        try:
+            gran = check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
+            self.slot = round_up(K.workspace_bytes(self.capacity), gran)
+            self.own_handle = check("cuMemCreate", d.cuMemCreate(self.slot, prop, 0))
+            blob = check("cuMemExportToShareableHandle",
+                         d.cuMemExportToShareableHandle(self.own_handle, FABRIC, 0))
+        except CudaError as e:
+            err = e
+        self.vote("init: create fabric memory", err)
+        blobs = self.group.all_gather_object(blob, tag="fabric.init: exchange fabric handles")
+        err = None
+        try:
+            handles = []
+            for j, b in enumerate(blobs):
+                if j == self.rank:
+                    handles.append(self.own_handle)
+                else:
+                    h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(b, FABRIC))
+                    self.imported.append(h)
+                    handles.append(h)
+            self.va = check("cuMemAddressReserve", d.cuMemAddressReserve(self.slot * self.ws, 0, 0, 0))
+            for j, h in enumerate(handles):
+                p = self.va + j * self.slot
+                check("cuMemMap", d.cuMemMap(p, self.slot, 0, h, 0))
+                self.mapped.append(p)
+            check("cuMemSetAccess", d.cuMemSetAccess(self.va, self.slot * self.ws, [access_desc(me)], 1))
+            self.ptrs = list(self.mapped)
+            check("cudaMemset", d.cudaMemset(self.ptrs[self.rank], 0, K.FLAGS_BYTES))
+        except CudaError as e:
+            err = e
+        self.vote("init: import and map peers", err)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        d = self.driver
+        d.cudaDeviceSynchronize()
+        self.group.barrier(tag="fabric.close: all ranks done with peer memory")
+        for p in self.mapped:
+            d.cuMemUnmap(p, self.slot)
+        self.mapped.clear()
+        for h in self.imported:
+            d.cuMemRelease(h)
+        self.imported.clear()
+        if self.own_handle:
+            d.cuMemRelease(self.own_handle)
+            self.own_handle = 0
+        if self.va:
+            d.cuMemAddressFree(self.va, self.slot * self.ws)
+            self.va = 0

@@ -1,0 +1,142 @@
+"""`ipc`: custom all-reduce over legacy CUDA IPC (vLLM CustomAllreduce, TRT-LLM one/two-shot).
+
+Requires (reference §6.1.1, §9.5): every rank on one host (legacy handles are host-local, row
+L8); P2P between every pair (row L10); world size 2, 4, 6 or 8 (the compiled kernels, B2); for
+more than two GPUs full NVLink connectivity (B3). Set-up: cudaMalloc a workspace, export it,
+all-gather the handles, open every peer's (lazy peer access). Graph capture: the recorded
+buffers are exported and opened collectively at capture exit (§7.1). Close: importers close,
+barrier, exporter frees (row G7).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..discovery import GroupView
+from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
+from ..sim import collective_kernels as K
+from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes
+
+WORLD_SIZES = (2, 4, 6, 8)
+
+
+class IpcBackend(PeerBackend):
+    name = "ipc"
+    needs_graph_registration = True
+
+    @classmethod
+    def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
+        ws = view.size
+        hosts = view.hosts
+        return Eligibility.check([
+            (ws > 1, "a group of one rank needs no all-reduce"),
+            (len(hosts) == 1, f"ranks are on {len(hosts)} hosts ({', '.join(hosts[:3])}"
+                              f"{', ...' if len(hosts) > 3 else ''}); legacy IPC handles are host-local "
+                              f"(row L8: cudaIpcOpenMemHandle -> invalid resource handle)"),
+            (ws in WORLD_SIZES, f"world size {ws} not in {WORLD_SIZES} (compiled kernels, row B2)"),
+            (len(hosts) != 1 or view.p2p_all(),
+             "some pair of GPUs has no P2P access (row L10: peer access is not supported)"),
+            (len(hosts) != 1 or ws <= 2 or view.nvlink_all(),
+             f"{ws} GPUs are not fully NVLink-connected (row B3: more than two PCIe-only GPUs)"),
+        ])
+
+    def algorithm(self, op: str, nbytes: int) -> str:
+        # vLLM csrc/custom_all_reduce.cuh (§6.1.4): ws 2 always 1-stage; ws <= 4 and < 512 KiB,
+        # or ws <= 8 and < 256 KiB, 1-stage; else 2-stage.
+        if op not in ("all_reduce", "all_reduce_rmsnorm"):
+            return "direct"
+        if self.ws == 2 or (self.ws <= 4 and nbytes < 512 * Ki) or (self.ws <= 8 and nbytes < 256 * Ki):
+            return "one-shot"
+        return "two-shot"
+
+    def __init__(self, *a: Any, **k: Any):
+        super().__init__(*a, **k)
+        self.own = 0
+        self.opened: list[int] = []
+        self.captures: list[Capture] = []
+
+    def setup(self) -> None:
+        d, err = self.driver, None
+        try:
+            self.own = check("cudaMalloc", d.cudaMalloc(K.workspace_bytes(self.capacity)))
+            check("cudaMemset", d.cudaMemset(self.own, 0, K.FLAGS_BYTES))
+            handle = check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(self.own))
+        except CudaError as e:
+            err, handle = e, None
+        self.vote("init: allocate workspace", err)
+        handles = self.group.all_gather_object(handle, tag="ipc.init: exchange IPC handles")
+        err = None
+        self.ptrs = [0] * self.ws
+        try:
+            for j, h in enumerate(handles):
+                if j == self.rank:
+                    self.ptrs[j] = self.own
+                    continue
+                p = check("cudaIpcOpenMemHandle", d.cudaIpcOpenMemHandle(h, LAZY_ENABLE_PEER_ACCESS))
+                self.opened.append(p)
+                self.ptrs[j] = p
+        except CudaError as e:
+            err = e
+        self.vote("init: open peer handles", err)
+
+    def record(self, cap: Capture, x: Any) -> None:
+        """In capture: the input lives in the graph's memory pool; keep its pointer."""
+        p = check("cudaMalloc", self.driver.cudaMalloc(max(x.numel() * x.element_size(), 16)))
+        check("cudaMemcpy", self.driver.memcpy_htod(p, as_bytes(x)))
+        cap.buffers.append(p)
+
+    def register_graph_buffers(self, cap: Capture) -> None:
+        """Collective at capture exit: export every recorded buffer, broadcast, open (§7.1)."""
+        d, err, mine = self.driver, None, []
+        try:
+            mine = [check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(p)) for p in cap.buffers]
+        except CudaError as e:
+            err = e
+        self.vote("register: export graph buffers", err)
+        every = self.group.all_gather_object(mine, tag="ipc.register: exchange graph handles")
+        if len({len(v) for v in every}) != 1:
+            raise SetupFailed(self.name, "register", self.rank,
+                               f"ranks recorded different numbers of graph buffers "
+                               f"{[len(v) for v in every]} (row G1)")
+        err = None
+        try:
+            for j, hs in enumerate(every):
+                if j != self.rank:
+                    for h in hs:
+                        cap.opened.append(check("cudaIpcOpenMemHandle",
+                                                d.cudaIpcOpenMemHandle(h, LAZY_ENABLE_PEER_ACCESS)))
+        except CudaError as e:
+            err = e
+        self.vote("register: open graph handles", err)
+        cap.registered = True
+        self.captures.append(cap)
+
+    def release_capture(self, cap: Capture) -> None:
+        """Close a capture's peer mappings, barrier, free its buffers (close-before-free)."""
+        if cap.released:
+            return
+        for p in cap.opened:
+            self.driver.cudaIpcCloseMemHandle(p)
+        cap.opened.clear()
+        self.group.barrier(tag="ipc.release_capture: importers closed")
+        for p in cap.buffers:
+            self.driver.cudaFree(p)
+        cap.buffers.clear()
+        cap.released = True
+        if cap in self.captures:
+            self.captures.remove(cap)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for cap in list(self.captures):
+            self.release_capture(cap)
+        for p in self.opened:                                    # row G7: importers close,
+            self.driver.cudaIpcCloseMemHandle(p)
+        self.opened.clear()
+        self.group.barrier(tag="ipc.close: importers closed")   # barrier,
+        if self.own:
+            self.driver.cudaFree(self.own)                       # exporter frees
+            self.own = 0
+

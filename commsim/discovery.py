@@ -1,0 +1,137 @@
+"""Discovery: what each rank can learn about itself through the Driver, shared over the group.
+
+A rank knows only what a real process can (DESIGN.md §3 rule 1): its host name and shm
+namespace, device attributes, NVML fabric info and NVLink state, IMEX channel presence, and
+`cuDeviceCanAccessPeer` towards the GPUs of its own host. One all-gather gives every rank the
+same `GroupView`, so every rank reaches the same decision before any handle exchange
+(reference §7.4): a rank-local probe that disagrees cannot split the group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cuda.bindings import driver as cu
+
+from .driver import Driver, NVML_P2P_STATUS_OK, check
+from .topology.model import FabricState
+
+A = cu.CUdevice_attribute
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    host: str
+    shm_namespace: str
+    device: int                     # CUDA ordinal in its process (= NVML index here)
+    sm: int
+    vmm: bool
+    posix_fd: bool
+    fabric_handle: bool
+    multicast: bool
+    imex: bool
+    fabric_uuid: bytes
+    fabric_clique: int
+    fabric_state: int
+    fabric_status: int
+    nvlinks_up: bool
+    # over the GPUs of this rank's host, by NVML index: P2P allowed / NVLink P2P status OK
+    p2p: tuple[bool, ...]
+    nvlink: tuple[bool, ...]
+
+    @property
+    def mnnvl_capable(self) -> bool:
+        """NCCL's local MNNVL test (ncclMnnvlCheck, reference §4.2): fabric attribute, state
+        COMPLETED with success status, non-zero cluster UUID, IMEX channel present."""
+        return (self.fabric_handle and self.vmm and self.imex and any(self.fabric_uuid)
+                and self.fabric_state == FabricState.COMPLETED and self.fabric_status == 0)
+
+
+def probe(driver: Driver, rank: int) -> RankInfo:
+    """The rank-local probe. Uses only Driver calls."""
+    dev = check("cudaGetDevice", driver.cudaGetDevice())
+
+    def attr(a) -> int:
+        return check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(a, dev))
+
+    n = check("cudaGetDeviceCount", driver.cudaGetDeviceCount())
+    p2p = tuple(True if j == dev else
+                bool(check("cuDeviceCanAccessPeer", driver.cuDeviceCanAccessPeer(dev, j)))
+                for j in range(n))
+    nvl = []
+    for j in range(n):
+        err, status = driver.nvmlDeviceGetP2PStatus(dev, j)
+        nvl.append(err == 0 and status == NVML_P2P_STATUS_OK)   # any NVML error: not connected
+    err, fab = driver.nvmlDeviceGetGpuFabricInfo(dev)
+    err2, links_up = driver.nvmlDeviceGetNvLinkState(dev)
+    major = attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+    minor = attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+    return RankInfo(
+        rank=rank, host=driver.gethostname(), shm_namespace=driver.shm_namespace(), device=dev,
+        sm=major * 10 + minor,
+        vmm=bool(attr(A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)),
+        posix_fd=bool(attr(A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)),
+        fabric_handle=bool(attr(A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)),
+        multicast=bool(attr(A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)),
+        imex=bool(driver.imex_channels()),
+        fabric_uuid=fab.cluster_uuid if err == 0 else bytes(16),
+        fabric_clique=fab.clique_id if err == 0 else 0,
+        fabric_state=fab.state if err == 0 else 0,
+        fabric_status=fab.status if err == 0 else -1,
+        nvlinks_up=bool(links_up) if err2 == 0 else False,
+        p2p=p2p, nvlink=tuple(nvl))
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """Everything every rank knows about the group after discovery (identical on all ranks)."""
+
+    ranks: tuple[RankInfo, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.host for r in self.ranks))
+
+    @property
+    def single_host(self) -> bool:
+        return len(self.hosts) == 1
+
+    @property
+    def same_shm(self) -> bool:
+        """vLLM's `in_the_same_node_as`: one POSIX shm namespace (reference §4.3)."""
+        return len({r.shm_namespace for r in self.ranks}) == 1
+
+    def pairs(self):
+        for a in self.ranks:
+            for b in self.ranks:
+                if a.rank != b.rank:
+                    yield a, b
+
+    def p2p_all(self) -> bool:
+        return all(a.host == b.host and a.p2p[b.device] for a, b in self.pairs())
+
+    def nvlink_all(self) -> bool:
+        """vLLM `is_fully_connected`: NVML NVLink P2P status OK for every pair (§6.1.1)."""
+        return all(a.host == b.host and a.nvlink[b.device] for a, b in self.pairs())
+
+    def same_fabric_domain(self) -> bool:
+        """NCCL's domain test: one non-zero cluster UUID over the group (§4.2)."""
+        uuids = {r.fabric_uuid for r in self.ranks}
+        return len(uuids) == 1 and any(next(iter(uuids)))
+
+    def first(self, pred) -> RankInfo | None:
+        for r in self.ranks:
+            if pred(r):
+                return r
+        return None
+
+
+def discover(driver: Driver, group, tag: str = "discover") -> GroupView:
+    """Probe locally, then all-gather: the one exchange before any decision."""
+    info = probe(driver, group.rank)
+    return GroupView(tuple(group.all_gather_object(info, tag=f"{tag}: all-gather rank info")))

@@ -1,0 +1,71 @@
+"""Policies: which backends are tried, in what order, for an op and a message size.
+
+The default policy is correct by construction: a backend is admitted only if its
+`eligibility` over the group-agreed discovery view holds, i.e. every ordered pair of ranks can
+import the handle type it uses and every rank meets its device requirements. A scenario may
+name another policy (a preset name here, or `module:object`) to reproduce a shortcut.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .backends.base import Backend, Eligibility, Mi
+from .discovery import GroupView
+from .errors import UserError
+
+
+@dataclass
+class Policy:
+    name: str = "default"
+    # Peer-pointer backends first (lowest latency), then multicast, then the fallback.
+    order: tuple[str, ...] = ("ipc", "fabric", "multicast", "nccl")
+    params: dict[str, Any] = field(default_factory=lambda: {"max_size": 8 * Mi})
+    # On a set-up failure: fall back to the next backend (True) or fail the communicator.
+    fallback_on_setup_error: bool = True
+
+    def admit(self, backend: type[Backend], view: GroupView) -> Eligibility:
+        return backend.eligibility(view, self.params)
+
+    def candidates(self, op: str, nbytes: int) -> tuple[str, ...]:
+        return self.order
+
+
+PRESET_POLICIES: dict[str, Policy] = {"default": Policy()}
+
+
+def resolve(spec: str | Policy | None, base_dir: Path | None = None) -> Policy:
+    """A Policy from a preset name or `module:object` (a .py file next to the scenario)."""
+    if spec is None:
+        return Policy()
+    if isinstance(spec, Policy):
+        return spec
+    if ":" not in spec:
+        if spec not in PRESET_POLICIES:
+            raise UserError(f"unknown policy {spec!r}; presets: {', '.join(PRESET_POLICIES)}, "
+                            f"or give module:object")
+        return PRESET_POLICIES[spec]
+    mod_name, _, attr = spec.partition(":")
+    path = Path(mod_name if mod_name.endswith(".py") else mod_name.replace(".", "/") + ".py")
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    if path.exists():
+        sp = importlib.util.spec_from_file_location(f"commsim_policy_{path.stem}", path)
+        mod = importlib.util.module_from_spec(sp)
+        sp.loader.exec_module(mod)
+    else:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError as e:
+            raise UserError(f"policy {spec!r}: no file {path} and no module {mod_name!r} ({e})")
+    obj = getattr(mod, attr, None)
+    if obj is None:
+        raise UserError(f"policy {spec!r}: {mod_name} has no attribute {attr!r}")
+    pol = obj() if callable(obj) and not isinstance(obj, Policy) else obj
+    if not isinstance(pol, Policy):
+        raise UserError(f"policy {spec!r} is a {type(pol).__name__}, not a commsim.policy.Policy")
+    return pol
