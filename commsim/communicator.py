@@ -19,12 +19,14 @@ import torch
 from .backends.base import Backend, Capture, SetupFailed
 from .backends.fabric import FabricBackend
 from .backends.ipc import IpcBackend
+from .backends.multicast import MulticastBackend
 from .backends.nccl import NcclBackend
 from .discovery import GroupView, discover
 from .driver import Driver
 from .policy import Policy
 
-BACKENDS: dict[str, type[Backend]] = {"ipc": IpcBackend, "fabric": FabricBackend, "nccl": NcclBackend}
+BACKENDS: dict[str, type[Backend]] = {"ipc": IpcBackend, "fabric": FabricBackend,
+                                     "multicast": MulticastBackend, "nccl": NcclBackend}
 
 
 def register_backend(cls: type[Backend]) -> None:
@@ -58,11 +60,12 @@ class Communicator:
         self._captures: list[Capture] = []
         self.closed = False
         self.step = "discover"
-        self.view: GroupView = discover(driver, group)
-        self.step = "init"
         try:
+            self.view: GroupView = discover(driver, group)
+            self.step = "init"
             self._init_backends()
-        except BaseException:
+        except BaseException as e:
+            e.commsim_step = self.step
             self.close()
             raise
 

@@ -33,3 +33,28 @@ def pass_fd(src: "SimDriver", fd: int, dst: "SimDriver") -> int:
                  f"host {dst.gethostname()}, pid {src.proc.pid} on {src.gethostname()}; POSIX fds reach "
                  f"only processes of one host (reference §2.5, row V9)")
     return dst.receive_fd(target)
+
+
+def send_fd(src: "SimDriver", fd: int, dst_pid: int) -> None:
+    """sendmsg(SCM_RIGHTS) to the socket of process `dst_pid` (PyTorch IpcChannel, §2.5).
+    The OS resolves the socket path on the sender's host: a peer elsewhere is unreachable."""
+    target = src.fd_target(fd)
+    if target is None:
+        raise FdTransportError(9, f"EBADF: fd {fd} is not open in pid {src.proc.pid}")
+    dst = src.fabric.processes.get(dst_pid)
+    path = f"/tmp/symm_mem-{dst_pid}"
+    if dst is None or not dst.alive or \
+            src.cluster.host(dst.host).shm_namespace != src.shm_namespace():
+        raise FdTransportError(
+            110, f"[fd_exchange] timed out connecting to {path}: no such socket on host "
+                 f"{src.gethostname()}; POSIX fds reach only processes of one host (row V9)")
+    src.fabric.fd_mailbox.setdefault((dst_pid, src.proc.pid), []).append(target)
+
+
+def recv_fd(dst: "SimDriver", src_pid: int) -> int:
+    """recvmsg(SCM_RIGHTS) of the next fd `src_pid` sent; blocks (via the scheduler) until then."""
+    from ..group.scheduler import wait_until
+    box = dst.fabric.fd_mailbox
+    key = (dst.proc.pid, src_pid)
+    wait_until(lambda: bool(box.get(key)), f"recvmsg on /tmp/symm_mem-{dst.proc.pid} from pid {src_pid}")
+    return dst.receive_fd(box[key].pop(0))
