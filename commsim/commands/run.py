@@ -1,0 +1,115 @@
+"""`commsim run` and `commsim explain`: run scenario files and print what was chosen and why."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UserError
+
+
+def _files(paths: list[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += sorted(f for f in p.rglob("*.toml") if "policies" not in f.parts)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise UserError(f"{p}: no such file or directory; give a scenario .toml or a folder of them")
+    if not out:
+        raise UserError(f"no scenario files (*.toml) under {', '.join(paths)}")
+    return out
+
+
+def _table(rows: list[tuple[str, ...]], head: tuple[str, ...]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths))] +
+                     [fmt.format(*r) for r in rows])
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..scenario.runner import run_scenario
+    from ..scenario.schema import load
+
+    files = _files(args.paths)
+    rows, failed = [], 0
+    t0 = time.perf_counter()
+    for i, f in enumerate(files, 1):
+        sc = load(f)
+        if args.seed is not None:
+            import dataclasses
+            sc = dataclasses.replace(sc, seed=args.seed)
+        if len(files) > 1 and sys.stderr.isatty():
+            print(f"\r[{i}/{len(files)}] {f.name:<50}", end="", file=sys.stderr, flush=True)
+        res = run_scenario(sc, policy=args.policy)
+        expect_fail = args.expect_failure
+        ok = res.ok if not expect_fail else bool(res.errors or res.failures)
+        backends = sorted({b for b in res.backends.values() if b})
+        status = "ok" if ok else "FAIL"
+        failed += not ok
+        rows.append((status, sc.name, sc.topology_spec or "-", str(sc.world_size),
+                     ",".join(g.name for g in sc.groups), ",".join(backends) or "-",
+                     str(len(res.errors)), str(len(res.leaks))))
+        if args.verbose or not ok:
+            _report(res, args, to=sys.stdout)
+    if len(files) > 1 and sys.stderr.isatty():
+        print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    print(_table(rows, ("status", "scenario", "topology", "world", "groups", "backends", "errors", "leaks")))
+    print(f"\n{len(files)} scenario(s), {len(files) - failed} ok, {failed} failed "
+          f"in {time.perf_counter() - t0:.1f} s")
+    return 1 if failed else 0
+
+
+def _report(res, args, to) -> None:
+    sc = res.scenario
+    print(f"\n== {sc.name} ({sc.path}) ==", file=to)
+    for g, text in res.explain.items():
+        print(text, file=to)
+    for e in res.errors:
+        print(f"  error: rank {e.rank} (GPU {sc.placement[e.rank]}) at step {e.step}: {e.name}: {e.message}", file=to)
+    for f in res.failures:
+        print(f"  FAIL: {f}", file=to)
+    for l in res.leaks[:10]:
+        print(f"  leak: {l}", file=to)
+    for fl in res.flags[:10]:
+        print(f"  flag: {fl}", file=to)
+    if res.failures or res.errors:
+        print(f"  replay: {res.replay_command()}", file=to)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ..scenario.runner import run_scenario
+    from ..scenario.schema import load
+
+    for f in _files(args.paths):
+        res = run_scenario(load(f), policy=args.policy)
+        _report(res, args, to=sys.stdout)
+        rows = [(k[0], k[1], str(k[2]), k[3], b or "-") for k, b in sorted(res.backends.items())]
+        if rows:
+            print(_table(rows, ("group", "op", "bytes", "dtype", "backend")))
+        print(f"ledger after close: {'zero' if not res.leaks else f'{len(res.leaks)} item(s) leaked'}; "
+              f"numerics: {'ok' if not res.mismatches else f'{len(res.mismatches)} mismatch(es)'}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    for name, fn, hlp in (
+        ("run", cmd_run, "run scenario files (or folders of them) and print a summary table"),
+        ("explain", cmd_explain, "run scenarios and print, per group, the backend chosen per op "
+                                 "and size with the reasons, the result check and the ledger"),
+    ):
+        p = sub.add_parser(name, help=hlp, description=hlp)
+        p.add_argument("paths", nargs="+", metavar="SCENARIO", help="scenario .toml file or folder")
+        p.add_argument("--policy", default=None,
+                       help="override the scenario's policy: a preset name or module:object")
+        p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+        if name == "run":
+            p.add_argument("--expect-failure", action="store_true",
+                           help="succeed only if each scenario fails (for regression files run "
+                                "under their shortcut policy)")
+            p.add_argument("-v", "--verbose", action="store_true", help="print each scenario's explanation")
+        p.set_defaults(func=fn)
