@@ -1,0 +1,20 @@
+"""Group layer: rank-to-rank exchange of small objects (DESIGN.md §2, §8).
+
+`base.Group` is the interface; `local` implements it for in-process ranks under a seeded
+cooperative scheduler (`scheduler`); a torch.distributed binding will implement it for real
+processes.
+"""
+
+from .base import REDUCE_OPS, Group
+from .errors import (CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, HangDetected,
+                     RankFailed, RankState)
+from .local import LocalGroup, LocalWorld
+from .scheduler import (Event, Outcome, Scheduler, current_rank, current_scheduler, in_rank,
+                        now, sleep, wait_until, yield_now)
+
+__all__ = [
+    "Group", "REDUCE_OPS", "GroupError", "CollectiveMismatch", "HangDetected", "GroupTimeout",
+    "RankFailed", "Diagnosis", "RankState", "LocalWorld", "LocalGroup", "Scheduler", "Outcome",
+    "Event", "current_scheduler", "in_rank", "current_rank", "now", "sleep", "wait_until",
+    "yield_now",
+]
