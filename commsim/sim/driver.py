@@ -8,6 +8,7 @@ exact code is UNCONFIRMED take it from `rules.UNCONFIRMED`.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -81,6 +82,33 @@ def _attr_int(x: Any) -> int:
         return -1
 
 
+def _prop_handle_types(prop: Any) -> int:
+    """`prop.requestedHandleTypes` as an int. cuda-python's setter takes any mask, but its
+    getter raises ValueError for one that is no single enum member (FD|FABRIC, the "ANY" mode
+    of §2.2); then the raw field is read (CUmemAllocationProp: type, requestedHandleTypes,
+    both 32-bit, per cuda.h)."""
+    try:
+        return _attr_int(getattr(prop, "requestedHandleTypes", 0))
+    except ValueError:
+        try:
+            return int(ctypes.c_uint32.from_address(prop.getPtr() + 4).value)
+        except Exception:
+            return -1
+
+
+def _handle_bytes(x: Any, attr: str) -> bytes | None:
+    """The first 64 bytes of a handle blob (bytes-like, a cuda-python handle with `attr`, or
+    a ctypes struct), or None when `x` is no blob. Numbers are refused: `bytes(n)` would
+    build n zero bytes (a garbage pointer passed as a handle must give an error code)."""
+    x = getattr(x, attr, x)
+    if x is None or isinstance(x, (int, float, complex, str)):
+        return None
+    try:
+        return bytes(memoryview(x))[:64]
+    except (TypeError, ValueError, BufferError):
+        return None
+
+
 class SimDriver:
     """The Driver protocol for one simulated process (see commsim/driver.py)."""
 
@@ -98,6 +126,33 @@ class SimDriver:
         self._next_fd = 10
         self._ipc_open: dict[int, int] = {}           # aid -> base of our import
         self._peer_maps = 0
+        fabric.exit_hooks[proc.pid] = self._exit_release
+
+    def _exit_release(self) -> None:
+        """The OS ends this process: its VMM and multicast mappings and its multicast
+        bindings go away, so memory no other process holds is freed (SimFabric.exit_process)."""
+        for m in list(self._maps.values()):
+            if m.kind in ("vmm", "mc"):
+                self._del_map(m)
+                obj = m.target
+                obj.maps -= 1
+                if obj.refs <= 0 and obj.maps <= 0:
+                    if isinstance(obj, PhysicalAlloc):
+                        self.fabric.free_alloc(obj)
+                    else:
+                        self.fabric.unref_multicast(obj)
+        for fd in list(self._fds):      # the OS closes every fd of an exiting process
+            self.close_fd(fd)
+        for it in self.ledger:
+            if it.kind == "multicast_binding":
+                mid, gname = it.key
+                mc = self.fabric.multicasts.get(mid)
+                for g, (a, _, _, _) in list(mc.bindings.items()) if mc else ():
+                    if str(g) == gname:
+                        del mc.bindings[g]
+                        a.maps -= 1
+                        if a.refs <= 0 and a.maps <= 0:
+                            self.fabric.free_alloc(a)
 
     # ---- identity ---------------------------------------------------------------------
     @property
@@ -110,6 +165,9 @@ class SimDriver:
 
     def gethostname(self) -> str:
         return self.proc.host
+
+    def getpid(self) -> int:
+        return self.proc.pid
 
     def imex_channels(self) -> tuple[int, ...]:
         return self.cluster.host(self.proc.host).imex_channels
@@ -216,6 +274,8 @@ class SimDriver:
             raise Fail(E.cudaErrorIllegalAddress)   # multicast VA only through multimem ops
         a = m.target
         start = m.offset + off
+        if start + nbytes > a.data.size:
+            raise Fail(E.cudaErrorIllegalAddress)   # past the bytes behind it (0-byte malloc)
         return a.data[start:start + nbytes]
 
     def multimem_views(self, ptr: int, nbytes: int) -> list[np.ndarray]:
@@ -246,6 +306,8 @@ class SimDriver:
         if self.fabric.device_bytes_used(g) + size > self.cluster.gpu(g).memory_bytes:
             raise Fail(E.cudaErrorMemoryAllocation)
         a = self.fabric.new_alloc(g, size, legacy=True, owner=self.proc.pid)
+        if a is None:
+            raise Fail(E.cudaErrorMemoryAllocation)   # the host cannot back it
         base = self._va(size)
         self._add_map(Mapping(base, max(size, 1), "malloc", a))
         self.ledger.add("allocation", base, f"cudaMalloc({size}) on {g}")
@@ -330,8 +392,8 @@ class SimDriver:
     def cudaIpcOpenMemHandle(self, handle: Any, flags: int) -> int:
         if _attr_int(flags) != int(LAZY_ENABLE_PEER_ACCESS):
             raise Fail(rules.code("L13"))
-        key = bytes(getattr(handle, "reserved", handle))[:64] if handle is not None else b""
-        entry = self.fabric.ipc_handles.get(key)
+        key = _handle_bytes(handle, "reserved")
+        entry = self.fabric.ipc_handles.get(key) if key is not None else None
         if entry is None:
             raise Fail(E.cudaErrorInvalidResourceHandle)   # unknown or freed allocation
         aid, exporter = entry
@@ -397,7 +459,7 @@ class SimDriver:
         g = self._prop_device(prop)
         gpu = self.cluster.gpu(g)
         size = _attr_int(size)
-        types = _attr_int(getattr(prop, "requestedHandleTypes", 0))
+        types = _prop_handle_types(prop)
         if size <= 0 or size % rules.GRANULARITY_MIN or types < 0 or types & ~(FD | FABRIC | 0x6):
             raise Fail(rules.code("V1"))
         if not gpu.vmm:
@@ -414,6 +476,8 @@ class SimDriver:
         if self.fabric.device_bytes_used(g) + size > gpu.memory_bytes:
             raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
         a = self.fabric.new_alloc(g, size, legacy=False, owner=self.proc.pid, handle_types=types)
+        if a is None:
+            raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)    # the host cannot back it
         h = self._new_handle(("mem", a.aid))
         self.ledger.add("vmm_handle", ("mem", a.aid, h), f"cuMemCreate({size}) on {g}, types {types:#x}")
         return h
@@ -449,14 +513,25 @@ class SimDriver:
         fd = self._next_fd
         self._next_fd += 1
         self._fds[fd] = target
+        obj.refs += 1   # an open fd keeps the memory alive until closed (§2.3)
         self.ledger.add("exported_fd", fd, f"POSIX fd {fd} for {target[0]} {target[1]}")
         return fd
 
+    def _unref_target(self, target: tuple[str, int]) -> None:
+        kind, oid = target
+        obj = (self.fabric.allocs if kind == "mem" else self.fabric.multicasts).get(oid)
+        if isinstance(obj, PhysicalAlloc):
+            self.fabric.unref_alloc(obj)
+        elif obj is not None:
+            self.fabric.unref_multicast(obj)
+
     def close_fd(self, fd: int) -> int:
         """os.close of an exported or received fd: 0, or -1 (EBADF) like the syscall."""
-        if self._fds.pop(fd, None) is None:
+        target = self._fds.pop(fd, None)
+        if target is None:
             return -1
         self.ledger.remove("exported_fd", fd, all_refs=True)
+        self._unref_target(target)
         return 0
 
     def receive_fd(self, target: tuple[str, int]) -> int:
@@ -464,6 +539,10 @@ class SimDriver:
         fd = self._next_fd
         self._next_fd += 1
         self._fds[fd] = target
+        kind, oid = target
+        obj = (self.fabric.allocs if kind == "mem" else self.fabric.multicasts).get(oid)
+        if obj is not None:
+            obj.refs += 1
         self.ledger.add("exported_fd", fd, f"POSIX fd {fd} received for {target[0]} {target[1]}")
         return fd
 
@@ -479,10 +558,8 @@ class SimDriver:
             if target is None:
                 raise Fail(rules.code("X4"))
         elif t == FABRIC:
-            raw = getattr(os_handle, "data", os_handle)
-            try:
-                key = bytes(raw)[:64]
-            except TypeError:
+            key = _handle_bytes(os_handle, "data")
+            if key is None:
                 raise Fail(R.CUDA_ERROR_INVALID_VALUE)
             target = self.fabric.fabric_handles.get(key)
             if target is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -85,7 +85,10 @@ class SimFabric:
         self.multicasts: dict[int, MulticastObject] = {}
         self.ipc_handles: dict[bytes, tuple[int, int]] = {}     # handle -> (aid, exporter pid)
         self.fabric_handles: dict[bytes, tuple[str, int]] = {}  # handle -> ("mem"|"mc", id)
+        self.fd_mailbox: dict[tuple[int, int], list[tuple[str, int]]] = {}  # (dst, src) -> fds in flight
         self.flags: list[str] = []   # undefined-behaviour events the run must report (L15, M6, V7)
+        # pid -> what the process's driver must drop when the OS ends it (its mappings)
+        self.exit_hooks: dict[int, Callable[[], None]] = {}
         self._next_aid = 1
         self._next_mid = 1
         self._next_pid = 1000
@@ -111,21 +114,31 @@ class SimFabric:
         p = self.processes[pid]
         leaks = [str(it) for it in p.ledger]
         p.alive = False
+        hook = self.exit_hooks.pop(pid, None)
+        if hook is not None:
+            hook()   # the driver drops its VMM / multicast mappings and bindings
         for aid, a in list(self.allocs.items()):
             if a.owner_pid == pid and a.legacy:
                 self.free_alloc(a)
         for it in p.ledger:
-            if it.kind in ("vmm_handle", "imported_handle"):
+            if it.kind in ("vmm_handle", "imported_handle", "multicast"):
                 obj = it.key
                 if isinstance(obj, tuple) and obj[0] == "mem":
                     self.unref_alloc(self.allocs.get(obj[1]), all_refs=False)
+                elif isinstance(obj, tuple) and obj[0] == "mc" and obj[1] in self.multicasts:
+                    self.unref_multicast(self.multicasts[obj[1]])
         p.ledger.items.clear()
         return leaks
 
     # -- allocations ----------------------------------------------------------------------
-    def new_alloc(self, gpu: GpuRef, size: int, legacy: bool, owner: int, handle_types: int = 0) -> PhysicalAlloc:
-        a = PhysicalAlloc(self._next_aid, gpu, size, self.memory.allocate(size, f"a{self._next_aid}"),
-                          legacy, owner, handle_types)
+    def new_alloc(self, gpu: GpuRef, size: int, legacy: bool, owner: int, handle_types: int = 0) -> PhysicalAlloc | None:
+        """The new allocation, or None when the host cannot back `size` bytes (the caller
+        answers out-of-memory, as the GPU would when full)."""
+        try:
+            data = self.memory.allocate(size, f"a{self._next_aid}")
+        except MemoryError:
+            return None
+        a = PhysicalAlloc(self._next_aid, gpu, size, data, legacy, owner, handle_types)
         self._next_aid += 1
         self.allocs[a.aid] = a
         return a
@@ -178,6 +191,11 @@ class SimFabric:
         m.refs -= 1
         if m.refs <= 0 and m.maps <= 0:
             self.multicasts.pop(m.mid, None)
+            for a, _, _, _ in m.bindings.values():   # the object's bindings go with it
+                a.maps -= 1
+                if a.refs <= 0 and a.maps <= 0:
+                    self.free_alloc(a)
+            m.bindings.clear()
             for h, (k, oid) in list(self.fabric_handles.items()):
                 if k == "mc" and oid == m.mid:
                     del self.fabric_handles[h]

@@ -1,0 +1,257 @@
+"""`commsim topo ...`: list, show and import topologies.
+
+`import` turns `nvidia-smi topo -m` output pasted into a bug report into a cluster, prints
+what it assumed, and can write it as a scenario file whose `[topology]` table spells every
+assumption out, so the regression scenario does not depend on this run's inference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..topology import presets, render
+from ..topology.import_nvidia_smi import (
+    DOMAINS, build_cluster, cluster_from_matrix_table, matrix_table, parse_topo_matrix,
+)
+from ..topology.model import Cluster
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # what [scenario] name accepts
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "topo", help="list, show and import machine topologies",
+        description="Machine topologies: the presets, the topology of a scenario file, and "
+                    "import of `nvidia-smi topo -m` output from a bug report.")
+    sub = parser.add_subparsers(dest="topo_cmd", metavar="COMMAND")
+    sub.required = True
+
+    ls = sub.add_parser("list", help="list the preset topologies",
+                        description="List the preset machine shapes with a one-line summary. "
+                                    "Use a name with `commsim topo show` or in a scenario's "
+                                    "[topology] preset = \"...\".")
+    ls.set_defaults(func=cmd_list)
+
+    show = sub.add_parser(
+        "show", help="print a preset's or a scenario's topology",
+        description="Print the `nvidia-smi topo -m` style matrix of each distinct host shape, "
+                    "the P2P answers and the NVLink domain map. SPEC is a preset name, "
+                    "optionally sliced to its first N hosts (gb200-nvl72:2), or a scenario "
+                    ".toml file (its topology after faults).")
+    show.add_argument("spec", metavar="PRESET|SCENARIO.toml",
+                      help="preset name (see `commsim topo list`), e.g. hgx-h100-8 or "
+                           "gb200-nvl72:2, or a path to a scenario file")
+    show.add_argument("--shapes", type=int, default=2, metavar="N",
+                      help="print the matrices of at most N distinct host shapes (default 2)")
+    show.set_defaults(func=cmd_show)
+
+    imp = sub.add_parser(
+        "import", help="import `nvidia-smi topo -m` output",
+        description="Read `nvidia-smi topo -m` output (prose before the matrix, NIC rows and "
+                    "columns, affinity columns and the legend are skipped), repeat that host "
+                    "--hosts times, print the assumptions made as warnings on stderr and the "
+                    "resulting topology on stdout. With --output, write a scenario file whose "
+                    "[topology] table holds the explicit topology.",
+        epilog="example: commsim topo import bug.txt --hosts 2 --output scenarios/bug.toml")
+    imp.add_argument("file", metavar="FILE",
+                     help="text holding `nvidia-smi topo -m` output ('-' reads stdin)")
+    imp.add_argument("--hosts", type=int, required=True, metavar="N",
+                     help="how many hosts of this shape the cluster has (>= 1)")
+    imp.add_argument("--domain", choices=DOMAINS, default=None,
+                     help="NVLink domain: none (no NVSwitch fabric), node (one NVSwitch board "
+                          "per host), rack (one multi-node domain over all hosts, as GB200 "
+                          "NVL72). Default: inferred from the matrix, with a warning")
+    imp.add_argument("--gpu-model", metavar="NAME", default=None,
+                     help="GPU model, e.g. H100, GB200, 'NVIDIA A100-SXM4-40GB', 'RTX 4090'; "
+                          "sets compute capability, memory, multicast and fabric support. "
+                          "Default: inferred from the matrix, with a warning")
+    imp.add_argument("--p2p", metavar="FILE", default=None,
+                     help="`nvidia-smi topo -p2p r` output of the same machine: only OK "
+                          "allows P2P. Without it PCIe pairs are assumed to allow P2P")
+    imp.add_argument("--host-prefix", default="node", metavar="PREFIX",
+                     help="host names are PREFIX-0 .. PREFIX-(N-1) (default: node)")
+    imp.add_argument("--name", default=None,
+                     help="cluster and scenario name (default: from FILE's name)")
+    imp.add_argument("--output", "-o", type=Path, default=None, metavar="OUT.toml",
+                     help="write a scenario file with the explicit topology")
+    imp.add_argument("--force", action="store_true",
+                     help="overwrite --output if it exists")
+    imp.set_defaults(func=cmd_import)
+
+
+# -- list / show ------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    width = max(len(n) for n in presets.PRESETS)
+    for p in presets.PRESETS.values():
+        print(f"{p.name.ljust(width)}  {p.summary}")
+    return 0
+
+
+def load_spec(spec: str) -> Cluster:
+    """A preset (optionally sliced) or the cluster of a scenario file."""
+    path = Path(spec)
+    if spec.partition(":")[0] in presets.PRESETS:
+        return presets.build(spec)
+    if spec.endswith(".toml") or os.sep in spec or path.exists():
+        if not path.exists():
+            raise UserError(f"{spec}: no such file; give a scenario .toml file or a preset "
+                            f"name ({', '.join(presets.PRESETS)})")
+        if path.suffix != ".toml":
+            raise UserError(f"{spec}: not a scenario .toml file; for `nvidia-smi topo -m` "
+                            f"output use `commsim topo import {spec} --hosts N`")
+        try:
+            # Imported here: scenario files are optional for showing presets.
+            from ..scenario import schema
+        except ModuleNotFoundError as e:
+            if e.name not in ("commsim.scenario.schema", "commsim.scenario"):
+                raise
+            raise UserError(f"{spec}: reading scenario files needs commsim.scenario.schema, "
+                            f"which this installation lacks; show a preset instead") from None
+        return schema.load(path).cluster
+    return presets.build(spec)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    if args.shapes < 1:
+        raise UserError(f"--shapes: must be >= 1, got {args.shapes}")
+    print(render.describe(load_spec(args.spec), max_hosts=args.shapes))
+    return 0
+
+
+# -- import -----------------------------------------------------------------------------
+
+
+def _read(path: str, what: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        # Pastes come from browsers and editors: tolerate a BOM and stray bytes.
+        return Path(path).read_text(encoding="utf-8-sig", errors="replace")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; give a text file holding {what} "
+                        f"('-' reads stdin)") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory; give a text file holding {what}") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+
+
+def _scenario_name(args: argparse.Namespace) -> str:
+    if args.name is not None:
+        if not _NAME.match(args.name):
+            raise UserError(f"--name {args.name!r}: use letters, digits, '.', '_' and '-', "
+                            f"starting with a letter or digit")
+        return args.name
+    stem = "stdin" if args.file == "-" else Path(args.file).stem
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._") or "imported"
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    if args.hosts < 1:
+        raise UserError(f"--hosts: must be >= 1 (how many hosts of this shape), got {args.hosts}")
+    name = _scenario_name(args)
+    out: Path | None = args.output
+    if out is not None:
+        _check_output(out, args.force)  # fail before the work, not after it
+    source = "<stdin>" if args.file == "-" else args.file
+    text = _read(args.file, "`nvidia-smi topo -m` output")
+    p2p_text = _read(args.p2p, "`nvidia-smi topo -p2p r` output") if args.p2p else None
+    parsed = parse_topo_matrix(text, source, p2p_text, args.p2p or "<p2p>")
+    cluster, warnings = build_cluster(parsed, args.hosts, args.domain, args.gpu_model,
+                                      host_prefix=args.host_prefix, name=name)
+    nic = f", {parsed.nic_count} NIC column(s) ignored" if parsed.nic_count else ""
+    print(f"parsed {source}: {parsed.gpu_count} GPUs per host{nic}", file=sys.stderr)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(render.describe(cluster))
+    if out is not None:
+        body = scenario_toml(name, matrix_table(cluster, args.host_prefix), source, warnings)
+        _verify(body, cluster, out)
+        _write_atomic(out, body, args.force)
+        print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _q(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)  # a JSON string is a valid TOML basic string
+
+
+def scenario_toml(name: str, table: dict[str, Any], origin: str, warnings: list[str]) -> str:
+    """A scenario file holding `table` as its explicit `[topology]`."""
+    lines = [f"# Imported by `commsim topo import` from {origin!r} (nvidia-smi topo -m)."]
+    if warnings:
+        lines.append("# Assumed while importing (written out explicitly below; edit to change):")
+        lines += [f"#   - {' '.join(w.split())}" for w in warnings]
+    lines += ["", "[scenario]", f"name = {_q(name)}", "", "[topology]"]
+    for key, value in table.items():
+        if isinstance(value, str) and "\n" in value:
+            # A literal multi-line string keeps tabs and the " X " cells as they are.
+            lines.append(f"{key} = '''\n{value}'''")
+        elif isinstance(value, str):
+            lines.append(f"{key} = {_q(value)}")
+        else:
+            lines.append(f"{key} = {value}")
+    return "\n".join(lines) + "\n"
+
+
+def _verify(body: str, cluster: Cluster, out: Path) -> None:
+    """Refuse to write a file that would not load back into the same machine."""
+    table = tomllib.loads(body)["topology"]
+    again = cluster_from_matrix_table(table, str(out))
+    if again.hosts != cluster.hosts or again.domains != cluster.domains:
+        raise UserError(f"{out}: internal error: the written topology would not load back "
+                        f"unchanged; nothing was written")
+    try:
+        from ..scenario import schema
+    except ModuleNotFoundError:
+        return  # the schema loader is optional; the round trip above already checked
+    schema.loads(body, str(out))
+
+
+def _check_output(out: Path, force: bool) -> None:
+    if out.exists() and not force:
+        raise UserError(f"{out}: already exists; pass --force to overwrite it, or choose "
+                        f"another --output")
+    if out.is_dir():
+        raise UserError(f"{out}: is a directory; give a file name such as {out}/scenario.toml")
+    if not out.parent.is_dir():
+        raise UserError(f"{out}: directory {out.parent} does not exist; create it first")
+
+
+def _write_atomic(out: Path, body: str, force: bool) -> None:
+    """Temp file in the same directory, then rename: a reader never sees half a file."""
+    _check_output(out, force)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600
+        if force:
+            os.replace(tmp, out)
+        else:
+            # link() fails if `out` appeared meanwhile, where rename would clobber it.
+            try:
+                os.link(tmp, out)
+            except FileExistsError:
+                raise UserError(f"{out}: already exists; pass --force to overwrite it") from None
+            except OSError:
+                _check_output(out, force)  # no hard links on this file system
+                os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,1033 @@
+"""The semantics as a table: one case per rule of shared/reference/domain.md §1-4 and §9.
+
+Each Case names its reference row and the citation behind it, the topology and the placement
+of its processes (one simulated process per placement entry, built by conftest.make_rig, the
+only factory), and a body written against the Driver protocol (commsim/driver.py) plus
+`check`. The body returns the result tuple of the call the rule is about; the runner checks
+its code against `expect`, then checks the full teardown: every process's ledger is empty and
+no physical memory or multicast object is left (DESIGN rule 4: ledger zero after teardown).
+
+Rows whose exact code the reference marks UNCONFIRMED expect `rules.UNCONFIRMED[row]` and
+carry "UNCONFIRMED: chosen" in their test id: the simulator's table is the one place to
+correct them when a GPU run (COMMSIM_DEVICE=cuda) sees another code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from commsim.driver import (CudaError, FABRIC_HANDLE_SIZE, IPC_HANDLE_SIZE, LAZY_ENABLE_PEER_ACCESS,
+                            NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, DevAttr, HandleType,
+                            access_desc, alloc_prop, check, cudaError_t, CUresult, multicast_prop)
+from commsim.group.errors import HangDetected
+from commsim.group.scheduler import wait_until
+from commsim.sim import rules
+from commsim.sim.unix_socket import FdTransportError
+from commsim.topology import modify
+from commsim.topology.model import FabricState, GpuRef, NvlinkDomain
+from commsim.topology.presets import build
+
+E = cudaError_t
+R = CUresult
+FD = HandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+FABRIC = HandleType.CU_MEM_HANDLE_TYPE_FABRIC
+LAZY = int(LAZY_ENABLE_PEER_ACCESS)
+MIB = 1 << 20
+DTOD = 3   # cudaMemcpyDeviceToDevice
+
+
+@dataclass(frozen=True)
+class U:
+    """Expect the simulator's chosen code for an UNCONFIRMED row (read at run time)."""
+
+    row: str
+
+    def code(self) -> Any:
+        return rules.code(self.row)
+
+
+@dataclass(frozen=True)
+class Case:
+    row: str                                   # reference §9 row (or § for non-row facts)
+    title: str
+    source: str                                # citation, as the reference gives it
+    topology: str | Callable[[], Any]          # preset spec, or a function building a Cluster
+    placement: tuple[tuple[int, int], ...]     # (host index, gpu index) per process
+    body: Callable[[Any], Any]
+    expect: Any = None                         # code of the tuple the body returns
+    residue: bool = False                      # the body ends with a deliberate leak
+    skip: str | None = None
+    sim_only: bool = False                     # needs the simulator itself (its limits, exit)
+    xfail: str | None = None                   # a known divergence of the simulator
+
+    @property
+    def unconfirmed(self) -> bool:
+        return isinstance(self.expect, U)
+
+    @property
+    def id(self) -> str:
+        label = " UNCONFIRMED: chosen" if self.unconfirmed else ""
+        return f"{self.row}{label} - {self.title}"
+
+
+CASES: list[Case] = []
+
+
+def case(row: str, title: str, source: str, topology, placement, expect=None, **kw):
+    def deco(fn):
+        CASES.append(Case(row, title, source, topology, tuple(placement), fn, expect, **kw))
+        return fn
+    return deco
+
+
+# ---- helpers (Driver protocol only) -------------------------------------------------------
+
+def gran(d, dev: int = 0, types: int = 0) -> int:
+    return check("cuMemGetAllocationGranularity",
+                 d.cuMemGetAllocationGranularity(alloc_prop(dev, int(types)), 0))
+
+
+def create(d, size: int, types: int = 0, dev: int | None = None) -> int:
+    dev = check("cudaGetDevice", d.cudaGetDevice()) if dev is None else dev
+    return check("cuMemCreate", d.cuMemCreate(size, alloc_prop(dev, int(types)), 0))
+
+
+def map_rw(d, handle: int, size: int, access: bool = True) -> int:
+    """Reserve, map `handle` and (unless told not to) grant this device read/write."""
+    ptr = check("cuMemAddressReserve", d.cuMemAddressReserve(size, 0, 0, 0))
+    check("cuMemMap", d.cuMemMap(ptr, size, 0, handle, 0))
+    if access:
+        dev = check("cudaGetDevice", d.cudaGetDevice())
+        check("cuMemSetAccess", d.cuMemSetAccess(ptr, size, [access_desc(dev)], 1))
+    return ptr
+
+
+def unmap_free(d, ptr: int, size: int) -> None:
+    check("cuMemUnmap", d.cuMemUnmap(ptr, size))
+    check("cuMemAddressFree", d.cuMemAddressFree(ptr, size))
+
+
+def pattern(n: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def code_of(res) -> int:
+    return int(res[0])
+
+
+# ================================ 9.1 Legacy IPC ==========================================
+
+@case("L1", "cudaIpcGetMemHandle on a cudaMalloc base gives a 64-byte handle", "§1.1 [CUDA13-h]",
+      "hgx-h100-8", [(0, 0)])
+def _(rig):
+    d = rig[0]
+    p = check("cudaMalloc", d.cudaMalloc(MIB))
+    res = d.cudaIpcGetMemHandle(p)
+    h = check("cudaIpcGetMemHandle", res)
+    assert isinstance(h, bytes) and len(h) == IPC_HANDLE_SIZE
+    assert check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(p)) == h   # cheap, repeatable
+    assert rig.held(0) == {"allocation": 1}
+    check("cudaFree", d.cudaFree(p))
+    return res
+
+
+@case("L2", "cudaIpcGetMemHandle on VMM (cuMemCreate + cuMemMap) memory is rejected",
+      "§1.3; vLLM#42609, vLLM#45611", "hgx-h100-8", [(0, 0)], expect=E.cudaErrorInvalidValue)
+def _(rig):
+    d = rig[0]
+    g = gran(d)
+    h = create(d, g)
+    ptr = map_rw(d, h, g)
+    res = d.cudaIpcGetMemHandle(ptr)
+    assert rig.held(0) == {"vmm_handle": 1, "reservation": 1, "vmm_mapping": 1}
+    unmap_free(d, ptr, g)
+    check("cuMemRelease", d.cuMemRelease(h))
+    return res
+
+
+@case("L3", "cudaIpcGetMemHandle on a non-base pointer of a cudaMalloc block", "§1.3",
+      "hgx-h100-8", [(0, 0)], expect=U("L3"))
+def _(rig):
+    d = rig[0]
+    p = check("cudaMalloc", d.cudaMalloc(MIB))
+    res = d.cudaIpcGetMemHandle(p + 256)
+    check("cudaFree", d.cudaFree(p))
+    return res
+
+
+@case("L4", "free + re-cudaMalloc gives a new, different handle", "§1.1 [CUDA13-h]",
+      "hgx-h100-8", [(0, 0)])
+def _(rig):
+    d = rig[0]
+    p1 = check("cudaMalloc", d.cudaMalloc(MIB))
+    h1 = check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(p1))
+    check("cudaFree", d.cudaFree(p1))
+    p2 = check("cudaMalloc", d.cudaMalloc(MIB))
+    res = d.cudaIpcGetMemHandle(p2)
+    h2 = check("cudaIpcGetMemHandle", res)
+    assert h2 != h1
+    check("cudaFree", d.cudaFree(p2))
+    return res
+
+
+@case("L4/freed", "opening the handle of a freed allocation: invalid resource handle",
+      "§1.1 (documented return cudaErrorInvalidResourceHandle); row L4", "gb200-nvl72:1",
+      [(0, 0), (0, 1)], expect=E.cudaErrorInvalidResourceHandle)
+def _(rig):
+    exp, imp = rig[0], rig[1]
+    p = check("cudaMalloc", exp.cudaMalloc(MIB))
+    h = check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p))
+    check("cudaFree", exp.cudaFree(p))
+    res = imp.cudaIpcOpenMemHandle(h, LAZY)
+    assert rig.held(1) == {}
+    return res
+
+
+@case("L5", "open on the same host, other process, P2P: ok and the bytes are shared",
+      "§1.1 [CUDA13-h]", "gb200-nvl72:1", [(0, 0), (0, 1)])
+def _(rig):
+    exp, imp = rig[0], rig[1]
+    n = 64 * 1024
+    p = check("cudaMalloc", exp.cudaMalloc(n))
+    check("write", rig.write(0, p, pattern(n, 1)))
+    h = check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p))
+    res = imp.cudaIpcOpenMemHandle(h, LAZY)
+    q = check("cudaIpcOpenMemHandle", res)
+    assert check("read", rig.read(1, q, n)) == pattern(n, 1)
+    check("write", rig.write(1, q, pattern(n, 2)))          # the importer writes back
+    assert check("read", rig.read(0, p, n)) == pattern(n, 2)
+    assert rig.held(1) == {"ipc_mapping": 1}
+    check("cudaIpcCloseMemHandle", imp.cudaIpcCloseMemHandle(q))
+    check("cudaFree", exp.cudaFree(p))
+    return res
+
+
+@case("L6", "double open: same pointer, refcounted close (2nd close needed, 3rd fails)",
+      "§1.1 [CUDA13-h], row L14", "gb200-nvl72:1", [(0, 0), (0, 1)])
+def _(rig):
+    exp, imp = rig[0], rig[1]
+    p = check("cudaMalloc", exp.cudaMalloc(4096))
+    check("write", rig.write(0, p, pattern(4096, 3)))
+    h = check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p))
+    q1 = check("cudaIpcOpenMemHandle", imp.cudaIpcOpenMemHandle(h, LAZY))
+    q2 = check("cudaIpcOpenMemHandle", imp.cudaIpcOpenMemHandle(h, LAZY))
+    assert q1 == q2
+    assert rig.held(1) == {"ipc_mapping": 2}
+    check("cudaIpcCloseMemHandle", imp.cudaIpcCloseMemHandle(q1))
+    assert rig.held(1) == {"ipc_mapping": 1}
+    assert check("read", rig.read(1, q1, 4096)) == pattern(4096, 3)   # still mapped
+    check("cudaIpcCloseMemHandle", imp.cudaIpcCloseMemHandle(q1))
+    assert rig.held(1) == {}
+    third = imp.cudaIpcCloseMemHandle(q1)
+    # Documented returns of cudaIpcCloseMemHandle (§1.1): MapBufferObjectFailed, NotSupported,
+    # InvalidValue; the simulator answers InvalidValue for a pointer that is no longer open.
+    assert code_of(third) in (int(E.cudaErrorInvalidValue), int(E.cudaErrorMapBufferObjectFailed))
+    assert code_of(rig.kernel_read(1, q1, 16)) == int(E.cudaErrorIllegalAddress)   # unmapped
+    check("cudaFree", exp.cudaFree(p))
+    return third
+
+
+@case("L7", "second context in one importer process opens the same exporter's handle", "§1.1",
+      "gb200-nvl72:1", [(0, 0), (0, 1)], expect=U("L7"),
+      skip="the Driver protocol has no call that creates a second context on one device "
+           "(cuCtxCreate), so row L7 cannot be reached; rules.UNCONFIRMED['L7'] is unused")
+def _(rig):
+    raise AssertionError("unreachable")
+
+
+@case("L8", "legacy IPC across hosts (two GB200 trays, one NVLink domain)",
+      "§1.4; flashinfer#2006, vLLM#52778", "gb200-nvl72:2", [(0, 0), (1, 0)],
+      expect=E.cudaErrorInvalidResourceHandle)
+def _(rig):
+    exp, imp = rig[0], rig[1]
+    assert exp.gethostname() != imp.gethostname()
+    p = check("cudaMalloc", exp.cudaMalloc(MIB))
+    h = check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p))
+    res = imp.cudaIpcOpenMemHandle(h, LAZY)
+    with pytest.raises(CudaError) as ei:
+        check("cudaIpcOpenMemHandle", res)
+    e = ei.value
+    assert (e.code, e.name, e.string) == (400, "cudaErrorInvalidResourceHandle",
+                                          "invalid resource handle")
+    assert rig.held(1) == {}
+    check("cudaFree", exp.cudaFree(p))
+    return res
+
+
+@case("L9", "open in the exporting process itself: invalid device context (201)",
+      "§1.4; ucx#11603, ucx#4431", "gb200-nvl72:1", [(0, 0)],
+      expect=E.cudaErrorDeviceUninitialized)
+def _(rig):
+    d = rig[0]
+    p = check("cudaMalloc", d.cudaMalloc(MIB))
+    h = check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(p))
+    res = d.cudaIpcOpenMemHandle(h, LAZY)
+    with pytest.raises(CudaError) as ei:
+        check("cudaIpcOpenMemHandle", res)
+    assert (ei.value.code, ei.value.string) == (201, "invalid device context")
+    check("cudaFree", d.cudaFree(p))
+    return res
+
+
+def _l10(rig):
+    exp, imp = rig[0], rig[1]
+    assert check("cudaDeviceCanAccessPeer", imp.cudaDeviceCanAccessPeer(1, 0)) == 0
+    p = check("cudaMalloc", exp.cudaMalloc(MIB))
+    h = check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p))
+    res = imp.cudaIpcOpenMemHandle(h, LAZY)
+    with pytest.raises(CudaError) as ei:
+        check("cudaIpcOpenMemHandle", res)
+    assert ei.value.string == "peer access is not supported between these two devices"
+    check("cudaFree", exp.cudaFree(p))
+    return res
+
+
+case("L10", "no P2P between the devices (GeForce RTX 4090)", "§1.4; sglang#4814, nccl-tests#287",
+     "rtx4090-8", [(0, 0), (0, 1)], expect=E.cudaErrorPeerAccessUnsupported)(_l10)
+case("L10/edited", "no P2P between the devices (HGX H100 edited with modify.without_p2p)",
+     "§1.4; sglang#4814", lambda: modify.without_p2p(build("hgx-h100-8"), "hgx-h100-0", 0, 1),
+     [(0, 0), (0, 1)], expect=E.cudaErrorPeerAccessUnsupported)(_l10)
+
+
+@case("L12", "too many peer mappings (limit lowered to 1 for the case)", "§1.1 documented returns",
+      "gb200-nvl72:1", [(0, 0), (0, 1)], expect=E.cudaErrorTooManyPeers, sim_only=True)
+def _(rig):
+    exp, imp = rig[0], rig[1]
+    ps = [check("cudaMalloc", exp.cudaMalloc(4096)) for _ in range(2)]
+    hs = [check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p)) for p in ps]
+    saved = rules.MAX_PEER_MAPPINGS
+    rules.MAX_PEER_MAPPINGS = 1
+    try:
+        q = check("cudaIpcOpenMemHandle", imp.cudaIpcOpenMemHandle(hs[0], LAZY))
+        res = imp.cudaIpcOpenMemHandle(hs[1], LAZY)
+    finally:
+        rules.MAX_PEER_MAPPINGS = saved
+    check("cudaIpcCloseMemHandle", imp.cudaIpcCloseMemHandle(q))
+    for p in ps:
+        check("cudaFree", exp.cudaFree(p))
+    return res
+
+
+@case("L13", "flags != cudaIpcMemLazyEnablePeerAccess", "§1.1 (flags must be the lazy flag)",
+      "gb200-nvl72:1", [(0, 0), (0, 1)], expect=U("L13"))
+def _(rig):
+    exp, imp = rig[0], rig[1]
+    p = check("cudaMalloc", exp.cudaMalloc(MIB))
+    h = check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p))
+    res = imp.cudaIpcOpenMemHandle(h, 0)
+    assert rig.held(1) == {}
+    check("cudaFree", exp.cudaFree(p))
+    return res
+
+
+@case("L14", "close unmaps only the caller's import: exporter and other importers unaffected",
+      "§1.1 [CUDA13-h]", "gb200-nvl72:1", [(0, 0), (0, 1), (0, 2)])
+def _(rig):
+    exp, i1, i2 = rig[0], rig[1], rig[2]
+    p = check("cudaMalloc", exp.cudaMalloc(4096))
+    check("write", rig.write(0, p, pattern(4096, 4)))
+    h = check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p))
+    q1 = check("cudaIpcOpenMemHandle", i1.cudaIpcOpenMemHandle(h, LAZY))
+    q2 = check("cudaIpcOpenMemHandle", i2.cudaIpcOpenMemHandle(h, LAZY))
+    res = i1.cudaIpcCloseMemHandle(q1)
+    check("close", res)
+    assert code_of(rig.kernel_read(1, q1, 16)) == int(E.cudaErrorIllegalAddress)
+    assert check("read", rig.read(2, q2, 4096)) == pattern(4096, 4)
+    assert check("read", rig.read(0, p, 4096)) == pattern(4096, 4)
+    assert (rig.held(1), rig.held(2)) == ({}, {"ipc_mapping": 1})
+    check("close", i2.cudaIpcCloseMemHandle(q2))
+    check("cudaFree", exp.cudaFree(p))
+    assert rig.flag_count() == 0
+    return res
+
+
+@case("L15", "exporter cudaFree while a peer has it open: flagged, the peer's access faults",
+      "§1.1 (undefined), §7.3; row L15", "gb200-nvl72:1", [(0, 0), (0, 1)],
+      expect=E.cudaErrorIllegalAddress)
+def _(rig):
+    exp, imp = rig[0], rig[1]
+    p = check("cudaMalloc", exp.cudaMalloc(4096))
+    h = check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p))
+    q = check("cudaIpcOpenMemHandle", imp.cudaIpcOpenMemHandle(h, LAZY))
+    assert check("kernel", rig.kernel_read(1, q, 16)) == bytes(16)
+    check("cudaFree", exp.cudaFree(p))   # the free itself succeeds: UB is the peer's problem
+    assert rig.flagged("L15", 1)
+    res = rig.kernel_read(1, q, 16)
+    assert rig.flag_count("L15") == 2   # the free and the access
+    assert rig.held(1) == {"ipc_mapping": 1}                 # the peer still holds its import
+    check("close", imp.cudaIpcCloseMemHandle(q))
+    return res
+
+
+# ================================ 9.2 VMM and fabric ======================================
+
+@case("V1", "cuMemCreate size not a multiple of the MINIMUM granularity", "§2.3",
+      "hgx-h100-8", [(0, 0)], expect=U("V1"))
+def _(rig):
+    d = rig[0]
+    res = d.cuMemCreate(gran(d) + 4096, alloc_prop(0, 0), 0)
+    assert rig.held(0) == {}
+    return res
+
+
+@case("V2", "cuMemCreate(FABRIC) on a GB200 tray with IMEX", "§2.3; row V2", "gb200-nvl72:1",
+      [(0, 0)], expect=R.CUDA_SUCCESS)
+def _(rig):
+    d = rig[0]
+    assert check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0)) == 1
+    assert d.imex_channels()
+    res = d.cuMemCreate(gran(d, 0, FABRIC), alloc_prop(0, int(FABRIC)), 0)
+    h = check("cuMemCreate", res)
+    blob = check("export", d.cuMemExportToShareableHandle(h, FABRIC, 0))
+    assert isinstance(blob, bytes) and len(blob) == FABRIC_HANDLE_SIZE
+    assert rig.held(0) == {"vmm_handle": 1}
+    check("cuMemRelease", d.cuMemRelease(h))
+    return res
+
+
+def _v3(rig):
+    d = rig[0]
+    g = gran(d)
+    res = d.cuMemCreate(g, alloc_prop(0, int(FABRIC)), 0)
+    h = check("cuMemCreate(POSIX_FD)", d.cuMemCreate(g, alloc_prop(0, int(FD)), 0))  # still ok
+    check("cuMemRelease", d.cuMemRelease(h))
+    return res
+
+
+case("V3/imex", "cuMemCreate(FABRIC) on a tray without IMEX channel (modify.without_imex)",
+     "§2.4; write-up 70192288331, IMEX guide", lambda: modify.without_imex(
+         build("gb200-nvl72:2"), "gb200-nvl72-tray00"), [(0, 0)],
+     expect=R.CUDA_ERROR_NOT_PERMITTED)(_v3)
+
+
+@case("V3/b200", "cuMemCreate(FABRIC) on DGX B200: attribute 128 says 1, no IMEX",
+      "§2.4; DeepEP#487", "dgx-b200-8", [(0, 0)], expect=R.CUDA_ERROR_NOT_PERMITTED)
+def _(rig):
+    d = rig[0]
+    assert check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0)) == 1
+    return _v3(rig)
+
+
+@case("V4", "cuMemCreate(FABRIC) where attribute 128 is 0", "§2.4", lambda: build(
+      "gb200-nvl72:1").replace_gpu(GpuRef("gb200-nvl72-tray00", 0), fabric_handle=False),
+      [(0, 0)], expect=U("V4"))
+def _(rig):
+    d = rig[0]
+    assert check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0)) == 0
+    return d.cuMemCreate(gran(d), alloc_prop(0, int(FABRIC)), 0)
+
+
+def _export_fabric(rig, i: int = 0, fill: bytes | None = None):
+    """Process i creates a FABRIC handle, maps it, optionally fills it; (handle, ptr, blob)."""
+    d = rig[i]
+    g = gran(d, 0, FABRIC)
+    h = create(d, g, FABRIC)
+    ptr = map_rw(d, h, g)
+    if fill is not None:
+        check("write", rig.write(i, ptr, fill))
+    blob = check("export", d.cuMemExportToShareableHandle(h, FABRIC, 0))
+    return h, ptr, blob, g
+
+
+def _teardown_export(rig, i, h, ptr, g):
+    unmap_free(rig[i], ptr, g)
+    check("cuMemRelease", rig[i].cuMemRelease(h))
+
+
+@case("V5", "FABRIC import on a tray without IMEX (exporter's tray has it)",
+      "§2.3 [CUDA13-h] cuMemImportFromShareableHandle; row V5", lambda: modify.without_imex(
+          build("gb200-nvl72:2"), "gb200-nvl72-tray01"), [(0, 0), (1, 0)],
+      expect=R.CUDA_ERROR_NOT_PERMITTED)
+def _(rig):
+    h, ptr, blob, g = _export_fabric(rig)
+    res = rig[1].cuMemImportFromShareableHandle(blob, FABRIC)
+    assert rig.held(1) == {}
+    _teardown_export(rig, 0, h, ptr, g)
+    return res
+
+
+@case("V6", "FABRIC import on a GPU that does not support the type (attribute 128 = 0)",
+      "§2.3 [CUDA13-h]; row V6", lambda: build("gb200-nvl72:2").replace_gpu(
+          GpuRef("gb200-nvl72-tray01", 0), fabric_handle=False), [(0, 0), (1, 0)],
+      expect=R.CUDA_ERROR_NOT_SUPPORTED)
+def _(rig):
+    h, ptr, blob, g = _export_fabric(rig)
+    res = rig[1].cuMemImportFromShareableHandle(blob, FABRIC)
+    _teardown_export(rig, 0, h, ptr, g)
+    return res
+
+
+def _two_domains():
+    """gb200-nvl72:2 with each tray its own NVLink domain (different clusterUuid), the way
+    two separate racks would look; NVML's fabric info follows the split."""
+    c = build("gb200-nvl72:2")
+    (dom,) = c.domains
+    other = bytes(reversed(dom.cluster_uuid))
+    t0 = tuple(m for m in dom.members if m.host == "gb200-nvl72-tray00")
+    t1 = tuple(m for m in dom.members if m.host == "gb200-nvl72-tray01")
+    c = dataclasses.replace(c, domains=(dataclasses.replace(dom, name="rack-a", members=t0),
+                                        NvlinkDomain("rack-b", t1, other)))
+    for ref in t1:
+        c = c.replace_gpu(ref, fabric=dataclasses.replace(c.gpu(ref).fabric, cluster_uuid=other))
+    return c
+
+
+@case("V7", "FABRIC import from another NVLink domain (different clusterUuid): fails, flagged",
+      "§2.4; row V7", _two_domains, [(0, 0), (1, 0)], expect=U("V7"))
+def _(rig):
+    u0 = check("nvml", rig[0].nvmlDeviceGetGpuFabricInfo(0)).cluster_uuid
+    u1 = check("nvml", rig[1].nvmlDeviceGetGpuFabricInfo(0)).cluster_uuid
+    assert u0 != u1 and any(u0) and any(u1)
+    h, ptr, blob, g = _export_fabric(rig)
+    res = rig[1].cuMemImportFromShareableHandle(blob, FABRIC)
+    assert rig.flagged("V7", 1)
+    assert rig.held(1) == {}
+    _teardown_export(rig, 0, h, ptr, g)
+    return res
+
+
+@case("V8", "FABRIC across hosts in one domain: import ok, the importer sees the exporter's bytes",
+      "§2.4-2.5; row V8", "gb200-nvl72:2", [(0, 0), (1, 0)], expect=R.CUDA_SUCCESS)
+def _(rig):
+    exp, imp = rig[0], rig[1]
+    assert exp.gethostname() != imp.gethostname()
+    n = 1 << 16
+    h, ptr, blob, g = _export_fabric(rig, 0, pattern(n, 5))
+    res = imp.cuMemImportFromShareableHandle(blob, FABRIC)
+    h2 = check("cuMemImportFromShareableHandle", res)
+    q = map_rw(imp, h2, g)
+    assert check("read", rig.read(1, q, n)) == pattern(n, 5)
+    check("write", rig.write(1, q + n, pattern(n, 6)))                # importer writes
+    assert check("read", rig.read(0, ptr + n, n)) == pattern(n, 6)  # exporter sees it
+    # a device-to-device copy inside the importer's mapping
+    check("cudaMemcpy", imp.cudaMemcpy(q + 4 * n, q, n, DTOD))
+    assert check("read", rig.read(0, ptr + 4 * n, n)) == pattern(n, 5)
+    assert rig.held(1) == {"imported_handle": 1, "reservation": 1, "vmm_mapping": 1}
+    unmap_free(imp, q, g)
+    check("cuMemRelease", imp.cuMemRelease(h2))
+    _teardown_export(rig, 0, h, ptr, g)
+    return res
+
+
+@case("V9", "POSIX-fd handle to another host cannot be transported", "§2.5; row V9",
+      "gb200-nvl72:2", [(0, 0), (1, 0)])
+def _(rig):
+    d = rig[0]
+    g = gran(d, 0, FD)
+    h = create(d, g, FD)
+    fd = check("export", d.cuMemExportToShareableHandle(h, FD, 0))
+    with pytest.raises(FdTransportError, match="timed out connecting"):
+        rig.pass_fd(0, fd, 1)
+    assert rig.held(1) == {}
+    assert rig.close_fd(0, fd) == 0
+    res = d.cuMemRelease(h)
+    return res
+
+
+@case("V9/same-host", "POSIX-fd handle within a host: passes, the import maps the same bytes",
+      "§2.5", "gb200-nvl72:2", [(0, 0), (0, 1)], expect=R.CUDA_SUCCESS)
+def _(rig):
+    exp, imp = rig[0], rig[1]
+    d = exp
+    g = gran(d, 0, FD)
+    h = create(d, g, FD)
+    ptr = map_rw(d, h, g)
+    check("write", rig.write(0, ptr, pattern(4096, 7)))
+    fd = check("export", d.cuMemExportToShareableHandle(h, FD, 0))
+    fd1 = rig.pass_fd(0, fd, 1)
+    res = imp.cuMemImportFromShareableHandle(fd1, FD)
+    h1 = check("import", res)
+    q = map_rw(imp, h1, g)
+    assert check("read", rig.read(1, q, 4096)) == pattern(4096, 7)
+    assert rig.held(1) == {"exported_fd": 1, "imported_handle": 1, "reservation": 1,
+                           "vmm_mapping": 1}
+    assert rig.close_fd(1, fd1) == 0 and rig.close_fd(0, fd) == 0
+    unmap_free(imp, q, g)
+    check("release", imp.cuMemRelease(h1))
+    unmap_free(d, ptr, g)
+    check("release", d.cuMemRelease(h))
+    return res
+
+
+@case("V9/fd-lifetime", "an exported POSIX fd keeps the memory alive after cuMemRelease",
+      "§2.3 [CUDA13-h] cuMemExportToShareableHandle ('once every shareable handle is closed "
+      "and the allocation is released, the memory goes back to the OS')", "hgx-h100-8",
+      [(0, 0), (0, 1)], expect=R.CUDA_SUCCESS)
+def _(rig):
+    d, imp = rig[0], rig[1]
+    h = create(d, gran(d), FD)
+    fd = check("export", d.cuMemExportToShareableHandle(h, FD, 0))
+    fd1 = rig.pass_fd(0, fd, 1)
+    check("release", d.cuMemRelease(h))          # the fds are still open
+    res = imp.cuMemImportFromShareableHandle(fd1, FD)
+    if int(res[0]) == 0:
+        check("release", imp.cuMemRelease(res[1]))
+    assert rig.close_fd(0, fd) == 0 and rig.close_fd(1, fd1) == 0
+    return res
+
+
+@case("V10", "cuMemMap onto a range that is already mapped", "§2.3; row V10", "hgx-h100-8",
+      [(0, 0)], expect=U("V10"))
+def _(rig):
+    d = rig[0]
+    g = gran(d)
+    h1, h2 = create(d, g), create(d, g)
+    ptr = map_rw(d, h1, g)
+    res = d.cuMemMap(ptr, g, 0, h2, 0)
+    assert rig.held(0)["vmm_mapping"] == 1
+    unmap_free(d, ptr, g)
+    check("release", d.cuMemRelease(h1))
+    check("release", d.cuMemRelease(h2))
+    return res
+
+
+@case("V10/unreserved", "cuMemMap onto a range that was never reserved", "§2.3; row V10",
+      "hgx-h100-8", [(0, 0)], expect=U("V10"))
+def _(rig):
+    d = rig[0]
+    g = gran(d)
+    h = create(d, g)
+    ptr = check("reserve", d.cuMemAddressReserve(g, 0, 0, 0))
+    res = d.cuMemMap(ptr + g, g, 0, h, 0)      # just past the reservation
+    check("free", d.cuMemAddressFree(ptr, g))
+    check("release", d.cuMemRelease(h))
+    return res
+
+
+@case("V11", "cuMemMap without cuMemSetAccess: device access faults (700)", "§2.3; row V11",
+      "hgx-h100-8", [(0, 0)], expect=E.cudaErrorIllegalAddress)
+def _(rig):
+    d = rig[0]
+    g = gran(d)
+    h = create(d, g)
+    ptr = map_rw(d, h, g, access=False)
+    res = rig.kernel_read(0, ptr, 64)
+    check("cuMemSetAccess", d.cuMemSetAccess(ptr, g, [access_desc(0)], 1))
+    assert check("kernel", rig.kernel_read(0, ptr, 64)) == bytes(64)
+    unmap_free(d, ptr, g)
+    check("release", d.cuMemRelease(h))
+    return res
+
+
+@case("V12", "cuMemUnmap of a sub-range of a mapping", "§2.3; row V12", "hgx-h100-8", [(0, 0)],
+      expect=U("V12"))
+def _(rig):
+    d = rig[0]
+    g = gran(d)
+    h = create(d, 2 * g)
+    ptr = map_rw(d, h, 2 * g)
+    res = d.cuMemUnmap(ptr, g)
+    assert rig.held(0)["vmm_mapping"] == 1
+    unmap_free(d, ptr, 2 * g)
+    check("release", d.cuMemRelease(h))
+    return res
+
+
+@case("V13", "cuMemRelease while mapped: still readable, memory freed after the last unmap",
+      "§2.3; row V13", "hgx-h100-8", [(0, 0)], expect=R.CUDA_SUCCESS)
+def _(rig):
+    d = rig[0]
+    g = gran(d)
+    h = create(d, g)
+    ptr = map_rw(d, h, g)
+    check("write", rig.write(0, ptr, pattern(4096, 8)))
+    res = d.cuMemRelease(h)
+    check("cuMemRelease", res)
+    assert rig.held(0) == {"reservation": 1, "vmm_mapping": 1}
+    assert check("read", rig.read(0, ptr, 4096)) == pattern(4096, 8)
+    assert rig.live_allocs() == 1
+    check("cuMemUnmap", d.cuMemUnmap(ptr, g))
+    assert rig.live_allocs() == 0
+    check("free", d.cuMemAddressFree(ptr, g))
+    return res
+
+
+@case("V14", "every import needs its own cuMemRelease; memory lives until the last",
+      "§2.3 [CUDA13-h]; row V14", "gb200-nvl72:2", [(0, 0), (1, 1)], expect=R.CUDA_SUCCESS)
+def _(rig):
+    d, imp = rig[0], rig[1]
+    g = gran(d, 0, FABRIC)
+    h = create(d, g, FABRIC)
+    blob = check("export", d.cuMemExportToShareableHandle(h, FABRIC, 0))
+    a = check("import", imp.cuMemImportFromShareableHandle(blob, FABRIC))
+    b = check("import", imp.cuMemImportFromShareableHandle(blob, FABRIC))
+    assert a != b and rig.held(1) == {"imported_handle": 2}
+    check("release", d.cuMemRelease(h))
+    check("release", imp.cuMemRelease(a))
+    assert rig.live_allocs() == 1              # b still holds it
+    res = imp.cuMemRelease(b)
+    assert rig.live_allocs() == 0
+    return res
+
+
+@case("V15", "cuMemAddressFree with a size other than the reservation", "§2.3; row V15",
+      "hgx-h100-8", [(0, 0)], expect=U("V15"))
+def _(rig):
+    d = rig[0]
+    g = gran(d)
+    ptr = check("reserve", d.cuMemAddressReserve(2 * g, 0, 0, 0))
+    res = d.cuMemAddressFree(ptr, g)
+    assert rig.held(0) == {"reservation": 1}
+    check("free", d.cuMemAddressFree(ptr, 2 * g))
+    return res
+
+
+@case("X1", "export of a handle type not requested at cuMemCreate", "§2.3", "gb200-nvl72:1",
+      [(0, 0)], expect=U("X1"))
+def _(rig):
+    d = rig[0]
+    h = create(d, gran(d), FD)
+    res = d.cuMemExportToShareableHandle(h, FABRIC, 0)
+    check("release", d.cuMemRelease(h))
+    return res
+
+
+@case("X2", "cuMemCreate(FABRIC) while the GPU's fabric state is IN_PROGRESS",
+      "§4.1; rows F1, M3", lambda: modify.with_fabric_state(
+          build("gb200-nvl72:1"), GpuRef("gb200-nvl72-tray00", 0), FabricState.IN_PROGRESS),
+      [(0, 0)], expect=U("X2"))
+def _(rig):
+    d = rig[0]
+    assert check("nvml", d.nvmlDeviceGetGpuFabricInfo(0)).state == int(FabricState.IN_PROGRESS)
+    return d.cuMemCreate(gran(d), alloc_prop(0, int(FABRIC)), 0)
+
+
+def _split_hgx():
+    """hgx-h100-8 with two NVSwitch domains (GPUs 0-3, 4-7) on one host."""
+    c = build("hgx-h100-8")
+    (dom,) = c.domains
+    return dataclasses.replace(c, domains=(
+        dataclasses.replace(dom, name="left", members=dom.members[:4]),
+        NvlinkDomain("right", dom.members[4:])))
+
+
+@case("X3", "cuMulticastAddDevice of a GPU outside the creator's NVSwitch domain", "§3.1",
+      _split_hgx, [(0, 0)], expect=U("X3"))
+def _(rig):
+    d = rig[0]
+    mg = check("gran", d.cuMulticastGetGranularity(multicast_prop(2, 0), 0))
+    mc = check("cuMulticastCreate", d.cuMulticastCreate(multicast_prop(2, mg, int(FD))))
+    check("add", d.cuMulticastAddDevice(mc, 1))
+    res = d.cuMulticastAddDevice(mc, 4)
+    check("release", d.cuMemRelease(mc))
+    return res
+
+
+@case("X4", "POSIX-fd import of a descriptor this process does not hold", "§2.5",
+      "hgx-h100-8", [(0, 0), (0, 1)], expect=U("X4"))
+def _(rig):
+    d = rig[0]
+    h = create(d, gran(d), FD)
+    fd = check("export", d.cuMemExportToShareableHandle(h, FD, 0))
+    res = rig[1].cuMemImportFromShareableHandle(fd, FD)   # the number, not passed over a socket
+    assert rig.close_fd(0, fd) == 0
+    check("release", d.cuMemRelease(h))
+    return res
+
+
+# ================================ 9.3 Multicast ===========================================
+
+def _m1(rig):
+    d = rig[0]
+    assert check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0)) == 0
+    return d.cuMulticastCreate(multicast_prop(2, 2 * MIB, int(FD)))
+
+
+case("M1", "cuMulticastCreate without multicast support (8 x L40S PCIe)", "§3.2; row M1",
+     "l40s-8-pcie", [(0, 0)], expect=U("M1"))(_m1)
+case("M1/a100", "cuMulticastCreate without multicast support (A100 NVLink-bridge pairs)",
+     "§3.2 (vLLM flashinfer_all_reduce.py note); row M1", "a100-pcie-bridge-8", [(0, 0)],
+     expect=U("M1"))(_m1)
+
+
+N_HGX = 8
+HGX8 = [(0, g) for g in range(N_HGX)]
+
+
+@case("M2", "multicast on HGX: 8 processes add their device, bind, map; multimem sees all ranks",
+      "§3.1 [CUDA13-h], §3.2; row M2", "hgx-h100-8", HGX8, expect=R.CUDA_SUCCESS)
+def _(rig):
+    n = len(rig)
+    mg = check("gran", rig[0].cuMulticastGetGranularity(multicast_prop(n, 0), 1))
+    fds: list[int] = [None] * n     # the multicast fd each rank holds
+    results = []
+    arrived = {"bound": 0, "read": 0}
+
+    def barrier(what: str):   # what a CPU-group barrier gives FlashInfer's setup (§3.2)
+        arrived[what] += 1
+        wait_until(lambda: arrived[what] == n, f"all ranks {what}")
+
+    def rank(r: int):
+        d = rig[r]
+        if r == 0:   # rank 0 creates and exports; the fd reaches the others over AF_UNIX
+            mc = check("cuMulticastCreate", d.cuMulticastCreate(multicast_prop(n, mg, int(FD))))
+            fd = check("export", d.cuMemExportToShareableHandle(mc, FD, 0))
+            fds[0] = fd
+            for peer in range(1, n):
+                fds[peer] = rig.pass_fd(0, fd, peer)
+        else:
+            wait_until(lambda: fds[r] is not None, "multicast fd from rank 0")
+            mc = check("import", d.cuMemImportFromShareableHandle(fds[r], FD))
+        check("add", d.cuMulticastAddDevice(mc, r))            # its own device only
+        mem = create(d, mg)
+        uni = map_rw(d, mem, mg)
+        check("write", rig.write(r, uni, np.full(256, r + 1, np.float32)))
+        res = d.cuMulticastBindMem(mc, 0, mem, 0, mg, 0)       # blocks until all joined (M2)
+        check("bind", res)
+        results.append(res)
+        mptr = map_rw(d, mc, mg)                               # blocks until all joined too
+        barrier("bound")
+        views = check("multimem", rig.multimem_read(r, mptr, np.float32, 256))
+        assert len(views) == n
+        assert sorted(float(v[0]) for v in views) == [float(k + 1) for k in range(n)]
+        assert all((v == v[0]).all() for v in views)
+        assert float(sum(views)[0]) == n * (n + 1) / 2          # what a multimem.ld_reduce sums
+        assert rig.held(r) == {("multicast" if r == 0 else "imported_handle"): 1,
+                               "vmm_handle": 1, "reservation": 2, "vmm_mapping": 2,
+                               "multicast_binding": 1, "exported_fd": 1}
+        # teardown in FlashInfer's order (§7.3): barrier, unbind, unmap mc, unmap unicast,
+        # release mc, release unicast
+        barrier("read")
+        check("unbind", d.cuMulticastUnbind(mc, r, 0, mg))
+        unmap_free(d, mptr, mg)
+        unmap_free(d, uni, mg)
+        check("release mc", d.cuMemRelease(mc))
+        check("release mem", d.cuMemRelease(mem))
+        assert rig.close_fd(r, fds[r]) == 0
+        return r
+
+    outs = rig.run_ranks(rank, seed=7)
+    assert [o.unwrap() for o in outs] == list(range(n))
+    assert len(results) == n
+    return results[0]
+
+
+@case("M2/hang", "bind before every device joined, one rank never adds: diagnosed hang",
+      "§3.1 [CUDA13-h]; row M2", "hgx-h100-8", HGX8, sim_only=True)
+def _(rig):
+    n = len(rig)
+    mg = check("gran", rig[0].cuMulticastGetGranularity(multicast_prop(n, 0), 1))
+    d0 = rig[0]
+    mc0 = check("create", d0.cuMulticastCreate(multicast_prop(n, mg, int(FD))))
+    fd0 = check("export", d0.cuMemExportToShareableHandle(mc0, FD, 0))
+    held: dict[int, tuple] = {}
+
+    def rank(r: int):
+        d = rig[r]
+        if r == 0:
+            mc = mc0
+        else:
+            mc = check("import", d.cuMemImportFromShareableHandle(rig.pass_fd(0, fd0, r), FD))
+        if r == n - 1:
+            held[r] = (mc, None)
+            return "never added its device"
+        check("add", d.cuMulticastAddDevice(mc, r))
+        mem = create(d, mg)
+        held[r] = (mc, mem)
+        d.cuMulticastBindMem(mc, 0, mem, 0, mg, 0)   # blocks forever: rank 7 never joins
+        return "bound"
+
+    outs = rig.run_ranks(rank, seed=3)
+    assert outs[n - 1].value == "never added its device"
+    for o in outs[:-1]:
+        assert isinstance(o.error, HangDetected), o
+        assert "cuMulticastBindMem" in str(o.error) and "7 of 8 devices added" in str(o.error)
+        assert "M2" in str(o.error)
+    # teardown from outside the ranks: nothing was bound
+    for r, (mc, mem) in held.items():
+        check("release mc", rig[r].cuMemRelease(mc))
+        if mem is not None:
+            check("release mem", rig[r].cuMemRelease(mem))
+    for r in range(n):
+        for it in list(rig.ledger(r)):
+            if it.kind == "exported_fd":
+                assert rig.close_fd(r, it.key) == 0
+    return (R.CUDA_SUCCESS,)
+
+
+def _one_device_mc(d, size_granules: int = 1):
+    mg = check("gran", d.cuMulticastGetGranularity(multicast_prop(1, 0), 0))
+    mc = check("create", d.cuMulticastCreate(multicast_prop(1, size_granules * mg, int(FD))))
+    check("add", d.cuMulticastAddDevice(mc, 0))
+    mem = create(d, size_granules * mg)
+    return mg, mc, mem
+
+
+@case("M3", "cuMulticastBindMem while the fabric manager is not done (state IN_PROGRESS)",
+      "§3.1 [CUDA13-h]; row M3", lambda: modify.with_fabric_state(
+          build("hgx-h100-8"), GpuRef("hgx-h100-0", 0), FabricState.IN_PROGRESS),
+      [(0, 0)], expect=R.CUDA_ERROR_SYSTEM_NOT_READY)
+def _(rig):
+    d = rig[0]
+    mg, mc, mem = _one_device_mc(d)
+    res = d.cuMulticastBindMem(mc, 0, mem, 0, mg, 0)
+    assert "multicast_binding" not in rig.held(0)
+    check("release", d.cuMemRelease(mc))
+    check("release", d.cuMemRelease(mem))
+    return res
+
+
+@case("M5", "multicast bind offset off the multicast MINIMUM granularity", "§3.1; row M5",
+      "hgx-h100-8", [(0, 0)], expect=U("M5"))
+def _(rig):
+    d = rig[0]
+    mg, mc, mem = _one_device_mc(d, 2)
+    res = d.cuMulticastBindMem(mc, 4096, mem, 0, mg, 0)
+    check("release", d.cuMemRelease(mc))
+    check("release", d.cuMemRelease(mem))
+    return res
+
+
+@case("M6", "cuMulticastUnbind with a size other than bound (undefined: flagged)",
+      "§3.1; row M6", "hgx-h100-8", [(0, 0)], expect=U("M6"))
+def _(rig):
+    d = rig[0]
+    mg, mc, mem = _one_device_mc(d, 2)
+    check("bind", d.cuMulticastBindMem(mc, 0, mem, 0, 2 * mg, 0))
+    res = d.cuMulticastUnbind(mc, 0, 0, mg)
+    assert rig.flagged("M6", 0)
+    assert rig.held(0)["multicast_binding"] == 1
+    check("unbind", d.cuMulticastUnbind(mc, 0, 0, 2 * mg))
+    check("release", d.cuMemRelease(mc))
+    check("release", d.cuMemRelease(mem))
+    return res
+
+
+# ================================ 4 / 9.4 NVML fabric info ================================
+
+@case("sec4.1", "NVML fabric info on GB200 trays: one cluster UUID, clique, COMPLETED",
+      "§4.1 [NCCL@5067397 nvmlwrap.h]; §5", "gb200-nvl72:2", [(0, 0), (1, 3)])
+def _(rig):
+    infos = [check("nvml", rig[i].nvmlDeviceGetGpuFabricInfo(g)) for i, g in ((0, 0), (1, 3))]
+    for f in infos:
+        assert len(f.cluster_uuid) == 16 and any(f.cluster_uuid)
+        assert (f.state, f.status, f.clique_id) == (int(FabricState.COMPLETED), 0, 1)
+    assert infos[0].cluster_uuid == infos[1].cluster_uuid
+    return (0,)
+
+
+@case("F1", "NVML reports the fabric state a GPU is in (IN_PROGRESS)", "§4.1; row F1",
+      lambda: modify.with_fabric_state(build("gb200-nvl72:1"), GpuRef("gb200-nvl72-tray00", 2),
+                                       FabricState.IN_PROGRESS, status_ok=False), [(0, 0)])
+def _(rig):
+    d = rig[0]
+    assert check("nvml", d.nvmlDeviceGetGpuFabricInfo(2)).state == int(FabricState.IN_PROGRESS)
+    assert check("nvml", d.nvmlDeviceGetGpuFabricInfo(0)).state == int(FabricState.COMPLETED)
+    assert check("nvml", d.nvmlDeviceGetGpuFabricInfo(2)).status != 0
+    assert d.nvmlDeviceGetGpuFabricInfo(4)[0] != 0     # no such GPU on the tray
+    return (0,)
+
+
+@case("F2", "single-node NVSwitch board: state COMPLETED with an all-zero cluster UUID",
+      "§4.2; row F2", "hgx-h100-8", [(0, 0)])
+def _(rig):
+    f = check("nvml", rig[0].nvmlDeviceGetGpuFabricInfo(0))
+    assert (f.cluster_uuid, f.state) == (bytes(16), int(FabricState.COMPLETED))
+    return (0,)
+
+
+@case("F3", "GB200 NVL36x2: same cluster UUID, different clique across the racks",
+      "§4.2 [NCCL@5067397 mnnvl.cc]; row F3", "gb200-nvl36x2:10", [(0, 0), (9, 0)])
+def _(rig):
+    a = check("nvml", rig[0].nvmlDeviceGetGpuFabricInfo(0))
+    b = check("nvml", rig[1].nvmlDeviceGetGpuFabricInfo(0))
+    assert a.cluster_uuid == b.cluster_uuid and a.clique_id != b.clique_id
+    return (0,)
+
+
+@case("B3", "nvmlDeviceGetP2PStatus(NVLINK): OK on NVSwitch / bridge pairs, not on PCIe",
+      "§6.1.1 (vLLM is_fully_connected); §5", "a100-pcie-bridge-8", [(0, 0)])
+def _(rig):
+    d = rig[0]
+    assert check("nvml", d.nvmlDeviceGetP2PStatus(0, 1)) == NVML_P2P_STATUS_OK      # NV12 bridge
+    assert check("nvml", d.nvmlDeviceGetP2PStatus(0, 2)) == NVML_P2P_STATUS_NOT_SUPPORTED  # PCIe
+    assert check("peer", d.cudaDeviceCanAccessPeer(0, 2)) == 1     # PCIe P2P, same socket
+    assert check("peer", d.cudaDeviceCanAccessPeer(0, 4)) == 0     # cross socket
+    return (0,)
+
+
+def _p2p_all(expect_status):
+    def body(rig):
+        d = rig[0]
+        n = check("count", d.cudaGetDeviceCount())
+        assert all(check("nvml", d.nvmlDeviceGetP2PStatus(0, j)) == expect_status
+                   for j in range(1, n))
+        return (0,)
+    return body
+
+
+case("B3/nvswitch", "nvmlDeviceGetP2PStatus(NVLINK) on HGX H100: OK for every pair",
+     "§6.1.1; §5", "hgx-h100-8", [(0, 0)])(_p2p_all(NVML_P2P_STATUS_OK))
+case("B3/pcie", "nvmlDeviceGetP2PStatus(NVLINK) on L40S PCIe: NOT_SUPPORTED for every pair",
+     "§6.1.1; §5", "l40s-8-pcie", [(0, 0)])(_p2p_all(NVML_P2P_STATUS_NOT_SUPPORTED))
+
+
+# ================================ 7.3 teardown / ledger ===================================
+
+@case("sec7.3/exit", "process exit with residue: exit_process reports each leak and its call site",
+      "§7.3; vLLM#46515 (row G5)", "gb200-nvl72:1", [(0, 0), (0, 1)], sim_only=True)
+def _(rig):
+    exp, imp = rig[0], rig[1]
+    p = check("cudaMalloc", exp.cudaMalloc(4096))
+    h = check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p))
+    check("open", imp.cudaIpcOpenMemHandle(h, LAZY))
+    check("cudaMalloc", imp.cudaMalloc(4096))
+    g = gran(imp)
+    mem = create(imp, g)
+    map_rw(imp, mem, g)
+    leaks = rig.exit_process(1)
+    assert len(leaks) == 5, leaks
+    kinds = sorted(line.split(":")[0] for line in leaks)
+    assert kinds == ["allocation", "ipc_mapping", "reservation", "vmm_handle", "vmm_mapping"]
+    assert all("test_rules.py:" in line for line in leaks), leaks
+    assert rig.held(1) == {} and rig.live_allocs() == 1     # only the exporter's block
+    assert int(imp.cudaMalloc(16)[0]) == int(E.cudaErrorCudartUnloading)   # the process is gone
+    check("cudaFree", exp.cudaFree(p))
+    assert rig.exit_process(0) == []                         # the exporter exits clean
+    return (0,)
+
+
+# ---- the runner ---------------------------------------------------------------------------
+
+def _ids() -> list[str]:
+    ids = [c.id for c in CASES]
+    dup = {i for i in ids if ids.count(i) > 1}
+    assert not dup, f"duplicate case ids {dup}"
+    return ids
+
+
+@pytest.mark.parametrize("c", CASES, ids=_ids())
+def test_rule(c: Case, rig_factory, request):
+    if c.skip:
+        pytest.skip(c.skip)
+    if c.xfail:
+        request.applymarker(pytest.mark.xfail(reason=c.xfail, strict=True))
+    topo = c.topology() if callable(c.topology) else c.topology
+    rig = rig_factory(topo, c.placement)
+    if c.sim_only and not rig.sim:
+        pytest.skip(f"{c.row}: exercises the simulator itself")
+    res = c.body(rig)
+    assert isinstance(res, tuple) and res, f"{c.row}: the body must return a result tuple"
+    if c.expect is not None:
+        want = c.expect.code() if isinstance(c.expect, U) else c.expect
+        assert code_of(res) == int(want), (
+            f"{c.row}: got {res[0]!r}, expected {want!r}"
+            + (" (rules.UNCONFIRMED: chosen)" if c.unconfirmed else ""))
+    if not c.residue:
+        rig.assert_clean()
+
+
+def test_every_unconfirmed_row_has_a_case():
+    """rules.UNCONFIRMED is the one table of chosen codes: every entry is asserted above."""
+    covered = {c.expect.row for c in CASES if c.unconfirmed}
+    assert covered == set(rules.UNCONFIRMED), set(rules.UNCONFIRMED) ^ covered
+
+
+def test_every_case_cites_a_source():
+    for c in CASES:
+        assert c.source and c.row, c

@@ -1,0 +1,76 @@
+"""`commsim scenario check`: one line per file, errors on stderr, exit 1 if any file failed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commsim.cli import main
+from commsim.topology.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = ('[scenario]\nname = "good"\n[topology]\npreset = "gb200-nvl72"\nhosts = 2\n'
+        '[[group]]\nname = "tp"\nranks = "0..7"\n[[group]]\nname = "tray"\nranks = "0..3"\n'
+        '[[fault]]\nkind = "imex_missing"\nhost = "gb200-nvl72-tray01"\n')
+BAD = '[scenario]\nname = "bad"\n[topology]\npreset = "gb300"\n'
+
+
+def test_check_good_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "good.toml"
+    f.write_text(GOOD)
+    assert main(["scenario", "check", str(f)]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"ok  {f}  good: gb200-nvl72:2, world 8, groups tp,tray, faults 1\n"
+    assert err == ""
+
+
+def test_check_reports_every_file_and_fails_if_any_fails(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.toml").write_text(GOOD)
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "b.toml").write_text(BAD)
+    (tmp_path / "notes.txt").write_text("not a scenario")
+    assert main(["scenario", "check", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"ok  {tmp_path / 'a.toml'}  good: gb200-nvl72:2, world 8, "
+                                f"groups tp,tray, faults 1"]
+    assert err.startswith(f"commsim: error: {tmp_path / 'nested' / 'b.toml'}: [topology] preset: "
+                          f"unknown preset 'gb300'")
+    assert len(err.splitlines()) == 1
+
+
+def test_check_missing_path_and_empty_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main(["scenario", "check", str(tmp_path / "nope.toml"), str(tmp_path / "empty")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"commsim: error: {tmp_path / 'nope.toml'}: no such file or directory",
+                   f"commsim: error: {tmp_path / 'empty'}: no *.toml scenario files in this directory"]
+
+
+def test_check_skips_policies_folder_like_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.toml").write_text(BAD)
+    (tmp_path / "s.toml").write_text(GOOD)
+    assert main(["scenario", "check", str(tmp_path)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_check_shipped_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scenario", "check", str(ROOT / "scenarios" / "topologies")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(PRESETS) and all(line.startswith("ok  ") for line in lines)
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["scenario", "check", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "validate" in out.lower() and "*.toml" in out and "Exits 1" in out
+
+
+def test_scenario_needs_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["scenario"])
+    assert e.value.code == 2
