@@ -1,21 +1,19 @@
 """Import a host shape from `nvidia-smi topo -m` output, as users paste it into bug reports.
 
-`parse_topo_matrix` reads the text (prose before the header, NIC rows and columns, affinity
-columns and the legends are skipped); `build_cluster` repeats that host and adds what the
-matrix cannot say (GPU attributes, NVLink domain, P2P), returning the assumptions it made as
-warnings so the user can override them. `cluster_from_matrix_table` is the same import for the
-explicit `[topology]` table of a scenario file (docs/scenario-format.md).
+`parse_topo_matrix` (topo_text.py) reads the text; `build_cluster` repeats that host and adds
+what the matrix cannot say (GPU attributes, NVLink domain, P2P), returning the assumptions it
+made as warnings so the user can override them. `cluster_from_matrix_table` is the same import
+for the explicit `[topology]` table of a scenario file (docs/scenario-format.md).
 
-Rejections name the source, the line and what is accepted: a guessed topology would make a
-regression scenario test the wrong machine.
+Rejections name the source and what is accepted: a guessed topology would make a regression
+scenario test the wrong machine.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from . import gpu_models
 from .gpu_models import GpuSpec
@@ -25,244 +23,16 @@ from .model import (
 )
 from .presets import _cluster_uuid, _uuid  # same derivations as the presets, so shapes compare
 from .render import topo_matrix
+from .topo_text import (  # re-exported: this module is the importer's public face
+    P2P_CELLS, ParsedHost, is_gpu_row, looks_like_header, parse_p2p_matrix, parse_topo_matrix,
+)
+
+__all__ = [
+    "DOMAINS", "P2P_CELLS", "ParsedHost", "TABLE_KEYS", "build_cluster",
+    "cluster_from_matrix_table", "matrix_table", "parse_p2p_matrix", "parse_topo_matrix",
+]
 
 DOMAINS = ("none", "node", "rack")
-P2P_OK = "OK"
-# `nvidia-smi topo -p2p <r|w|n|a|p>` legend: everything but OK means "no P2P" for our purpose.
-P2P_CELLS = ("OK", "NS", "CNS", "GNS", "TNS", "U")
-ACCEPTED_LINKS = "NV<count> (e.g. NV18), PIX, PXB, PHB, NODE, SYS, and X on the diagonal"
-
-_GPU = re.compile(r"^GPU(\d+)$")
-# Device columns after the GPUs: NIC0.. (current tools) or mlx5_0.. (older tools).
-_DEVICE = re.compile(r"^(NIC\d+|[A-Za-z][A-Za-z0-9]*_\d+)$")
-_AFFINITY_WORDS = {"CPU", "AFFINITY", "NUMA", "GPU", "ID"}
-# Affinity cells ("0-71", "0,2-5", "0", "N/A") end the link cells of a row.
-_AFFINITY_CELL = re.compile(r"^(N/A|\d[\d,\-]*)$")
-
-
-@dataclass(frozen=True)
-class ParsedHost:
-    """One host's GPU-to-GPU part of `topo -m`, plus an optional P2P matrix."""
-
-    source: str
-    cells: tuple[tuple[str | None, ...], ...]          # link labels; None on the diagonal
-    nic_count: int = 0                                 # NIC columns seen (ignored)
-    p2p: tuple[tuple[bool | None, ...], ...] | None = None  # None: no P2P matrix given
-    p2p_source: str | None = None
-
-    @property
-    def gpu_count(self) -> int:
-        return len(self.cells)
-
-    def link(self, i: int, j: int) -> Link:
-        return Link.parse(self.cells[i][j] or "")
-
-    def pairs(self) -> list[tuple[int, int]]:
-        n = self.gpu_count
-        return [(i, j) for i in range(n) for j in range(i + 1, n)]
-
-    @property
-    def all_nvlink(self) -> bool:
-        return all(self.link(i, j).is_nvlink for i, j in self.pairs())
-
-    def nvlink_counts(self) -> set[int]:
-        return {self.link(i, j).nvlinks for i, j in self.pairs() if self.link(i, j).is_nvlink}
-
-
-@dataclass
-class _Block:
-    header_line: int
-    gpus: int
-    devices: tuple[str, ...]
-    rows: dict[int, tuple[int, list[str]]]  # GPU index -> (line number, cells)
-    end: int                                # index of the first line after the block
-
-
-def _err(source: str, line: int | None, msg: str) -> TopologyError:
-    return TopologyError(f"{source}{f' line {line}' if line else ''}: {msg}")
-
-
-def _header(tokens: list[str]) -> tuple[int, tuple[str, ...]] | None:
-    """(GPU columns, device columns) if these tokens are a `topo -m` header, else None."""
-    n = 0
-    while n < len(tokens) and tokens[n].upper() == f"GPU{n}":
-        n += 1
-    if n == 0:
-        return None
-    k = n
-    while k < len(tokens) and _DEVICE.match(tokens[k]):
-        k += 1
-    # Anything but the affinity column names means this is prose mentioning GPU0.
-    if any(t.upper() not in _AFFINITY_WORDS for t in tokens[k:]):
-        return None
-    return n, tuple(tokens[n:k])
-
-
-def _find_block(lines: list[str], start: int, source: str) -> _Block | None:
-    for idx in range(start, len(lines)):
-        head = _header(lines[idx].split())
-        if head is not None:
-            return _read_rows(lines, idx, head, source)
-    return None
-
-
-def _read_rows(lines: list[str], idx: int, head: tuple[int, tuple[str, ...]],
-               source: str) -> _Block:
-    n, devices = head
-    dev_names = {d.upper() for d in devices}
-    width = n + len(devices)
-    rows: dict[int, tuple[int, list[str]]] = {}
-    k = idx + 1
-    while k < len(lines):
-        tokens = lines[k].split()
-        if not tokens:          # pastes often double-space lines
-            k += 1
-            continue
-        name = tokens[0].upper()
-        m = _GPU.match(name)
-        if m is None:
-            if name in dev_names or re.match(r"^NIC\d+$", name):
-                k += 1          # NIC rows: the GPU-NIC paths do not change GPU-GPU semantics
-                continue
-            break               # the legend, a P2P section, or prose: the block is over
-        i, ln = int(m.group(1)), k + 1
-        if i >= n:
-            raise _err(source, ln, f"GPU{i} row, but the header (line {idx + 1}) has {n} GPU "
-                                   f"columns GPU0..GPU{n - 1}; add the missing columns")
-        if i in rows:
-            raise _err(source, ln, f"second GPU{i} row (the first is line {rows[i][0]}); "
-                                   f"each GPU has one row")
-        cells = []
-        for t in tokens[1:]:
-            if _AFFINITY_CELL.match(t):
-                break
-            cells.append(t.upper())
-        if len(cells) != width:
-            cols = f"{n} GPU columns" + (f" and {len(devices)} NIC columns" if devices else "")
-            what = "GPU cells" if not devices else "cells"
-            raise _err(source, ln, f"GPU{i} row has {len(cells)} {what}, header has {cols} "
-                                   f"(line {idx + 1}); every row needs one cell per column")
-        rows[i] = (ln, cells[:n])
-        k += 1
-    missing = [i for i in range(n) if i not in rows]
-    if missing:
-        raise _err(source, idx + 1, f"header has {n} GPU columns but no row for "
-                                    f"{', '.join(f'GPU{i}' for i in missing)}; paste the whole matrix")
-    return _Block(idx + 1, n, devices, rows, k)
-
-
-def _no_header(source: str, what: str) -> TopologyError:
-    return _err(source, None,
-                f"no GPU header found; expected {what}: a line of column names starting with "
-                f"GPU0 (e.g. '\\tGPU0\\tGPU1\\tNIC0\\tCPU Affinity'), followed by one row per GPU")
-
-
-def _link_cells(block: _Block, source: str) -> tuple[tuple[str | None, ...], ...]:
-    n = block.gpus
-    out: list[list[str | None]] = [[None] * n for _ in range(n)]
-    for i in range(n):
-        ln, cells = block.rows[i]
-        for j, c in enumerate(cells):
-            where = f"GPU{i} row, column GPU{j}"
-            if i == j:
-                if c != "X":
-                    raise _err(source, ln, f"{where}: the diagonal cell must be X (self), got {c!r}")
-                continue
-            if c == "X":
-                raise _err(source, ln, f"{where}: X (self) is only allowed on the diagonal; "
-                                       f"accepted: {ACCEPTED_LINKS}")
-            try:
-                out[i][j] = Link.parse(c).label
-            except TopologyError:
-                hint = ("; this looks like `nvidia-smi topo -p2p r` output, give it as the P2P "
-                        "matrix (--p2p FILE)") if c in P2P_CELLS else ""
-                raise _err(source, ln, f"{where}: unknown cell {c!r}; accepted: "
-                                       f"{ACCEPTED_LINKS}{hint}") from None
-    _check_symmetric(block, out, source, "link")
-    return tuple(tuple(r) for r in out)
-
-
-def _check_symmetric(block: _Block, m: Sequence[Sequence[object]], source: str, what: str) -> None:
-    for i in range(block.gpus):
-        for j in range(i + 1, block.gpus):
-            if m[i][j] != m[j][i]:
-                a, b = block.rows[i][1][j], block.rows[j][1][i]
-                raise _err(source, block.rows[j][0],
-                           f"asymmetric matrix: GPU{j} row says GPU{j}-GPU{i} is {b} but the GPU{i} "
-                           f"row (line {block.rows[i][0]}) says {a}; a {what} is the same both ways, "
-                           f"fix one of the two cells")
-
-
-def _p2p_cells(block: _Block, source: str) -> tuple[tuple[bool | None, ...], ...]:
-    n = block.gpus
-    out: list[list[bool | None]] = [[None] * n for _ in range(n)]
-    for i in range(n):
-        ln, cells = block.rows[i]
-        for j, c in enumerate(cells):
-            if (c == "X") != (i == j):
-                raise _err(source, ln, f"GPU{i} row, column GPU{j}: X (self) belongs on the "
-                                       f"diagonal only, got {c!r}")
-            if i == j:
-                continue
-            if c not in P2P_CELLS:
-                raise _err(source, ln, f"GPU{i} row, column GPU{j}: unknown P2P cell {c!r}; "
-                                       f"accepted: {', '.join(P2P_CELLS)} (only OK means P2P allowed)")
-            out[i][j] = c == P2P_OK
-    _check_symmetric(block, out, source, "P2P answer (the model keeps one per pair)")
-    return tuple(tuple(r) for r in out)
-
-
-def parse_p2p_matrix(text: str, source: str = "<p2p>") -> tuple[tuple[bool | None, ...], ...]:
-    """The `nvidia-smi topo -p2p r` matrix: True where the cell is OK, None on the diagonal."""
-    block = _find_block(text.splitlines(), 0, source)
-    if block is None:
-        raise _no_header(source, "`nvidia-smi topo -p2p r` output")
-    return _p2p_cells(block, source)
-
-
-def _embedded_p2p(lines: list[str], start: int, source: str) -> _Block | None:
-    """A "P2P ..." title line directly followed by a GPU header (as render.topo_matrix
-    prints it); anything looser could mistake a second machine's matrix for P2P answers."""
-    for idx in range(start, len(lines)):
-        if not lines[idx].strip().upper().startswith("P2P"):
-            continue
-        nxt = next((k for k in range(idx + 1, len(lines)) if lines[k].strip()), None)
-        if nxt is not None:
-            head = _header(lines[nxt].split())
-            if head is not None:
-                return _read_rows(lines, nxt, head, source)
-        return None
-    return None
-
-
-def parse_topo_matrix(text: str, source: str = "<input>", p2p_text: str | None = None,
-                      p2p_source: str = "<p2p>") -> ParsedHost:
-    """Parse `nvidia-smi topo -m` output; `p2p_text` is optional `topo -p2p r` output.
-
-    A P2P section following the matrix, as `commsim topo show` prints it, is read too when no
-    separate `p2p_text` is given, so a rendered topology imports back unchanged.
-    """
-    lines = text.splitlines()
-    block = _find_block(lines, 0, source)
-    if block is None:
-        raise _no_header(source, "`nvidia-smi topo -m` output")
-    cells = _link_cells(block, source)
-    p2p, psrc = None, None
-    if p2p_text is not None:
-        pb = _find_block(p2p_text.splitlines(), 0, p2p_source)
-        if pb is None:
-            raise _no_header(p2p_source, "`nvidia-smi topo -p2p r` output")
-        p2p, psrc = _p2p_cells(pb, p2p_source), p2p_source
-    else:
-        pb = _embedded_p2p(lines, block.end, source)
-        if pb is not None:
-            p2p, psrc = _p2p_cells(pb, source), source
-    if p2p is not None and len(p2p) != len(cells):
-        raise _err(psrc or p2p_source, None,
-                   f"P2P matrix has {len(p2p)} GPUs but the topo matrix ({source}) has "
-                   f"{len(cells)}; give both from the same machine")
-    return ParsedHost(source, cells, len(block.devices), p2p, psrc)
-
 
 # -- building a cluster -----------------------------------------------------------------
 
@@ -308,11 +78,13 @@ def _resolve_domain(parsed: ParsedHost, hosts: int, domain: str | None,
 
 def _infer_spec(parsed: ParsedHost, domain: str, warnings: list[str]) -> GpuSpec:
     counts = parsed.nvlink_counts()
+    # The shape decides, not the domain: `--domain none` on an NVSwitch board is still that board.
+    board = parsed.all_nvlink and (parsed.gpu_count >= 4 or domain != "none")
     if domain == "rack" and parsed.gpu_count == 4 and counts == {18}:
         spec, why = gpu_models.GB200, "4 GPUs per host with NV18 all pairs in a rack domain"
-    elif domain != "none" and counts == {12}:
+    elif board and counts == {12}:
         spec, why = gpu_models.NV12_NVSWITCH_DEFAULT, "NV12 between every pair (HGX A100 board)"
-    elif domain != "none":
+    elif board:
         spec, why = gpu_models.NVSWITCH_DEFAULT, "NVLink between every pair (NVSwitch-class)"
     else:
         spec = gpu_models.UNKNOWN
@@ -322,7 +94,7 @@ def _infer_spec(parsed: ParsedHost, domain: str, warnings: list[str]) -> GpuSpec
             f"{spec.memory_gib} GiB, no multicast, no fabric handles; pass --gpu-model NAME "
             f"(known: {gpu_models.KNOWN_NAMES})")
         return spec
-    warnings.append(f"GPU model not given: assumed {spec.name_for(True)} ({why}); pass "
+    warnings.append(f"GPU model not given: assumed {spec.name_for(domain != 'none')} ({why}); pass "
                     f"--gpu-model NAME to change it (known: {gpu_models.KNOWN_NAMES})")
     return spec
 
@@ -358,7 +130,7 @@ def build_cluster(parsed: ParsedHost, hosts: int, domain: str | None = None,
     Returns the cluster and the assumptions made (warnings). `domain` is none | node | rack,
     or None to infer it; `gpu_model` a name from gpu_models.KNOWN, or None to infer it.
     """
-    if not isinstance(hosts, int) or hosts < 1:
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
         raise TopologyError(f"host count must be an integer >= 1 (how many hosts of this shape), "
                             f"got {hosts!r}")
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", host_prefix or ""):
@@ -429,10 +201,9 @@ def _table_text(value: object, source: str, key: str, p2p: bool) -> str:
                 raise TopologyError(f"{source}: [topology] {key}: rows must be strings or arrays "
                                     f"of cells, got {r!r}")
         # Rows given as bare cells get GPU names and a header, so one parser reads both forms.
-        if not rows[0].split() or not _header(rows[0].split()):
+        if not looks_like_header(rows[0]):
             n = len(rows)
-            body = [r if _GPU.match((r.split() or [""])[0].upper()) else f"GPU{i}\t{r}"
-                    for i, r in enumerate(rows)]
+            body = [r if is_gpu_row(r) else f"GPU{i}\t{r}" for i, r in enumerate(rows)]
             rows = ["\t" + "\t".join(f"GPU{j}" for j in range(n))] + body
         return "\n".join(rows)
     kind = "OK/NS cells" if p2p else "topo -m cells"

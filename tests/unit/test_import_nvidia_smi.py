@@ -263,7 +263,7 @@ def test_lower_case_cells_blank_lines_and_no_affinity_columns() -> None:
 
 
 def test_prose_naming_gpu0_is_not_a_header() -> None:
-    text = "GPU0 GPU1 hang\nGPU0 is slow\n\tGPU0\tGPU1\nGPU0\tX\tSYS\nGPU1\tSYS\tX\n"
+    text = "GPU0 GPU1 hang\nGPU0 is slow\nGPU0\n\nsee:\n\tGPU0\tGPU1\nGPU0\tX\tSYS\nGPU1\tSYS\tX\n"
     assert parse_topo_matrix(text).cells[0][1] == "SYS"
 
 
