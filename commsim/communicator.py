@@ -66,6 +66,7 @@ class Communicator:
             self._init_backends()
         except BaseException as e:
             e.commsim_step = self.step
+            e.commsim_trace = "\n".join(f"  {d.what}: {d.detail}" for d in self.decisions)
             self.close()
             raise
 
@@ -86,6 +87,8 @@ class Communicator:
             except SetupFailed as e:
                 b.close()
                 if not self.policy.fallback_on_setup_error:
+                    self.decisions.append(Decision(name, f"admitted ({'; '.join(verdict.reasons) or 'eligible'}); "
+                                                         f"set-up failed, policy allows no fallback: {e}"))
                     raise
                 self.decisions.append(Decision(name, f"declined after set-up failure: {e}"))
                 continue
@@ -119,11 +122,25 @@ class Communicator:
             raise TypeError(f"dtype {x.dtype} not supported; use float32, float16 or bfloat16")
         if op == "reduce_scatter" and x.numel() % self.size:
             raise ValueError(f"reduce_scatter needs numel divisible by {self.size}, got {x.numel()}")
-        self.step = "op"
+        self.step = "op" if self._capture is None else "capture"
         b = self._pick(op, x)
+        kind = "all_reduce" if op == "all_reduce_rmsnorm" else op
         if self._capture is not None and b.needs_graph_registration:
             b.record(self._capture, x)
-        return b.run("all_reduce" if op == "all_reduce_rmsnorm" else op, x)
+            if op != "all_reduce_rmsnorm":
+                # Inside a capture the kernel is recorded, not run (vLLM returns empty_like
+                # during capture); the graph replays after registration and fills `out`.
+                out = torch.empty(self._out_shape(kind, x), dtype=x.dtype)
+                self._capture.pending.append((b, kind, x.clone(), out))
+                return out
+        return b.run(kind, x)
+
+    def _out_shape(self, op: str, x: torch.Tensor) -> tuple[int, ...]:
+        if op == "all_gather":
+            return (self.size * x.shape[0],) + tuple(x.shape[1:])
+        if op == "reduce_scatter":
+            return (x.numel() // self.size,)
+        return tuple(x.shape)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         return self._run("all_reduce", x)
@@ -160,6 +177,10 @@ class Communicator:
             if b.needs_graph_registration:
                 b.register_graph_buffers(cap)
         self._captures.append(cap)
+        self.step = "op"
+        for b, op, x, out in cap.pending:      # the first replay of the graph
+            out.copy_(b.run(op, x))
+        cap.pending.clear()
         if discard:
             self.release_capture(cap)
 

@@ -36,12 +36,13 @@ NVML_P2P_STATUS_NOT_SUPPORTED = 5       # NVML_P2P_STATUS_NOT_SUPPORTED in nvml.
 class CudaError(RuntimeError):
     """A non-success CUDA result, raised by `check()` (never by the Driver itself)."""
 
-    def __init__(self, api: str, code: int, name: str, string: str):
+    def __init__(self, api: str, code: int, name: str, string: str, context: str = ""):
         super().__init__(f"{api} failed: {name} ({code}): {string}")
         self.api, self.code, self.name, self.string = api, int(code), name, string
+        self.context = context   # who called it on what, filled in by the caller that knows
 
     def __reduce__(self):  # keep it picklable across process boundaries
-        return (CudaError, (self.api, self.code, self.name, self.string))
+        return (CudaError, (self.api, self.code, self.name, self.string, self.context))
 
 
 def error_string(err: Any) -> str:

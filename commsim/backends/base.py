@@ -40,7 +40,8 @@ class SetupFailed(Exception):
 
     def __init__(self, backend: str, step: str, rank: int, error: CudaError | str):
         self.backend, self.step, self.rank, self.error = backend, step, rank, error
-        super().__init__(f"{backend} {step}: rank {rank}: {error}")
+        ctx = getattr(error, "context", "")
+        super().__init__(f"{backend} {step}: rank {rank}: {error}" + (f" [{ctx}]" if ctx else ""))
 
 
 @dataclass
@@ -48,6 +49,8 @@ class Capture:
     """Buffers one `comm.capture()` recorded, per backend that needs registration."""
 
     buffers: list[int] = field(default_factory=list)       # graph-pool pointers (cudaMalloc)
+    # ops recorded into the graph, replayed after registration: (backend, op, input, output)
+    pending: list[tuple["Backend", str, Any, Any]] = field(default_factory=list)
     opened: list[int] = field(default_factory=list)        # peer IPC mappings from registration
     registered: bool = False
     released: bool = False

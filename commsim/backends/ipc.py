@@ -56,6 +56,13 @@ class IpcBackend(PeerBackend):
         self.captures: list[Capture] = []
 
     def setup(self) -> None:
+        if not self.view.single_host and self.params.get("cross_host_local_buffers"):
+            # vLLM's MNNVL-era CustomAllreduce (§6.1.2): for a cross-node group the buffers are
+            # allocated locally, the pointer list is [local] * world_size, and nothing is
+            # exchanged, so construction succeeds; the data path then belongs to MNNVL memory.
+            self.own = check("cudaMalloc", self.driver.cudaMalloc(K.workspace_bytes(self.capacity)))
+            self.ptrs = [self.own] * self.ws
+            return
         d, err = self.driver, None
         try:
             self.own = check("cudaMalloc", d.cudaMalloc(K.workspace_bytes(self.capacity)))
@@ -76,8 +83,15 @@ class IpcBackend(PeerBackend):
                 self.opened.append(p)
                 self.ptrs[j] = p
         except CudaError as e:
-            err = e
+            err = self._context(e, j, "workspace")
         self.vote("init: open peer handles", err)
+
+    def _context(self, e: CudaError, peer: int, what: str) -> CudaError:
+        """Say whose handle it was and where both ranks live: what a person needs to act."""
+        me, other = self.view.ranks[self.rank], self.view.ranks[peer]
+        e.context = (f"rank {self.rank} on host {me.host} opening the {what} IPC handle of rank "
+                     f"{peer} on host {other.host}")
+        return e
 
     def record(self, cap: Capture, x: Any) -> None:
         """In capture: the input lives in the graph's memory pool; keep its pointer."""
@@ -88,6 +102,7 @@ class IpcBackend(PeerBackend):
     def register_graph_buffers(self, cap: Capture) -> None:
         """Collective at capture exit: export every recorded buffer, broadcast, open (§7.1)."""
         d, err, mine = self.driver, None, []
+        self.captures.append(cap)      # owned from here on, so close() frees it even on failure
         try:
             mine = [check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(p)) for p in cap.buffers]
         except CudaError as e:
@@ -106,24 +121,26 @@ class IpcBackend(PeerBackend):
                         cap.opened.append(check("cudaIpcOpenMemHandle",
                                                 d.cudaIpcOpenMemHandle(h, LAZY_ENABLE_PEER_ACCESS)))
         except CudaError as e:
-            err = e
+            err = self._context(e, j, "graph buffer")
         self.vote("register: open graph handles", err)
         cap.registered = True
-        self.captures.append(cap)
 
     def release_capture(self, cap: Capture) -> None:
-        """Close a capture's peer mappings, barrier, free its buffers (close-before-free)."""
+        """Close a capture's peer mappings, barrier, free its buffers (close-before-free).
+        With `release_capture_closes_ipc=False` (the vLLM#46515 pattern, row G5) the mappings
+        stay open until the communicator closes."""
         if cap.released:
             return
-        for p in cap.opened:
-            self.driver.cudaIpcCloseMemHandle(p)
-        cap.opened.clear()
+        if self.params.get("release_capture_closes_ipc", True):
+            for p in cap.opened:
+                self.driver.cudaIpcCloseMemHandle(p)
+            cap.opened.clear()
         self.group.barrier(tag="ipc.release_capture: importers closed")
         for p in cap.buffers:
             self.driver.cudaFree(p)
         cap.buffers.clear()
         cap.released = True
-        if cap in self.captures:
+        if cap in self.captures and not cap.opened:
             self.captures.remove(cap)
 
     def close(self) -> None:
@@ -132,6 +149,9 @@ class IpcBackend(PeerBackend):
         self.closed = True
         for cap in list(self.captures):
             self.release_capture(cap)
+            for p in cap.opened:                                 # mappings a leaky release kept
+                self.driver.cudaIpcCloseMemHandle(p)
+            cap.opened.clear()
         for p in self.opened:                                    # row G7: importers close,
             self.driver.cudaIpcCloseMemHandle(p)
         self.opened.clear()

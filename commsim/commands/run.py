@@ -46,8 +46,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if len(files) > 1 and sys.stderr.isatty():
             print(f"\r[{i}/{len(files)}] {f.name:<50}", end="", file=sys.stderr, flush=True)
         res = run_scenario(sc, policy=args.policy)
-        expect_fail = args.expect_failure
-        ok = res.ok if not expect_fail else bool(res.errors or res.failures)
+        if args.expect_failure and not res.expects_failure:
+            raise UserError(f"{f}: --expect-failure needs [[expect]] error = ... or leak = true "
+                            f"lines that hold under the file's own policy ({sc.policy})")
+        ok = res.ok   # under --expect-failure: failed exactly as the file expects
         backends = sorted({b for b in res.backends.values() if b})
         status = "ok" if ok else "FAIL"
         failed += not ok
@@ -69,15 +71,19 @@ def _report(res, args, to) -> None:
     print(f"\n== {sc.name} ({sc.path}) ==", file=to)
     for g, text in res.explain.items():
         print(text, file=to)
+    shown = set()
     for e in res.errors:
         print(f"  error: rank {e.rank} (GPU {sc.placement[e.rank]}) at step {e.step}: {e.name}: {e.message}", file=to)
+        if e.trace and e.trace not in shown:
+            shown.add(e.trace)
+            print(f"  decision trace (rank {e.rank}):\n{e.trace}", file=to)
     for f in res.failures:
         print(f"  FAIL: {f}", file=to)
     for l in res.leaks[:10]:
         print(f"  leak: {l}", file=to)
     for fl in res.flags[:10]:
         print(f"  flag: {fl}", file=to)
-    if res.failures or res.errors:
+    if res.failures or res.errors or res.leaks:
         print(f"  replay: {res.replay_command()}", file=to)
 
 

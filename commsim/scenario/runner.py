@@ -34,6 +34,8 @@ class RankError:
     step: str
     name: str
     message: str
+    origin: int | None = None     # the rank whose call failed (a collective set-up reports it on all)
+    trace: str = ""               # the communicator's decision trace up to the failure
 
 
 @dataclass
@@ -47,6 +49,8 @@ class RunResult:
     explain: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)         # unmet expectations
     trace_hash: str = ""
+    policy: str = ""
+    expects_failure: bool = False     # judged against the file's error/leak expectations
 
     @property
     def ok(self) -> bool:
@@ -54,7 +58,10 @@ class RunResult:
 
     def replay_command(self) -> str:
         p = self.scenario.path
-        return f"commsim run {p if p else self.scenario.name} --seed {self.scenario.seed}"
+        cmd = f"commsim run {p if p else self.scenario.name} --seed {self.scenario.seed}"
+        if self.policy != self.scenario.policy:
+            cmd += f" --policy {self.policy}"
+        return cmd + (" --expect-failure" if self.expects_failure else "")
 
 
 def _faults_for(sc: Scenario, rank: int) -> ProcessFaults:
@@ -88,12 +95,19 @@ def _error_name(e: BaseException) -> tuple[str, str]:
     return type(e).__name__, str(e)
 
 
-def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None) -> RunResult:
+def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
+                 disabled_rules: frozenset[str] = frozenset()) -> RunResult:
+    """Run `sc` under its own policy, or under `policy` when given. `disabled_rules` switches
+    simulator rules off (mutation tests only)."""
     seed = sc.seed if seed is None else seed
-    pol = resolve(policy if policy is not None else sc.policy,
-                  sc.path.parent if sc.path is not None else None)
-    res = RunResult(sc)
-    fabric = SimFabric(sc.cluster, seed)
+    spec = policy if policy is not None else sc.policy
+    pol = resolve(spec, sc.path.parent if sc.path is not None else None)
+    res = RunResult(sc, policy=spec if isinstance(spec, str) else pol.name)
+    # A file's error/leak expectations describe what its own policy does (a shortcut policy
+    # reproducing a report); run under another policy the file must simply pass.
+    res.expects_failure = (policy is None or policy == sc.policy) and any(
+        e.error or e.leak for e in sc.expectations)
+    fabric = SimFabric(sc.cluster, seed, disabled_rules=disabled_rules)
     drivers = [spawn_driver(fabric, g, _faults_for(sc, r)) for r, g in enumerate(sc.placement)]
     world = LocalWorld(sc.world_size, seed)
     wl = sc.workload
@@ -112,7 +126,7 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
 
     def rank_main(wg: Any) -> dict:
         r = wg.rank
-        mine: dict = {"backends": {}, "mismatch": [], "explain": {}}
+        mine: dict = {"backends": {}, "mismatch": [], "explain": {}, "leaks": []}
         subs = []
         for g in sc.groups:
             sub = wg.new_subgroup(list(g.ranks), g.name, tag=f"create group {g.name}")
@@ -124,8 +138,22 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
             try:
                 comm = Communicator(sub, drivers[r], pol)
                 mine["explain"][g.name] = comm.explain()
-                for rep in range(2 if wl.graph_capture else 1):
-                    ctx = comm.capture(discard=wl.discard_capture) if rep == 1 else None
+                before = drivers[r].ledger.count("ipc_mapping")
+                checks: list = []
+
+                def verify() -> None:
+                    # After the op (eager) or after the graph's first replay (capture).
+                    for y, ref, dt, label in checks:
+                        tol = RTOL[dt] * ref.abs().max().item() + 1e-6
+                        err = (y.double() - ref).abs().max().item() if y.shape == ref.shape else float("inf")
+                        if err > tol:
+                            mine["mismatch"].append(f"{label}: max error {err} > {tol}")
+                    checks.clear()
+
+                # Capture first, as serving stacks do (CUDA-graph memory profiling and capture
+                # run before serving), then the eager pass.
+                for mode in (("capture",) if wl.graph_capture else ()) + ("eager",):
+                    ctx = comm.capture(discard=wl.discard_capture) if mode == "capture" else None
                     if ctx is not None:
                         ctx.__enter__()
                         state["step"] = "capture"
@@ -147,15 +175,20 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
                                 else:
                                     y = getattr(comm, op)(x)
                                     ref = total.chunk(sub.size)[sub.rank] if op == "reduce_scatter" else total
-                                tol = RTOL[dt] * ref.abs().max().item() + 1e-6
-                                err = (y.double() - ref).abs().max().item() if y.shape == ref.shape else float("inf")
-                                if err > tol:
-                                    mine["mismatch"].append(
-                                        f"group {g.name} rank {sub.rank}: {op} {size} B {dt}: max error {err} > {tol}")
+                                checks.append((y, ref, dt, f"group {g.name} rank {sub.rank}: {op} {size} B {dt}"))
+                                if ctx is None:
+                                    verify()
                                 mine["backends"][(g.name, op, size, dt)] = comm.chosen(op, numel * esz, dt)
                     if ctx is not None:
                         state["step"] = "register"
                         ctx.__exit__(None, None, None)
+                        verify()
+                        if (wl.discard_capture and "G5" not in disabled_rules
+                                and drivers[r].ledger.count("ipc_mapping") > before):
+                            mine["leaks"].append(
+                                f"rank {r}: discarded capture left "
+                                f"{drivers[r].ledger.count('ipc_mapping') - before} IPC mapping(s) open "
+                                f"(vLLM#46515, row G5)")
                 mine["explain"][g.name] = comm.explain()
             except BaseException as e:
                 if not hasattr(e, "commsim_step"):   # Communicator.__init__ tags its own
@@ -176,11 +209,14 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
                 if prev != b:
                     res.failures.append(f"ranks disagree on the backend for {k}: {prev} vs {b}")
             res.mismatches += o.value["mismatch"]
+            res.leaks += o.value["leaks"]
             for gname, text in o.value["explain"].items():
                 res.explain.setdefault(gname, text)
         else:
             name, msg = _error_name(o.error)
-            res.errors.append(RankError(r, getattr(o.error, "commsim_step", "?"), name, msg))
+            origin = o.error.rank if isinstance(o.error, SetupFailed) else r
+            res.errors.append(RankError(r, getattr(o.error, "commsim_step", "?"), name, msg, origin,
+                                        getattr(o.error, "commsim_trace", "")))
     for r, d in enumerate(drivers):
         res.leaks += [f"rank {r}: {line}" for line in fabric.exit_process(d.proc.pid)]
     res.flags = list(fabric.flags)
@@ -190,27 +226,32 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
 
 def _judge(res: RunResult) -> None:
     sc = res.scenario
-    expected_errors = [e for e in sc.expectations if e.error]
-    leak_ok = any(e.leak for e in sc.expectations)
-    for e in sc.expectations:
-        if e.backend:
-            hits = [(k, b) for k, b in res.backends.items()
-                    if (e.group is None or k[0] == e.group) and (e.op is None or k[1] == e.op)
-                    and (e.size is None or k[2] == e.size)]
-            if not hits and not res.errors:
-                res.failures.append(f"expected backend {e.backend} for group {e.group}: no such op ran")
-            for k, b in hits:
-                if b != e.backend:
-                    res.failures.append(f"group {k[0]} {k[1]} {k[2]} B {k[3]}: chose {b}, expected {e.backend}")
-        if e.error:
-            if not any(x.name == e.error and (e.step is None or x.step == e.step)
-                       and (e.rank is None or x.rank == e.rank) for x in res.errors):
-                got = "; ".join(f"rank {x.rank} at {x.step}: {x.name}" for x in res.errors) or "no error"
+    if res.expects_failure:
+        for e in sc.expectations:
+            if e.error and not any(
+                    x.name == e.error and (e.step is None or x.step == e.step)
+                    and (e.rank is None or x.origin == e.rank) for x in res.errors):
+                got = "; ".join(f"rank {x.origin} at {x.step}: {x.name}" for x in res.errors) or "no error"
                 res.failures.append(f"expected {e.error} at step {e.step}"
-                                    f"{f' on rank {e.rank}' if e.rank is not None else ''}; got {got}")
-    if not expected_errors:
-        for x in res.errors:
-            res.failures.append(f"rank {x.rank} failed at {x.step}: {x.name}: {x.message}")
+                                    f"{f' from rank {e.rank}' if e.rank is not None else ''}; got {got}")
+            if e.leak and not (res.leaks or res.flags):
+                res.failures.append("expected a leak or an undefined-behaviour flag; the run was clean")
+        return
+    for e in sc.expectations:
+        if not e.backend:
+            continue
+        hits = [(k, b) for k, b in res.backends.items()
+                if (e.group is None or k[0] == e.group) and (e.op is None or k[1] == e.op)
+                and (e.size is None or k[2] == e.size)]
+        if not hits and not res.errors:
+            res.failures.append(f"expected backend {e.backend} for group {e.group}: no such op ran")
+        for k, b in hits:
+            if b != e.backend:
+                res.failures.append(f"group {k[0]} {k[1]} {k[2]} B {k[3]}: chose {b}, expected {e.backend}")
+    for x in res.errors:
+        res.failures.append(f"rank {x.rank} failed at {x.step}: {x.name}: {x.message}")
     res.failures += res.mismatches
-    if res.leaks and not leak_ok:
+    if res.leaks:
         res.failures.append(f"{len(res.leaks)} ledger item(s) leaked: " + "; ".join(res.leaks[:3]))
+    for f in res.flags:
+        res.failures.append(f"undefined behaviour: {f}")

@@ -324,7 +324,7 @@ class SimDriver:
         a: PhysicalAlloc = m.target
         importers = [q for q in self.fabric.processes.values()
                      if q.pid != self.proc.pid and q.ledger.has("ipc_mapping", ("aid", a.aid))]
-        if importers:
+        if importers and self.fabric.rule_on("L15"):
             # Row L15: freeing while peers still map it is undefined; poisoned for them.
             self.fabric.flag(f"pid {self.proc.pid} freed {hex(p)} while pids "
                              f"{', '.join(str(q.pid) for q in importers)} still had it open (row L15, "
@@ -401,14 +401,15 @@ class SimDriver:
         exp = self.fabric.processes.get(exporter)
         if a is None or exp is None or a.freed:
             raise Fail(E.cudaErrorInvalidResourceHandle)
-        if exp.host != self.proc.host:
+        cross_host = exp.host != self.proc.host
+        if cross_host and self.fabric.rule_on("L8"):
             # Row L8: a legacy handle names OS-local driver state; on another host, even in
             # one NVLink domain (GB200 trays), it resolves to nothing (flashinfer#2006, vLLM#52778).
             raise Fail(E.cudaErrorInvalidResourceHandle)
         if exporter == self.proc.pid:
             raise Fail(E.cudaErrorDeviceUninitialized)      # row L9 (ucx#11603)
         me = self.device
-        if me != a.gpu and not self._can_access(me, a.gpu):
+        if not cross_host and me != a.gpu and not self._can_access(me, a.gpu):
             raise Fail(E.cudaErrorPeerAccessUnsupported)    # row L10 (sglang#4814)
         if aid in self._ipc_open:                            # row L6: same pointer, refcount
             base = self._ipc_open[aid]
@@ -469,7 +470,7 @@ class SimDriver:
         if types & FABRIC:
             if not gpu.fabric_handle:
                 raise Fail(rules.code("V4"))
-            if not self.imex_channels():
+            if not self.imex_channels() and self.fabric.rule_on("V3"):
                 raise Fail(R.CUDA_ERROR_NOT_PERMITTED)      # row V3 (DeepEP#487, IMEX guide)
             if not self._fabric_ready(g):
                 raise Fail(rules.code("X2"))
@@ -566,12 +567,12 @@ class SimDriver:
                 raise Fail(R.CUDA_ERROR_INVALID_VALUE)
             if not self.cluster.gpu(me).fabric_handle:
                 raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)           # row V6
-            if not self.imex_channels():
+            if not self.imex_channels() and self.fabric.rule_on("V5"):
                 raise Fail(R.CUDA_ERROR_NOT_PERMITTED)           # row V5
             obj = self._obj(target)
             src = obj.gpu if isinstance(obj, PhysicalAlloc) else obj.creator
             src_host = self.cluster.host(src.host)
-            if not set(src_host.imex_channels) & set(self.imex_channels()):
+            if not set(src_host.imex_channels) & set(self.imex_channels()) and self.fabric.rule_on("V5"):
                 raise Fail(R.CUDA_ERROR_NOT_PERMITTED)           # same channel needed (§2.3)
             if src != me and not self.cluster.same_domain(src, me):
                 self.fabric.flag(f"pid {self.proc.pid}: FABRIC import from {src} outside its "

@@ -76,8 +76,12 @@ class SimProcess:
 class SimFabric:
     """Ground truth plus shared state for one simulated cluster."""
 
-    def __init__(self, cluster: Cluster, seed: int = 0, memory: MemoryProvider | None = None):
+    def __init__(self, cluster: Cluster, seed: int = 0, memory: MemoryProvider | None = None,
+                 disabled_rules: frozenset[str] = frozenset()):
         self.cluster = cluster
+        # Rows of reference §9 switched off, for mutation tests only: they prove a regression
+        # scenario fails because of the simulator's semantics, not because of a fixed answer.
+        self.disabled_rules = frozenset(disabled_rules)
         self.seed = seed
         self.memory = memory or MemoryProvider()
         self.processes: dict[int, SimProcess] = {}
@@ -199,6 +203,9 @@ class SimFabric:
             for h, (k, oid) in list(self.fabric_handles.items()):
                 if k == "mc" and oid == m.mid:
                     del self.fabric_handles[h]
+
+    def rule_on(self, row: str) -> bool:
+        return row not in self.disabled_rules
 
     def flag(self, text: str) -> None:
         self.flags.append(text)
