@@ -32,6 +32,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="a scenario file, or a directory of them")
     check.set_defaults(func=cmd_check)
 
+    new = sub.add_parser(
+        "new", help="make a scenario from a bug report's nvidia-smi topo -m",
+        description="Build a scenario from a pasted `nvidia-smi topo -m` (one host), a host count, "
+                    "a TP x DP layout, a placement and a policy, validate it, and write it. "
+                    "Then `commsim run OUT --expect-failure` reproduces the report.")
+    new.add_argument("--topo", required=True, metavar="FILE", help="text file with the pasted matrix ('-' = stdin)")
+    new.add_argument("--hosts", type=int, required=True, metavar="N", help="hosts of this shape in the job")
+    new.add_argument("--tp", type=int, required=True, metavar="T", help="tensor-parallel size (ranks per group)")
+    new.add_argument("--dp", type=int, default=1, metavar="D", help="data-parallel replicas (groups); default 1")
+    new.add_argument("--placement", default="contiguous", choices=("contiguous", "spread"),
+                     help="contiguous: fill each host first; spread: one rank per host in turn "
+                          "(e.g. TP 2 with one GPU per node)")
+    new.add_argument("--policy", default="default", help="policy preset or file.py:OBJECT (the shortcut to test)")
+    new.add_argument("--op", action="append", dest="ops", metavar="OP",
+                     help="op to run (repeatable; default all_reduce)")
+    new.add_argument("--size", action="append", dest="sizes", metavar="SIZE",
+                     help="message size such as 16KiB (repeatable; default 16KiB)")
+    new.add_argument("--graph-capture", action="store_true", help="run the ops inside a CUDA-graph capture")
+    new.add_argument("--expect-error", metavar="NAME", help="CUDA error the report shows, e.g. cudaErrorInvalidResourceHandle")
+    new.add_argument("--expect-step", metavar="STEP", help="lifecycle step of that error (init, register, ...)")
+    new.add_argument("--domain", choices=("none", "node", "rack"), default=None,
+                     help="NVLink domain; inferred with a warning when omitted")
+    new.add_argument("--gpu-model", default=None, metavar="NAME", help="GPU model, e.g. GB200")
+    new.add_argument("--name", default=None, help="scenario name (default: the output file's stem)")
+    new.add_argument("--output", "-o", type=Path, required=True, metavar="OUT.toml")
+    new.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    new.set_defaults(func=cmd_new)
+
 
 def expand(paths: list[Path]) -> list[Path | UserError]:
     """Files to check, in order: directories become their *.toml files (sorted, recursive).
@@ -74,3 +102,37 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         print(f"ok  {item}  {summary(s)}")
     return 1 if failed else 0
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    import sys
+
+    from ..scenario.new import NewScenario, build
+    from ..scenario.schema import loads, write_scenario
+
+    out: Path = args.output
+    if out.exists() and not args.force:
+        raise UserError(f"{out}: already exists; pass --force to overwrite it")
+    if args.topo == "-":
+        text, source = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            text, source = Path(args.topo).read_text(encoding="utf-8-sig", errors="replace"), args.topo
+        except OSError as e:
+            raise UserError(f"{args.topo}: cannot read: {e.strerror}; give the pasted "
+                            f"`nvidia-smi topo -m` as a text file") from None
+    spec = NewScenario(name=args.name or out.stem, topo_text=text, topo_source=source,
+                       hosts=args.hosts, tp=args.tp, dp=args.dp, placement=args.placement,
+                       policy=args.policy, ops=tuple(args.ops or ("all_reduce",)),
+                       sizes=tuple(args.sizes or ("16KiB",)), graph_capture=args.graph_capture,
+                       expect_error=args.expect_error, expect_step=args.expect_step,
+                       domain=args.domain, gpu_model=args.gpu_model)
+    body, warnings = build(spec, out)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    loads(body, str(out))            # validate before anything is written
+    write_scenario(out, body)
+    print(f"wrote {out}", file=sys.stderr)
+    how = " --expect-failure" if args.expect_error else ""
+    print(f"next: commsim run {out}{how}    (and: commsim run {out} --policy default)")
+    return 0
