@@ -53,14 +53,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         backends = sorted({b for b in res.backends.values() if b})
         status = "ok" if ok else "FAIL"
         failed += not ok
-        rows.append((status, sc.name, sc.topology_spec or "-", str(sc.world_size),
+        rows.append((status, "shortcut fails as expected" if res.expects_failure else "must pass",
+                     sc.name, sc.topology_spec or "-", str(sc.world_size),
                      ",".join(g.name for g in sc.groups), ",".join(backends) or "-",
                      str(len(res.errors)), str(len(res.leaks))))
         if args.verbose or not ok:
             _report(res, args, to=sys.stdout)
     if len(files) > 1 and sys.stderr.isatty():
         print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
-    print(_table(rows, ("status", "scenario", "topology", "world", "groups", "backends", "errors", "leaks")))
+    print(_table(rows, ("status", "judged as", "scenario", "topology", "world", "groups", "backends", "errors", "leaks")))
     print(f"\n{len(files)} scenario(s), {len(files) - failed} ok, {failed} failed "
           f"in {time.perf_counter() - t0:.1f} s")
     return 1 if failed else 0

@@ -18,7 +18,7 @@ def code_by_name(name: str):
     """A cudaError_t or CUresult member by name (`cudaErrorInvalidValue`, `CUDA_ERROR_...`)."""
     for enum in (cudart.cudaError_t, cu.CUresult):
         if name in enum.__members__:
-            return enum[name]
+            return getattr(enum, name)   # cuda-python enums are not subscriptable
     raise KeyError(name)
 
 

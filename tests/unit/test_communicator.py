@@ -123,3 +123,48 @@ def test_same_seed_same_trace():
     a = run_scenario(scenario("gb200-nvl72:2"))
     b = run_scenario(scenario("gb200-nvl72:2"))
     assert a.trace_hash == b.trace_hash and a.trace_hash
+
+
+def test_driver_call_fault_during_peer_open_falls_back_everywhere():
+    sc = scenario("hgx-h100-8", faults=(Fault("call_fails", rank=2, api="cudaIpcOpenMemHandle",
+                                              code="cudaErrorTooManyPeers", nth=3),))
+    res = run_scenario(sc)
+    assert_clean(res)                       # no hang, no residue on any rank
+    assert chosen(res) == {4 * KiB: "multicast"}
+    assert "rank 2: cudaIpcOpenMemHandle failed: cudaErrorTooManyPeers" in res.explain["tp"]
+
+
+def test_close_is_idempotent_and_safe_after_failed_init():
+    from commsim.communicator import Communicator
+    from commsim.group import LocalWorld
+    from commsim.policy import Policy
+    from commsim.sim import SimFabric, spawn_driver
+    from commsim.sim.faults import ProcessFaults
+
+    c = build_preset("gb200-nvl72:2")
+    fabric = SimFabric(c)
+    drivers = [spawn_driver(fabric, g, ProcessFaults(oom_at=1) if i == 5 else None)
+               for i, g in enumerate(c.gpu_refs())]
+    strict = Policy(order=("fabric",), fallback_on_setup_error=False)
+
+    def rank(g):
+        try:
+            Communicator(g, drivers[g.rank], strict)
+        except Exception as e:
+            return type(e).__name__, getattr(e, "commsim_step", None)
+        return None
+
+    out = LocalWorld(8, 0).run(rank)
+    assert [o.value for o in out] == [("SetupFailed", "init")] * 8
+    assert all(not d.ledger.summary() for d in drivers) and not fabric.allocs
+
+    def twice(g):
+        comm = Communicator(g, drivers[g.rank])
+        comm.close()
+        comm.close()
+        return comm.closed
+
+    fabric2 = SimFabric(c)
+    drivers[:] = [spawn_driver(fabric2, g) for g in c.gpu_refs()]
+    assert all(o.value for o in LocalWorld(8, 0).run(twice))
+    assert not fabric2.allocs
