@@ -12,12 +12,12 @@ import json
 import os
 import re
 import sys
-import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..fileio import write_atomic
 from ..topology import presets, render
 from ..topology.import_nvidia_smi import (
     DOMAINS, build_cluster, cluster_from_matrix_table, matrix_table, parse_topo_matrix,
@@ -230,28 +230,5 @@ def _check_output(out: Path, force: bool) -> None:
 
 
 def _write_atomic(out: Path, body: str, force: bool) -> None:
-    """Temp file in the same directory, then rename: a reader never sees half a file."""
     _check_output(out, force)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600
-        if force:
-            os.replace(tmp, out)
-        else:
-            # link() fails if `out` appeared meanwhile, where rename would clobber it.
-            try:
-                os.link(tmp, out)
-            except FileExistsError:
-                raise UserError(f"{out}: already exists; pass --force to overwrite it") from None
-            except OSError:
-                _check_output(out, force)  # no hard links on this file system
-                os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomic(out, body, overwrite=force)

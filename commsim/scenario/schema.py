@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..fileio import write_atomic
 from . import machine
 from .fields import (
     ScenarioError, Table, check_choice, check_cuda_error, check_policy, describe, did_you_mean,
@@ -59,29 +59,13 @@ def loads(text: str, source: str = "<string>") -> Scenario:
     return _build(text, source, None)
 
 
-def write_scenario(path: str | os.PathLike[str], text: str, validate: bool = True) -> Path:
-    """Write a scenario file atomically (temp file + rename in the same directory), so a
-    reader never sees half a file. With `validate`, text that would not load is refused
+def write_scenario(path: str | os.PathLike[str], text: str, validate: bool = True,
+                   overwrite: bool = True) -> Path:
+    """Write a scenario file atomically. With `validate`, text that would not load is refused
     before anything is written."""
-    p = Path(path)
     if validate:
-        loads(text, str(p))
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return p
+        loads(text, str(path))
+    return write_atomic(path, text, overwrite=overwrite)
 
 
 # -- the document --------------------------------------------------------------------------

@@ -630,7 +630,7 @@ class SimDriver:
     @api(0, False)
     def cuMemSetAccess(self, ptr: int, size: int, desc: Sequence[Any], count: int) -> None:
         ptr, size = _attr_int(ptr), _attr_int(size)
-        covered, cur, hits = 0, ptr, []
+        cur, hits = ptr, []
         while cur < ptr + size:       # §2.3: must cover a fully mapped range
             m = self._maps.get(cur)
             if m is None or m.kind not in ("vmm", "mc"):

@@ -57,7 +57,7 @@ def describe(cluster: Cluster, max_hosts: int = 2) -> str:
         if shape in shown:
             continue
         if len(shown) >= max_hosts:
-            out.append(f"(further host shapes omitted)")
+            out.append("(further host shapes omitted)")
             break
         shown.add(shape)
         same = sum(1 for o in cluster.hosts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from commsim.scenario.model import Expectation, Fault, Group, Scenario, Workload
+from commsim.scenario.model import Fault, Group, Scenario, Workload
 from commsim.scenario.runner import run_scenario
 from commsim.topology import GpuRef, build_preset, modify
 from commsim.topology.model import FabricState
