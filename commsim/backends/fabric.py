@@ -38,9 +38,9 @@ class FabricBackend(PeerBackend):
         rs = view.ranks
         return Eligibility.check([
             (view.size > 1, "a group of one rank needs no all-reduce"),
-            (all(r.vmm and r.fabric_handle for r in rs),
-             f"rank(s) {who(lambda r: not (r.vmm and r.fabric_handle))} lack VMM or the "
-             f"HANDLE_TYPE_FABRIC_SUPPORTED attribute (row V4)"),
+            (all(r.vmm for r in rs), f"rank(s) {who(lambda r: not r.vmm)} lack VMM support (cuMem*)"),
+            (all(r.fabric_handle for r in rs),
+             f"rank(s) {who(lambda r: not r.fabric_handle)} lack HANDLE_TYPE_FABRIC_SUPPORTED (row V4)"),
             (all(r.imex for r in rs),
              f"rank(s) {who(lambda r: not r.imex)} have no IMEX channel; cuMemCreate(FABRIC) "
              f"would fail NOT_PERMITTED (row V3)"),
