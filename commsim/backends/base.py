@@ -9,6 +9,7 @@ together instead of leaving peers blocked in the next exchange (reference §7.4)
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -56,7 +57,7 @@ class Capture:
     released: bool = False
 
 
-class Backend:
+class Backend(ABC):
     name = "?"
     ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce_rmsnorm")
     needs_graph_registration = False
@@ -69,8 +70,9 @@ class Backend:
 
     # -- what it requires ------------------------------------------------------------------
     @classmethod
+    @abstractmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
-        raise NotImplementedError(cls.__name__)  # every concrete backend defines it
+        """Whether every rank meets the requirements, from the group-agreed view only."""
 
     def accepts(self, op: str, nbytes: int, dtype: str) -> tuple[bool, str]:
         """Per-call admission (size limits, alignment); (False, reason) hands over."""
@@ -97,8 +99,9 @@ class Backend:
         self.closed = True
 
     # -- the op ----------------------------------------------------------------------------
+    @abstractmethod
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(self.name)
+        """Run `op` on this rank's input; collective over the group."""
 
     def register_graph_buffers(self, cap: Capture) -> None:
         cap.registered = True
