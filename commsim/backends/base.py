@@ -55,6 +55,7 @@ class Capture:
     opened: list[int] = field(default_factory=list)        # peer IPC mappings from registration
     registered: bool = False
     released: bool = False
+    error: Exception | None = None      # a rank-local failure while recording, voted at exit
 
 
 class Backend(ABC):

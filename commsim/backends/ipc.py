@@ -94,15 +94,23 @@ class IpcBackend(PeerBackend):
         return e
 
     def record(self, cap: Capture, x: Any) -> None:
-        """In capture: the input lives in the graph's memory pool; keep its pointer."""
-        p = check("cudaMalloc", self.driver.cudaMalloc(max(x.numel() * x.element_size(), 16)))
-        check("cudaMemcpy", self.driver.memcpy_htod(p, as_bytes(x)))
-        cap.buffers.append(p)
+        """In capture: the input lives in the graph's memory pool; keep its pointer. A failure
+        here is rank-local, so it is kept and voted at registration: raising now would leave
+        this rank out of step with its peers (found by the sweep)."""
+        if cap.error is not None:
+            return
+        try:
+            p = check("cudaMalloc", self.driver.cudaMalloc(max(x.numel() * x.element_size(), 16)))
+            cap.buffers.append(p)
+            check("cudaMemcpy", self.driver.memcpy_htod(p, as_bytes(x)))
+        except CudaError as e:
+            cap.error = e
 
     def register_graph_buffers(self, cap: Capture) -> None:
         """Collective at capture exit: export every recorded buffer, broadcast, open (§7.1)."""
         d, err, mine = self.driver, None, []
         self.captures.append(cap)      # owned from here on, so close() frees it even on failure
+        self.vote("register: record graph buffers", cap.error)
         try:
             mine = [check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(p)) for p in cap.buffers]
         except CudaError as e:

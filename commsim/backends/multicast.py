@@ -20,6 +20,7 @@ from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC, FD
 from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
 from .base import Backend, Eligibility, Mi, as_bytes
+from ..topology.model import FabricState
 from .fabric import FabricBackend, round_up
 
 
@@ -33,6 +34,11 @@ class MulticastBackend(Backend):
             (view.size > 1, "a group of one rank needs no all-reduce"),
             (all(r.multicast and r.vmm for r in view.ranks),
              "some rank lacks MULTICAST_SUPPORTED (row M1: no NVSwitch / fabric manager)"),
+            # NVLS needs the fabric manager done: cuMulticastBindMem answers SYSTEM_NOT_READY
+            # otherwise (row M3), also on one host.
+            (all(r.fabric_state == FabricState.COMPLETED for r in view.ranks),
+             "some rank reports NVML fabric state not COMPLETED (row M3: multicast bind would "
+             "fail SYSTEM_NOT_READY)"),
         ]
         if view.single_host:
             conds.append((view.nvlink_all(), "GPUs are not all on one NVSwitch (not fully NVLink-connected)"))
