@@ -92,15 +92,49 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ..scenario.runner import run_scenario
     from ..scenario.schema import load
 
-    for f in _files(args.paths):
-        res = run_scenario(load(f), policy=args.policy)
+    files = _files(args.paths)
+    sizes = None
+    if args.sizes is not None or args.plot is not None:
+        from ..model_sizes import parse_size_range
+        sizes = parse_size_range(args.sizes or "4KiB..256MiB")
+    if args.plot is not None and len(files) != 1:
+        raise UserError(f"--plot {args.plot}: give exactly one scenario file (got {len(files)})")
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        raise UserError(f"--plot {args.plot}: give a .png file name")
+    for f in files:
+        sc = load(f)
+        res = run_scenario(sc, policy=args.policy)
         _report(res, args, to=sys.stdout)
         rows = [(k[0], k[1], str(k[2]), k[3], b or "-") for k, b in sorted(res.backends.items())]
         if rows:
             print(_table(rows, ("group", "op", "bytes", "dtype", "backend")))
         print(f"ledger after close: {'zero' if not res.leaks else f'{len(res.leaks)} item(s) leaked'}; "
               f"numerics: {'ok' if not res.mismatches else f'{len(res.mismatches)} mismatch(es)'}")
+        if sizes is not None:
+            _explain_sizes(sc, args, sizes)
     return 0
+
+
+def _explain_sizes(sc, args: argparse.Namespace, sizes: list[int]) -> None:
+    """Predicted time per legal backend over `sizes`, per group (commsim.model)."""
+    from ..model_sizes import render, size_table
+    from ..policy import resolve
+
+    pol = resolve(args.policy if args.policy is not None else sc.policy,
+                  sc.path.parent if sc.path is not None else None)
+    tables = []
+    for g in sc.groups:
+        if len(g.ranks) < 2:
+            continue
+        placement = [sc.placement[r] for r in g.ranks]
+        tables.append(size_table(sc.cluster, placement, g.name, sizes, pol, seed=sc.seed))
+    for t in tables:
+        print()
+        print(render(t))
+    if args.plot is not None and tables:
+        from ..plot import plot_size_tables
+        out = plot_size_tables(tables, args.plot, title=sc.name)
+        print(f"\nwrote {out}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -114,6 +148,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--policy", default=None,
                        help="override the scenario's policy: a preset name or module:object")
         p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+        if name == "explain":
+            p.add_argument("--sizes", default=None, metavar="LO..HI",
+                           help="also print, per group, the predicted all-reduce time of each "
+                                "legal backend at every power of two in LO..HI (e.g. "
+                                "4KiB..256MiB), the backend chosen at each size and the model's "
+                                "crossover points (commsim.model)")
+            p.add_argument("--plot", type=Path, default=None, metavar="OUT.png",
+                           help="render the same as a PNG (matplotlib); implies --sizes "
+                                "4KiB..256MiB if not given")
         if name == "run":
             p.add_argument("--expect-failure", action="store_true",
                            help="succeed only if each scenario fails (for regression files run "

@@ -1,8 +1,11 @@
-"""`commsim topo ...`: list, show and import topologies.
+"""`commsim topo ...`: list, show and import topologies, and merge NVML fabric info.
 
 `import` turns `nvidia-smi topo -m` output pasted into a bug report into a cluster, prints
 what it assumed, and can write it as a scenario file whose `[topology]` table spells every
-assumption out, so the regression scenario does not depend on this run's inference.
+assumption out, so the regression scenario does not depend on this run's inference. Given an
+NCCL topology XML (NCCL_TOPO_FILE / NCCL_TOPO_DUMP_FILE) it reads hosts, GPUs and NVLinks from
+the file instead. `fabric` merges per-GPU NVML fabric info (`nvidia-smi -q` or JSON) into a
+topology and prints the NVLink-domain map that results.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from ..errors import UserError
 from ..fileio import write_atomic
 from ..topology import presets, render
+from ..topology import import_nccl_xml, import_nvml_fabric
 from ..topology.import_nvidia_smi import (
     DOMAINS, build_cluster, cluster_from_matrix_table, matrix_table, parse_topo_matrix,
 )
@@ -55,17 +59,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.set_defaults(func=cmd_show)
 
     imp = sub.add_parser(
-        "import", help="import `nvidia-smi topo -m` output",
+        "import", help="import `nvidia-smi topo -m` output or an NCCL topology XML",
         description="Read `nvidia-smi topo -m` output (prose before the matrix, NIC rows and "
                     "columns, affinity columns and the legend are skipped), repeat that host "
                     "--hosts times, print the assumptions made as warnings on stderr and the "
                     "resulting topology on stdout. With --output, write a scenario file whose "
-                    "[topology] table holds the explicit topology.",
-        epilog="example: commsim topo import bug.txt --hosts 2 --output scenarios/bug.toml")
+                    "[topology] table holds the explicit topology. A FILE.xml (or text starting "
+                    "with '<') is read as the topology XML NCCL reads from NCCL_TOPO_FILE or "
+                    "writes with NCCL_TOPO_DUMP_FILE: hosts (host_hash), GPUs, NVLinks and "
+                    "NICs come from the file; what it does not say is printed as warnings.",
+        epilog="examples: commsim topo import bug.txt --hosts 2 --output scenarios/bug.toml\n"
+               "          commsim topo import dump.xml --fabric-info tray0.txt "
+               "--fabric-info tray1.txt",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     imp.add_argument("file", metavar="FILE",
-                     help="text holding `nvidia-smi topo -m` output ('-' reads stdin)")
-    imp.add_argument("--hosts", type=int, required=True, metavar="N",
-                     help="how many hosts of this shape the cluster has (>= 1)")
+                     help="text holding `nvidia-smi topo -m` output, or an NCCL topology XML "
+                          "('-' reads stdin)")
+    imp.add_argument("--hosts", type=int, default=None, metavar="N",
+                     help="how many hosts of this shape the cluster has (>= 1); required for "
+                          "`topo -m` text, not accepted for XML (the file names its hosts)")
     imp.add_argument("--domain", choices=DOMAINS, default=None,
                      help="NVLink domain: none (no NVSwitch fabric), node (one NVSwitch board "
                           "per host), rack (one multi-node domain over all hosts, as GB200 "
@@ -85,7 +97,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="write a scenario file with the explicit topology")
     imp.add_argument("--force", action="store_true",
                      help="overwrite --output if it exists")
-    imp.set_defaults(func=cmd_import)
+    imp.add_argument("--nvswitch", action="store_true",
+                     help="XML only: the file lists no NVLinks (a flattened VM topology) but "
+                          "each host is an NVSwitch board; model every GPU pair as NVLink")
+    imp.add_argument("--fabric-info", action="append", default=[], metavar="[HOST=]FILE",
+                     help="merge NVML fabric info (`nvidia-smi -q` or JSON, see `commsim topo "
+                          "fabric --help`); repeat once per host")
+    # A missing --hosts for `topo -m` text stays a usage error (exit 2 with usage), as when
+    # argparse itself required it; it is optional only because an XML names its hosts.
+    imp.set_defaults(func=cmd_import, usage_error=imp.error)
+
+    fab = sub.add_parser(
+        "fabric", help="merge NVML fabric info into a topology and print the domain map",
+        description="Merge per-GPU NVML fabric info (cluster UUID, clique id, state, status) "
+                    "into a topology, re-derive the NVLink domains from it the way NCCL and "
+                    "FlashInfer read it (one non-zero cluster UUID = one domain; a zero UUID is "
+                    "no multi-node domain even with state Completed), and print the domain map, "
+                    "the legal backends for a group of every GPU, and warnings for the traps "
+                    "(zero UUID, differing cliques, states other than Completed, failed "
+                    "status, no IMEX). Each --info FILE is one host's `nvidia-smi -q` output "
+                    "(its Fabric sections, one per GPU in index order), or JSON: a list of "
+                    "{\"state\", \"status\", \"clique_id\", \"cluster_uuid\"} objects for one "
+                    "host, or an object of host name -> such a list.",
+        epilog="example: commsim topo fabric gb200-nvl72:4 --info tray0.txt --info tray1.txt "
+               "--info tray2.txt --info tray3.txt")
+    fab.add_argument("spec", metavar="TOPOLOGY",
+                     help="preset (gb200-nvl72:4), scenario .toml or NCCL topology .xml")
+    fab.add_argument("--info", action="append", required=True, metavar="[HOST=]FILE",
+                     help="fabric info of one host (files without HOST= go to the hosts in "
+                          "order), or a JSON file naming hosts; repeat")
+    fab.set_defaults(func=cmd_fabric)
 
 
 # -- list / show ------------------------------------------------------------------------
@@ -99,14 +140,19 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def load_spec(spec: str) -> Cluster:
-    """A preset (optionally sliced) or the cluster of a scenario file."""
+    """A preset (optionally sliced), the cluster of a scenario file, or an NCCL XML."""
     path = Path(spec)
     if spec.partition(":")[0] in presets.PRESETS:
         return presets.build(spec)
-    if spec.endswith(".toml") or os.sep in spec or path.exists():
+    if spec.endswith(".toml") or spec.endswith(".xml") or os.sep in spec or path.exists():
         if not path.exists():
-            raise UserError(f"{spec}: no such file; give a scenario .toml file or a preset "
-                            f"name ({', '.join(presets.PRESETS)})")
+            raise UserError(f"{spec}: no such file; give a scenario .toml file, an NCCL "
+                            f"topology .xml or a preset name ({', '.join(presets.PRESETS)})")
+        if path.suffix == ".xml":
+            cluster, warnings, _ = import_nccl_xml.import_file(path)
+            for w in warnings:
+                print(f"warning: {w}", file=sys.stderr)
+            return cluster
         if path.suffix != ".toml":
             raise UserError(f"{spec}: not a scenario .toml file; for `nvidia-smi topo -m` "
                             f"output use `commsim topo import {spec} --hosts N`")
@@ -158,20 +204,32 @@ def _scenario_name(args: argparse.Namespace) -> str:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    text = _read(args.file, "`nvidia-smi topo -m` output or an NCCL topology XML")
+    if args.file.endswith(".xml") or import_nccl_xml.looks_like_xml(text):
+        return _import_xml(args, text)
+    if args.nvswitch:
+        raise UserError("--nvswitch: only for an NCCL topology XML; for `topo -m` text use "
+                        "--domain node")
+    if args.hosts is None:
+        args.usage_error("the following arguments are required for `nvidia-smi topo -m` text: "
+                         "--hosts N (how many hosts of this shape the cluster has)")
     if args.hosts < 1:
         raise UserError(f"--hosts: must be >= 1 (how many hosts of this shape), got {args.hosts}")
     name = _scenario_name(args)
     out: Path | None = args.output
+    if out is not None and args.fabric_info:
+        raise UserError("--fabric-info with --output: the scenario [topology] table holds the "
+                        "`topo -m` matrix only, not per-GPU fabric info; drop one of the two")
     if out is not None:
         _check_output(out, args.force)  # fail before the work, not after it
     source = "<stdin>" if args.file == "-" else args.file
-    text = _read(args.file, "`nvidia-smi topo -m` output")
     p2p_text = _read(args.p2p, "`nvidia-smi topo -p2p r` output") if args.p2p else None
     parsed = parse_topo_matrix(text, source, p2p_text, args.p2p or "<p2p>")
     cluster, warnings = build_cluster(parsed, args.hosts, args.domain, args.gpu_model,
                                       host_prefix=args.host_prefix, name=name)
     nic = f", {parsed.nic_count} NIC column(s) ignored" if parsed.nic_count else ""
     print(f"parsed {source}: {parsed.gpu_count} GPUs per host{nic}", file=sys.stderr)
+    cluster = _merge_fabric(cluster, args.fabric_info, warnings)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(render.describe(cluster))
@@ -180,6 +238,72 @@ def cmd_import(args: argparse.Namespace) -> int:
         _verify(body, cluster, out)
         _write_atomic(out, body, args.force)
         print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _import_xml(args: argparse.Namespace, text: str) -> int:
+    for flag, value in (("--hosts", args.hosts), ("--domain", args.domain), ("--p2p", args.p2p),
+                        ("--output", args.output)):
+        if value is not None:
+            raise UserError(f"{flag}: not accepted for an NCCL topology XML (the file says how "
+                            f"many hosts and which links; the scenario [topology] table holds "
+                            f"`topo -m` matrices only)")
+    source = "<stdin>" if args.file == "-" else args.file
+    topo = import_nccl_xml.parse_nccl_xml(text, source)
+    cluster, warnings = import_nccl_xml.build_cluster(
+        topo, args.gpu_model, nvswitch=args.nvswitch, host_prefix=args.host_prefix,
+        name=_scenario_name(args))
+    cluster = _merge_fabric(cluster, args.fabric_info, warnings)
+    nics = [n for n in topo.nics]
+    speeds = sorted({n.speed_mbps for n in nics if n.speed_mbps})
+    nic_text = (f", {len(nics)} NIC port(s)" +
+                (f" at {'/'.join(f'{s // 1000} Gb/s' for s in speeds)}" if speeds else ""))
+    print(f"parsed {source}: {len(topo.hosts)} host(s), {len(topo.gpus)} GPU(s){nic_text}",
+          file=sys.stderr)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(render.describe(cluster))
+    print("")
+    print(_legal_summary(cluster))
+    return 0
+
+
+def _merge_fabric(cluster: Cluster, specs: list[str], warnings: list[str]) -> Cluster:
+    if not specs:
+        return cluster
+    infos: list[tuple[str | None, list]] = []
+    for spec in specs:
+        host, sep, path = spec.partition("=")
+        if not sep:
+            host, path = "", spec
+        for named, recs in import_nvml_fabric.load_fabric_file(path).items():
+            if host and named is not None:
+                raise UserError(f"{spec}: the JSON names its hosts; give it without HOST=")
+            infos.append((host or named, recs))
+    merged, notes = import_nvml_fabric.merge_fabric(cluster, infos)
+    warnings.extend(notes)
+    return merged
+
+
+def _legal_summary(cluster: Cluster) -> str:
+    """Which backends a group of every GPU would admit, from a discovery run."""
+    from ..model_sizes import legal_backends   # imported late: pulls in the simulator
+    refs = list(cluster.gpu_refs())
+    leg = legal_backends(cluster, refs)
+    lines = [f"group of all {len(refs)} GPU(s): legal backends: {', '.join(leg.legal)}"]
+    lines += [f"  not legal: {name}: {why}" for name, why in leg.declined.items()]
+    return "\n".join(lines)
+
+
+def cmd_fabric(args: argparse.Namespace) -> int:
+    cluster = load_spec(args.spec)
+    warnings: list[str] = []
+    merged = _merge_fabric(cluster, args.info, warnings)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(render.domain_map(merged))
+    print("")
+    print(_legal_summary(merged))
     return 0
 
 

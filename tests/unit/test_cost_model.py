@@ -1,0 +1,296 @@
+"""The cost model (commsim.model): cited parameters, the fabric it sees, its predictions, and
+its crossovers against the cut-offs serving stacks tuned on hardware (reference §8).
+
+A crossover test passes when the model's crossover is within a factor of 2 of the cited
+cut-off. Where the model does not get there, a `..._known_miss(es)` test says so and pins
+what the model does predict, with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from commsim import model
+from commsim.model import (
+    GroupFabric, KiB, MiB, PARAMS, best, crossovers, fabric_from_view, group_fabric,
+    nvlink_gbps, ordered_by_model, pcie_gbps, predict,
+)
+from commsim.model_sizes import discovered_view, parse_size_range, render, size_table
+from commsim.topology import build_preset
+from commsim.topology.import_nvidia_smi import build_cluster, parse_topo_matrix
+
+TOPO = Path(__file__).resolve().parents[1] / "data" / "topo"
+
+
+def switch(sm: int, ranks: int, hosts: int = 1, multicast: bool = True) -> GroupFabric:
+    """All ranks on one NVSwitch fabric (a board, or an MNNVL rack when hosts > 1)."""
+    return GroupFabric(ranks, hosts, sm, "nvswitch" if hosts == 1 else "mnnvl",
+                       nvlink_gbps(sm), True, multicast)
+
+
+def crossing(a, b, fabric: GroupFabric) -> float:
+    """The single crossover of a and b (bytes)."""
+    xs = crossovers(a, b, fabric, lo=1 * KiB, hi=1 << 30)
+    assert len(xs) == 1, xs
+    return xs[0].nbytes
+
+
+def within_2x(value: float, target: float) -> bool:
+    return target / 2 <= value <= target * 2
+
+
+# -- parameters -----------------------------------------------------------------------------
+
+
+def test_every_parameter_has_a_source_and_estimates_say_how() -> None:
+    for name, value, unit, source, estimate in model.parameter_table():
+        assert len(source) > 20, name
+        if estimate:
+            # An estimate names the published figure it was derived from.
+            assert any(k in source for k in ("vllm", "nccl", "NDv5", "taken equal")), name
+
+
+def test_link_bandwidths_are_the_published_figures() -> None:
+    assert nvlink_gbps(70) == 150      # V100: 300 GB/s both ways
+    assert nvlink_gbps(80) == 300      # A100: 600 GB/s
+    assert nvlink_gbps(90) == 450      # H100: 900 GB/s
+    assert nvlink_gbps(100) == 900     # B200/GB200: 1.8 TB/s
+    assert nvlink_gbps(80, 12) == 300 and nvlink_gbps(70, 2) == 50
+    assert pcie_gbps(80) == 31.5 and pcie_gbps(90) == 63.0
+    assert PARAMS["nic.ndr"].value == 50.0 and not PARAMS["nic.ndr"].estimate
+    assert PARAMS["nccl.hop.nvlink.LL"].value == 0.6 and "tuning.cc" in PARAMS["nccl.hop.nvlink.LL"].source
+
+
+# -- the fabric the model sees --------------------------------------------------------------
+
+
+def test_group_fabric_of_presets() -> None:
+    h100 = build_preset("hgx-h100-8")
+    f = group_fabric(h100, list(h100.gpu_refs()))
+    assert (f.path, f.link_gbps, f.multicast, f.ranks) == ("nvswitch", 450, True, 8)
+    gb = build_preset("gb200-nvl72:2")
+    f = group_fabric(gb, list(gb.gpu_refs()))
+    assert (f.path, f.hosts, f.link_gbps, f.multicast) == ("mnnvl", 2, 900, True)
+    l40s = build_preset("l40s-8-pcie")
+    assert group_fabric(l40s, list(l40s.gpu_refs())[:4]).path == "pcie"
+    a100 = build_preset("a100-pcie-bridge-8")
+    f = group_fabric(a100, list(a100.gpu_refs())[:2])
+    assert (f.path, f.link_gbps, f.aggregate) == ("nvlink", 300, False)
+
+
+def test_two_hgx_hosts_over_the_network() -> None:
+    parsed = parse_topo_matrix((TOPO / "h100_nvswitch_8_nics.txt").read_text(), "h100")
+    two, _ = build_cluster(parsed, 2, "node", "H100")
+    f = group_fabric(two, list(two.gpu_refs()))
+    assert (f.path, f.hosts, f.nic_gbps) == ("net", 2, 50.0)
+    # Across hosts NCCL's ring is bound by the 400G NIC, not NVLink: 16 x 1 GiB > 40 ms.
+    assert predict("nccl", "ring", 1 << 30, f) > 16 * (1 << 30) / 16 / (0.8 * 50e9)
+
+
+@pytest.mark.parametrize("preset, n", [("hgx-h100-8", 8), ("gb200-nvl72:2", 8),
+                                       ("gb200-nvl72:1", 4), ("l40s-8-pcie", 4), ("dgx-b200-8", 8)])
+def test_fabric_from_discovery_matches_ground_truth(preset: str, n: int) -> None:
+    c = build_preset(preset)
+    refs = list(c.gpu_refs())[:n]
+    assert fabric_from_view(discovered_view(c, refs)) == group_fabric(c, refs)
+
+
+# -- predictions ---------------------------------------------------------------------------
+
+
+def test_predictions_grow_with_size_and_small_sizes_are_latency_bound() -> None:
+    f = switch(90, 8)
+    for backend, algos in model.BACKEND_ALGORITHMS.items():
+        for a in algos:
+            ts = [predict(backend, a, n, f) for n in (4 * KiB, 1 * MiB, 64 * MiB)]
+            assert ts == sorted(ts) and ts[0] > 0, (backend, a)
+    # At 4 KiB every algorithm is within 15% of its fixed cost.
+    assert predict("ipc", "one-shot", 4 * KiB, f) < 1.15 * PARAMS["alpha.peer_one_shot"].value * 1e-6
+
+
+def test_multicast_needs_an_nvswitch_fabric() -> None:
+    l40s = build_preset("l40s-8-pcie")
+    f = group_fabric(l40s, list(l40s.gpu_refs())[:4])
+    assert math.isinf(predict("multicast", "multicast", 1 * MiB, f))
+    assert best("nccl", 1 * MiB, f)[0] == "ring"
+
+
+def test_unknown_algorithm_is_refused() -> None:
+    with pytest.raises(ValueError, match="backend 'ipc' has no algorithm 'ring'"):
+        predict("ipc", "ring", 4096, switch(90, 8))
+
+
+def test_single_rank_costs_nothing() -> None:
+    gb10 = GroupFabric(1, 1, 121, "self", 63, True, False)
+    assert predict("nccl", "ring", 1 * MiB, gb10) == 0.0
+
+
+def test_ordered_by_model_on_hgx_h100() -> None:
+    f = switch(90, 8)
+    assert ordered_by_model(["nccl", "multicast", "ipc"], 16 * KiB, f) == ("ipc", "multicast", "nccl")
+    assert ordered_by_model(["ipc", "nccl", "multicast"], 16 * MiB, f)[0] == "multicast"
+
+
+def test_crossover_is_where_the_predictions_meet() -> None:
+    f = switch(90, 8)
+    (x,) = crossovers(("ipc", "one-shot"), ("ipc", "two-shot"), f)
+    a, b = predict("ipc", "one-shot", x.nbytes, f), predict("ipc", "two-shot", x.nbytes, f)
+    assert abs(a - b) / a < 0.01 and (x.below, x.above) == ("ipc one-shot", "ipc two-shot")
+
+
+def test_size_table_and_rendering_for_hgx_h100() -> None:
+    c = build_preset("hgx-h100-8")
+    t = size_table(c, list(c.gpu_refs()), "tp", parse_size_range("4KiB..256MiB"))
+    assert [r.nbytes for r in t.rows][:2] == [4096, 8192] and t.rows[-1].nbytes == 256 * MiB
+    chosen = {r.nbytes: r.chosen for r in t.rows}
+    # Policy order ipc, fabric, multicast, nccl with each backend's own workspace limit.
+    assert chosen[4 * MiB] == "ipc" and chosen[8 * MiB] == "multicast" and chosen[64 * MiB] == "nccl"
+    assert t.rows[0].cells["ipc"].algorithm == "one-shot"
+    assert t.rows[6].cells["ipc"].algorithm == "two-shot"     # 256 KiB at ws 8 (vLLM rule)
+    text = render(t)
+    assert "legal: ipc, multicast, nccl" in text and "not legal: fabric:" in text
+    assert "chosen changes ipc -> multicast at 8 MiB (ipc: 8388608 B >= workspace" in text
+    assert "model crossovers (fastest legal backend changes): ipc -> multicast at" in text
+
+
+@pytest.mark.parametrize("text, words", [
+    ("4KiB", "expected LO..HI"), ("4KB..1MiB", "binary units"), ("1MiB..4KiB", "0 < LO <= HI"),
+    ("3..3", "no power of two"),
+])
+def test_size_range_errors(text: str, words: str) -> None:
+    from commsim.errors import UserError
+    with pytest.raises(UserError) as e:
+        parse_size_range(text)
+    assert words in str(e.value)
+
+
+# -- crossovers against cut-offs tuned on hardware (reference §8) ---------------------------
+
+
+def test_vllm_one_vs_two_shot_ws8() -> None:
+    """vLLM csrc/custom_all_reduce.cuh: fully connected ws <= 8 runs 1-stage below 256 KiB
+    (reference §6.1.4, §8). The thresholds were set on A100 (vllm-project/vllm#2192 measured
+    on A100-80G; the kernel carries "TODO: Threshold is different for A100 and H100")."""
+    cutoff = 256 * KiB
+    a100 = crossing(("ipc", "one-shot"), ("ipc", "two-shot"), switch(80, 8, multicast=False))
+    h100 = crossing(("ipc", "one-shot"), ("ipc", "two-shot"), switch(90, 8))
+    assert within_2x(a100, cutoff), a100 / cutoff      # 312 KiB: 1.22x
+    assert within_2x(h100, cutoff), h100 / cutoff      # 469 KiB: 1.83x
+
+
+def test_vllm_one_vs_two_shot_ws4_is_a_known_miss() -> None:
+    """vLLM: ws <= 4 runs 1-stage below 512 KiB (reference §6.1.4). NOT within a factor of 2:
+    the model puts the A100 crossover at 1.07 MiB (2.1x). Its two-shot costs 7 us more than
+    one-shot (the ca_1stage / ca_2stage intercepts of vllm-project/vllm#24111 on H100); a
+    512 KiB cut at ws 4 on A100 would need about 3.3 us. The same PR measures H100 TP4 with
+    1-stage still faster at 4 MiB, so on H100 the 512 KiB cut is off by 8x in the other
+    direction; the model (1.6 MiB) sits between. Pinned so a change of the model shows."""
+    f = switch(80, 4, multicast=False)
+    x = crossing(("ipc", "one-shot"), ("ipc", "two-shot"), f)
+    assert 2.0 < x / (512 * KiB) < 2.3
+
+
+def test_vllm_tp6_h100_measurement_is_reproduced() -> None:
+    """Calibration check, not a prediction: vllm-project/vllm#24111 (H100, TP6) measures
+    ca_1stage 13 us vs ca_2stage 15 us at 0.5 MiB and 21 vs 17 us at 1 MiB, so the measured
+    crossover lies between 0.5 and 1 MiB; the fixed costs come from the same tables."""
+    x = crossing(("ipc", "one-shot"), ("ipc", "two-shot"), switch(90, 6))
+    assert 512 * KiB < x < 1 * MiB
+
+
+def test_custom_all_reduce_vs_nccl_near_the_8mib_max_size_on_h100_tp8() -> None:
+    """vLLM custom AR serves bytes < max_size = 8 MiB and hands larger ones to NCCL
+    (reference §6.1.1, §8). On HGX H100 NCCL runs NVLS (NCCL_NVLS_ENABLE auto, §6.7); the
+    model's NCCL uses NCCL's own latencies (tuning.cc) and the nccl-tests NVLS bandwidth."""
+    x = crossing("ipc", "nccl", switch(90, 8))
+    assert within_2x(x, 8 * MiB), x / MiB          # 8.2 MiB
+
+
+def test_custom_all_reduce_vs_nccl_known_misses() -> None:
+    """Not within a factor of 2 of 8 MiB: H100 ws 4 (model 20.6 MiB, 2.6x; two-shot at ws 4
+    moves 1.5 n/B, close to NVLS's n/(0.6 B), so the fixed-cost gap is amortised late) and
+    A100 ws 8 without NVLS (no crossover: the model gives custom AR and the NCCL ring the same
+    link efficiency, so the ring's larger fixed cost never pays back; on A100 8 MiB is the
+    workspace size, not a measured crossover)."""
+    h100_ws4 = crossing("ipc", "nccl", switch(90, 4))
+    assert 2.4 < h100_ws4 / (8 * MiB) < 2.8
+    assert crossovers("ipc", "nccl", switch(80, 8, multicast=False)) == []
+
+
+@pytest.mark.parametrize("sm, ws, cutoff", [
+    (90, 8, 256 * KiB), (90, 6, 512 * KiB),       # SM 9.0 {6: 512 KiB, 8: 256 KiB}
+    (100, 8, 1 * MiB), (100, 6, 1 * MiB),         # SM 10.0 {6: 1 MiB, 8: 1 MiB}
+])
+def test_custom_all_reduce_max_sizes_vs_symm_mem_multimem(sm: int, ws: int, cutoff: int) -> None:
+    """vLLM CUSTOM_ALL_REDUCE_MAX_SIZES caps custom AR where torch symm-mem takes over; symm
+    mem runs multimem at SM 9.0 ws {4,6,8} and SM 10.x ws {6,8} (reference §8,
+    all_reduce_utils.py@00d618a). The model's ipc (best of one/two-shot) vs multicast. The
+    SM 9.0 fixed costs come from the same PR family's H100 tables, so SM 9.0 checks the
+    bandwidth structure per world size; SM 10.0 (B200, NVLink 5) is a prediction."""
+    x = crossing("ipc", "multicast", switch(sm, ws))
+    assert within_2x(x, cutoff), x / cutoff
+
+
+def test_custom_all_reduce_max_sizes_known_misses() -> None:
+    """SM 9.0 ws 4 = 32 MiB: the model crosses at 1.44 MiB (0.05x). The cap is not a
+    multimem crossover: vllm-project/vllm#24111's own H100 TP4 table has multimem beating
+    ca_1stage from 3 MiB on (28 vs 30 us), close to the model. SM 9.0 ws 2 = 64 MiB: the
+    model never crosses (at ws 2 one-shot moves n per port, as multimem does, at a lower fixed
+    cost), consistent with a cap above the 8 MiB workspace."""
+    assert 0.04 < crossing("ipc", "multicast", switch(90, 4)) / (32 * MiB) < 0.06
+    assert crossovers("ipc", "multicast", switch(90, 2)) == []
+
+
+@pytest.mark.parametrize("tp", [4, 8, 16])
+def test_flashinfer_mnnvl_one_shot_up_to_1mib_of_tokens_hidden_tp_elem(tp: int) -> None:
+    """FlashInfer trtllm_mnnvl_ar AUTO: one-shot iff tokens*hidden*tp*elem <= 1 MiB
+    (MNNVL_ONE_SHOT_THRESHOLD = 64*1024*8*2, i.e. set at tp 8; reference §6.3, §8). The model's
+    fabric backend (Lamport kernels: two-shot costs one NVLink hop more) on GB200 NVL72 trays.
+    tp 16 lands at 0.50x, the edge of the band: the model's crossover tends to a constant
+    n*tp = hop x bandwidth (432 KB) while FlashInfer's product is 1 MiB."""
+    f = switch(100, tp, hosts=max(1, tp // 4))
+    x = crossing(("fabric", "one-shot"), ("fabric", "two-shot"), f)
+    assert within_2x(x * tp, 1 * MiB), x * tp / MiB
+
+
+def test_flashinfer_mnnvl_known_miss_at_tp32_and_above() -> None:
+    """tp >= 32: the model's n*tp at the crossover falls to 0.45 (tp 32) and 0.43 (tp 72) of
+    FlashInfer's 1 MiB, outside the factor of 2 (see the tp 16 note)."""
+    for tp, lo, hi in ((32, 0.42, 0.48), (72, 0.40, 0.46)):
+        x = crossing(("fabric", "one-shot"), ("fabric", "two-shot"), switch(100, tp, tp // 4))
+        assert lo < x * tp / MiB < hi
+
+
+# -- commsim explain --sizes / --plot -------------------------------------------------------
+
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "topologies" / "hgx-h100-8.toml"
+
+
+def test_explain_sizes_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from commsim.cli import main
+    assert main(["explain", str(SCENARIO), "--sizes", "4KiB..16MiB"]) == 0
+    out = capsys.readouterr().out
+    assert "group tp: predicted all-reduce time (8 ranks on 1 host(s), NVSwitch, sm 90" in out
+    assert "4 KiB    6.1 us one-shot *" in out and "16 MiB" in out and "32 MiB" not in out
+    assert "chosen changes ipc -> multicast at 8 MiB" in out
+
+
+def test_explain_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from commsim.cli import main
+    png = tmp_path / "sizes.png"
+    assert main(["explain", str(SCENARIO), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    assert f"wrote {png}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--sizes", "4KiB"], "--sizes '4KiB': expected LO..HI"),
+    (["--plot", "out.svg"], "--plot out.svg: give a .png file name"),
+])
+def test_explain_sizes_cli_errors(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from commsim.cli import main
+    assert main(["explain", str(SCENARIO), *argv]) == 2
+    assert words in capsys.readouterr().err
