@@ -9,8 +9,10 @@ returns. A later GPU run swaps the factory (and only it) for one that builds CUD
 Factory choice: the environment variable COMMSIM_DEVICE.
 - unset or `sim`: SimFabric + `spawn_driver` (commsim/sim), one simulated process per
   placement entry;
-- `cuda`: the real driver (device.driver.CudaDriver). Not available yet: every conformance
-  test is skipped with the reason (no GPU, or no CUDA factory), never silently passed.
+- `cuda`: the real driver: device.rig.CudaRig, one OS process with a device.driver.CudaDriver
+  per placement entry. Without a GPU every conformance test is skipped with the reason, never
+  silently passed; with one, a case whose topology this machine cannot stand in for (more
+  hosts, other attributes, P2P, fabric info) is skipped with what differs.
 
 Placement: a sequence of (host index, GPU index) pairs, one per process; the same pair twice
 is two processes on one GPU. Host indices count the topology's hosts in order, so
@@ -35,21 +37,13 @@ Placement = Sequence[tuple[int, int]]
 
 
 def _cuda_unavailable() -> str:
-    """Why the CUDA factory cannot run here (always a reason for now)."""
+    """Why the CUDA factory cannot run here; "" when it can."""
     try:
-        from cuda.bindings import runtime as cudart
-        err, n = cudart.cudaGetDeviceCount()
-        if int(err) != 0 or not n:
-            return f"COMMSIM_DEVICE=cuda but no GPU is usable here (cudaGetDeviceCount: {err.name})"
-    except Exception as exc:  # no libcudart / no driver
-        return f"COMMSIM_DEVICE=cuda but CUDA cannot start here ({type(exc).__name__}: {exc})"
-    try:
-        import device.driver  # noqa: F401
-    except ImportError:
-        return ("COMMSIM_DEVICE=cuda: a GPU is present but the CUDA factory (device.driver."
-                "CudaDriver) does not exist yet; tests/conformance runs on the simulator only")
-    return ("COMMSIM_DEVICE=cuda: the CUDA Rig (real processes per placement) is not written "
-            "yet; tests/conformance runs on the simulator only")
+        from device.driver import unavailable_reason
+    except ImportError as exc:
+        return f"COMMSIM_DEVICE=cuda but the device layer cannot be imported ({exc})"
+    why = unavailable_reason()
+    return f"COMMSIM_DEVICE=cuda but {why}" if why else ""
 
 
 class SimRig:
@@ -173,11 +167,18 @@ class SimRig:
 def make_rig(topology: str | Cluster, placement: Placement, seed: int = 0) -> SimRig:
     """THE factory: drivers for `topology` (a preset spec such as `gb200-nvl72:2`, or an
     edited Cluster) with one process per placement entry."""
-    if DEVICE == "cuda":
-        pytest.skip(_cuda_unavailable())
-    if DEVICE != "sim":
+    if DEVICE not in ("sim", "cuda"):
         raise pytest.UsageError(f"COMMSIM_DEVICE={DEVICE!r}: use 'sim' (default) or 'cuda'")
     cluster = build(topology) if isinstance(topology, str) else topology
+    if DEVICE == "cuda":
+        why = _cuda_unavailable()
+        if why:
+            pytest.skip(why)
+        from device.rig import CaseNotRunnable, CudaRig
+        try:
+            return CudaRig(cluster, placement, seed)
+        except CaseNotRunnable as exc:
+            pytest.skip(str(exc))
     return SimRig(cluster, placement, seed)
 
 
@@ -190,6 +191,8 @@ def pytest_collection_modifyitems(config, items):
     if DEVICE != "cuda":
         return
     reason = _cuda_unavailable()
+    if not reason:
+        return
     here = os.path.dirname(__file__)
     for item in items:
         if str(item.fspath).startswith(here):

@@ -1,0 +1,53 @@
+"""`commsim probe`: write a scenario file describing the machine this runs on.
+
+The GPU work is in `device/` (device.probe reads the machine, device.probe_scenario writes
+the file); without a GPU the command exits 2 with what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+from ..fileio import write_atomic
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "probe", help="write a scenario describing this machine's GPUs (needs a GPU)",
+        description="Probe the GPUs of this machine through CUDA and NVML (device attributes, "
+                    "cuDeviceCanAccessPeer, NVLink / PCIe links, fabric info, IMEX channels) "
+                    "and write a scenario file with the explicit `nvidia-smi topo -m` style "
+                    "topology, plus the faults that make the simulator answer as this "
+                    "machine does. Without --output the scenario goes to stdout.",
+        epilog="example: commsim probe --output scenarios/this-machine.toml")
+    p.add_argument("--output", "-o", type=Path, default=None, metavar="OUT.toml",
+                   help="write the scenario here instead of stdout")
+    p.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    p.add_argument("--name", default=None, help="scenario name (default: probe-<hostname>)")
+    p.set_defaults(func=cmd_probe)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    out: Path | None = args.output
+    if out is not None:
+        if out.exists() and not args.force:
+            raise UserError(f"{out}: already exists; pass --force to overwrite it")
+        if not out.parent.is_dir():
+            raise UserError(f"{out}: directory {out.parent} does not exist; create it first")
+    try:
+        from device.probe import probe_machine
+        from device.probe_scenario import scenario_text
+    except ImportError as e:   # an installation without the device layer
+        raise UserError(f"commsim probe needs the device layer (package `device`): {e}") from None
+    text = scenario_text(probe_machine(), args.name)   # NoGpuError is a UserError: exit 2
+    from ..scenario import schema
+    schema.loads(text, str(out or "<probe>"))          # never write a file that will not load
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        write_atomic(out, text, overwrite=args.force)
+        print(f"wrote {out}", file=sys.stderr)
+    return 0
