@@ -1,0 +1,460 @@
+"""Generated scenarios for sweeps: a deterministic enumeration and a seeded random sampler.
+
+Every generated scenario has a stable id from which it is rebuilt exactly:
+
+    s<seed>-<index>    the index-th draw of the sampler with that seed (the default mix)
+    e<index>           the index-th point of the enumeration (a scrambled mixed-radix walk
+                       over every dimension, so any prefix of it is spread over all of them)
+
+`scenario_from_id(id)` regenerates one; `sample(seed, count)` and `enumerate_scenarios(count)`
+yield many. Each draw is a pure function of its id (its random stream is seeded from the id
+alone), so a scenario can be rebuilt without generating the ones before it.
+
+Dimensions: machine shape (every preset, sliced to 1..N hosts, plus two-box shapes joined by a
+network whose boxes are separate NVLink domains), layout (TP 1/2/4/6/8/16 x DP, with DP groups
+sometimes), placement of ranks on GPUs (contiguous, strided, round-robin over hosts, random),
+faults (topology edits and out-of-memory at the k-th allocation of a rank), ops, sizes at the
+backends' cut-offs, dtypes, graph capture and discard. Cost is kept low on purpose: most
+scenarios are one op at one small size on at most 8 ranks; large sizes come with two ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+import random
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..errors import UserError
+from ..topology import modify
+from ..topology.model import Cluster, FabricState, GpuRef, NvlinkDomain
+from ..topology.presets import PRESETS, build as build_preset
+from .model import DTYPES, OPS, Fault, Group, Scenario, Workload
+
+Ki, Mi = 1 << 10, 1 << 20
+MAX_WORLD = 16
+
+# -- machine shapes -------------------------------------------------------------------------
+SINGLE_HOST = ("hgx-h100-8", "hgx-h200-8", "dgx-b200-8", "l40s-8-pcie", "rtx4090-8",
+               "a100-pcie-bridge-8", "dgx1-v100")
+# Two boxes joined by a network (InfiniBand / Ethernet): each box is its own NVLink domain,
+# with its own cluster UUID, so nothing but NCCL may span them.
+JOINED = ("hgx-h100-8*2", "gb200-nvl72:2*2", "gh200-nvl32:2*2")
+
+
+def _default_shapes() -> tuple[tuple[str, float], ...]:
+    """(shape spec, weight) of the default mix: racks kept to <= 4 hosts / 16 GPUs."""
+    out: list[tuple[str, float]] = [(s, 1.0) for s in SINGLE_HOST]
+    out += [(f"gb200-nvl72:{h}", 1.0) for h in (1, 2, 3, 4)]
+    out += [(f"gb200-nvl36x2:{h}", 0.5) for h in (1, 2, 4)]
+    out += [(f"gh200-nvl32:{h}", 0.6) for h in (1, 2, 4, 8)]
+    out += [(s, 0.8) for s in JOINED]
+    return tuple(out)
+
+
+# The rare big racks (a few per cent of draws): whole or nearly whole racks, world still <= 16.
+BIG_SHAPES = ("gb200-nvl72:9", "gb200-nvl72:18", "gb200-nvl36x2:10", "gb200-nvl36x2:18",
+              "gh200-nvl32:16")
+BIG_FRACTION = 0.03
+DEFAULT_SHAPES = _default_shapes()
+
+
+def shape_family(spec: str) -> str:
+    return re.split(r"[:*]", spec)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def build_shape(spec: str) -> Cluster:
+    """A preset (`name` or `name:hosts`), or `P*K`: K copies of preset slice P on a network."""
+    if "*" in spec:
+        base, _, k = spec.partition("*")
+        return _joined(base, int(k))
+    return build_preset(spec)
+
+
+def _joined(base: str, copies: int) -> Cluster:
+    parts = []
+    for c in range(copies):
+        cl = build_preset(base)
+        ren = {h.name: f"box{c}-{h.name}" for h in cl.hosts}
+        hosts = tuple(dataclasses.replace(h, name=ren[h.name], shm_namespace=ren[h.name]) for h in cl.hosts)
+        domains = []
+        for d in cl.domains:
+            uuid = d.cluster_uuid
+            if any(uuid):
+                uuid = hashlib.sha256(uuid + bytes([c])).digest()[:16]
+            domains.append(NvlinkDomain(f"box{c}-{d.name}",
+                                        tuple(GpuRef(ren[m.host], m.index) for m in d.members), uuid))
+        # NVML on each GPU reports its own box's cluster UUID.
+        fixed = []
+        for h in hosts:
+            gpus = []
+            for g in h.gpus:
+                if any(g.fabric.cluster_uuid):
+                    dom = next(d for d in domains if GpuRef(h.name, g.index) in d.members)
+                    g = dataclasses.replace(g, fabric=dataclasses.replace(g.fabric, cluster_uuid=dom.cluster_uuid))
+                gpus.append(g)
+            fixed.append(dataclasses.replace(h, gpus=tuple(gpus)))
+        parts.append((tuple(fixed), tuple(domains)))
+    return Cluster(name=f"{base}*{copies}", hosts=sum((p[0] for p in parts), ()),
+                   domains=sum((p[1] for p in parts), ()),
+                   source=f"{copies} x {base} joined by a network; each its own NVLink domain")
+
+
+# -- sizes ------------------------------------------------------------------------------------
+SMALL_SIZES = (16, 32, 256, 1024, 2048, 4096, 8192, 16 * Ki, 64 * Ki)
+ODD_SIZES = (8, 24, 100, 1000, 4100, 4104)          # not multiples of 16 (after dtype rounding)
+
+
+def medium_sizes(tp: int) -> tuple[int, ...]:
+    """The ipc one/two-shot edges (256 KiB, 512 KiB) and the fabric one-shot edge
+    (bytes * ws = 1 MiB) for a group of `tp` ranks."""
+    f = (1 * Mi // max(tp, 1)) // 16 * 16
+    return (256 * Ki - 16, 256 * Ki, 256 * Ki + 16, 512 * Ki - 16, 512 * Ki, 512 * Ki + 16,
+            f - 16, f, f + 16)
+
+
+def large_sizes(tp: int) -> tuple[int, ...]:
+    """The max_size (8 MiB) edges, for all_reduce (bytes) and all_gather (bytes * ws)."""
+    g = (8 * Mi // max(tp, 1)) // 16 * 16
+    return (8 * Mi - 16, 8 * Mi, 8 * Mi + 16, g - 16, g, g + 16)
+
+
+# -- faults -----------------------------------------------------------------------------------
+FAULT_KINDS = ("imex_missing", "fabric_state", "fabric_status_error", "zero_cluster_uuid",
+               "p2p_disabled", "no_multicast", "nvlinks_down", "oom")
+TOPOLOGY_FAULTS = FAULT_KINDS[:-1]
+PLACEMENTS = ("contiguous", "strided", "roundrobin", "random")
+TP_SIZES = (1, 2, 4, 6, 8, 16)
+
+
+def apply_fault(cluster: Cluster, f: Fault) -> Cluster:
+    """A topology fault as an edit of the ground truth (driver faults leave it as is)."""
+    if f.kind == "imex_missing":
+        return modify.without_imex(cluster, f.host)
+    if f.kind == "fabric_state":
+        return modify.with_fabric_state(cluster, f.gpu, FabricState[f.state])
+    if f.kind == "fabric_status_error":
+        return modify.with_fabric_state(cluster, f.gpu, cluster.gpu(f.gpu).fabric.state, status_ok=False)
+    if f.kind == "zero_cluster_uuid":
+        return modify.with_zero_cluster_uuid(cluster, f.gpu)
+    if f.kind == "p2p_disabled":
+        return modify.without_p2p(cluster, f.host, *f.gpus)
+    if f.kind == "no_multicast":
+        return modify.without_multicast(cluster, f.gpu)
+    if f.kind == "nvlinks_down":
+        return modify.with_nvlinks_down(cluster, f.gpu)
+    return cluster
+
+
+def fault_label(f: Fault) -> str:
+    if f.kind == "oom":
+        return f"oom(rank {f.rank}, alloc {f.at_allocation})"
+    if f.kind == "imex_missing":
+        return f"imex_missing({f.host})"
+    if f.kind == "p2p_disabled":
+        return f"p2p_disabled({f.host} {f.gpus[0]}-{f.gpus[1]})"
+    if f.kind == "fabric_state":
+        return f"fabric_state({f.gpu} {f.state})"
+    return f"{f.kind}({f.gpu})"
+
+
+# -- the plan of one scenario -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """Every choice of a generated scenario; `build()` turns it into a Scenario."""
+
+    id: str
+    shape: str
+    tp: int
+    dp: int
+    dp_groups: bool
+    placement: str
+    faults: tuple[tuple, ...]          # ("kind", args...) resolved against the placement
+    ops: tuple[str, ...]
+    sizes: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    graph_capture: bool
+    discard: bool
+    seed: int
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def layout(self) -> str:
+        s = f"tp{self.tp}" + (f"xdp{self.dp}" if self.dp > 1 else "")
+        return s + ("+dp" if self.dp_groups else "")
+
+
+def _place(cluster: Cluster, world: int, how: str, rng: random.Random) -> tuple[GpuRef, ...]:
+    refs = list(cluster.gpu_refs())
+    n = len(refs)
+    if how == "contiguous":
+        return tuple(refs[:world])
+    if how == "strided":
+        s = max(1, n // world)
+        return tuple(refs[k * s] for k in range(world))
+    if how == "roundrobin":
+        hosts = cluster.hosts
+        depth = max(len(h.gpus) for h in hosts)
+        rr = [GpuRef(h.name, i) for i in range(depth) for h in hosts if i < len(h.gpus)]
+        return tuple(rr[:world])
+    return tuple(rng.sample(refs, world))
+
+
+def _groups(tp: int, dp: int, dp_groups: bool) -> tuple[Group, ...]:
+    gs = [Group(f"tp{d}" if dp > 1 else "tp", tuple(range(d * tp, (d + 1) * tp))) for d in range(dp)]
+    if dp_groups and dp > 1:
+        gs += [Group(f"dp{i}" if tp > 1 else "dp", tuple(i + d * tp for d in range(dp))) for i in range(tp)]
+    return tuple(gs)
+
+
+def _resolve_fault(kind: str, cluster: Cluster, placement: tuple[GpuRef, ...],
+                   rng: random.Random) -> tuple:
+    """A fault aimed at the GPUs the scenario uses (so it matters), as a plain tuple."""
+    gpu = rng.choice(placement)
+    if kind == "imex_missing":
+        return (kind, gpu.host)
+    if kind == "fabric_state":
+        return (kind, gpu.host, gpu.index, rng.choice(("IN_PROGRESS", "IN_PROGRESS", "NOT_STARTED")))
+    if kind == "p2p_disabled":
+        by_host: dict[str, list[int]] = {}
+        for g in placement:
+            by_host.setdefault(g.host, []).append(g.index)
+        multi = [h for h, ix in by_host.items() if len(ix) >= 2]
+        if multi:
+            h = rng.choice(sorted(multi))
+            i, j = rng.sample(sorted(by_host[h]), 2)
+        else:
+            h = gpu.host
+            n = len(cluster.host(h).gpus)
+            if n < 2:
+                return ("nvlinks_down", gpu.host, gpu.index)
+            i, j = rng.sample(range(n), 2)
+        return (kind, h, min(i, j), max(i, j))
+    if kind == "oom":
+        return (kind, rng.randrange(len(placement)), rng.randint(1, 4))
+    return (kind, gpu.host, gpu.index)
+
+
+def _fault_obj(t: tuple) -> Fault:
+    kind = t[0]
+    if kind == "imex_missing":
+        return Fault(kind, host=t[1])
+    if kind == "fabric_state":
+        return Fault(kind, gpu=GpuRef(t[1], t[2]), state=t[3])
+    if kind == "p2p_disabled":
+        return Fault(kind, host=t[1], gpus=(t[2], t[3]))
+    if kind == "oom":
+        return Fault(kind, rank=t[1], at_allocation=t[2])
+    return Fault(kind, gpu=GpuRef(t[1], t[2]))
+
+
+def build(plan: Plan) -> Scenario:
+    """The Scenario a plan describes (topology faults applied to the cluster)."""
+    cluster = build_shape(plan.shape)
+    rng = random.Random(_seed_of("place", plan.id))
+    placement = _place(cluster, plan.world, plan.placement, rng)
+    faults = tuple(_fault_obj(t) for t in plan.faults)
+    for f in faults:
+        cluster = apply_fault(cluster, f)
+    groups = _groups(plan.tp, plan.dp, plan.dp_groups)
+    wl = Workload(ops=plan.ops, sizes=plan.sizes, dtypes=plan.dtypes,
+                  graph_capture=plan.graph_capture, discard_capture=plan.graph_capture and plan.discard)
+    desc = (f"{plan.shape}, {plan.layout}, {plan.placement} placement, "
+            f"{','.join(plan.ops)} at {','.join(map(str, plan.sizes))} B {','.join(plan.dtypes)}"
+            f"{', graph capture' if plan.graph_capture else ''}{' + discard' if wl.discard_capture else ''}"
+            f"{', faults: ' + ', '.join(fault_label(f) for f in faults) if faults else ''}")
+    return Scenario(name=plan.id, cluster=cluster, placement=placement, groups=groups, workload=wl,
+                    faults=faults, policy="default", seed=plan.seed, description=desc,
+                    topology_spec=plan.shape,
+                    extra={"id": plan.id, "shape": plan.shape, "layout": plan.layout,
+                           "placement": plan.placement, "plan": plan,
+                           "tags": plan_tags(plan, placement)})
+
+
+def plan_tags(plan: Plan, placement: tuple[GpuRef, ...] | None = None) -> str:
+    """The words a `--filter` substring is matched against."""
+    if placement is None:
+        placement = _place(build_shape(plan.shape), plan.world, plan.placement,
+                           random.Random(_seed_of("place", plan.id)))
+    tags = [plan.id, plan.shape, plan.layout, plan.placement, *plan.ops, *plan.dtypes,
+            *(t[0] for t in plan.faults), "capture" if plan.graph_capture else "eager",
+            "discard" if plan.graph_capture and plan.discard else "",
+            "faults" if plan.faults else "clean",
+            "multihost" if len({g.host for g in placement}) > 1 else "onehost"]
+    return " ".join(t for t in tags if t)
+
+
+# -- the sampler ---------------------------------------------------------------------------------
+def _seed_of(*parts: object) -> int:
+    h = hashlib.sha256(":".join(map(str, ("commsim-sweep",) + parts)).encode()).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+def _wchoice(rng: random.Random, items, weights):
+    return rng.choices(items, weights=weights, k=1)[0]
+
+
+def _layouts(n_gpus: int, max_world: int) -> list[tuple[int, int]]:
+    cap = min(n_gpus, max_world)
+    return [(t, d) for t in TP_SIZES for d in (1, 2, 4) if t * d <= cap]
+
+
+def _layout_weight(t: int, d: int) -> float:
+    w = t * d
+    base = {1: 0.3, 2: 2.0, 4: 1.6, 6: 0.4, 8: 1.1, 16: 0.5}[t]
+    return base * (0.2 if w > 8 else 1.0) * (0.6 if d > 1 else 1.0)
+
+
+def sample_plan(seed: int, index: int) -> Plan:
+    pid = f"s{seed}-{index}"
+    rng = random.Random(_seed_of("sample", seed, index))
+    if rng.random() < BIG_FRACTION:
+        shape = rng.choice(BIG_SHAPES)
+    else:
+        shape = _wchoice(rng, [s for s, _ in DEFAULT_SHAPES], [w for _, w in DEFAULT_SHAPES])
+    cluster = build_shape(shape)
+    tier = _wchoice(rng, ("small", "medium", "large"), (925, 70, 5))
+    max_world = {"small": MAX_WORLD, "medium": 8, "large": 2}[tier]
+    lays = _layouts(cluster.num_gpus, max_world)
+    tp, dp = _wchoice(rng, lays, [_layout_weight(t, d) for t, d in lays])
+    dp_groups = dp > 1 and (tp == 1 or rng.random() < 0.4)
+    placement = _wchoice(rng, PLACEMENTS, (45, 20, 15, 20))
+    if tier == "small":
+        nsizes = 1 if rng.random() < 0.8 else 2
+        pool = SMALL_SIZES + ODD_SIZES
+        sizes = tuple(rng.sample(pool, nsizes))
+        ops = tuple(rng.sample(OPS, 1 if rng.random() < 0.85 else 2))
+        dtypes = tuple(rng.sample(DTYPES, 1 if rng.random() < 0.9 else 2))
+    else:
+        sizes = (rng.choice(medium_sizes(tp) if tier == "medium" else large_sizes(tp)),)
+        ops = (rng.choice(OPS),)
+        dtypes = (rng.choice(DTYPES),)
+    capture = rng.random() < 0.25
+    discard = capture and rng.random() < 0.5
+    nf = _wchoice(rng, (0, 1, 2), (50, 40, 10))
+    kinds = [_wchoice(rng, FAULT_KINDS, (10, 12, 6, 10, 10, 10, 8, 10)) for _ in range(nf)]
+    sc_seed = rng.randrange(1 << 31)
+    # The placement (hence the faults' targets) comes from the id-seeded placement stream.
+    placement_refs = _place(cluster, tp * dp, placement, random.Random(_seed_of("place", pid)))
+    frng = random.Random(_seed_of("faults", pid))
+    faults = tuple(_resolve_fault(k, cluster, placement_refs, frng) for k in kinds)
+    return Plan(pid, shape, tp, dp, dp_groups, placement, faults, ops, sizes, dtypes,
+                capture, discard, sc_seed)
+
+
+def sample(seed: int, count: int, start: int = 0) -> Iterator[Scenario]:
+    for i in range(start, start + count):
+        yield build(sample_plan(seed, i))
+
+
+def sample_ids(seed: int, count: int, start: int = 0) -> list[str]:
+    return [f"s{seed}-{i}" for i in range(start, start + count)]
+
+
+# -- the enumeration -----------------------------------------------------------------------------
+ENUM_SHAPES = tuple(s for s, _ in DEFAULT_SHAPES)
+ENUM_LAYOUTS = ((2, 1, False), (4, 1, False), (8, 1, False), (6, 1, False), (1, 1, False),
+                (2, 2, False), (2, 2, True), (4, 2, False), (4, 2, True), (2, 4, False),
+                (1, 4, True), (16, 1, False), (8, 2, False))
+ENUM_FAULTS = (None,) * 4 + FAULT_KINDS
+ENUM_SIZES = SMALL_SIZES + ODD_SIZES + ("medium",) * 3
+ENUM_CAPTURE = ((False, False), (False, False), (True, False), (True, True))
+_RADICES = (len(ENUM_SHAPES), len(ENUM_LAYOUTS), len(PLACEMENTS), len(ENUM_FAULTS), len(OPS),
+            len(ENUM_SIZES), len(DTYPES), len(ENUM_CAPTURE))
+ENUM_TOTAL = math.prod(_RADICES)
+
+
+def _multiplier() -> int:
+    # A multiplier coprime with the total scrambles the walk: consecutive indices change
+    # every digit, so the first N points cover every dimension evenly.
+    m = int(ENUM_TOTAL * 0.6180339887) | 1
+    while math.gcd(m, ENUM_TOTAL) != 1:
+        m += 2
+    return m
+
+
+_MULT = _multiplier()
+
+
+def enum_plan(index: int) -> Plan:
+    if not 0 <= index < ENUM_TOTAL:
+        raise UserError(f"enumeration index {index} out of range 0..{ENUM_TOTAL - 1}")
+    pid = f"e{index}"
+    k = (index * _MULT) % ENUM_TOTAL
+    digits = []
+    for r in _RADICES:
+        k, d = divmod(k, r)
+        digits.append(d)
+    si, li, pi, fi, oi, zi, di, ci = digits
+    rng = random.Random(_seed_of("enum", index))
+    shape = ENUM_SHAPES[si]
+    cluster = build_shape(shape)
+    tp, dp, dpg = ENUM_LAYOUTS[li]
+    if tp * dp > min(cluster.num_gpus, MAX_WORLD):
+        fits = [lay for lay in ENUM_LAYOUTS if lay[0] * lay[1] <= cluster.num_gpus]
+        tp, dp, dpg = fits[li % len(fits)]
+    size = ENUM_SIZES[zi]
+    if size == "medium":
+        if tp * dp > 8:              # keep the expensive sizes on small worlds
+            tp, dp, dpg = (8, 1, False) if cluster.num_gpus >= 8 else (2, 1, False)
+        ms = medium_sizes(tp)
+        size = ms[rng.randrange(len(ms))]
+    placement = PLACEMENTS[pi]
+    capture, discard = ENUM_CAPTURE[ci]
+    placement_refs = _place(cluster, tp * dp, placement, random.Random(_seed_of("place", pid)))
+    kind = ENUM_FAULTS[fi]
+    faults = () if kind is None else (
+        _resolve_fault(kind, cluster, placement_refs, random.Random(_seed_of("faults", pid))),)
+    return Plan(pid, shape, tp, dp, dpg, placement, faults, (OPS[oi],), (size,), (DTYPES[di],),
+                capture, discard, rng.randrange(1 << 31))
+
+
+def enumerate_scenarios(count: int, start: int = 0) -> Iterator[Scenario]:
+    for i in range(start, start + count):
+        yield build(enum_plan(i))
+
+
+def enum_ids(count: int, start: int = 0) -> list[str]:
+    return [f"e{i}" for i in range(start, start + count)]
+
+
+# -- ids -------------------------------------------------------------------------------------------
+_ID = re.compile(r"^(?:s(\d+)-(\d+)|e(\d+))$")
+
+
+def plan_from_id(sid: str) -> Plan:
+    m = _ID.match(sid.strip())
+    if not m:
+        raise UserError(f"scenario id {sid!r} is not a generated id; accepted: s<seed>-<index> "
+                        f"(the sampler, e.g. s0-17) or e<index> (the enumeration, e.g. e42)")
+    if m.group(3) is not None:
+        return enum_plan(int(m.group(3)))
+    return sample_plan(int(m.group(1)), int(m.group(2)))
+
+
+def scenario_from_id(sid: str) -> Scenario:
+    """Regenerate the scenario a sweep reported under `sid`."""
+    return build(plan_from_id(sid))
+
+
+def vocabulary() -> dict[str, tuple[str, ...]]:
+    """Words a --filter substring may match, by dimension (for error messages)."""
+    return {
+        "shape": tuple(dict.fromkeys([s for s, _ in DEFAULT_SHAPES] + list(BIG_SHAPES))),
+        "family": tuple(PRESETS),
+        "layout": ("tp1", "tp2", "tp4", "tp6", "tp8", "tp16", "xdp2", "xdp4", "+dp"),
+        "placement": PLACEMENTS,
+        "op": OPS,
+        "dtype": DTYPES,
+        "fault": FAULT_KINDS + ("faults", "clean"),
+        "mode": ("capture", "eager", "discard", "multihost", "onehost"),
+        "id": ("s<seed>-<index>", "e<index>"),
+    }

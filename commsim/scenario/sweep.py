@@ -1,0 +1,452 @@
+"""Sweeps: run many generated scenarios, judge each against the oracle, report.
+
+    ids = select_ids(count=1000, seed=0)                   # sampler ids s0-0 ... s0-999
+    rep = run_sweep(ids, jobs=2)                          # worker processes (forkserver)
+    print(rep.summary()); rep.write_json("out.json"); rep.write_html("out.html")
+
+A scenario's record carries its id; `commsim replay <id>` rebuilds it from the id alone.
+Worker processes never see monkeypatches of the parent: run with `jobs=1` to test a planted
+defect (the work then runs in this process).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, TextIO
+
+from ..errors import UserError
+from . import generate as G
+from .oracle import KINDS, judge
+
+DETERMINISM_EVERY = 20          # 1 in 20 scenarios is run twice (by id, so reproducible)
+BACKEND_COLOURS = {"ipc": "#4e79a7", "fabric": "#59a14f", "multicast": "#f28e2b",
+                   "nccl": "#9d9d9d", "symm": "#b07aa1"}
+
+
+def replay_command(sid: str) -> str:
+    return f"commsim replay {sid}"
+
+
+# -- which scenarios ---------------------------------------------------------------------------
+def check_filters(filters: Iterable[str]) -> list[str]:
+    """Each filter must be a substring of some word a scenario can be tagged with."""
+    vocab = G.vocabulary()
+    words = [w for ws in vocab.values() for w in ws]
+    out = []
+    for f in filters:
+        f = f.strip()
+        if not f:
+            raise UserError("--filter: empty substring; give part of a machine shape, layout, "
+                            "placement, op, dtype or fault kind, e.g. --filter gb200 --filter oom")
+        if not (any(f in w for w in words) or G._ID.match(f) or (f[0] in "se" and f[1:2].isdigit())):
+            listing = "; ".join(f"{k}: {', '.join(v)}" for k, v in vocab.items())
+            raise UserError(f"--filter {f!r} matches no machine shape, layout, placement, op, dtype, "
+                            f"fault or mode a generated scenario can have. Known words — {listing}")
+        out.append(f)
+    return out
+
+
+def select_ids(count: int, seed: int = 0, filters: Iterable[str] = (), enumerate_: bool = False,
+               start: int = 0, max_scan: int | None = None) -> list[str]:
+    """The first `count` ids (sampler with `seed`, or the enumeration) whose tags contain
+    every filter substring."""
+    if count < 0:
+        raise UserError(f"--count must be >= 0, got {count}")
+    filters = check_filters(filters)
+    plan = G.enum_plan if enumerate_ else (lambda i: G.sample_plan(seed, i))
+    ident = (lambda i: f"e{i}") if enumerate_ else (lambda i: f"s{seed}-{i}")
+    if not filters:
+        return [ident(i) for i in range(start, start + count)]
+    scan = max_scan if max_scan is not None else max(2000, count * 400)
+    out, i = [], start
+    while len(out) < count and i < start + scan:
+        p = plan(i)
+        tags = G.plan_tags(p)
+        if all(f in tags for f in filters):
+            out.append(p.id)
+        i += 1
+    if len(out) < count:
+        raise UserError(f"--filter {' '.join(filters)}: only {len(out)} of the first {scan} generated "
+                        f"scenarios match; loosen the filter or lower --count")
+    return out
+
+
+# -- one scenario ---------------------------------------------------------------------------------
+def wants_determinism(sid: str, mode: str) -> bool:
+    if mode == "all":
+        return True
+    if mode == "none":
+        return False
+    return G._seed_of("determinism", sid) % DETERMINISM_EVERY == 0
+
+
+def run_one(sid: str, determinism: str = "sample") -> dict:
+    """Regenerate, run, judge. Returns a small picklable record."""
+    from .runner import run_scenario
+
+    t0 = time.perf_counter()
+    sc = G.scenario_from_id(sid)
+    ex = sc.extra
+    rec: dict[str, Any] = {"id": sid, "shape": ex["shape"], "layout": ex["layout"],
+                           "placement": ex["placement"], "description": sc.description,
+                           "world": sc.world_size}
+    try:
+        res = run_scenario(sc)
+        again = run_scenario(sc) if wants_determinism(sid, determinism) else None
+        v = judge(sc, res, again)
+        rec.update(ok=v.ok, kinds=list(v.kinds),
+                   failures=[{"kind": f.kind, "detail": f.detail} for f in v.failures],
+                   notes=v.notes, checked_determinism=v.checked_determinism,
+                   backends=dict(Counter(res.backends.values())))
+    except Exception as e:   # the harness itself broke: report it, never hide it
+        rec.update(ok=False, kinds=["cuda-error"], notes=[], checked_determinism=False, backends={},
+                   failures=[{"kind": "cuda-error",
+                              "detail": f"run_scenario raised {type(e).__name__}: {e}\n"
+                                        + traceback.format_exc(limit=6)}])
+    rec["seconds"] = time.perf_counter() - t0
+    rec["replay"] = replay_command(sid)
+    return rec
+
+
+_PROGRESS_DIR: str | None = None      # set in worker processes: where each notes its current id
+
+
+def _worker_init(progress_dir: str) -> None:
+    global _PROGRESS_DIR
+    _PROGRESS_DIR = progress_dir
+
+
+def _run_chunk(args: tuple) -> list[dict]:
+    ids, det, crash = args
+    out = []
+    for sid in ids:
+        if _PROGRESS_DIR is not None:   # so the parent learns which id a dead worker was running
+            with open(os.path.join(_PROGRESS_DIR, str(os.getpid())), "w") as f:
+                f.write(sid)
+        if sid in crash:                # harness self-test: die the way a native crash does
+            import signal
+            os.kill(os.getpid(), signal.SIGSEGV)
+        out.append(run_one(sid, det))
+    return out
+
+
+def crash_record(sid: str, why: str) -> dict:
+    """The record of a scenario whose process died (a segfault, say): nothing came back."""
+    try:
+        sc = G.scenario_from_id(sid)
+        ex = sc.extra
+        base = {"shape": ex["shape"], "layout": ex["layout"], "placement": ex["placement"],
+                "description": sc.description, "world": sc.world_size}
+    except Exception as e:       # pragma: no cover - the id came from select_ids
+        base = {"shape": "?", "layout": "?", "placement": "?", "description": str(e), "world": 0}
+    return {"id": sid, **base, "ok": False, "kinds": ["cuda-error"], "notes": [],
+            "checked_determinism": False, "backends": {}, "seconds": 0.0,
+            "failures": [{"kind": "cuda-error", "detail": why}], "replay": replay_command(sid)}
+
+
+# -- progress ---------------------------------------------------------------------------------------
+class Progress:
+    """A bar on a TTY; otherwise a line every `every_s` seconds (and at the end)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, tty: bool | None = None,
+                 every_s: float = 10.0):
+        self.total, self.stream = total, stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.every_s = every_s
+        self.t0 = self.last = time.perf_counter()
+        self.done = self.fails = 0
+
+    def update(self, done: int, fails: int) -> None:
+        self.done, self.fails = done, fails
+        now = time.perf_counter()
+        el = now - self.t0
+        rate = done / el if el > 0 else 0.0
+        eta = (self.total - done) / rate if rate > 0 else 0.0
+        if self.tty:
+            w = 30
+            fill = int(w * done / max(self.total, 1))
+            self.stream.write(f"\r[{'#' * fill}{'.' * (w - fill)}] {done}/{self.total} "
+                              f"{rate:.0f}/s ETA {eta:.0f}s failed {fails} ")
+            self.stream.flush()
+        elif now - self.last >= self.every_s or done == self.total:
+            self.last = now
+            self.stream.write(f"sweep: {done}/{self.total} scenarios, {rate:.0f}/s, {fails} failed, "
+                              f"{el:.0f}s elapsed\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# -- the sweep ---------------------------------------------------------------------------------------
+@dataclass
+class Report:
+    records: list[dict]
+    wall_s: float = 0.0
+    jobs: int = 1
+    seed: int | None = None
+    filters: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[dict]:
+        return [r for r in self.records if not r["ok"]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def kind_counts(self) -> dict[str, int]:
+        c = Counter(k for r in self.records for k in r["kinds"])
+        return {k: c.get(k, 0) for k in KINDS}
+
+    def cells(self) -> dict[tuple[str, str], dict]:
+        """(machine shape, group shape) -> backend counts over every op, scenarios, failures."""
+        out: dict[tuple[str, str], dict] = {}
+        for r in self.records:
+            c = out.setdefault((r["shape"], r["layout"]), {"backends": Counter(), "scenarios": 0, "failures": 0})
+            c["backends"].update(r["backends"])
+            c["scenarios"] += 1
+            c["failures"] += not r["ok"]
+        return out
+
+    def notes(self) -> Counter:
+        """Notes by kind, with rank and group numbers folded together."""
+        import re
+        return Counter(re.sub(r"\b(rank|ranks|group|alloc) [\w,-]+", r"\1 N", n)[:200]
+                       for r in self.records for n in r.get("notes", []))
+
+    def summary(self, max_failures: int = 20) -> str:
+        n = len(self.records)
+        rows = []
+        for (shape, layout), c in sorted(self.cells().items()):
+            bk = " ".join(f"{b}:{k}" for b, k in c["backends"].most_common())
+            rows.append((shape, layout, str(c["scenarios"]), bk or "-", str(c["failures"]) if c["failures"] else ""))
+        out = [_table(rows, ("machine", "groups", "scenarios", "backends (ops)", "failed"))]
+        kc = self.kind_counts()
+        out.append("\nfailures by kind: " + ", ".join(f"{k} {v}" for k, v in kc.items()))
+        det = sum(r.get("checked_determinism", False) for r in self.records)
+        rate = n / self.wall_s if self.wall_s else 0.0
+        out.append(f"{n} scenario(s), {n - len(self.failed)} clean, {len(self.failed)} failed, "
+                   f"{det} re-run for determinism, in {self.wall_s:.1f} s ({rate:.0f}/s, {self.jobs} job(s))")
+        if self.failed:
+            out.append("\nfailed scenarios (replay each with the command shown):")
+            for r in self.failed[:max_failures]:
+                first = r["failures"][0]["detail"].splitlines()[0][:200] if r["failures"] else ""
+                out.append(f"  {r['id']}: {', '.join(r['kinds'])}: {first}\n    {r['description']}\n"
+                           f"    replay: {r['replay']}")
+            if len(self.failed) > max_failures:
+                out.append(f"  ... and {len(self.failed) - max_failures} more (see the JSON report)")
+        return "\n".join(out)
+
+    def to_json(self) -> dict:
+        return {
+            "seed": self.seed, "filters": self.filters, "count": len(self.records),
+            "jobs": self.jobs, "wall_s": round(self.wall_s, 3),
+            "rate_per_s": round(len(self.records) / self.wall_s, 1) if self.wall_s else None,
+            "clean": len(self.records) - len(self.failed), "failed": len(self.failed),
+            "failures_by_kind": self.kind_counts(),
+            "cells": [{"machine": s, "groups": l, "scenarios": c["scenarios"], "failed": c["failures"],
+                       "backends": dict(c["backends"])} for (s, l), c in sorted(self.cells().items())],
+            "failures": [{"id": r["id"], "kinds": r["kinds"], "description": r["description"],
+                          "failures": r["failures"], "replay": r["replay"]} for r in self.failed],
+            "notes": dict(self.notes()),
+            "scenarios": [{k: (round(v, 4) if k == "seconds" else v) for k, v in r.items()
+                           if k not in ("failures",)} for r in self.records],
+        }
+
+    def write_json(self, path: str) -> None:
+        from ..fileio import write_atomic
+        write_atomic(path, json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n", overwrite=True)
+
+    def write_html(self, path: str) -> None:
+        from ..fileio import write_atomic
+        write_atomic(path, render_html(self), overwrite=True)
+
+
+def _table(rows: list[tuple[str, ...]], head: tuple[str, ...]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths))] +
+                     [fmt.format(*r) for r in rows])
+
+
+def _chunks(ids: list[str], jobs: int) -> list[list[str]]:
+    size = max(4, min(50, len(ids) // (jobs * 8) or 1))
+    return [ids[i:i + size] for i in range(0, len(ids), size)]
+
+
+def _context() -> mp.context.BaseContext:
+    # fork would copy torch's threads' state; forkserver forks workers from a clean server
+    # that imported commsim (and torch) once.
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["commsim.scenario.runner", "commsim.scenario.sweep"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _run_pool(ids: list[str], jobs: int, determinism: str, take: Callable[[dict], None],
+              crash: frozenset[str] = frozenset()) -> None:
+    """Chunks over `jobs` worker processes. A worker that dies (a segfault in native code)
+    breaks the pool: the ids the workers were running are re-run one at a time in a
+    one-worker pool, those that kill it again are recorded as crashes, and the rest of the
+    work continues in a fresh pool."""
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    ctx = _context()
+    todo = list(ids)
+    with tempfile.TemporaryDirectory(prefix="commsim-sweep-") as tmp:
+        while todo:
+            chunks = _chunks(todo, jobs)
+            done: set[str] = set()
+            broken = False
+            with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
+                                     initargs=(tmp,)) as ex:
+                try:
+                    futs = [ex.submit(_run_chunk, (c, determinism, crash)) for c in chunks]
+                    for f in as_completed(futs):
+                        for rec in f.result():
+                            done.add(rec["id"])
+                            take(rec)
+                except BrokenProcessPool:
+                    broken = True
+            if not broken:
+                return
+            rest = [s for s in todo if s not in done]
+            running = set()
+            for name in os.listdir(tmp):
+                with open(os.path.join(tmp, name)) as fh:
+                    running.add(fh.read().strip())
+                os.unlink(os.path.join(tmp, name))
+            suspects = [s for s in rest if s in running] or rest[:1]
+            for sid in suspects:
+                with ProcessPoolExecutor(1, mp_context=ctx) as one:
+                    try:
+                        take(one.submit(_run_chunk, ([sid], determinism, crash)).result()[0])
+                    except BrokenProcessPool:
+                        take(crash_record(sid, "the worker process died while running this scenario "
+                                               "(a crash in native code, e.g. a segmentation fault); "
+                                               f"`{replay_command(sid)}` reproduces it in the foreground"))
+            todo = [s for s in rest if s not in suspects]
+
+
+def run_sweep(ids: list[str], jobs: int = 1, determinism: str = "sample",
+              progress: Progress | None = None,
+              on_record: Callable[[dict], None] | None = None,
+              crash_ids: Iterable[str] = ()) -> Report:
+    """Run every id; `jobs` > 1 uses worker processes. `determinism`: sample (1 in 20, by id),
+    all, or none. `crash_ids` (worker processes only) makes a worker die on those ids, to
+    test that a crash is reported instead of hanging the sweep."""
+    if determinism not in ("sample", "all", "none"):
+        raise UserError(f"determinism mode {determinism!r}; accepted: sample, all, none")
+    if jobs < 1:
+        raise UserError(f"--jobs must be >= 1, got {jobs}")
+    t0 = time.perf_counter()
+    records: list[dict] = []
+    fails = 0
+
+    def take(rec: dict) -> None:
+        nonlocal fails
+        records.append(rec)
+        fails += not rec["ok"]
+        if on_record:
+            on_record(rec)
+        if progress:
+            progress.update(len(records), fails)
+
+    if jobs == 1 or len(ids) < 8:
+        for sid in ids:
+            take(run_one(sid, determinism))
+    else:
+        _run_pool(ids, jobs, determinism, take, frozenset(crash_ids))
+    if progress:
+        progress.close()
+    order = {s: i for i, s in enumerate(ids)}
+    records.sort(key=lambda r: order[r["id"]])
+    return Report(records, wall_s=time.perf_counter() - t0, jobs=jobs)
+
+
+# -- HTML ----------------------------------------------------------------------------------------------
+def render_html(rep: Report) -> str:
+    """The backend map: machine shape (rows) x group shape (columns), each cell coloured by
+    the majority backend over its ops, with scenario and failure counts."""
+    cells = rep.cells()
+    shapes = sorted({s for s, _ in cells}, key=_shape_key)
+    layouts = sorted({l for _, l in cells}, key=_layout_key)
+    esc = html.escape
+    parts = ['<div class="h corner">machine \\ groups</div>']
+    parts += [f'<div class="h col">{esc(l)}</div>' for l in layouts]
+    for s in shapes:
+        parts.append(f'<div class="h row">{esc(s)}</div>')
+        for l in layouts:
+            c = cells.get((s, l))
+            if c is None:
+                parts.append('<div class="cell empty"></div>')
+                continue
+            bk = c["backends"]
+            top, n = (bk.most_common(1)[0] if bk else ("none", 0))
+            share = n / max(sum(bk.values()), 1)
+            colour = BACKEND_COLOURS.get(top, "#dddddd")
+            title = (f"{s} / {l}: {c['scenarios']} scenario(s); ops by backend: "
+                     + ", ".join(f"{b} {k}" for b, k in bk.most_common())
+                     + (f"; {c['failures']} failed" if c["failures"] else ""))
+            fail = f'<span class="fail">&#x2716;{c["failures"]}</span>' if c["failures"] else ""
+            parts.append(f'<div class="cell{" bad" if c["failures"] else ""}" title="{esc(title)}" '
+                         f'style="background:{colour};opacity:{0.45 + 0.55 * share:.2f}">'
+                         f'<b>{esc(top)}</b><br>{c["scenarios"]}{fail}</div>')
+    legend = "".join(f'<span class="key" style="background:{c}">{b}</span>'
+                     for b, c in BACKEND_COLOURS.items() if b != "symm")
+    kc = rep.kind_counts()
+    fl = "".join(f"<li><code>{esc(r['id'])}</code> {esc(', '.join(r['kinds']))}: "
+                 f"{esc(r['description'])}<br><code>{esc(r['replay'])}</code></li>" for r in rep.failed[:200])
+    n = len(rep.records)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>commsim sweep: backend map</title>
+<style>
+body {{ font: 13px/1.35 system-ui, sans-serif; margin: 1.5em; color: #222; }}
+.grid {{ display: grid; grid-template-columns: 13em repeat({len(layouts)}, minmax(5.2em, 1fr)); gap: 2px; }}
+.h {{ font-weight: 600; padding: 3px; background: #f3f3f3; }}
+.col {{ text-align: center; }}
+.cell {{ color: #fff; text-align: center; padding: 3px; border-radius: 3px; font-size: 12px; }}
+.cell.empty {{ background: #fafafa; }}
+.cell.bad {{ outline: 3px solid #d62728; outline-offset: -3px; }}
+.fail {{ display: inline-block; margin-left: .4em; background: #d62728; color: #fff; padding: 0 .3em; border-radius: 2px; }}
+.key {{ color: #fff; padding: 2px 8px; margin-right: 6px; border-radius: 3px; }}
+</style></head><body>
+<h1>commsim sweep: backend map</h1>
+<p>{n} scenario(s), {n - len(rep.failed)} clean, {len(rep.failed)} failed, {rep.wall_s:.1f} s
+with {rep.jobs} job(s). Each cell: the backend chosen for most ops of that machine shape and group
+layout (opacity = its share), the scenario count, and failures marked in red.</p>
+<p>{legend}</p>
+<p>failures by kind: {esc(', '.join(f'{k} {v}' for k, v in kc.items()))}</p>
+<div class="grid">
+{chr(10).join(parts)}
+</div>
+<h2>Failures</h2>
+<ul>{fl or '<li>none</li>'}</ul>
+</body></html>
+"""
+
+
+def _shape_key(s: str) -> tuple:
+    import re
+    nums = [int(x) for x in re.findall(r"[:*](\d+)", s)]
+    return (G.shape_family(s), "*" in s, nums)
+
+
+def _layout_key(l: str) -> tuple:
+    import re
+    m = re.match(r"tp(\d+)(?:xdp(\d+))?(\+dp)?", l)
+    return (int(m.group(1)), int(m.group(2) or 1), bool(m.group(3))) if m else (999, 0, False)

@@ -1,0 +1,145 @@
+"""`commsim sweep` and `commsim replay` through commsim.cli.main."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from commsim.backends.fabric import FabricBackend
+from commsim.cli import main
+from commsim.scenario.sweep import Progress
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_sweep_writes_json_and_html(capsys, tmp_path) -> None:
+    js, ht = tmp_path / "out.json", tmp_path / "map.html"
+    rc, out, err = run(capsys, "sweep", "--count", "25", "--seed", "3", "--filter", "clean",
+                       "--json", str(js), "--html", str(ht))
+    assert rc == 0, out
+    assert "failures by kind: illegal-backend 0, not-best 0, cuda-error 0, numerics 0, leak 0, " \
+           "nondeterministic 0" in out
+    assert "25 scenario(s), 25 clean, 0 failed" in out
+    assert "machine" in out and "backends (ops)" in out
+    assert "sweep: 25/25 scenarios" in err          # not a TTY: progress lines, not a bar
+    d = json.loads(js.read_text())
+    assert d["count"] == 25 and d["failed"] == 0 and d["seed"] == 3
+    assert all(s["id"].startswith("s3-") and s["ok"] for s in d["scenarios"])
+    assert set(d["failures_by_kind"]) == {"illegal-backend", "not-best", "cuda-error", "numerics",
+                                          "leak", "nondeterministic"}
+    assert sum(c["scenarios"] for c in d["cells"]) == 25
+    page = ht.read_text()
+    assert page.startswith("<!doctype html>") and "display: grid" in page
+    assert all(c["machine"] in page for c in d["cells"])
+
+
+def test_sweep_with_workers(capsys, tmp_path) -> None:
+    js = tmp_path / "w.json"
+    rc, out, _ = run(capsys, "sweep", "--count", "16", "--seed", "4", "--filter", "clean",
+                     "--jobs", "2", "--json", str(js), "--quiet")
+    assert rc == 0, out
+    d = json.loads(js.read_text())
+    from commsim.scenario.sweep import select_ids
+    assert d["jobs"] == 2
+    assert [s["id"] for s in d["scenarios"]] == select_ids(16, seed=4, filters=["clean"])   # in order
+
+
+def test_sweep_failure_exits_1_with_replay_commands(capsys, monkeypatch, tmp_path) -> None:
+    orig = FabricBackend.close
+
+    def leaky(self):
+        if not self.closed and self.mapped:
+            self.mapped.pop()
+        orig(self)
+
+    monkeypatch.setattr(FabricBackend, "close", leaky)
+    js = tmp_path / "f.json"
+    rc, out, _ = run(capsys, "sweep", "--count", "12", "--seed", "5", "--filter", "gb200-nvl72:2",
+                     "--filter", "clean", "--json", str(js), "--quiet")
+    assert rc == 1
+    assert "failed scenarios (replay each with the command shown):" in out
+    d = json.loads(js.read_text())
+    assert d["failed"] and d["failures_by_kind"]["leak"]
+    for f in d["failures"]:
+        assert f["replay"] == f"commsim replay {f['id']}" and f["replay"] in out
+
+
+def test_replay_prints_explanation_and_verdict(capsys) -> None:
+    rc, out, _ = run(capsys, "replay", "s0-1", "--determinism")
+    assert rc == 0, out
+    assert out.startswith("== s0-1: ")
+    assert "oracle allows" in out and "verdict s0-1: clean" in out
+    assert "admitted" in out or "declined" in out
+
+
+def test_replay_of_a_planted_failure_exits_1(capsys, monkeypatch) -> None:
+    orig = FabricBackend.close
+
+    def leaky(self):
+        if not self.closed and self.mapped:
+            self.mapped.pop()
+        orig(self)
+
+    monkeypatch.setattr(FabricBackend, "close", leaky)
+    from commsim.scenario.sweep import select_ids
+    sid = select_ids(1, seed=5, filters=["gb200-nvl72:2", "tp4", "clean"])[0]
+    rc, out, _ = run(capsys, "replay", sid)
+    assert rc == 1 and "FAIL leak" in out and "leak:" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("sweep", "--count", "5", "--filter", "gb300"), "--filter 'gb300' matches no machine shape"),
+    (("sweep", "--count", "5", "--filter", ""), "--filter: empty substring"),
+    (("sweep", "--count", "-1"), "--count must be >= 0"),
+    (("sweep", "--count", "5", "--jobs", "0"), "--jobs must be >= 1"),
+    (("replay", "bogus"), "is not a generated id"),
+    (("replay", "e999999999999"), "out of range"),
+])
+def test_bad_arguments_are_clear_errors(capsys, argv, words) -> None:
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2
+    assert words in err and "Traceback" not in err
+
+
+def test_filter_that_can_match_nothing_in_reach(capsys) -> None:
+    rc, _, err = run(capsys, "sweep", "--count", "3", "--filter", "rtx4090", "--filter", "tp16")
+    assert rc == 2 and "only 0 of the first" in err
+
+
+def test_progress_bar_on_a_tty() -> None:
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    s = Tty()
+    p = Progress(4, s)
+    for i in range(1, 5):
+        p.update(i, 1)
+    p.close()
+    text = s.getvalue()
+    assert "\r[" in text and "4/4" in text and "failed 1" in text
+
+
+def test_help_lists_the_verbs(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "sweep" in out and "replay" in out
+
+
+def test_a_crashing_worker_is_reported_not_hung() -> None:
+    from commsim.scenario.sweep import run_sweep, select_ids
+    ids = select_ids(40, seed=4, filters=["clean"])
+    rep = run_sweep(ids, jobs=2, crash_ids=[ids[5]])
+    assert [r["id"] for r in rep.records] == ids
+    assert [r["id"] for r in rep.failed] == [ids[5]]
+    f = rep.failed[0]
+    assert f["kinds"] == ["cuda-error"] and "worker process died" in f["failures"][0]["detail"]
+    assert f["replay"] == f"commsim replay {ids[5]}"
