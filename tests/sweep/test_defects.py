@@ -35,8 +35,9 @@ def assert_reported(ids, kind, determinism="sample", detail=""):
     first = hits[0]
     assert first["replay"] == f"commsim replay {first['id']}"
     assert first["replay"] in summary or "more (see the JSON report)" in summary
-    again = run_one(first["id"], determinism)          # the replay reproduces it
-    assert kind in again["kinds"]
+    # The replay reproduces it (a random defect, by its nature, only within a few tries).
+    tries = 8 if kind == "nondeterministic" else 1
+    assert any(kind in run_one(first["id"], determinism)["kinds"] for _ in range(tries))
     return rep, hits
 
 
