@@ -27,6 +27,12 @@ class NcclBackend(Backend):
         parts = self.group.all_gather_object(x.contiguous().numpy() if x.dtype != torch.bfloat16
                                              else x.contiguous().view(torch.int16).numpy(),
                                              tag=f"nccl.{op}: ring round {self.round}")
+        shapes = {tuple(p.shape) for p in parts}
+        if len(shapes) != 1 and op != "all_gather":
+            # Raise here, in Python: a torch shape error raised inside a rank's greenlet can
+            # crash the process while torch walks the C++ stack (pytorch#117645).
+            raise ValueError(f"nccl.{op}: ranks passed tensors of different shapes "
+                             f"{[tuple(p.shape) for p in parts]} (round {self.round})")
         ts = [torch.from_numpy(p) for p in parts]
         if x.dtype == torch.bfloat16:
             ts = [t.view(torch.bfloat16) for t in ts]

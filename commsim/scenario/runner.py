@@ -7,6 +7,7 @@ from `scenario.seed`, and `RunResult.trace_hash` fingerprints the interleaving.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +79,10 @@ def _faults_for(sc: Scenario, rank: int) -> ProcessFaults:
 
 def make_input(seed: int, group: str, rank: int, op: str, numel: int, dtype: str) -> torch.Tensor:
     """Small integers: exact in float16/bfloat16, so the float64 reference is exact too."""
-    g = torch.Generator().manual_seed(hash((seed, group, rank, op, numel, dtype)) & 0x7FFFFFFF)
+    # hashlib, not hash(): str hashing is salted per process, and a replay in another process
+    # must see the same inputs.
+    key = hashlib.blake2b(repr((seed, group, rank, op, numel, dtype)).encode(), digest_size=8).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(key, "little") & 0x7FFFFFFFFFFFFFFF)
     return torch.randint(-8, 9, (numel,), generator=g).to(TORCH[dtype])
 
 
