@@ -301,17 +301,14 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
 
 def _caused_by_oom(sc: Scenario, e: Any, oom_ranks: set[int]) -> bool:
     """An error that is the injected out-of-memory itself: the faulted rank's OOM, which a
-    collective set-up reports on every rank of the group (its `origin` is then the rank in
-    that group), or a peer that stopped because a rank died of that voted OOM. A hang or a
+    collective set-up reports on every rank of the group (`origin` is the failing world rank),
+    or a peer that stopped because a rank died of that voted OOM. A hang or a
     collective mismatch is never excused: the ranks fell out of step."""
     text = f"{e.name} {e.message}"
     if "CollectiveMismatch" in text or "HangDetected" in text or e.name == "hang":
         return False
     if e.name in OOM_ERRORS:
-        if e.origin in oom_ranks and e.origin == e.rank:
-            return True
-        return any(e.rank in g.ranks and e.origin is not None and e.origin < len(g.ranks)
-                   and g.ranks[e.origin] in oom_ranks for g in sc.groups)
+        return e.origin in oom_ranks
     return e.name == "RankFailed" and "SetupFailed" in text and any(c in text for c in OOM_ERRORS)
 
 

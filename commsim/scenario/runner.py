@@ -35,7 +35,7 @@ class RankError:
     step: str
     name: str
     message: str
-    origin: int | None = None     # the rank whose call failed (a collective set-up reports it on all)
+    origin: int | None = None     # world rank whose call failed (a collective set-up reports it on all)
     trace: str = ""               # the communicator's decision trace up to the failure
 
 
@@ -195,6 +195,7 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
                                 f"(vLLM#46515, row G5)")
                 mine["explain"][g.name] = comm.explain()
             except BaseException as e:
+                e.commsim_group = g.ranks             # to map a group rank back to a world rank
                 if not hasattr(e, "commsim_step"):   # Communicator.__init__ tags its own
                     e.commsim_step = state["step"] if state["step"] in ("capture", "register") \
                         else (comm.step if comm is not None else "init")
@@ -218,7 +219,10 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
                 res.explain.setdefault(gname, text)
         else:
             name, msg = _error_name(o.error)
-            origin = o.error.rank if isinstance(o.error, SetupFailed) else r
+            origin = r
+            if isinstance(o.error, SetupFailed):     # the failing rank, as a world rank
+                members = getattr(o.error, "commsim_group", None)
+                origin = members[o.error.rank] if members else o.error.rank
             res.errors.append(RankError(r, getattr(o.error, "commsim_step", "?"), name, msg, origin,
                                         getattr(o.error, "commsim_trace", "")))
     for r, d in enumerate(drivers):
