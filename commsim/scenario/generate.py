@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..errors import UserError
-from ..topology import modify
-from ..topology.model import Cluster, FabricState, GpuRef, NvlinkDomain
+from ..topology.model import Cluster, GpuRef, NvlinkDomain
 from ..topology.presets import PRESETS, build as build_preset
-from .model import DTYPES, OPS, Fault, Group, Scenario, Workload
+from .machine import apply_topology_fault
+from .model import DRIVER_FAULTS, DTYPES, OPS, Fault, Group, Scenario, Workload
 
 Ki, Mi = 1 << 10, 1 << 20
 MAX_WORLD = 16
@@ -130,25 +130,6 @@ FAULT_KINDS = ("imex_missing", "fabric_state", "fabric_status_error", "zero_clus
 TOPOLOGY_FAULTS = FAULT_KINDS[:-1]
 PLACEMENTS = ("contiguous", "strided", "roundrobin", "random")
 TP_SIZES = (1, 2, 4, 6, 8, 16)
-
-
-def apply_fault(cluster: Cluster, f: Fault) -> Cluster:
-    """A topology fault as an edit of the ground truth (driver faults leave it as is)."""
-    if f.kind == "imex_missing":
-        return modify.without_imex(cluster, f.host)
-    if f.kind == "fabric_state":
-        return modify.with_fabric_state(cluster, f.gpu, FabricState[f.state])
-    if f.kind == "fabric_status_error":
-        return modify.with_fabric_state(cluster, f.gpu, cluster.gpu(f.gpu).fabric.state, status_ok=False)
-    if f.kind == "zero_cluster_uuid":
-        return modify.with_zero_cluster_uuid(cluster, f.gpu)
-    if f.kind == "p2p_disabled":
-        return modify.without_p2p(cluster, f.host, *f.gpus)
-    if f.kind == "no_multicast":
-        return modify.without_multicast(cluster, f.gpu)
-    if f.kind == "nvlinks_down":
-        return modify.with_nvlinks_down(cluster, f.gpu)
-    return cluster
 
 
 def fault_label(f: Fault) -> str:
@@ -263,7 +244,8 @@ def build(plan: Plan) -> Scenario:
     placement = _place(cluster, plan.world, plan.placement, rng)
     faults = tuple(_fault_obj(t) for t in plan.faults)
     for f in faults:
-        cluster = apply_fault(cluster, f)
+        if f.kind not in DRIVER_FAULTS:       # driver faults act on calls, not on the machine
+            cluster = apply_topology_fault(cluster, f)
     groups = _groups(plan.tp, plan.dp, plan.dp_groups)
     wl = Workload(ops=plan.ops, sizes=plan.sizes, dtypes=plan.dtypes,
                   graph_capture=plan.graph_capture, discard_capture=plan.graph_capture and plan.discard)

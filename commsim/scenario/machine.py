@@ -114,7 +114,7 @@ def faults(source: str, items: Sequence[Mapping[str, Any]], cluster: Cluster,
         fault, t = _fault(source, n, data, cluster, world)
         out.append(fault)
         if fault.kind in TOPOLOGY_FAULTS:
-            cluster = _wrap(t, None, lambda: _apply(cluster, fault))
+            cluster = _wrap(t, None, lambda: apply_topology_fault(cluster, fault))
     return tuple(out), cluster
 
 
@@ -189,7 +189,7 @@ def _fabric_state(t: Table, value: Any) -> str:
     return check_choice(t, "state", value, names, what="fabric state")
 
 
-def _apply(cluster: Cluster, f: Fault) -> Cluster:
+def apply_topology_fault(cluster: Cluster, f: Fault) -> Cluster:
     """One topology fault as an edit of the ground truth (commsim.topology.modify)."""
     if f.kind == "imex_missing":
         return modify.without_imex(cluster, f.host)

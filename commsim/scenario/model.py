@@ -35,6 +35,9 @@ FAULT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
+DRIVER_FAULTS = ("oom", "call_fails")   # faults on calls; the rest edit the machine
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: str
@@ -108,4 +111,4 @@ class Scenario:
 
     @property
     def driver_faults(self) -> tuple[Fault, ...]:
-        return tuple(f for f in self.faults if f.kind in ("oom", "call_fails"))
+        return tuple(f for f in self.faults if f.kind in DRIVER_FAULTS)
