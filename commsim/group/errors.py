@@ -173,6 +173,7 @@ class Diagnosis:
     timeout: float | None = None
     failed: tuple[tuple[int, BaseException], ...] = ()
     note: str | None = None
+    clock: str = "virtual"      # 'real' in process mode (commsim.group.torch_dist)
     _message: list = field(default_factory=list, repr=False, compare=False)
 
     def state_of(self, rank: int) -> RankState:
@@ -191,7 +192,7 @@ class Diagnosis:
             tail = describe_states(self.ranks)
             return f"{head} — {tail}"
         if self.reason == "timeout":
-            prefix = f"timeout after {self.timeout:g} s of virtual time (t={self.time:g})"
+            prefix = f"timeout after {self.timeout:g} s of {self.clock} time (t={self.time:g})"
         elif self.reason == "rank failed":
             prefix = "; ".join(f"rank {r} failed with {short_error(e)}" for r, e in self.failed)
         else:

@@ -575,12 +575,29 @@ def sleep(seconds: float) -> None:
         s.sleep(seconds)
 
 
+# Process mode (commsim.group.torch_dist): the rank is a real OS process, its peers change
+# shared memory concurrently, so a false predicate is polled in real time by this waiter, which
+# gives up with a diagnosis (timeout, or the rank that died) instead of hanging.
+_process_wait: Callable[[Callable[[], bool], str, float | None], None] | None = None
+
+
+def set_process_wait(fn: Callable[[Callable[[], bool], str, float | None], None] | None) -> None:
+    """Install (or remove, with None) the real-time waiter wait_until uses outside a rank."""
+    global _process_wait
+    _process_wait = fn
+
+
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float | None = None) -> None:
     """Block the running rank until predicate() holds (see Scheduler.wait_until). Outside a
-    rank nothing else can run to make a false predicate true, so that is a HangDetected."""
+    rank nothing else can run to make a false predicate true, so that is a HangDetected,
+    unless a process-mode waiter is installed (then other processes can make it true)."""
     s = getattr(_tls, "sched", None)
     if s is not None and s._current is not None:
         s.wait_until(predicate, what, timeout)
+        return
+    if _process_wait is not None:
+        if not predicate():
+            _process_wait(predicate, what, timeout)
         return
     if not predicate():
         raise HangDetected(f"hang: wait_until {what!r} called outside a rank and its predicate "

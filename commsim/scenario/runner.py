@@ -7,6 +7,7 @@ from `scenario.seed`, and `RunResult.trace_hash` fingerprints the interleaving.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +66,7 @@ class RunResult:
         return cmd + (" --expect-failure" if self.expects_failure else "")
 
 
-def _faults_for(sc: Scenario, rank: int) -> ProcessFaults:
+def faults_for(sc: Scenario, rank: int) -> ProcessFaults:
     pf = ProcessFaults()
     for f in sc.driver_faults:
         if f.rank != rank:
@@ -99,140 +100,193 @@ def _error_name(e: BaseException) -> tuple[str, str]:
     return type(e).__name__, str(e)
 
 
-def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
-                 disabled_rules: frozenset[str] = frozenset()) -> RunResult:
-    """Run `sc` under its own policy, or under `policy` when given. `disabled_rules` switches
-    simulator rules off (mutation tests only)."""
+# Backends process mode does not simulate across processes: multicast objects (devices,
+# bindings) live in one process's fabric (docs/processes.md). Process mode drops them from
+# the policy; thread mode drops them too when asked, so the two modes can be compared.
+PROCESS_UNSUPPORTED = ("multicast",)
+
+
+def scope_to_process_mode(pol: Policy) -> Policy:
+    """`pol` without the backends process mode does not support, in order and candidates."""
+    p = copy.copy(pol)
+    p.order = tuple(b for b in pol.order if b not in PROCESS_UNSUPPORTED)
+    cands = pol.candidates
+    p.candidates = lambda op, nbytes: tuple(b for b in cands(op, nbytes)   # type: ignore[method-assign]
+                                            if b not in PROCESS_UNSUPPORTED)
+    return p
+
+
+class Inputs:
+    """Inputs and the float64 reference: a pure function of (seed, group, op, size, dtype),
+    made once per process and read-only (they stand for each rank's own data and never cross
+    the group layer, so sharing them between in-process ranks bypasses no process boundary)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.memo: dict[tuple, tuple[list[torch.Tensor], torch.Tensor]] = {}
+
+    def get(self, gname: str, size_: int, op: str, numel: int, dt: str):
+        key = (gname, op, numel, dt, size_)
+        if key not in self.memo:
+            xs = [make_input(self.seed, gname, k, op, numel, dt) for k in range(size_)]
+            total = torch.stack([x.double() for x in xs]).sum(0) if op != "all_gather" else torch.cat([x.double() for x in xs])
+            self.memo[key] = (xs, total)
+        return self.memo[key]
+
+
+def prepare(sc: Scenario, policy: Policy | str | None, seed: int | None,
+            process_scope: bool = False) -> tuple[int, Policy, RunResult]:
+    """The seed, resolved policy and an empty result for a run of `sc` (both modes)."""
     seed = sc.seed if seed is None else seed
     spec = policy if policy is not None else sc.policy
     pol = resolve(spec, sc.path.parent if sc.path is not None else None)
+    if process_scope:
+        pol = scope_to_process_mode(pol)
     res = RunResult(sc, policy=spec if isinstance(spec, str) else pol.name)
     # A file's error/leak expectations describe what its own policy does (a shortcut policy
     # reproducing a report); run under another policy the file must simply pass.
     res.expects_failure = (policy is None or policy == sc.policy) and any(
         e.error or e.leak for e in sc.expectations)
-    fabric = SimFabric(sc.cluster, seed, disabled_rules=disabled_rules)
-    drivers = [spawn_driver(fabric, g, _faults_for(sc, r)) for r, g in enumerate(sc.placement)]
-    world = LocalWorld(sc.world_size, seed)
+    return seed, pol, res
+
+
+def run_rank(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
+             disabled_rules: frozenset[str] = frozenset()) -> dict:
+    """One rank's whole scenario: its groups, a communicator per group, the workload checked
+    against the reference, close. Runs the same as a greenlet (thread mode) or as the body
+    of a rank process (process mode)."""
+    r = wg.rank
     wl = sc.workload
-    # Inputs and the float64 reference are a pure function of (seed, group, op, size, dtype);
-    # made once per run and shared read-only by the ranks (they stand for each rank's own data,
-    # never cross the group layer, so sharing them does not bypass the process boundary).
-    memo: dict[tuple, tuple[list[torch.Tensor], torch.Tensor]] = {}
+    mine: dict = {"backends": {}, "mismatch": [], "explain": {}, "leaks": []}
+    subs = []
+    for g in sc.groups:
+        sub = wg.new_subgroup(list(g.ranks), g.name, tag=f"create group {g.name}")
+        if sub is not None:
+            subs.append((g, sub))
+    for g, sub in subs:
+        state = {"step": "discover"}
+        comm = None
+        try:
+            comm = Communicator(sub, driver, pol)
+            mine["explain"][g.name] = comm.explain()
+            before = driver.ledger.count("ipc_mapping")
+            checks: list = []
 
-    def inputs_and_sum(gname: str, size_: int, op: str, numel: int, dt: str):
-        key = (gname, op, numel, dt, size_)
-        if key not in memo:
-            xs = [make_input(seed, gname, k, op, numel, dt) for k in range(size_)]
-            total = torch.stack([x.double() for x in xs]).sum(0) if op != "all_gather" else torch.cat([x.double() for x in xs])
-            memo[key] = (xs, total)
-        return memo[key]
+            def verify() -> None:
+                # After the op (eager) or after the graph's first replay (capture).
+                for y, ref, dt, label in checks:
+                    tol = RTOL[dt] * ref.abs().max().item() + 1e-6
+                    err = (y.double() - ref).abs().max().item() if y.shape == ref.shape else float("inf")
+                    if err > tol:
+                        mine["mismatch"].append(f"{label}: max error {err} > {tol}")
+                checks.clear()
 
-    def rank_main(wg: Any) -> dict:
-        r = wg.rank
-        mine: dict = {"backends": {}, "mismatch": [], "explain": {}, "leaks": []}
-        subs = []
-        for g in sc.groups:
-            sub = wg.new_subgroup(list(g.ranks), g.name, tag=f"create group {g.name}")
-            if sub is not None:
-                subs.append((g, sub))
-        for g, sub in subs:
-            state = {"step": "discover"}
-            comm = None
-            try:
-                comm = Communicator(sub, drivers[r], pol)
-                mine["explain"][g.name] = comm.explain()
-                before = drivers[r].ledger.count("ipc_mapping")
-                checks: list = []
+            # Capture first, as serving stacks do (CUDA-graph memory profiling and capture
+            # run before serving), then the eager pass.
+            for mode in (("capture",) if wl.graph_capture else ()) + ("eager",):
+                ctx = comm.capture(discard=wl.discard_capture) if mode == "capture" else None
+                if ctx is not None:
+                    ctx.__enter__()
+                    state["step"] = "capture"
+                for op in wl.ops:
+                    for size in wl.sizes:
+                        for dt in wl.dtypes:
+                            esz = torch.empty(0, dtype=TORCH[dt]).element_size()
+                            numel = max(size // esz, 1)
+                            if op == "reduce_scatter":
+                                numel = max(numel // sub.size, 1) * sub.size
+                            state["step"] = "capture" if ctx else "op"
+                            xs, total = inputs.get(g.name, sub.size, op, numel, dt)
+                            x = xs[sub.rank]
+                            if op == "all_reduce_rmsnorm":
+                                resid = torch.ones(numel, dtype=TORCH[dt])
+                                w = torch.ones(numel, dtype=TORCH[dt])
+                                out, y = comm.all_reduce_rmsnorm(x, resid, w)
+                                ref = total + 1.0
+                            else:
+                                y = getattr(comm, op)(x)
+                                ref = total.chunk(sub.size)[sub.rank] if op == "reduce_scatter" else total
+                            checks.append((y, ref, dt, f"group {g.name} rank {sub.rank}: {op} {size} B {dt}"))
+                            if ctx is None:
+                                verify()
+                            mine["backends"][(g.name, op, size, dt)] = comm.chosen(op, numel * esz, dt)
+                if ctx is not None:
+                    state["step"] = "register"
+                    ctx.__exit__(None, None, None)
+                    verify()
+                    if (wl.discard_capture and "G5" not in disabled_rules
+                            and driver.ledger.count("ipc_mapping") > before):
+                        mine["leaks"].append(
+                            f"rank {r}: discarded capture left "
+                            f"{driver.ledger.count('ipc_mapping') - before} IPC mapping(s) open "
+                            f"(vLLM#46515, row G5)")
+            mine["explain"][g.name] = comm.explain()
+        except BaseException as e:
+            e.commsim_group = g.ranks             # to map a group rank back to a world rank
+            if not hasattr(e, "commsim_step"):   # Communicator.__init__ tags its own
+                e.commsim_step = state["step"] if state["step"] in ("capture", "register") \
+                    else (comm.step if comm is not None else "init")
+            raise
+        finally:
+            if comm is not None:
+                comm.close()
+    return mine
 
-                def verify() -> None:
-                    # After the op (eager) or after the graph's first replay (capture).
-                    for y, ref, dt, label in checks:
-                        tol = RTOL[dt] * ref.abs().max().item() + 1e-6
-                        err = (y.double() - ref).abs().max().item() if y.shape == ref.shape else float("inf")
-                        if err > tol:
-                            mine["mismatch"].append(f"{label}: max error {err} > {tol}")
-                    checks.clear()
 
-                # Capture first, as serving stacks do (CUDA-graph memory profiling and capture
-                # run before serving), then the eager pass.
-                for mode in (("capture",) if wl.graph_capture else ()) + ("eager",):
-                    ctx = comm.capture(discard=wl.discard_capture) if mode == "capture" else None
-                    if ctx is not None:
-                        ctx.__enter__()
-                        state["step"] = "capture"
-                    for op in wl.ops:
-                        for size in wl.sizes:
-                            for dt in wl.dtypes:
-                                esz = torch.empty(0, dtype=TORCH[dt]).element_size()
-                                numel = max(size // esz, 1)
-                                if op == "reduce_scatter":
-                                    numel = max(numel // sub.size, 1) * sub.size
-                                state["step"] = "capture" if ctx else "op"
-                                inputs, total = inputs_and_sum(g.name, sub.size, op, numel, dt)
-                                x = inputs[sub.rank]
-                                if op == "all_reduce_rmsnorm":
-                                    resid = torch.ones(numel, dtype=TORCH[dt])
-                                    w = torch.ones(numel, dtype=TORCH[dt])
-                                    out, y = comm.all_reduce_rmsnorm(x, resid, w)
-                                    ref = total + 1.0
-                                else:
-                                    y = getattr(comm, op)(x)
-                                    ref = total.chunk(sub.size)[sub.rank] if op == "reduce_scatter" else total
-                                checks.append((y, ref, dt, f"group {g.name} rank {sub.rank}: {op} {size} B {dt}"))
-                                if ctx is None:
-                                    verify()
-                                mine["backends"][(g.name, op, size, dt)] = comm.chosen(op, numel * esz, dt)
-                    if ctx is not None:
-                        state["step"] = "register"
-                        ctx.__exit__(None, None, None)
-                        verify()
-                        if (wl.discard_capture and "G5" not in disabled_rules
-                                and drivers[r].ledger.count("ipc_mapping") > before):
-                            mine["leaks"].append(
-                                f"rank {r}: discarded capture left "
-                                f"{drivers[r].ledger.count('ipc_mapping') - before} IPC mapping(s) open "
-                                f"(vLLM#46515, row G5)")
-                mine["explain"][g.name] = comm.explain()
-            except BaseException as e:
-                e.commsim_group = g.ranks             # to map a group rank back to a world rank
-                if not hasattr(e, "commsim_step"):   # Communicator.__init__ tags its own
-                    e.commsim_step = state["step"] if state["step"] in ("capture", "register") \
-                        else (comm.step if comm is not None else "init")
-                raise
-            finally:
-                if comm is not None:
-                    comm.close()
-        return mine
+def rank_error(r: int, error: BaseException) -> RankError:
+    """What the report keeps of a rank's failure (plain data: it crosses processes)."""
+    name, msg = _error_name(error)
+    origin = r
+    if isinstance(error, SetupFailed):     # the failing rank, as a world rank
+        members = getattr(error, "commsim_group", None)
+        origin = members[error.rank] if members else error.rank
+    return RankError(r, getattr(error, "commsim_step", "?"), name, msg, origin,
+                     getattr(error, "commsim_trace", ""))
 
-    outcomes = world.run(rank_main)
-    res.trace_hash = world.trace_hash()
-    for r, o in enumerate(outcomes):
-        if o.ok:
-            for k, b in o.value["backends"].items():
+
+def collect(res: RunResult, values: list[dict | None], errors: list[RankError | None]) -> None:
+    """Fold every rank's result dict (or its error) into `res`, in rank order."""
+    for r, (v, err) in enumerate(zip(values, errors)):
+        if err is None and v is not None:
+            for k, b in v["backends"].items():
                 prev = res.backends.setdefault(k, b)
                 if prev != b:
                     res.failures.append(f"ranks disagree on the backend for {k}: {prev} vs {b}")
-            res.mismatches += o.value["mismatch"]
-            res.leaks += o.value["leaks"]
-            for gname, text in o.value["explain"].items():
+            res.mismatches += v["mismatch"]
+            res.leaks += v["leaks"]
+            for gname, text in v["explain"].items():
                 res.explain.setdefault(gname, text)
-        else:
-            name, msg = _error_name(o.error)
-            origin = r
-            if isinstance(o.error, SetupFailed):     # the failing rank, as a world rank
-                members = getattr(o.error, "commsim_group", None)
-                origin = members[o.error.rank] if members else o.error.rank
-            res.errors.append(RankError(r, getattr(o.error, "commsim_step", "?"), name, msg, origin,
-                                        getattr(o.error, "commsim_trace", "")))
+        elif err is not None:
+            res.errors.append(err)
+
+
+def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
+                 disabled_rules: frozenset[str] = frozenset(), *, procs: bool = False,
+                 process_scope: bool = False, timeout: float | None = None) -> RunResult:
+    """Run `sc` under its own policy, or under `policy` when given. `disabled_rules` switches
+    simulator rules off (mutation tests only). `procs`: one real OS process per rank
+    (commsim.procs); `process_scope`: in thread mode, restrict the policy as process mode
+    does, to compare the two modes; `timeout`: process mode's bound in seconds."""
+    if procs:
+        from ..procs.launcher import run_scenario_procs
+        return run_scenario_procs(sc, policy, seed, timeout=timeout)
+    seed, pol, res = prepare(sc, policy, seed, process_scope)
+    fabric = SimFabric(sc.cluster, seed, disabled_rules=disabled_rules)
+    drivers = [spawn_driver(fabric, g, faults_for(sc, r)) for r, g in enumerate(sc.placement)]
+    world = LocalWorld(sc.world_size, seed)
+    inputs = Inputs(seed)
+    outcomes = world.run(lambda wg: run_rank(sc, pol, wg, drivers[wg.rank], inputs, disabled_rules))
+    res.trace_hash = world.trace_hash()
+    collect(res, [o.value if o.ok else None for o in outcomes],
+            [None if o.ok else rank_error(r, o.error) for r, o in enumerate(outcomes)])
     for r, d in enumerate(drivers):
         res.leaks += [f"rank {r}: {line}" for line in fabric.exit_process(d.proc.pid)]
     res.flags = list(fabric.flags)
-    _judge(res)
+    judge(res)
     return res
 
 
-def _judge(res: RunResult) -> None:
+def judge(res: RunResult) -> None:
     sc = res.scenario
     if res.expects_failure:
         for e in sc.expectations:

@@ -393,7 +393,7 @@ class SimDriver:
         if _attr_int(flags) != int(LAZY_ENABLE_PEER_ACCESS):
             raise Fail(rules.code("L13"))
         key = _handle_bytes(handle, "reserved")
-        entry = self.fabric.ipc_handles.get(key) if key is not None else None
+        entry = self.fabric.resolve_ipc_handle(key) if key is not None else None
         if entry is None:
             raise Fail(E.cudaErrorInvalidResourceHandle)   # unknown or freed allocation
         aid, exporter = entry
@@ -562,7 +562,7 @@ class SimDriver:
             key = _handle_bytes(os_handle, "data")
             if key is None:
                 raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-            target = self.fabric.fabric_handles.get(key)
+            target = self.fabric.resolve_fabric_handle(key)
             if target is None:
                 raise Fail(R.CUDA_ERROR_INVALID_VALUE)
             if not self.cluster.gpu(me).fabric_handle:

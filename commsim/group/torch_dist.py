@@ -1,0 +1,333 @@
+"""The Group interface for real processes, over torch.distributed's c10d store.
+
+One OS process per rank. Objects cross the group by value (pickled) through the run's store:
+the TCPStore the launcher (`commsim run --procs`) hosts, or, under torchrun, the store of the
+gloo default process group (`ProcessWorld.from_env`). Collectives go through the store rather
+than gloo's object collectives because a diagnosis needs what gloo does not give: a per-call
+timeout, and, when a round cannot complete, which ranks arrived and where the others are.
+
+Round protocol (collective #seq of a group): every member sets `<ns>/<seq>/<rank>` to
+(kind, param, tag, object), then waits for all members' keys. A member that has set key seq
+has finished round seq-1, so after round seq completes a rank deletes its key of seq-1: the
+store holds at most two rounds per group.
+
+Failure reports, bounded in time:
+* a rank that dies: the launcher (or the rank itself, on an exception it cannot report)
+  writes `dead/<rank>`; every wait polls for it each POLL seconds and raises RankFailed naming
+  the rank and its last collective;
+* a rank that never joins or stalls: the wait ends at its timeout (the world's default when
+  the call gives none) with GroupTimeout naming the ranks that did not arrive;
+* the simulator's spin waits (kernel flags, wait_until) poll shared memory in real time under
+  the same rules (`ProcessWorld.install_waiter`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from datetime import timedelta
+from typing import Any, Callable, Sequence, TypeVar
+
+from .base import REDUCE_OPS
+from .errors import (BLOCKED, FAILED, FINISHED, NOT_STARTED, RUNNING, WAITING,
+                     CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, RankFailed,
+                     RankState, rank_word)
+from .local import ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, _label, _reduce
+from . import scheduler
+
+T = TypeVar("T")
+
+POLL = 0.05            # seconds between checks for dead ranks while waiting
+DEFAULT_TIMEOUT = 60.0
+
+
+class RankDied(Exception):
+    """A peer process ended without reporting (killed, crashed, exited early)."""
+
+
+class ProcessWorld:
+    """One rank's connection to its run: the store, the status board, the world group."""
+
+    def __init__(self, store: Any, rank: int, size: int, *, timeout: float = DEFAULT_TIMEOUT,
+                 on_collective: Callable[[str], None] | None = None) -> None:
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} is not in a world of {size}")
+        self.store = store
+        self.rank = rank
+        self.size = size
+        self.timeout = float(timeout)
+        self.t0 = time.monotonic()
+        # Called with each collective's tag before the rank arrives (fault injection: a rank
+        # killed at a given step, commsim.procs.faults).
+        self.on_collective = on_collective
+        self._fd_taken: dict[str, int] = {}
+        self.set_status((RUNNING, None, None, None, "start"))
+
+    @classmethod
+    def from_env(cls, timeout: float = DEFAULT_TIMEOUT) -> "ProcessWorld":
+        """Under torchrun: RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment; the gloo
+        default process group is initialised if the program has not done so already."""
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+        store = dist.PrefixStore("commsim/", dist.distributed_c10d._get_default_store())
+        return cls(store, dist.get_rank(), dist.get_world_size(), timeout=timeout)
+
+    # ---- status board ------------------------------------------------------------------
+    def set_status(self, st: tuple) -> None:
+        self.store.set(f"status/{self.rank}", pickle.dumps(st))
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+    def dead(self) -> dict[int, str]:
+        """rank -> why, for every rank reported dead so far (one round trip when none)."""
+        if self.store.add("ndead", 0) == 0:
+            return {}
+        out = {}
+        for r in range(self.size):
+            if self.store.check([f"dead/{r}"]):
+                out[r] = self.store.get(f"dead/{r}").decode()
+        return out
+
+    def mark_dead(self, rank: int, why: str) -> None:
+        """Declare `rank` dead (the launcher does this when a child exits unreported)."""
+        self.store.set(f"dead/{rank}", why)
+        self.store.add("ndead", 1)
+
+    def states(self) -> tuple[RankState, ...]:
+        """Where every rank is, from the board: dead, finished, in a collective, or absent."""
+        dead = self.dead()
+        out = []
+        for r in range(self.size):
+            if r in dead:
+                out.append(RankState(r, FAILED, error=RankDied(dead[r])))
+                continue
+            if not self.store.check([f"status/{r}"]):
+                out.append(RankState(r, NOT_STARTED))
+                continue
+            status, group, seq, coll, tag = pickle.loads(self.store.get(f"status/{r}"))
+            if status == BLOCKED:
+                out.append(RankState(r, BLOCKED, group=group, seq=seq, collective=coll, tag=tag))
+            elif status == FINISHED:
+                out.append(RankState(r, FINISHED))
+            else:
+                out.append(RankState(r, status, what=tag))
+        return tuple(out)
+
+    # ---- waiting ---------------------------------------------------------------------------
+    def await_keys(self, keys: list[str], deadline: float,
+                   on_poll: Callable[[], None]) -> bool:
+        """True once every key is set; False at the deadline. on_poll runs every POLL seconds
+        (it raises when a rank this wait needs has died)."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self.store.wait(keys, timedelta(seconds=max(min(POLL, left), 0.001)))
+                return True
+            except Exception:   # the store's timeout error; the type differs across versions
+                pass
+            on_poll()
+            if time.monotonic() >= deadline:
+                return self.store.check(keys)
+
+    def _failed_ranks(self, among: Sequence[int]) -> tuple[tuple[int, BaseException], ...]:
+        dead = self.dead()
+        return tuple((r, RankDied(dead[r])) for r in among if r in dead)
+
+    def spin(self, predicate: Callable[[], bool], what: str, timeout: float | None) -> None:
+        """wait_until in process mode: poll shared memory in real time (with back-off, so
+        peers sharing the cores can run), fail on a dead rank or at the timeout."""
+        limit = self.timeout if timeout is None else timeout
+        start = time.monotonic()
+        deadline, next_poll, delay = start + limit, start + POLL, 0.0
+        self.set_status((WAITING, None, None, None, what))
+        while not predicate():
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + POLL
+                failed = self._failed_ranks([r for r in range(self.size) if r != self.rank])
+                if failed:
+                    d = Diagnosis("rank failed", self.states(), self.elapsed(), rank=self.rank,
+                                  what=what, failed=failed, clock="real")
+                    raise RankFailed(d.message(), d, failed[0][0], failed[0][1])
+            if now >= deadline:
+                d = Diagnosis("timeout", self.states(), self.elapsed(), rank=self.rank, what=what,
+                              timeout=limit, clock="real")
+                raise GroupTimeout(d.message(), d)
+            time.sleep(delay)
+            delay = min(max(delay * 2, 2e-5), 2e-3)
+        self.set_status((RUNNING, None, None, None, what))
+
+    def install_waiter(self) -> None:
+        scheduler.set_process_wait(self.spin)
+
+    # ---- rendezvous, world group, fd mailbox ------------------------------------------------
+    def join(self, timeout: float | None = None) -> "TorchDistGroup":
+        """Rendezvous of all ranks; the world group. A rank that never joins is named."""
+        limit = self.timeout if timeout is None else timeout
+        self.store.set(f"join/{self.rank}", str(os.getpid()))
+        keys = [f"join/{r}" for r in range(self.size)]
+
+        def poll() -> None:
+            failed = self._failed_ranks(range(self.size))
+            if failed:
+                d = Diagnosis("rank failed", self.states(), self.elapsed(), failed=failed,
+                              note="during rendezvous", clock="real")
+                raise RankFailed(d.message(), d, failed[0][0], failed[0][1])
+
+        if not self.await_keys(keys, time.monotonic() + limit, poll):
+            missing = [r for r in range(self.size) if not self.store.check([f"join/{r}"])]
+            d = Diagnosis("timeout", self.states(), self.elapsed(), timeout=limit, clock="real",
+                          note=f"{rank_word(missing)} never joined the rendezvous")
+            raise GroupTimeout(d.message(), d)
+        return TorchDistGroup(self, "world", "g/world", tuple(range(self.size)), self.rank)
+
+    def post(self, key: str, value: bytes) -> None:
+        n = self.store.add(f"{key}/n", 1)
+        self.store.set(f"{key}/{n}", value)
+
+    def take(self, key: str, what: str) -> bytes:
+        n = self._fd_taken.get(key, 0) + 1
+        self._fd_taken[key] = n
+        item = f"{key}/{n}"
+        self.spin(lambda: self.store.check([item]), what, None)
+        return self.store.get(item)
+
+    def finish(self) -> None:
+        self.set_status((FINISHED, None, None, None, None))
+        scheduler.set_process_wait(None)
+
+
+class TorchDistGroup:
+    """One rank's handle on a group of real processes (commsim.group.base.Group)."""
+
+    def __init__(self, world: ProcessWorld, name: str, ns: str, global_ranks: tuple[int, ...],
+                 rank: int) -> None:
+        self._world = world
+        self._name = name
+        self._ns = ns
+        self._global = global_ranks
+        self._rank = rank
+        self._seq = 0
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return len(self._global)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        return self._global
+
+    @property
+    def world_rank(self) -> int:
+        return self._global[self._rank]
+
+    def __repr__(self) -> str:
+        return f"TorchDistGroup({self._name!r}, rank={self._rank}, size={self.size})"
+
+    def barrier(self, *, timeout: float | None = None, tag: str = "") -> None:
+        self._collective(BARRIER, None, None, timeout, tag)
+
+    def all_gather_object(self, obj: Any, *, timeout: float | None = None,
+                          tag: str = "") -> list[Any]:
+        return self._collective(ALL_GATHER, obj, None, timeout, tag)
+
+    def broadcast_object(self, obj: Any, src: int, *, timeout: float | None = None,
+                         tag: str = "") -> Any:
+        if not 0 <= src < self.size:
+            raise ValueError(f"broadcast_object: src {src} is not a rank of group "
+                             f"{self._name!r} (size {self.size})")
+        return self._collective(BROADCAST, obj if self._rank == src else None, src, timeout,
+                                tag)[src]
+
+    def all_reduce_object(self, value: T, op: str, *, timeout: float | None = None,
+                          tag: str = "") -> T:
+        if op not in REDUCE_OPS:
+            raise ValueError(f"all_reduce_object: op {op!r} is not one of {REDUCE_OPS}")
+        return _reduce(op, self._collective(ALL_REDUCE, value, op, timeout, tag))
+
+    def new_subgroup(self, ranks: Sequence[int], name: str, *, timeout: float | None = None,
+                     tag: str = "") -> "TorchDistGroup | None":
+        spec = tuple(int(r) for r in ranks)
+        if not spec or len(set(spec)) != len(spec) or not all(0 <= r < self.size for r in spec):
+            raise ValueError(f"new_subgroup {name!r}: ranks {list(spec)} must be distinct ranks "
+                             f"of group {self._name!r} (size {self.size})")
+        seq = self._seq
+        self._collective(NEW_SUBGROUP, None, (spec, name), timeout, tag or f"new_subgroup {name!r}")
+        if self._rank not in spec:
+            return None
+        # The namespace is unique per creation, so two subgroups of one name never share keys.
+        return TorchDistGroup(self._world, name, f"{self._ns}/{seq}/{name}",
+                              tuple(self._global[r] for r in spec), spec.index(self._rank))
+
+    # ---- the round ---------------------------------------------------------------------------
+    def _collective(self, kind: str, obj: Any, param: Any, timeout: float | None,
+                    tag: str) -> Any:
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"negative timeout {timeout}")
+        w, store = self._world, self._world.store
+        seq = self._seq
+        self._seq += 1
+        if w.on_collective is not None:
+            w.on_collective(tag)
+        w.set_status((BLOCKED, self._name, seq, kind, tag))
+        base = f"{self._ns}/{seq}/"
+        try:
+            blob = pickle.dumps((kind, param, tag, obj), pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise GroupError(f"group {self._name!r} collective #{seq} {_label(kind, param)} "
+                             f"(tag {tag!r}): the object of rank {self.world_rank} does not "
+                             f"pickle: {exc}") from exc
+        store.set(base + str(self._rank), blob)
+        keys = [base + str(r) for r in range(self.size)]
+        limit = w.timeout if timeout is None else timeout
+        if not w.await_keys(keys, time.monotonic() + limit,
+                            lambda: self._check_dead(keys, seq, kind, tag)):
+            arrived, missing = self._arrivals(keys)
+            d = Diagnosis("timeout", w.states(), w.elapsed(), group=self._name, seq=seq,
+                          collective=kind, tag=tag, arrived=arrived, missing=missing,
+                          timeout=limit, clock="real")
+            raise GroupTimeout(d.message(), d)
+        vals = [pickle.loads(b) for b in store.multi_get(keys)]
+        if seq > 0:
+            store.delete_key(f"{self._ns}/{seq - 1}/{self._rank}")
+        calls = {(k, repr(p)) for k, p, _, _ in vals}
+        if len(calls) > 1:
+            merged: dict[tuple[str, str], list[int]] = {}
+            for r, (k, p, t, _) in enumerate(vals):
+                merged.setdefault((_label(k, p), t), []).append(self._global[r])
+            parts = [f"{rank_word(rs)} called {c} (tag {t!r})" for (c, t), rs in merged.items()]
+            raise CollectiveMismatch(f"collective mismatch in group {self._name!r} #{seq}: "
+                                     + "; ".join(parts),
+                                     [(self._global[r], _label(k, p), t)
+                                      for r, (k, p, t, _) in enumerate(vals)])
+        w.set_status((RUNNING, None, None, None, f"after {kind} #{seq} of {self._name!r} ({tag})"))
+        return [v[3] for v in vals]
+
+    def _arrivals(self, keys: list[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        store = self._world.store
+        got = [store.check([k]) for k in keys]
+        return (tuple(self._global[i] for i, g in enumerate(got) if g),
+                tuple(self._global[i] for i, g in enumerate(got) if not g))
+
+    def _check_dead(self, keys: list[str], seq: int, kind: str, tag: str) -> None:
+        w = self._world
+        if not w.dead():
+            return
+        arrived, missing = self._arrivals(keys)
+        failed = w._failed_ranks(missing)
+        if failed:
+            d = Diagnosis("rank failed", w.states(), w.elapsed(), group=self._name, seq=seq,
+                          collective=kind, tag=tag, arrived=arrived, missing=missing,
+                          failed=failed, clock="real")
+            raise RankFailed(d.message(), d, failed[0][0], failed[0][1])
