@@ -46,6 +46,61 @@ class RankDied(Exception):
     """A peer process ended without reporting (killed, crashed, exited early)."""
 
 
+# The store's libuv server refuses a value over 8 MiB; larger objects (the nccl backend's
+# tensors) travel in chunks under `<key>#<i>`, set before the key itself so that a reader who
+# sees the key finds every chunk. A chunked key's value is CHUNKED + the chunk count.
+CHUNK = 4 << 20
+CHUNKED = b"\x00commsim-chunked:"
+
+
+def _put(store: Any, key: str, blob: bytes) -> None:
+    if len(blob) <= CHUNK:
+        store.set(key, blob)
+        return
+    n = (len(blob) + CHUNK - 1) // CHUNK
+    for i in range(n):
+        store.set(f"{key}#{i}", blob[i * CHUNK:(i + 1) * CHUNK])
+    store.set(key, CHUNKED + str(n).encode())
+
+
+def _get_all(store: Any, keys: list[str]) -> list[bytes]:
+    out = list(store.multi_get(keys))
+    for i, v in enumerate(out):
+        if v.startswith(CHUNKED):
+            n = int(v[len(CHUNKED):])
+            out[i] = b"".join(store.multi_get([f"{keys[i]}#{j}" for j in range(n)]))
+    return out
+
+
+def _delete(store: Any, key: str) -> None:
+    if store.check([f"{key}#0"]):
+        j = 0
+        while store.delete_key(f"{key}#{j}"):
+            j += 1
+    store.delete_key(key)
+
+
+def mark_dead(store: Any, rank: int, why: str) -> None:
+    """Declare `rank` dead: every wait of its peers sees it within POLL seconds. The launcher
+    does this when a child exits without a report; a rank does it for itself on an error."""
+    store.set(f"dead/{rank}", why)
+    store.add("ndead", 1)
+
+
+def last_status(store: Any, rank: int) -> str:
+    """Where `rank` last was, from the status board, in words."""
+    if not store.check([f"status/{rank}"]):
+        return "before joining the run"
+    status, group, seq, coll, tag = pickle.loads(store.get(f"status/{rank}"))
+    if status == BLOCKED:
+        return f"in group {group!r} collective #{seq} {coll} (tag {tag!r})"
+    if status == WAITING:
+        return f"waiting until {tag!r}"
+    if status == FINISHED:
+        return "after finishing"
+    return f"running ({tag})" if tag else "running"
+
+
 class ProcessWorld:
     """One rank's connection to its run: the store, the status board, the world group."""
 
@@ -92,9 +147,7 @@ class ProcessWorld:
         return out
 
     def mark_dead(self, rank: int, why: str) -> None:
-        """Declare `rank` dead (the launcher does this when a child exits unreported)."""
-        self.store.set(f"dead/{rank}", why)
-        self.store.add("ndead", 1)
+        mark_dead(self.store, rank, why)
 
     def states(self) -> tuple[RankState, ...]:
         """Where every rank is, from the board: dead, finished, in a collective, or absent."""
@@ -288,7 +341,7 @@ class TorchDistGroup:
             raise GroupError(f"group {self._name!r} collective #{seq} {_label(kind, param)} "
                              f"(tag {tag!r}): the object of rank {self.world_rank} does not "
                              f"pickle: {exc}") from exc
-        store.set(base + str(self._rank), blob)
+        _put(store, base + str(self._rank), blob)
         keys = [base + str(r) for r in range(self.size)]
         limit = w.timeout if timeout is None else timeout
         if not w.await_keys(keys, time.monotonic() + limit,
@@ -298,9 +351,9 @@ class TorchDistGroup:
                           collective=kind, tag=tag, arrived=arrived, missing=missing,
                           timeout=limit, clock="real")
             raise GroupTimeout(d.message(), d)
-        vals = [pickle.loads(b) for b in store.multi_get(keys)]
+        vals = [pickle.loads(b) for b in _get_all(store, keys)]
         if seq > 0:
-            store.delete_key(f"{self._ns}/{seq - 1}/{self._rank}")
+            _delete(store, f"{self._ns}/{seq - 1}/{self._rank}")
         calls = {(k, repr(p)) for k, p, _, _ in vals}
         if len(calls) > 1:
             merged: dict[tuple[str, str], list[int]] = {}

@@ -1,0 +1,151 @@
+"""Spawn the ranks of a scenario as real processes, watch them, gather their reports, clean up.
+
+The launcher hosts the run's TCPStore. Ranks start from a forkserver that has already imported
+commsim and torch, so a rank costs a fork rather than a 2 s interpreter start-up. While they
+run, the launcher polls them: a rank that exits without a report (killed, crashed) is marked
+dead in the store with where it last was, so its peers fail within POLL seconds naming it. At
+the end, or on any failure, timeout or Ctrl-C: every child still alive is killed and reaped,
+and every shared-memory segment with the run's prefix is unlinked.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+from ..group.torch_dist import DEFAULT_TIMEOUT, last_status, mark_dead
+from ..policy import Policy
+from ..scenario.model import Scenario
+from ..scenario.runner import RankError, RunResult, collect, judge, prepare
+from ..sim import shm
+from . import worker
+from .faults import ProcFaults
+
+_CTX: Any = None
+
+
+def context() -> Any:
+    """The forkserver context, preloaded with the rank body (and so torch) once per launcher."""
+    global _CTX
+    if _CTX is None:
+        # The store's client logs a warning each time a bounded wait ends (the ranks wait in
+        # POLL slices to notice dead peers); the forkserver inherits this before torch loads.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        _CTX = multiprocessing.get_context("forkserver")
+        _CTX.set_forkserver_preload(["commsim.procs.worker"])
+    return _CTX
+
+
+def _exit_words(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code} without a report"
+
+
+def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
+                       *, timeout: float | None = None, faults: ProcFaults | None = None,
+                       progress: Callable[[str], None] | None = None) -> RunResult:
+    """Run `sc` with one OS process per rank. `timeout`: seconds any one wait may take (a
+    collective, a rendezvous, a kernel's flag); the whole run is bounded by a few of them."""
+    import torch.distributed as dist
+
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    faults = faults or ProcFaults()
+    faults.validate(sc.world_size)
+    say = progress or (lambda text: None)
+    _, _, res = prepare(sc, policy, seed, process_scope=True)
+    n = sc.world_size
+    prefix = shm.new_prefix()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout))
+    ctx = context()
+    procs: dict[int, Any] = {}
+    reports: dict[int, worker.RankReport] = {}
+    gone: dict[int, str] = {}
+    t0 = time.monotonic()
+    try:
+        for r in range(n):
+            if r in faults.absent:
+                continue
+            job = worker.Job(sc, r, policy, seed, prefix, "127.0.0.1", store.port, timeout, faults)
+            p = ctx.Process(target=worker.main, args=(job,), name=f"commsim-rank{r}", daemon=True)
+            p.start()
+            procs[r] = p
+        say(f"started {len(procs)} rank process(es) in {time.monotonic() - t0:.2f} s")
+        # Every wait ends within `timeout`; a failing rank's close() may wait once more, and
+        # start-up needs its own allowance: past this the launcher ends the run itself.
+        hard = t0 + 3 * timeout + 30
+        straggle: float | None = None
+        while True:
+            alive = [r for r, p in procs.items() if p.exitcode is None]
+            for r, p in procs.items():
+                if p.exitcode is not None and r not in reports and r not in gone:
+                    if store.check([f"result/{r}"]):
+                        reports[r] = pickle.loads(store.get(f"result/{r}"))
+                        say(f"rank {r} finished"
+                            f"{'' if reports[r].error is None else ' with ' + reports[r].error.name}")
+                    else:
+                        why = f"{_exit_words(p.exitcode)} {last_status(store, r)}"
+                        gone[r] = why
+                        mark_dead(store, r, why)
+                        say(f"rank {r} {why}")
+            if not alive:
+                break
+            now = time.monotonic()
+            # Ranks still alive when every other one has ended get one timeout to finish.
+            if len(alive) < len(procs) and straggle is None and all(
+                    r in reports or r in gone for r in procs if r not in alive):
+                straggle = now + timeout
+            if now > hard or (straggle is not None and now > straggle):
+                for r in alive:
+                    why = f"killed by the launcher after {now - t0:.1f} s {last_status(store, r)}"
+                    gone[r] = why
+                    procs[r].kill()
+                    mark_dead(store, r, why)
+                    say(f"rank {r} {why}")
+                for r in alive:
+                    procs[r].join(5)
+                break
+            time.sleep(0.02)
+    finally:
+        for p in procs.values():
+            if p.exitcode is None:
+                p.kill()
+        for p in procs.values():
+            p.join(10)
+        removed = shm.sweep(prefix)
+        if removed:
+            say(f"removed {len(removed)} shared-memory segment(s) left by the run")
+        del store
+    for r in faults.absent:
+        gone[r] = "never started (fault: absent)"
+    values: list[dict | None] = []
+    errors: list[RankError | None] = []
+    for r in range(n):
+        rep = reports.get(r)
+        if rep is not None:
+            values.append(rep.value)
+            errors.append(rep.error)
+            res.leaks += rep.leaks
+            res.flags += [f for f in rep.flags if f not in res.flags]
+        else:
+            values.append(None)
+            errors.append(RankError(r, "process", "RankDied", f"rank {r} {gone.get(r, 'vanished')}", r))
+    collect(res, values, errors)
+    judge(res)
+    return res
+
+
+def print_progress(text: str) -> None:
+    print(f"[procs] {text}", file=sys.stderr, flush=True)

@@ -1,0 +1,80 @@
+"""The body of one rank process (process mode).
+
+It builds its own fabric from the scenario (ground truth from the scenario file, memory in
+shared memory), joins the run's store, runs the rank exactly as thread mode does
+(`commsim.scenario.runner.run_rank`), and leaves a plain-data report in the store. An error
+it can report it reports, and it also marks itself dead so peers waiting on it stop at once
+(as a peer's failure in thread mode interrupts them).
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ..group.errors import short_error
+from ..group.torch_dist import ProcessWorld
+from ..scenario.model import Scenario
+from ..scenario.runner import Inputs, RankError, faults_for, prepare, rank_error, run_rank
+from ..sim import spawn_driver
+from ..sim.process_fabric import PID_BASE, ProcessFabric
+from .faults import ProcFaults
+
+
+@dataclass
+class Job:
+    scenario: Scenario
+    rank: int
+    policy: Any
+    seed: int | None
+    prefix: str
+    host: str
+    port: int
+    timeout: float
+    faults: ProcFaults = field(default_factory=ProcFaults)
+
+
+@dataclass
+class RankReport:
+    rank: int
+    value: dict | None
+    error: RankError | None
+    leaks: list[str]
+    flags: list[str]
+
+
+def run_job(job: Job, world: ProcessWorld) -> RankReport:
+    """Run one rank over a joined-or-not world; never raises."""
+    sc, rank = job.scenario, job.rank
+    world.install_waiter()
+    try:
+        wg = world.join()
+        seed, pol, _ = prepare(sc, job.policy, job.seed, process_scope=True)
+        fabric = ProcessFabric(sc.cluster, seed, rank, sc.placement, job.prefix, mailbox=world)
+        driver = spawn_driver(fabric, sc.placement[rank], faults_for(sc, rank))
+        assert driver.proc.pid == PID_BASE + rank
+    except BaseException as e:
+        world.mark_dead(rank, f"failed at start-up with {short_error(e)}")
+        return RankReport(rank, None, rank_error(rank, e), [], [])
+    value, err = None, None
+    try:
+        value = run_rank(sc, pol, wg, driver, Inputs(seed))
+    except BaseException as e:
+        err = rank_error(rank, e)
+        world.mark_dead(rank, f"failed with {short_error(e)} at step {err.step}")
+    leaks = [f"rank {rank}: {line}" for line in fabric.exit_process(driver.proc.pid)]
+    return RankReport(rank, value, err, leaks, list(fabric.flags))
+
+
+def main(job: Job) -> None:
+    """Entry point of a rank process spawned by the launcher."""
+    import torch.distributed as dist
+    store = dist.TCPStore(job.host, job.port, is_master=False,
+                          timeout=timedelta(seconds=job.timeout))
+    world = ProcessWorld(store, job.rank, job.scenario.world_size, timeout=job.timeout,
+                         on_collective=job.faults.hook(job.rank))
+    report = run_job(job, world)
+    store.set(f"result/{job.rank}", pickle.dumps(report))
+    world.finish()
