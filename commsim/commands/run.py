@@ -36,6 +36,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..scenario.schema import load
 
     files = _files(args.paths)
+    if not args.procs and (args.kill or args.stall or args.absent or args.timeout is not None):
+        raise UserError("--kill, --stall, --absent and --timeout apply to process mode: add --procs")
     rows, failed = [], 0
     t0 = time.perf_counter()
     for i, f in enumerate(files, 1):
@@ -45,7 +47,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             sc = dataclasses.replace(sc, seed=args.seed)
         if len(files) > 1 and sys.stderr.isatty():
             print(f"\r[{i}/{len(files)}] {f.name:<50}", end="", file=sys.stderr, flush=True)
-        res = run_scenario(sc, policy=args.policy)
+        if args.procs:
+            from ..procs.launcher import print_progress, run_scenario_procs
+            res = run_scenario_procs(sc, policy=args.policy, timeout=args.timeout,
+                                     faults=_proc_faults(args),
+                                     progress=print_progress if args.verbose or sys.stderr.isatty() else None)
+        else:
+            res = run_scenario(sc, policy=args.policy)
         if args.expect_failure and not res.expects_failure:
             raise UserError(f"{f}: --expect-failure needs [[expect]] error = ... or leak = true "
                             f"lines that hold under the file's own policy ({sc.policy})")
@@ -65,6 +73,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"\n{len(files)} scenario(s), {len(files) - failed} ok, {failed} failed "
           f"in {time.perf_counter() - t0:.1f} s")
     return 1 if failed else 0
+
+
+def _proc_faults(args: argparse.Namespace):
+    from ..procs.faults import ProcFaults, parse_rank_step
+    kill = dict(parse_rank_step(t, "--kill") for t in args.kill)
+    stall = dict(parse_rank_step(t, "--stall") for t in args.stall)
+    return ProcFaults(kill=kill, stall=stall, absent=frozenset(args.absent))
 
 
 def _report(res, args, to) -> None:
@@ -162,4 +177,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                            help="succeed only if each scenario fails (for regression files run "
                                 "under their shortcut policy)")
             p.add_argument("-v", "--verbose", action="store_true", help="print each scenario's explanation")
+            pg = p.add_argument_group("process mode (docs/processes.md)")
+            pg.add_argument("--procs", action="store_true",
+                            help="run every rank as its own OS process (shared-memory device memory, "
+                                 "torch.distributed store); policies are scoped to ipc, fabric, nccl")
+            pg.add_argument("--timeout", type=float, default=None, metavar="S",
+                            help="with --procs: seconds any one wait may take before the run reports "
+                                 "a timeout naming the missing ranks (default 60)")
+            pg.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
+                            help="with --procs: SIGKILL rank RANK when it reaches a collective whose "
+                                 "tag contains STEP (e.g. 3@ipc.init); repeatable")
+            pg.add_argument("--stall", action="append", default=[], metavar="RANK@STEP",
+                            help="with --procs: rank RANK stops responding at STEP (a store timeout "
+                                 "for its peers); repeatable")
+            pg.add_argument("--absent", action="append", default=[], type=int, metavar="RANK",
+                            help="with --procs: rank RANK is never started (never joins); repeatable")
         p.set_defaults(func=fn)

@@ -53,7 +53,20 @@ CHUNK = 4 << 20
 CHUNKED = b"\x00commsim-chunked:"
 
 
-def _put(store: Any, key: str, blob: bytes) -> None:
+# Larger objects still (tensors of the nccl backend) cost a store round trip per reader per
+# byte; with a shared-memory prefix they go through a /dev/shm file instead (one copy in, one
+# read per reader) and the key holds only the file's name. The run's sweep removes leftovers.
+SHM_MIN = 256 << 10
+VIA_SHM = b"\x00commsim-shm:"
+
+
+def _put(store: Any, key: str, blob: bytes, shm_prefix: str | None = None) -> None:
+    if shm_prefix is not None and len(blob) >= SHM_MIN:
+        path = f"/dev/shm/{shm_prefix}-obj-{key.replace('/', '_')}"
+        with open(path, "wb") as f:
+            f.write(blob)
+        store.set(key, VIA_SHM + path.encode())
+        return
     if len(blob) <= CHUNK:
         store.set(key, blob)
         return
@@ -66,13 +79,21 @@ def _put(store: Any, key: str, blob: bytes) -> None:
 def _get_all(store: Any, keys: list[str]) -> list[bytes]:
     out = list(store.multi_get(keys))
     for i, v in enumerate(out):
-        if v.startswith(CHUNKED):
+        if v.startswith(VIA_SHM):
+            with open(v[len(VIA_SHM):].decode(), "rb") as f:
+                out[i] = f.read()
+        elif v.startswith(CHUNKED):
             n = int(v[len(CHUNKED):])
             out[i] = b"".join(store.multi_get([f"{keys[i]}#{j}" for j in range(n)]))
     return out
 
 
-def _delete(store: Any, key: str) -> None:
+def _delete(store: Any, key: str, shm_prefix: str | None = None) -> None:
+    if shm_prefix is not None:
+        try:
+            os.unlink(f"/dev/shm/{shm_prefix}-obj-{key.replace('/', '_')}")
+        except FileNotFoundError:
+            pass
     if store.check([f"{key}#0"]):
         j = 0
         while store.delete_key(f"{key}#{j}"):
@@ -105,7 +126,8 @@ class ProcessWorld:
     """One rank's connection to its run: the store, the status board, the world group."""
 
     def __init__(self, store: Any, rank: int, size: int, *, timeout: float = DEFAULT_TIMEOUT,
-                 on_collective: Callable[[str], None] | None = None) -> None:
+                 on_collective: Callable[[str], None] | None = None,
+                 shm_prefix: str | None = None) -> None:
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} is not in a world of {size}")
         self.store = store
@@ -117,6 +139,7 @@ class ProcessWorld:
         # killed at a given step, commsim.procs.faults).
         self.on_collective = on_collective
         self._fd_taken: dict[str, int] = {}
+        self.shm_prefix = shm_prefix   # large objects travel through /dev/shm files when set
         self.set_status((RUNNING, None, None, None, "start"))
 
     @classmethod
@@ -331,9 +354,9 @@ class TorchDistGroup:
         w, store = self._world, self._world.store
         seq = self._seq
         self._seq += 1
-        if w.on_collective is not None:
-            w.on_collective(tag)
         w.set_status((BLOCKED, self._name, seq, kind, tag))
+        if w.on_collective is not None:      # after the status: a killed rank is found there
+            w.on_collective(tag)
         base = f"{self._ns}/{seq}/"
         try:
             blob = pickle.dumps((kind, param, tag, obj), pickle.HIGHEST_PROTOCOL)
@@ -341,7 +364,7 @@ class TorchDistGroup:
             raise GroupError(f"group {self._name!r} collective #{seq} {_label(kind, param)} "
                              f"(tag {tag!r}): the object of rank {self.world_rank} does not "
                              f"pickle: {exc}") from exc
-        _put(store, base + str(self._rank), blob)
+        _put(store, base + str(self._rank), blob, w.shm_prefix)
         keys = [base + str(r) for r in range(self.size)]
         limit = w.timeout if timeout is None else timeout
         if not w.await_keys(keys, time.monotonic() + limit,
@@ -353,7 +376,7 @@ class TorchDistGroup:
             raise GroupTimeout(d.message(), d)
         vals = [pickle.loads(b) for b in _get_all(store, keys)]
         if seq > 0:
-            _delete(store, f"{self._ns}/{seq - 1}/{self._rank}")
+            _delete(store, f"{self._ns}/{seq - 1}/{self._rank}", w.shm_prefix)
         calls = {(k, repr(p)) for k, p, _, _ in vals}
         if len(calls) > 1:
             merged: dict[tuple[str, str], list[int]] = {}

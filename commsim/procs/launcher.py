@@ -82,6 +82,7 @@ def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: i
             p = ctx.Process(target=worker.main, args=(job,), name=f"commsim-rank{r}", daemon=True)
             p.start()
             procs[r] = p
+            res.pids.append(p.pid)
         say(f"started {len(procs)} rank process(es) in {time.monotonic() - t0:.2f} s")
         # Every wait ends within `timeout`; a failing rank's close() may wait once more, and
         # start-up needs its own allowance: past this the launcher ends the run itself.

@@ -74,7 +74,7 @@ def main(job: Job) -> None:
     store = dist.TCPStore(job.host, job.port, is_master=False,
                           timeout=timedelta(seconds=job.timeout))
     world = ProcessWorld(store, job.rank, job.scenario.world_size, timeout=job.timeout,
-                         on_collective=job.faults.hook(job.rank))
+                         on_collective=job.faults.hook(job.rank), shm_prefix=job.prefix)
     report = run_job(job, world)
     store.set(f"result/{job.rank}", pickle.dumps(report))
     world.finish()

@@ -53,10 +53,21 @@ class RunResult:
     trace_hash: str = ""
     policy: str = ""
     expects_failure: bool = False     # judged against the file's error/leak expectations
+    pids: list[int] = field(default_factory=list)   # process mode: the rank processes' OS pids
 
     @property
     def ok(self) -> bool:
         return not self.failures
+
+    def outcome(self) -> dict[str, Any]:
+        """What must be identical between thread and process mode for one (scenario, seed):
+        the verdict, the backend per group/op/size/dtype, each rank's error (name, step, the
+        rank whose call failed), numerics, ledger residue, undefined-behaviour flags and the
+        communicators' decision traces. Not the interleaving hash: process mode has none."""
+        return {"ok": self.ok, "backends": dict(sorted(self.backends.items())),
+                "errors": [(e.rank, e.step, e.name, e.origin) for e in self.errors],
+                "mismatches": list(self.mismatches), "leaks": list(self.leaks),
+                "flags": list(self.flags), "explain": dict(sorted(self.explain.items()))}
 
     def replay_command(self) -> str:
         p = self.scenario.path

@@ -1,0 +1,61 @@
+"""Issue 9: the same scenarios in thread mode and in process mode give the same outcome.
+
+Process mode scopes policies to ipc, fabric and nccl (multicast objects are not shared across
+processes, docs/processes.md); thread mode runs with the same scope here so the two compare.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commsim.scenario.model import Group, Scenario, Workload
+from commsim.scenario.runner import run_scenario
+from commsim.scenario.schema import load
+from commsim.topology import build_preset
+
+from conftest import leftovers, pid_alive
+
+ROOT = Path(__file__).resolve().parents[2]
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def gb200_two_trays_tp8() -> Scenario:
+    c = build_preset("gb200-nvl72:2")
+    return Scenario(name="gb200-2tray-tp8", cluster=c, placement=tuple(c.gpu_refs()),
+                    groups=(Group("tp", tuple(range(8))),),
+                    workload=Workload(ops=("all_reduce",), sizes=(4 * KiB, 2 * MiB),
+                                      dtypes=("bfloat16",), graph_capture=True),
+                    seed=3)
+
+
+CASES = [
+    ("hgx-tp8", lambda: load(ROOT / "scenarios/topologies/hgx-h100-8.toml"), None),
+    ("gb200-2tray-tp8", gb200_two_trays_tp8, None),
+    ("flashinfer-2006", lambda: load(ROOT / "scenarios/regressions/flashinfer-2006-fusion-workspace.toml"), None),
+    ("flashinfer-2006-default", lambda: load(ROOT / "scenarios/regressions/flashinfer-2006-fusion-workspace.toml"), "default"),
+    ("vllm-52778", lambda: load(ROOT / "scenarios/regressions/vllm-52778-graph-registration.toml"), None),
+    ("vllm-52778-default", lambda: load(ROOT / "scenarios/regressions/vllm-52778-graph-registration.toml"), "default"),
+]
+
+
+@pytest.mark.parametrize("make,policy", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_process_mode_matches_thread_mode(make, policy):
+    sc = make()
+    threads = run_scenario(sc, policy=policy, process_scope=True)
+    procs = run_scenario(sc, policy=policy, procs=True, timeout=30)
+    assert procs.outcome() == threads.outcome()
+    assert procs.failures == threads.failures
+    assert not leftovers()
+    assert procs.pids and not any(pid_alive(p) for p in procs.pids)
+
+
+def test_regressions_fail_as_reported_and_pass_under_default_in_process_mode():
+    for name in ("flashinfer-2006-fusion-workspace", "vllm-52778-graph-registration"):
+        sc = load(ROOT / f"scenarios/regressions/{name}.toml")
+        shortcut = run_scenario(sc, procs=True, timeout=30)
+        assert shortcut.expects_failure and shortcut.ok, shortcut.failures
+        assert {e.name for e in shortcut.errors} == {"cudaErrorInvalidResourceHandle"}
+        fixed = run_scenario(sc, policy="default", procs=True, timeout=30)
+        assert fixed.ok and set(fixed.backends.values()) == {"fabric"}, fixed.failures
