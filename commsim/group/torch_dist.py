@@ -247,7 +247,12 @@ class ProcessWorld:
         keys = [f"join/{r}" for r in range(self.size)]
 
         def poll() -> None:
-            failed = self._failed_ranks(range(self.size))
+            # Only a rank that has not joined holds the rendezvous up; one that joined and
+            # failed afterwards (a peer giving up at its own timeout) is not the cause.
+            if not self.dead():
+                return
+            failed = self._failed_ranks([r for r in range(self.size)
+                                         if not self.store.check([f"join/{r}"])])
             if failed:
                 d = Diagnosis("rank failed", self.states(), self.elapsed(), failed=failed,
                               note="during rendezvous", clock="real")

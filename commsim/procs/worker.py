@@ -56,6 +56,7 @@ def run_job(job: Job, world: ProcessWorld) -> RankReport:
         driver = spawn_driver(fabric, sc.placement[rank], faults_for(sc, rank))
         assert driver.proc.pid == PID_BASE + rank
     except BaseException as e:
+        e.commsim_step = "rendezvous"
         world.mark_dead(rank, f"failed at start-up with {short_error(e)}")
         return RankReport(rank, None, rank_error(rank, e), [], [])
     value, err = None, None
