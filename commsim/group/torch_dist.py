@@ -269,11 +269,16 @@ class ProcessWorld:
         n = self.store.add(f"{key}/n", 1)
         self.store.set(f"{key}/{n}", value)
 
+    def ready(self, key: str) -> bool:
+        """Whether the next item under `key` has been posted."""
+        return self.store.check([f"{key}/{self._fd_taken.get(key, 0) + 1}"])
+
     def take(self, key: str, what: str) -> bytes:
+        """The next item posted under `key` (waits like wait_until)."""
         n = self._fd_taken.get(key, 0) + 1
-        self._fd_taken[key] = n
         item = f"{key}/{n}"
         self.spin(lambda: self.store.check([item]), what, None)
+        self._fd_taken[key] = n
         return self.store.get(item)
 
     def finish(self) -> None:
@@ -336,6 +341,28 @@ class TorchDistGroup:
         if op not in REDUCE_OPS:
             raise ValueError(f"all_reduce_object: op {op!r} is not one of {REDUCE_OPS}")
         return _reduce(op, self._collective(ALL_REDUCE, value, op, timeout, tag))
+
+    def exchange(self, key: str, obj: Any, *, timeout: float | None = None,
+                 tag: str = "") -> list[Any]:
+        """A store-keyed all-gather: ranks meet by `key`, not by call order (PyTorch's
+        symmetric-memory rendezvous). Ranks that compute different keys never meet: the wait
+        ends at the timeout naming the members whose post under this key is missing."""
+        w = self._world
+        base = f"{self._ns}/x/{key}/"
+        w.set_status((BLOCKED, self._name, None, f"exchange({key!r})", tag))
+        _put(w.store, base + str(self._rank), pickle.dumps(obj, pickle.HIGHEST_PROTOCOL),
+             w.shm_prefix)
+        keys = [base + str(r) for r in range(self.size)]
+        limit = w.timeout if timeout is None else timeout
+        if not w.await_keys(keys, time.monotonic() + limit,
+                            lambda: self._check_dead(keys, None, f"exchange({key!r})", tag)):
+            arrived, missing = self._arrivals(keys)
+            d = Diagnosis("timeout", w.states(), w.elapsed(), group=self._name, seq=None,
+                          collective=f"exchange({key!r})", tag=tag, arrived=arrived,
+                          missing=missing, timeout=limit, clock="real")
+            raise GroupTimeout(d.message(), d)
+        w.set_status((RUNNING, None, None, None, f"after exchange({key!r}) of {self._name!r}"))
+        return [pickle.loads(b) for b in _get_all(w.store, keys)]
 
     def new_subgroup(self, ranks: Sequence[int], name: str, *, timeout: float | None = None,
                      tag: str = "") -> "TorchDistGroup | None":
@@ -401,7 +428,7 @@ class TorchDistGroup:
         return (tuple(self._global[i] for i, g in enumerate(got) if g),
                 tuple(self._global[i] for i, g in enumerate(got) if not g))
 
-    def _check_dead(self, keys: list[str], seq: int, kind: str, tag: str) -> None:
+    def _check_dead(self, keys: list[str], seq: int | None, kind: str, tag: str) -> None:
         w = self._world
         if not w.dead():
             return

@@ -17,13 +17,15 @@ import signal
 import sys
 import time
 from datetime import timedelta
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from ..group.torch_dist import DEFAULT_TIMEOUT, last_status, mark_dead
 from ..policy import Policy
 from ..scenario.model import Scenario
 from ..scenario.runner import RankError, RunResult, collect, judge, prepare
 from ..sim import shm
+from ..topology.model import Cluster, GpuRef
 from . import worker
 from .faults import ProcFaults
 
@@ -42,6 +44,12 @@ def context() -> Any:
     return _CTX
 
 
+def _failed(report: Any) -> bool:
+    if isinstance(report, tuple):
+        return report[0] != "ok"
+    return getattr(report, "error", None) is not None
+
+
 def _exit_words(code: int | None) -> str:
     if code is None:
         return "still running"
@@ -53,36 +61,38 @@ def _exit_words(code: int | None) -> str:
     return f"exited with status {code} without a report"
 
 
-def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
-                       *, timeout: float | None = None, faults: ProcFaults | None = None,
-                       progress: Callable[[str], None] | None = None) -> RunResult:
-    """Run `sc` with one OS process per rank. `timeout`: seconds any one wait may take (a
-    collective, a rendezvous, a kernel's flag); the whole run is bounded by a few of them."""
+@dataclass
+class Launched:
+    reports: dict[int, Any]          # rank -> what it left under result/<rank>
+    gone: dict[int, str]             # rank -> why it left no report
+    pids: list[int]
+
+
+def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, str], Any], *,
+           timeout: float, absent: frozenset[int] = frozenset(),
+           say: Callable[[str], None] = lambda text: None) -> Launched:
+    """Run target(make_job(rank, store_port, shm_prefix)) in one process per rank; each leaves
+    its pickled report under result/<rank> in the store. Returns when every rank has ended,
+    with the reports and, for ranks without one, why; nothing of the run is left behind."""
     import torch.distributed as dist
 
-    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    faults = faults or ProcFaults()
-    faults.validate(sc.world_size)
-    say = progress or (lambda text: None)
-    _, _, res = prepare(sc, policy, seed, process_scope=True)
-    n = sc.world_size
     prefix = shm.new_prefix()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout))
     ctx = context()
     procs: dict[int, Any] = {}
-    reports: dict[int, worker.RankReport] = {}
-    gone: dict[int, str] = {}
+    out = Launched({}, {}, [])
+    reports, gone = out.reports, out.gone
     t0 = time.monotonic()
     try:
         for r in range(n):
-            if r in faults.absent:
+            if r in absent:
                 continue
-            job = worker.Job(sc, r, policy, seed, prefix, "127.0.0.1", store.port, timeout, faults)
-            p = ctx.Process(target=worker.main, args=(job,), name=f"commsim-rank{r}", daemon=True)
+            p = ctx.Process(target=target, args=(make_job(r, store.port, prefix),),
+                            name=f"commsim-rank{r}", daemon=True)
             p.start()
             procs[r] = p
-            res.pids.append(p.pid)
+            out.pids.append(p.pid)
         say(f"started {len(procs)} rank process(es) in {time.monotonic() - t0:.2f} s")
         # Every wait ends within `timeout`; a failing rank's close() may wait once more, and
         # start-up needs its own allowance: past this the launcher ends the run itself.
@@ -94,8 +104,8 @@ def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: i
                 if p.exitcode is not None and r not in reports and r not in gone:
                     if store.check([f"result/{r}"]):
                         reports[r] = pickle.loads(store.get(f"result/{r}"))
-                        say(f"rank {r} finished"
-                            f"{'' if reports[r].error is None else ' with ' + reports[r].error.name}")
+                        err = getattr(reports[r], "error", None)
+                        say(f"rank {r} finished{'' if err is None else ' with ' + err.name}")
                     else:
                         why = f"{_exit_words(p.exitcode)} {last_status(store, r)}"
                         gone[r] = why
@@ -104,9 +114,9 @@ def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: i
             if not alive:
                 break
             now = time.monotonic()
-            # Ranks still alive when every other one has ended get one timeout to finish.
-            if len(alive) < len(procs) and straggle is None and all(
-                    r in reports or r in gone for r in procs if r not in alive):
+            # Once a rank has failed, the ones still alive get one timeout to finish (their
+            # own waits end by then); a rank that merely finished early starts no clock.
+            if straggle is None and (gone or any(_failed(rep) for rep in reports.values())):
                 straggle = now + timeout
             if now > hard or (straggle is not None and now > straggle):
                 for r in alive:
@@ -129,12 +139,30 @@ def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: i
         if removed:
             say(f"removed {len(removed)} shared-memory segment(s) left by the run")
         del store
-    for r in faults.absent:
+    for r in absent:
         gone[r] = "never started (fault: absent)"
+    return out
+
+
+def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
+                       *, timeout: float | None = None, faults: ProcFaults | None = None,
+                       progress: Callable[[str], None] | None = None) -> RunResult:
+    """Run `sc` with one OS process per rank. `timeout`: seconds any one wait may take (a
+    collective, a rendezvous, a kernel's flag); the whole run is bounded by a few of them."""
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    faults = faults or ProcFaults()
+    faults.validate(sc.world_size)
+    _, _, res = prepare(sc, policy, seed, process_scope=True)
+    n = sc.world_size
+    run = launch(n, worker.main,
+                 lambda r, port, prefix: worker.Job(sc, r, policy, seed, prefix, "127.0.0.1",
+                                                    port, timeout, faults),
+                 timeout=timeout, absent=faults.absent, say=progress or (lambda text: None))
+    res.pids = run.pids
     values: list[dict | None] = []
     errors: list[RankError | None] = []
     for r in range(n):
-        rep = reports.get(r)
+        rep = run.reports.get(r)
         if rep is not None:
             values.append(rep.value)
             errors.append(rep.error)
@@ -142,10 +170,25 @@ def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: i
             res.flags += [f for f in rep.flags if f not in res.flags]
         else:
             values.append(None)
-            errors.append(RankError(r, "process", "RankDied", f"rank {r} {gone.get(r, 'vanished')}", r))
+            errors.append(RankError(r, "process", "RankDied",
+                                    f"rank {r} {run.gone.get(r, 'vanished')}", r))
     collect(res, values, errors)
     judge(res)
     return res
+
+
+def run_ranks_procs(fn: Callable[[Any, Any], Any], cluster: Cluster,
+                    placement: Sequence[GpuRef], *, seed: int = 0,
+                    timeout: float = DEFAULT_TIMEOUT) -> list[tuple[str, Any]]:
+    """fn(world_group, driver) in one process per placement entry (fn importable by name);
+    per rank ("ok", value) or ("error", "Type: message") or ("died", why). The thread-mode
+    twin is commsim.procs.compare.run_ranks_threads."""
+    run = launch(len(placement), worker.main_fn,
+                 lambda r, port, prefix: worker.FnJob(fn, cluster, tuple(placement), seed, r,
+                                                      prefix, "127.0.0.1", port, timeout),
+                 timeout=timeout)
+    return [run.reports[r] if r in run.reports else ("died", run.gone.get(r, "vanished"))
+            for r in range(len(placement))]
 
 
 def print_progress(text: str) -> None:

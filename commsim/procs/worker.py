@@ -9,7 +9,9 @@ it can report it reports, and it also marks itself dead so peers waiting on it s
 
 from __future__ import annotations
 
+import os
 import pickle
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -77,5 +79,44 @@ def main(job: Job) -> None:
     world = ProcessWorld(store, job.rank, job.scenario.world_size, timeout=job.timeout,
                          on_collective=job.faults.hook(job.rank), shm_prefix=job.prefix)
     report = run_job(job, world)
+    store.set(f"result/{job.rank}", pickle.dumps(report))
+    world.finish()
+
+
+@dataclass
+class FnJob:
+    """A plain rank function over (world group, driver): conformance-style checks of the
+    driver and group across real processes (commsim.procs.launcher.run_ranks_procs)."""
+
+    fn: Any
+    cluster: Any
+    placement: tuple
+    seed: int
+    rank: int
+    prefix: str
+    host: str
+    port: int
+    timeout: float
+
+
+def main_fn(job: FnJob) -> None:
+    import torch.distributed as dist
+    store = dist.TCPStore(job.host, job.port, is_master=False,
+                          timeout=timedelta(seconds=job.timeout))
+    world = ProcessWorld(store, job.rank, len(job.placement), timeout=job.timeout,
+                         shm_prefix=job.prefix)
+    world.install_waiter()
+    try:
+        wg = world.join()
+        fabric = ProcessFabric(job.cluster, job.seed, job.rank, job.placement, job.prefix,
+                               mailbox=world)
+        driver = spawn_driver(fabric, job.placement[job.rank])
+        report: tuple = ("ok", job.fn(wg, driver))
+        fabric.exit_process(driver.proc.pid)
+    except BaseException as e:
+        report = ("error", f"{type(e).__name__}: {e}")
+        if os.environ.get("COMMSIM_PROCS_DEBUG"):
+            traceback.print_exc()
+        world.mark_dead(job.rank, f"failed with {short_error(e)}")
     store.set(f"result/{job.rank}", pickle.dumps(report))
     world.finish()

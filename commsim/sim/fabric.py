@@ -202,17 +202,6 @@ class SimFabric:
         """("mem"|"mc", id) of a FABRIC handle, or None if unknown."""
         return self.fabric_handles.get(key)
 
-    # -- POSIX fds in flight (commsim.sim.unix_socket) --------------------------------------
-    def post_fd(self, dst_pid: int, src_pid: int, target: tuple[str, int]) -> None:
-        self.fd_mailbox.setdefault((dst_pid, src_pid), []).append(target)
-
-    def take_fd(self, dst_pid: int, src_pid: int, what: str) -> tuple[str, int]:
-        """The next fd target `src_pid` sent to `dst_pid`; blocks via the scheduler."""
-        from ..group.scheduler import wait_until
-        box, key = self.fd_mailbox, (dst_pid, src_pid)
-        wait_until(lambda: bool(box.get(key)), what)
-        return box[key].pop(0)
-
     # -- multicast ------------------------------------------------------------------------
     def new_multicast(self, creator: GpuRef, num_devices: int, size: int, handle_types: int) -> MulticastObject:
         m = MulticastObject(self._next_mid, creator, num_devices, size, handle_types)

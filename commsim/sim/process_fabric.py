@@ -38,9 +38,11 @@ _HEAD = struct.Struct("<8sQQQQ")  # kind, aid, exporter pid, gpu code, size
 
 
 class Mailbox(Protocol):
-    """Where fds in flight wait (the store of the run, in commsim.group.torch_dist)."""
+    """Where fds in flight wait (the store of the run: commsim.group.torch_dist.ProcessWorld)."""
 
     def post(self, key: str, value: bytes) -> None: ...
+
+    def ready(self, key: str) -> bool: ...
 
     def take(self, key: str, what: str) -> bytes: ...
 
@@ -57,7 +59,8 @@ class ProcessFabric(SimFabric):
         self.rank = rank
         self.prefix = prefix
         self.placement = tuple(placement)
-        self.mailbox = mailbox
+        if mailbox is not None:
+            self.fd_mailbox = StoreFdMailbox(self, mailbox)   # type: ignore[assignment]
         self.remote: set[int] = set()      # aids of allocations another process exported
         self._next_aid = ((rank + 1) << 32) | 1
         self._next_mid = ((rank + 1) << 32) | 1
@@ -181,20 +184,57 @@ class ProcessFabric(SimFabric):
     def live_bytes(self) -> int:
         return sum(a.size for a in self.allocs.values() if a.aid not in self.remote)
 
-    # -- fds in flight --------------------------------------------------------------------------
-    def post_fd(self, dst_pid: int, src_pid: int, target: tuple[str, int]) -> None:
-        if self.mailbox is None:
-            return super().post_fd(dst_pid, src_pid, target)
-        kind, oid = target
-        a = self.allocs.get(oid) if kind == "mem" else None
-        desc = (kind, oid, a.owner_pid if a else 0, self._gpu_code(a.gpu) if a else 0, a.size if a else 0)
-        self.mailbox.post(f"fd/{dst_pid}/{src_pid}", pickle.dumps(desc))
 
-    def take_fd(self, dst_pid: int, src_pid: int, what: str) -> tuple[str, int]:
-        if self.mailbox is None:
-            return super().take_fd(dst_pid, src_pid, what)
-        kind, oid, pid, code, size = pickle.loads(self.mailbox.take(f"fd/{dst_pid}/{src_pid}", what))
-        gpu = self._gpu_of(code)
+
+class StoreFdMailbox:
+    """SimFabric.fd_mailbox for process mode, with the dict surface unix_socket.py uses
+    (`setdefault(k, []).append(t)`, `get(k)`, `[k].pop(0)`), carried by the run's store: an
+    fd's target travels with the exporter's GPU and size so the receiver maps the segment.
+    send_fd has already refused a peer on another host (reference §2.5, row V9) from the
+    placement, so only same-host fds get here."""
+
+    def __init__(self, fabric: ProcessFabric, mailbox: Mailbox) -> None:
+        self.fabric = fabric
+        self.mailbox = mailbox
+
+    def setdefault(self, key: tuple[int, int], default: object = None) -> "_Outbox":
+        return _Outbox(self, key)
+
+    def get(self, key: tuple[int, int], default: object = None) -> "_Inbox | None":
+        box = _Inbox(self, key)
+        return box if box.ready() else default
+
+    def __getitem__(self, key: tuple[int, int]) -> "_Inbox":
+        return _Inbox(self, key)
+
+
+class _Outbox:
+    def __init__(self, mb: StoreFdMailbox, key: tuple[int, int]) -> None:
+        self.mb, self.key = mb, key
+
+    def append(self, target: tuple[str, int]) -> None:
+        f = self.mb.fabric
+        kind, oid = target
+        a = f.allocs.get(oid) if kind == "mem" else None
+        desc = (kind, oid, a.owner_pid if a else 0, f._gpu_code(a.gpu) if a else 0, a.size if a else 0)
+        self.mb.mailbox.post(f"fd/{self.key[0]}/{self.key[1]}", pickle.dumps(desc))
+
+
+class _Inbox:
+    def __init__(self, mb: StoreFdMailbox, key: tuple[int, int]) -> None:
+        self.mb, self.key = mb, key
+
+    def ready(self) -> bool:
+        return self.mb.mailbox.ready(f"fd/{self.key[0]}/{self.key[1]}")
+
+    def __bool__(self) -> bool:
+        return self.ready()
+
+    def pop(self, index: int = 0) -> tuple[str, int]:
+        f = self.mb.fabric
+        kind, oid, pid, code, size = pickle.loads(
+            self.mb.mailbox.take(f"fd/{self.key[0]}/{self.key[1]}", "recvmsg"))
+        gpu = f._gpu_of(code)
         if kind == "mem" and gpu is not None:
-            self._attach(oid, pid, gpu, size, legacy=False)
+            f._attach(oid, pid, gpu, size, legacy=False)
         return kind, oid

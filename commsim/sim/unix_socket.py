@@ -48,11 +48,13 @@ def send_fd(src: "SimDriver", fd: int, dst_pid: int) -> None:
         raise FdTransportError(
             110, f"[fd_exchange] timed out connecting to {path}: no such socket on host "
                  f"{src.gethostname()}; POSIX fds reach only processes of one host (row V9)")
-    src.fabric.post_fd(dst_pid, src.proc.pid, target)
+    src.fabric.fd_mailbox.setdefault((dst_pid, src.proc.pid), []).append(target)
 
 
 def recv_fd(dst: "SimDriver", src_pid: int) -> int:
     """recvmsg(SCM_RIGHTS) of the next fd `src_pid` sent; blocks (via the scheduler) until then."""
-    target = dst.fabric.take_fd(dst.proc.pid, src_pid,
-                                f"recvmsg on /tmp/symm_mem-{dst.proc.pid} from pid {src_pid}")
-    return dst.receive_fd(target)
+    from ..group.scheduler import wait_until
+    box = dst.fabric.fd_mailbox
+    key = (dst.proc.pid, src_pid)
+    wait_until(lambda: bool(box.get(key)), f"recvmsg on /tmp/symm_mem-{dst.proc.pid} from pid {src_pid}")
+    return dst.receive_fd(box[key].pop(0))
