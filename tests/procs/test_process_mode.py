@@ -59,3 +59,36 @@ def test_regressions_fail_as_reported_and_pass_under_default_in_process_mode():
         assert {e.name for e in shortcut.errors} == {"cudaErrorInvalidResourceHandle"}
         fixed = run_scenario(sc, policy="default", procs=True, timeout=30)
         assert fixed.ok and set(fixed.backends.values()) == {"fabric"}, fixed.failures
+
+
+def _communicator_case(preset: str, ranks: list[int] | None, sizes, capture: bool) -> Scenario:
+    c = build_preset(preset)
+    refs = list(c.gpu_refs())
+    ranks = ranks if ranks is not None else list(range(len(refs)))
+    return Scenario(name=f"{preset}-{len(ranks)}", cluster=c,
+                    placement=tuple(refs[i] for i in ranks),
+                    groups=(Group("tp", tuple(range(len(ranks)))),),
+                    workload=Workload(ops=("all_reduce", "all_gather", "reduce_scatter"),
+                                      sizes=tuple(sizes), dtypes=("bfloat16", "float32"),
+                                      graph_capture=capture),
+                    seed=7)
+
+
+# A slice of tests/unit/test_communicator.py's machines: the rest of that file runs in thread
+# mode only (process mode costs a fork per rank; these cover each backend and both hosts cases).
+COMM_CASES = [
+    ("gb200-tp2-across", "gb200-nvl72:2", [0, 4], (4 * KiB,), True),
+    ("a100-tp2-pair", "a100-pcie-bridge-8", [0, 1], (4 * KiB, 512 * KiB), True),
+    ("l40s-tp4", "l40s-8-pcie", [0, 1, 2, 3], (4 * KiB,), False),
+    ("hgx-tp4-two-shot", "hgx-h100-8", [0, 1, 2, 3], (1 * MiB,), False),
+]
+
+
+@pytest.mark.parametrize("case", COMM_CASES, ids=[c[0] for c in COMM_CASES])
+def test_communicator_cases_match_thread_mode(case):
+    sc = _communicator_case(*case[1:])
+    threads = run_scenario(sc, process_scope=True)
+    procs = run_scenario(sc, procs=True, timeout=30)
+    assert threads.ok and not threads.leaks, threads.failures
+    assert procs.outcome() == threads.outcome()
+    assert not leftovers()
