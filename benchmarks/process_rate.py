@@ -130,7 +130,7 @@ def main() -> None:
     from commsim.scenario.runner import run_scenario
     from commsim.scenario.schema import load
     sc = load(ROOT / "scenarios/topologies/hgx-h100-8.toml")
-    for label, fn in (("threads", lambda: run_scenario(sc, process_scope=True)),
+    for label, fn in (("threads", lambda: run_scenario(sc)),
                       ("processes", lambda: run_scenario_procs(sc))):
         t = time.perf_counter()
         fn()

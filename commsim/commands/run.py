@@ -180,7 +180,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             pg = p.add_argument_group("process mode (docs/processes.md)")
             pg.add_argument("--procs", action="store_true",
                             help="run every rank as its own OS process (shared-memory device memory, "
-                                 "torch.distributed store); policies are scoped to ipc, fabric, nccl")
+                                 "torch.distributed store; docs/processes.md)")
             pg.add_argument("--timeout", type=float, default=None, metavar="S",
                             help="with --procs: seconds any one wait may take before the run reports "
                                  "a timeout naming the missing ranks (default 60)")

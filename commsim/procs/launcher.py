@@ -152,7 +152,7 @@ def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: i
     timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     faults = faults or ProcFaults()
     faults.validate(sc.world_size)
-    _, _, res = prepare(sc, policy, seed, process_scope=True)
+    _, _, res = prepare(sc, policy, seed)
     n = sc.world_size
     run = launch(n, worker.main,
                  lambda r, port, prefix: worker.Job(sc, r, policy, seed, prefix, "127.0.0.1",

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report(sc, args, world: ProcessWorld) -> int:
     """Rank 0: every rank's report (or why there is none), the verdict, the exit status."""
-    _, _, res = prepare(sc, args.policy, args.seed, process_scope=True)
+    _, _, res = prepare(sc, args.policy, args.seed)
     deadline = time.monotonic() + args.timeout
     values, errors = [], []
     for r in range(world.size):

@@ -53,7 +53,7 @@ def run_job(job: Job, world: ProcessWorld) -> RankReport:
     world.install_waiter()
     try:
         wg = world.join()
-        seed, pol, _ = prepare(sc, job.policy, job.seed, process_scope=True)
+        seed, pol, _ = prepare(sc, job.policy, job.seed)
         fabric = ProcessFabric(sc.cluster, seed, rank, sc.placement, job.prefix, mailbox=world)
         driver = spawn_driver(fabric, sc.placement[rank], faults_for(sc, rank))
         assert driver.proc.pid == PID_BASE + rank

@@ -7,7 +7,6 @@ from `scenario.seed`, and `RunResult.trace_hash` fingerprints the interleaving.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,22 +110,6 @@ def _error_name(e: BaseException) -> tuple[str, str]:
     return type(e).__name__, str(e)
 
 
-# Backends process mode does not simulate across processes: multicast objects (devices,
-# bindings) live in one process's fabric (docs/processes.md). Process mode drops them from
-# the policy; thread mode drops them too when asked, so the two modes can be compared.
-PROCESS_UNSUPPORTED = ("multicast",)
-
-
-def scope_to_process_mode(pol: Policy) -> Policy:
-    """`pol` without the backends process mode does not support, in order and candidates."""
-    p = copy.copy(pol)
-    p.order = tuple(b for b in pol.order if b not in PROCESS_UNSUPPORTED)
-    cands = pol.candidates
-    p.candidates = lambda op, nbytes: tuple(b for b in cands(op, nbytes)   # type: ignore[method-assign]
-                                            if b not in PROCESS_UNSUPPORTED)
-    return p
-
-
 class Inputs:
     """Inputs and the float64 reference: a pure function of (seed, group, op, size, dtype),
     made once per process and read-only (they stand for each rank's own data and never cross
@@ -145,14 +128,12 @@ class Inputs:
         return self.memo[key]
 
 
-def prepare(sc: Scenario, policy: Policy | str | None, seed: int | None,
-            process_scope: bool = False) -> tuple[int, Policy, RunResult]:
+def prepare(sc: Scenario, policy: Policy | str | None,
+            seed: int | None) -> tuple[int, Policy, RunResult]:
     """The seed, resolved policy and an empty result for a run of `sc` (both modes)."""
     seed = sc.seed if seed is None else seed
     spec = policy if policy is not None else sc.policy
     pol = resolve(spec, sc.path.parent if sc.path is not None else None)
-    if process_scope:
-        pol = scope_to_process_mode(pol)
     res = RunResult(sc, policy=spec if isinstance(spec, str) else pol.name)
     # A file's error/leak expectations describe what its own policy does (a shortcut policy
     # reproducing a report); run under another policy the file must simply pass.
@@ -273,15 +254,14 @@ def collect(res: RunResult, values: list[dict | None], errors: list[RankError | 
 
 def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
                  disabled_rules: frozenset[str] = frozenset(), *, procs: bool = False,
-                 process_scope: bool = False, timeout: float | None = None) -> RunResult:
+                 timeout: float | None = None) -> RunResult:
     """Run `sc` under its own policy, or under `policy` when given. `disabled_rules` switches
     simulator rules off (mutation tests only). `procs`: one real OS process per rank
-    (commsim.procs); `process_scope`: in thread mode, restrict the policy as process mode
-    does, to compare the two modes; `timeout`: process mode's bound in seconds."""
+    (commsim.procs, docs/processes.md); `timeout`: process mode's bound in seconds."""
     if procs:
         from ..procs.launcher import run_scenario_procs
         return run_scenario_procs(sc, policy, seed, timeout=timeout)
-    seed, pol, res = prepare(sc, policy, seed, process_scope)
+    seed, pol, res = prepare(sc, policy, seed)
     fabric = SimFabric(sc.cluster, seed, disabled_rules=disabled_rules)
     drivers = [spawn_driver(fabric, g, faults_for(sc, r)) for r, g in enumerate(sc.placement)]
     world = LocalWorld(sc.world_size, seed)

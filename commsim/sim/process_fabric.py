@@ -13,23 +13,30 @@ processes is carried by bytes and by shared memory:
   IMEX checks of the driver run from the topology exactly as in thread mode: a cross-host
   legacy IPC open still answers cudaErrorInvalidResourceHandle (row L8).
 
-Allocation ids carry the rank in their high bits, so ids are unique across processes without
-any coordination. Multicast objects stay process-local (see docs/processes.md: process mode
-scopes policies to ipc, fabric and nccl).
+* a multicast object's team (devices in join order, each device's binding: allocation id,
+  offsets, size) is a small shm table `<prefix>-m<id>`, changed under an flock, so a
+  multimem kernel in any process reduces over every member's unicast segment.
+
+Allocation and multicast ids carry the rank in their high bits, so ids are unique across
+processes without any coordination.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import mmap
+import os
 import pickle
 import struct
-from typing import Protocol, Sequence
+from collections.abc import MutableMapping
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from ..topology.model import Cluster, GpuRef
 from . import shm
-from .fabric import PhysicalAlloc, SimFabric, SimProcess
+from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
 from .faults import ProcessFaults
 from .ledger import Ledger
 
@@ -107,10 +114,12 @@ class ProcessFabric(SimFabric):
         return h
 
     def fabric_handle_for(self, kind: str, oid: int) -> bytes:
-        if kind != "mem":
-            return super().fabric_handle_for(kind, oid)   # multicast: process-local
-        a = self.allocs[oid]
-        h = self._seal(b"CSFABRIC", oid, a.owner_pid, a.gpu, a.size)
+        if kind == "mc":
+            m = self.multicasts[oid]
+            h = self._seal(b"CSFABMC_", oid, PID_BASE + rank_of_aid(oid), m.creator, m.size)
+        else:
+            a = self.allocs[oid]
+            h = self._seal(b"CSFABRIC", oid, a.owner_pid, a.gpu, a.size)
         self.fabric_handles[h] = (kind, oid)
         return h
 
@@ -159,6 +168,9 @@ class ProcessFabric(SimFabric):
         own = self.fabric_handles.get(key)
         if own is not None:
             return own
+        got = self._open(key, b"CSFABMC_")
+        if got is not None:
+            return None if self.attach_multicast(got[0]) is None else ("mc", got[0])
         got = self._open(key, b"CSFABRIC")
         if got is None:
             return None
@@ -184,6 +196,184 @@ class ProcessFabric(SimFabric):
     def live_bytes(self) -> int:
         return sum(a.size for a in self.allocs.values() if a.aid not in self.remote)
 
+
+    # -- multicast teams in shared memory ----------------------------------------------------
+    def new_multicast(self, creator: GpuRef, num_devices: int, size: int,
+                      handle_types: int) -> MulticastObject:
+        mid = self._next_mid
+        self._next_mid += 1
+        path = shm.segment_path(self.prefix, f"m{mid}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, TEAM_BYTES)
+        mm = mmap.mmap(fd, TEAM_BYTES)
+        _TEAM_HEAD.pack_into(mm, 0, num_devices, handle_types, self._gpu_code(creator), 0, size)
+        m = SharedMulticast(self, mid, fd, mm, refs=1)
+        self.multicasts[mid] = m
+        return m
+
+    def attach_multicast(self, mid: int) -> MulticastObject | None:
+        """Another process's multicast object, from its table (None once it is gone)."""
+        m = self.multicasts.get(mid)
+        if m is not None:
+            return m
+        try:
+            fd = os.open(shm.segment_path(self.prefix, f"m{mid}"), os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        m = SharedMulticast(self, mid, fd, mmap.mmap(fd, TEAM_BYTES), refs=0)
+        self.multicasts[mid] = m
+        return m
+
+    def unref_multicast(self, m: MulticastObject) -> None:
+        """This process's last reference and mapping are gone. Its own bindings were undone
+        by cuMulticastUnbind (or by the exit hook); other processes' bindings are theirs. The
+        creator unlinks the table's name; open tables stay valid for the others."""
+        m.refs -= 1
+        if m.refs > 0 or m.maps > 0:
+            return
+        self.multicasts.pop(m.mid, None)
+        for h, (k, oid) in list(self.fabric_handles.items()):
+            if k == "mc" and oid == m.mid:
+                del self.fabric_handles[h]
+        if isinstance(m, SharedMulticast):
+            if rank_of_aid(m.mid) == self.rank:
+                shm.segment_path(self.prefix, f"m{m.mid}").unlink(missing_ok=True)
+            m.close()
+
+
+# Team table: header (num_devices, handle types, creator GPU, joined count, size), then one
+# slot per device in join order (GPU, bound, allocation id, allocation size, mem offset,
+# mc offset, bound size).
+_TEAM_HEAD = struct.Struct("<IIIIQ")
+_SLOT = struct.Struct("<IIQQQQQ")
+MAX_TEAM = 128
+TEAM_BYTES = 64 + MAX_TEAM * _SLOT.size
+
+
+class SharedMulticast(MulticastObject):
+    """A MulticastObject whose `devices` and `bindings` live in the team table; `refs` and
+    `maps` stay per process (each process holds its own handles and mappings)."""
+
+    def __init__(self, fabric: ProcessFabric, mid: int, fd: int, mm: mmap.mmap, refs: int) -> None:
+        n, types, code, _, size = _TEAM_HEAD.unpack_from(mm, 0)
+        self.fabric, self.fd, self.mm = fabric, fd, mm
+        self.mid, self.num_devices, self.size, self.handle_types = mid, n, size, types
+        self.creator = fabric._gpu_of(code)
+        self.refs, self.maps = refs, 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _slot(self, i: int) -> tuple:
+        return _SLOT.unpack_from(self.mm, 64 + i * _SLOT.size)
+
+    def _write(self, i: int, *fields: int) -> None:
+        _SLOT.pack_into(self.mm, 64 + i * _SLOT.size, *fields)
+
+    def _joined(self) -> int:
+        return _TEAM_HEAD.unpack_from(self.mm, 0)[3]
+
+    def _locked(self) -> Any:
+        fd = self.fd
+
+        class _Lock:
+            def __enter__(self) -> None:
+                fcntl.flock(fd, fcntl.LOCK_EX)   # AddDevice / BindMem race across processes
+
+            def __exit__(self, *exc: object) -> None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        return _Lock()
+
+    def _index(self, g: GpuRef) -> int | None:
+        code = self.fabric._gpu_code(g)
+        for i in range(self._joined()):
+            if self._slot(i)[0] == code:
+                return i
+        return None
+
+    @property
+    def devices(self) -> "_Devices":   # type: ignore[override]
+        return _Devices(self, [self.fabric._gpu_of(self._slot(i)[0]) for i in range(self._joined())])
+
+    @property
+    def bindings(self) -> "_Bindings":   # type: ignore[override]
+        return _Bindings(self)
+
+    def add_device(self, g: GpuRef) -> None:
+        with self._locked():
+            n = self._joined()
+            if n >= MAX_TEAM:
+                raise ValueError("multicast team table full")
+            self._write(n, self.fabric._gpu_code(g), 0, 0, 0, 0, 0, 0)
+            head = list(_TEAM_HEAD.unpack_from(self.mm, 0))
+            head[3] = n + 1
+            _TEAM_HEAD.pack_into(self.mm, 0, *head)
+
+
+class _Devices(list):
+    """The team's devices as a list; append joins the shared table."""
+
+    def __init__(self, mc: SharedMulticast, items: list) -> None:
+        super().__init__(items)
+        self.mc = mc
+
+    def append(self, g: GpuRef) -> None:   # type: ignore[override]
+        self.mc.add_device(g)
+        super().append(g)
+
+
+class _Bindings(MutableMapping):
+    """gpu -> (PhysicalAlloc, mem offset, mc offset, size), read from and written to the
+    table; a peer's allocation is mapped from its segment when first read."""
+
+    def __init__(self, mc: SharedMulticast) -> None:
+        self.mc = mc
+
+    def _entry(self, i: int) -> tuple | None:
+        code, bound, aid, asize, mem_off, mc_off, size = self.mc._slot(i)
+        if not bound:
+            return None
+        f = self.mc.fabric
+        gpu = f._gpu_of(code)
+        a = f.allocs.get(aid)
+        if a is None and gpu is not None:
+            a = f._attach(aid, PID_BASE + rank_of_aid(aid), gpu, asize, legacy=False)
+        return None if a is None else (a, mem_off, mc_off, size)
+
+    def __getitem__(self, g: GpuRef) -> tuple:
+        i = self.mc._index(g)
+        e = None if i is None else self._entry(i)
+        if e is None:
+            raise KeyError(g)
+        return e
+
+    def __setitem__(self, g: GpuRef, value: tuple) -> None:
+        a, mem_off, mc_off, size = value
+        with self.mc._locked():
+            i = self.mc._index(g)
+            if i is None:
+                raise KeyError(g)
+            self.mc._write(i, self.mc.fabric._gpu_code(g), 1, a.aid, a.size, mem_off, mc_off, size)
+
+    def __delitem__(self, g: GpuRef) -> None:
+        with self.mc._locked():
+            i = self.mc._index(g)
+            if i is None:
+                raise KeyError(g)
+            self.mc._write(i, self.mc.fabric._gpu_code(g), 0, 0, 0, 0, 0, 0)
+
+    def __iter__(self) -> Iterator[GpuRef]:
+        for i in range(self.mc._joined()):
+            if self.mc._slot(i)[1]:
+                yield self.mc.fabric._gpu_of(self.mc._slot(i)[0])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def clear(self) -> None:
+        pass   # a process never clears the team's bindings of the others (unref_multicast)
 
 
 class StoreFdMailbox:
@@ -237,4 +427,6 @@ class _Inbox:
         gpu = f._gpu_of(code)
         if kind == "mem" and gpu is not None:
             f._attach(oid, pid, gpu, size, legacy=False)
+        elif kind == "mc":
+            f.attach_multicast(oid)
         return kind, oid
