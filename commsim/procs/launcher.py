@@ -93,7 +93,8 @@ def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, 
             p.start()
             procs[r] = p
             out.pids.append(p.pid)
-        say(f"started {len(procs)} rank process(es) in {time.monotonic() - t0:.2f} s")
+        say(f"started {len(procs)} rank process(es) in {time.monotonic() - t0:.2f} s "
+            f"(pids {' '.join(str(p.pid) for p in procs.values())}; shared memory {prefix}-*)")
         # Every wait ends within `timeout`; a failing rank's close() may wait once more, and
         # start-up needs its own allowance: past this the launcher ends the run itself.
         hard = t0 + 3 * timeout + 30

@@ -1,0 +1,42 @@
+"""Issue 9: Ctrl-C during `commsim run --procs` leaves no rank process and no shared memory."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from commsim.sim import shm
+
+from conftest import pid_alive
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ctrl_c_kills_ranks_and_sweeps_shared_memory():
+    # Rank 1 stalls at the IPC handle exchange, so the run is in flight when interrupted.
+    p = subprocess.Popen([sys.executable, "-m", "commsim.cli", "run", "--procs", "-v",
+                          "--timeout", "60", "--stall", "1@ipc.init",
+                          "scenarios/topologies/hgx-h100-8.toml"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    started = ""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if "started" in line:
+            started = line
+            break
+    assert started, "the launcher never reported its ranks"
+    pids = [int(x) for x in re.search(r"pids ([\d ]+);", started).group(1).split()]
+    prefix = re.search(r"shared memory (\S+)-\*", started).group(1)
+    time.sleep(1.5)           # the ranks are now inside the run, segments allocated
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=60)
+    assert p.returncode == 130      # commsim: interrupted
+    assert not any(pid_alive(x) for x in pids)
+    assert not shm.segments(prefix)
