@@ -58,6 +58,67 @@ def rank_of_aid(aid: int) -> int:
     return (aid >> 32) - 1
 
 
+class RemoteAlloc(PhysicalAlloc):
+    """Another process's allocation as this process maps it. A legacy (cudaMalloc) one counts
+    as freed once its exporter has unlinked the segment: a cudaFree while a peer still has
+    the handle open is undefined (reference §1.1, §7.3, row L15) and the driver faults and
+    flags the peer's next access, as in thread mode. VMM memory instead lives on while
+    mapped (row V13), which the unlinked-but-mapped segment gives by itself."""
+
+    segment: Any = None
+    _freed = False
+
+    @property   # type: ignore[override]
+    def freed(self) -> bool:
+        if self._freed:
+            return True
+        if self.legacy and self.segment is not None and not self.segment.exists():
+            self._freed = True
+        return self._freed
+
+    @freed.setter
+    def freed(self, value: bool) -> None:
+        self._freed = value
+
+
+class MirroredLedger(Ledger):
+    """This process's ledger; its open legacy IPC mappings are also marked in /dev/shm
+    (`<prefix>-a<id>.open<pid>`, present while the mapping is held), so an exporter in another
+    process can tell that a cudaFree comes while a peer still has the handle open (row L15)."""
+
+    def __init__(self, pid: int, prefix: str) -> None:
+        super().__init__(pid)
+        self.prefix = prefix
+
+    def add(self, kind: str, key: object, detail: str, site: str | None = None) -> Any:
+        it = super().add(kind, key, detail, site)
+        if kind == "ipc_mapping" and it.refs == 1:
+            open_marker(self.prefix, key[1], self.pid).touch()
+        return it
+
+    def remove(self, kind: str, key: object, all_refs: bool = False) -> None:
+        super().remove(kind, key, all_refs)
+        if kind == "ipc_mapping" and not self.has(kind, key):
+            open_marker(self.prefix, key[1], self.pid).unlink(missing_ok=True)
+
+
+class PeerLedger(Ledger):
+    """A peer process's ledger as this process can observe it: only the open-IPC markers."""
+
+    def __init__(self, pid: int, prefix: str) -> None:
+        super().__init__(pid)
+        self.prefix = prefix
+
+    def has(self, kind: str, key: object) -> bool:
+        if kind == "ipc_mapping" and isinstance(key, tuple):
+            return open_marker(self.prefix, key[1], self.pid).exists()
+        return False
+
+
+def open_marker(prefix: str, aid: Any, pid: int) -> Any:
+    return shm.segment_path(prefix, f"a{aid}.open{pid}")
+
+
 class ProcessFabric(SimFabric):
     def __init__(self, cluster: Cluster, seed: int, rank: int, placement: Sequence[GpuRef],
                  prefix: str, mailbox: Mailbox | None = None,
@@ -77,7 +138,13 @@ class ProcessFabric(SimFabric):
         for r, g in enumerate(self.placement):
             if r != rank:
                 pid = PID_BASE + r
-                self.processes[pid] = SimProcess(pid, g.host, (), Ledger(pid), ProcessFaults())
+                self.processes[pid] = SimProcess(pid, g.host, (), PeerLedger(pid, prefix),
+                                                 ProcessFaults())
+
+    def spawn(self, host: str, gpus: Any, faults: ProcessFaults | None = None) -> SimProcess:
+        p = super().spawn(host, gpus, faults)
+        p.ledger = MirroredLedger(p.pid, self.prefix)
+        return p
 
     # -- handle bytes -----------------------------------------------------------------------
     def _gpu_code(self, g: GpuRef) -> int:
@@ -135,7 +202,8 @@ class ProcessFabric(SimFabric):
         if data is None:
             return None
         # refs 0: the exporter holds the creation reference; imports add their own.
-        a = PhysicalAlloc(aid, gpu, size, data, legacy, pid, refs=0)
+        a = RemoteAlloc(aid, gpu, size, data, legacy, pid, refs=0)
+        a.segment = shm.segment_path(self.prefix, f"a{aid}")
         self.allocs[aid] = a
         self.remote.add(aid)
         return a

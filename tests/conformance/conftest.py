@@ -9,6 +9,8 @@ returns. A later GPU run swaps the factory (and only it) for one that builds CUD
 Factory choice: the environment variable COMMSIM_DEVICE.
 - unset or `sim`: SimFabric + `spawn_driver` (commsim/sim), one simulated process per
   placement entry;
+- `procs`: the simulator in process mode (commsim/procs/rig.py): one OS process per
+  placement entry, each with its own ProcessFabric, device memory in /dev/shm;
 - `cuda`: the real driver: device.rig.CudaRig, one OS process with a device.driver.CudaDriver
   per placement entry. Without a GPU every conformance test is skipped with the reason, never
   silently passed; with one, a case whose topology this machine cannot stand in for (more
@@ -167,9 +169,12 @@ class SimRig:
 def make_rig(topology: str | Cluster, placement: Placement, seed: int = 0) -> SimRig:
     """THE factory: drivers for `topology` (a preset spec such as `gb200-nvl72:2`, or an
     edited Cluster) with one process per placement entry."""
-    if DEVICE not in ("sim", "cuda"):
-        raise pytest.UsageError(f"COMMSIM_DEVICE={DEVICE!r}: use 'sim' (default) or 'cuda'")
+    if DEVICE not in ("sim", "cuda", "procs"):
+        raise pytest.UsageError(f"COMMSIM_DEVICE={DEVICE!r}: use 'sim' (default), 'procs' or 'cuda'")
     cluster = build(topology) if isinstance(topology, str) else topology
+    if DEVICE == "procs":
+        from commsim.procs.rig import ProcSimRig
+        return ProcSimRig(cluster, placement, seed)
     if DEVICE == "cuda":
         why = _cuda_unavailable()
         if why:
