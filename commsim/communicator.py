@@ -21,12 +21,14 @@ from .backends.fabric import FabricBackend
 from .backends.ipc import IpcBackend
 from .backends.multicast import MulticastBackend
 from .backends.nccl import NcclBackend
+from .backends.symm import SymmBackend
 from .discovery import GroupView, discover
 from .driver import Driver
 from .policy import Policy
 
 BACKENDS: dict[str, type[Backend]] = {"ipc": IpcBackend, "fabric": FabricBackend,
-                                     "multicast": MulticastBackend, "nccl": NcclBackend}
+                                     "multicast": MulticastBackend, "symm": SymmBackend,
+                                     "nccl": NcclBackend}
 
 
 def register_backend(cls: type[Backend]) -> None:
@@ -93,7 +95,9 @@ class Communicator:
                 self.decisions.append(Decision(name, f"declined after set-up failure: {e}"))
                 continue
             self.backends[name] = b
-            self.decisions.append(Decision(name, "admitted: every requirement holds for every rank"))
+            desc = b.describe()
+            self.decisions.append(Decision(name, "admitted: every requirement holds for every rank"
+                                                 + (f" ({desc})" if desc else "")))
 
     # -- dispatch --------------------------------------------------------------------------
     def _pick(self, op: str, x: torch.Tensor) -> Backend:

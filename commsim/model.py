@@ -118,6 +118,7 @@ BACKEND_ALGORITHMS: dict[str, tuple[str, ...]] = {
     "ipc": ("one-shot", "two-shot"),
     "fabric": ("one-shot", "two-shot"),
     "multicast": ("multicast",),
+    "symm": ("one-shot", "two-shot", "multicast"),
     "nccl": ("ring", "multicast"),
 }
 
@@ -282,7 +283,8 @@ def predict(backend: str, algorithm: str, nbytes: float, fabric: GroupFabric) ->
         return alpha * US + _sync_penalty(f, 2) + n / _bw(f, "eff.multimem")
     if backend == "nccl":
         return _nccl_ring(f, n)[0]
-    if backend == "ipc":
+    if backend in ("ipc", "symm"):
+        # symm's peer kernels are the custom all-reduce's over mapped symmetric buffers.
         if algorithm == "one-shot":
             return _p("alpha.peer_one_shot") * US + _sync_penalty(f, 2) + _peer(f, n)
         return _p("alpha.peer_two_shot") * US + _sync_penalty(f, 3) + 2 * _peer(f, n / p)

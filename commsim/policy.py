@@ -22,8 +22,9 @@ from .errors import UserError
 @dataclass
 class Policy:
     name: str = "default"
-    # Peer-pointer backends first (lowest latency), then multicast, then the fallback.
-    order: tuple[str, ...] = ("ipc", "fabric", "multicast", "nccl")
+    # Peer-pointer backends first (lowest latency), then multicast, then symmetric memory
+    # (which takes the sizes beyond the others' workspaces, up to its own), then the fallback.
+    order: tuple[str, ...] = ("ipc", "fabric", "multicast", "symm", "nccl")
     params: dict[str, Any] = field(default_factory=lambda: {"max_size": 8 * Mi})
     # On a set-up failure: fall back to the next backend (True) or fail the communicator.
     fallback_on_setup_error: bool = True

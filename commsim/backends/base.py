@@ -86,7 +86,14 @@ class Backend(ABC):
 
     # -- collective set-up helpers ---------------------------------------------------------
     def vote(self, step: str, error: Exception | None) -> None:
-        """All ranks learn whether `step` failed anywhere; the first failure is raised on all."""
+        """All ranks learn whether `step` failed anywhere; the first failure is raised on all.
+        A policy with `agree=False` reproduces libraries that decide rank-locally (before the
+        AND/MAX votes of reference §7.4): the failure stops only its own rank, and the peers
+        go on to the next exchange without it."""
+        if not self.params.get("agree", True):
+            if error is not None:
+                raise SetupFailed(self.name, step, self.rank, error)
+            return
         mine = None if error is None else (self.rank, error)
         errs = self.group.all_gather_object(mine, tag=f"{self.name}.{step}: vote")
         for e in errs:
@@ -95,6 +102,10 @@ class Backend(ABC):
 
     def setup(self) -> None:
         pass
+
+    def describe(self) -> str:
+        """What set-up chose, for explanations (handle type, addresses); '' when nothing."""
+        return ""
 
     def close(self) -> None:
         self.closed = True

@@ -84,7 +84,7 @@ class GroupTruth:
 
 
 def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
-                order: tuple[str, ...] = ("ipc", "fabric", "multicast", "nccl")) -> GroupTruth:
+                order: tuple[str, ...] = Policy().order) -> GroupTruth:
     c = sc.cluster
     gpus = tuple(sc.placement[r] for r in ranks)
     ws = len(gpus)
@@ -122,6 +122,20 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
                 why["multicast"] = "POSIX-fd handles unavailable"
         elif not all(FABRIC in imp[p] for p in pairs):
             why["multicast"] = "across hosts the multicast handle must be FABRIC (row M7)"
+    if ws < 2:
+        why["symm"] = "a group of one rank"
+    elif len({c.host(g.host).shm_namespace for g in gpus}) == 1:
+        # One socket namespace: the symmetric buffers travel as POSIX fds (§2.5) and peers
+        # load and store through the mappings over NVLink P2P (rows L10, B3).
+        bad = next(((a, b) for a, b in pairs if POSIX_FD not in imp[(a, b)]), None)
+        if bad:
+            why["symm"] = f"{bad[0]} cannot import a POSIX-fd handle of {bad[1]}"
+        elif not nvl_all:
+            why["symm"] = "not every pair is NVLink + P2P"
+    else:
+        bad = next(((a, b) for a, b in pairs if FABRIC not in imp[(a, b)]), None)
+        if bad:
+            why["symm"] = f"across hosts: {bad[0]} cannot import a FABRIC handle of {bad[1]}"
     legal = tuple(b for b in order if b not in why)
     if "nccl" not in legal:
         legal += ("nccl",)
@@ -146,6 +160,9 @@ def op_legal(backend: str, op: str, nbytes: int, ws: int, params: dict[str, Any]
         return nbytes % 16 == 0 and total < int(params.get("max_size", 8 * Mi))
     if backend == "multicast":
         return op in ("all_reduce", "all_reduce_rmsnorm") and nbytes < int(params.get("multicast_max_size", 64 * Mi))
+    if backend == "symm":
+        total = nbytes * ws if op == "all_gather" else nbytes
+        return nbytes % 16 == 0 and total < int(params.get("symm_max_size", 64 * Mi))
     return backend == "nccl"
 
 

@@ -151,7 +151,7 @@ def test_size_table_and_rendering_for_hgx_h100() -> None:
     assert t.rows[0].cells["ipc"].algorithm == "one-shot"
     assert t.rows[6].cells["ipc"].algorithm == "two-shot"     # 256 KiB at ws 8 (vLLM rule)
     text = render(t)
-    assert "legal: ipc, multicast, nccl" in text and "not legal: fabric:" in text
+    assert "legal: ipc, multicast, symm, nccl" in text and "not legal: fabric:" in text
     assert "chosen changes ipc -> multicast at 8 MiB (ipc: 8388608 B >= workspace" in text
     assert "model crossovers (fastest legal backend changes): ipc -> multicast at" in text
 
