@@ -94,6 +94,9 @@ class Communicator:
                     raise
                 self.decisions.append(Decision(name, f"declined after set-up failure: {e}"))
                 continue
+            except BaseException:
+                b.close()       # a hang or peer failure mid set-up: release what this rank holds
+                raise
             self.backends[name] = b
             desc = b.describe()
             self.decisions.append(Decision(name, "admitted: every requirement holds for every rank"

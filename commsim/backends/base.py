@@ -110,6 +110,18 @@ class Backend(ABC):
     def close(self) -> None:
         self.closed = True
 
+    def close_barrier(self, tag: str) -> bool:
+        """The barrier of a collective teardown. When the group is already broken (a peer died,
+        a hang was diagnosed) nobody else will arrive: release what this rank holds anyway,
+        so the ledger still returns to zero; a peer still mapping our memory is what the
+        simulator then flags (row L15), which is the truth of a teardown without agreement."""
+        from ..group.errors import GroupError
+        try:
+            self.group.barrier(tag=tag)
+            return True
+        except GroupError:
+            return False
+
     # -- the op ----------------------------------------------------------------------------
     @abstractmethod
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:

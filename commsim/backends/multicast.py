@@ -144,7 +144,7 @@ class MulticastBackend(Backend):
         self.closed = True
         d = self.driver
         d.cudaDeviceSynchronize()
-        self.group.barrier(tag="multicast.close: all ranks done")
+        self.close_barrier("multicast.close: all ranks done")
         if self.bound:
             d.cuMulticastUnbind(self.mc_handle, check("cudaGetDevice", d.cudaGetDevice()), 0, self.size)
         for va, mapped in reversed(self.mapped):

@@ -284,7 +284,7 @@ class SymmBackend(PeerBackend):
         self.closed = True
         d = self.driver
         d.cudaDeviceSynchronize()
-        self.group.barrier(tag="symm.close: all ranks done with peer memory")
+        self.close_barrier("symm.close: all ranks done with peer memory")
         if self.own_fd is not None:       # set-up stopped between export and rendezvous
             d.close_fd(self.own_fd)
             self.own_fd = None
