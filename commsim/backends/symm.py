@@ -212,40 +212,29 @@ class SymmBackend(PeerBackend):
 
     def _setup_multicast(self, me: int) -> None:
         """FlashInfer SymmDeviceMemory._setup_multicast (§3.2): rank 0 creates and shares the
-        object, every rank adds its own device, binds its buffer at offset 0, maps the VA."""
+        object, every rank adds its own device, then binds its buffer at offset 0 and maps the
+        VA. Each step is voted: a rank that binds before every device joined blocks (row M2),
+        and a peer waiting for rank 0's handle must learn that rank 0 failed to create it."""
         d = self.driver
-        err = None
+        err, blob = None, None
         try:
-            mprop = multicast_prop(self.ws, self.slot, self.htype)
             if self.rank == 0:
-                self.mc_handle = check("cuMulticastCreate", d.cuMulticastCreate(mprop))
+                self.mc_handle = check("cuMulticastCreate", d.cuMulticastCreate(
+                    multicast_prop(self.ws, self.slot, self.htype)))
                 blob = check("cuMemExportToShareableHandle",
                              d.cuMemExportToShareableHandle(self.mc_handle, self.htype, 0))
-            else:
-                blob = None
-            if self.htype == FABRIC:
-                blob = self.group.exchange(self._key("multicast"), blob,
-                                           tag="symm.init: share multicast handle")[0]
-                if self.rank != 0:
-                    self.mc_handle = check("cuMemImportFromShareableHandle",
-                                           d.cuMemImportFromShareableHandle(blob, FABRIC))
-            else:
-                pids = self.group.exchange(self._key("multicast"), d.getpid(),
-                                           tag="symm.init: share multicast handle")
-                if self.rank == 0:
-                    try:
-                        for p in pids[1:]:
-                            send_fd(d, blob, p)
-                    finally:
-                        d.close_fd(blob)
-                else:
-                    fd = recv_fd(d, pids[0], timeout=FD_EXCHANGE_TIMEOUT)
-                    try:
-                        self.mc_handle = check("cuMemImportFromShareableHandle",
-                                               d.cuMemImportFromShareableHandle(fd, FD))
-                    finally:
-                        d.close_fd(fd)
+        except CudaError as e:
+            err = e
+        self.vote("init: create multicast object", err)
+        err = None
+        try:
+            self._share_multicast(blob)
             check("cuMulticastAddDevice", d.cuMulticastAddDevice(self.mc_handle, me))
+        except (CudaError, FdTransportError) as e:
+            err = e
+        self.vote("init: share multicast object", err)
+        err = None
+        try:
             check("cuMulticastBindMem", d.cuMulticastBindMem(self.mc_handle, 0, self.own, 0, self.slot, 0))
             self.bound = True
             va = check("cuMemAddressReserve", d.cuMemAddressReserve(self.slot, 0, 0, 0))
@@ -253,9 +242,35 @@ class SymmBackend(PeerBackend):
             check("cuMemMap", d.cuMemMap(va, self.slot, 0, self.mc_handle, 0))
             self.mc_mapped = True
             check("cuMemSetAccess", d.cuMemSetAccess(va, self.slot, [access_desc(me)], 1))
-        except (CudaError, FdTransportError) as e:
+        except CudaError as e:
             err = e
-        self.vote("init: multicast object", err)
+        self.vote("init: bind and map multicast", err)
+
+    def _share_multicast(self, blob: Any) -> None:
+        """Rank 0's exported multicast handle to every other rank: a fabric blob through the
+        store, or an fd over each peer's Unix socket after the pids meet in the store."""
+        d = self.driver
+        if self.htype == FABRIC:
+            blob = self.group.exchange(self._key("multicast"), blob,
+                                       tag="symm.init: share multicast handle")[0]
+            if self.rank != 0:
+                self.mc_handle = check("cuMemImportFromShareableHandle",
+                                       d.cuMemImportFromShareableHandle(blob, FABRIC))
+            return
+        pids = self.group.exchange(self._key("multicast"), d.getpid(),
+                                   tag="symm.init: share multicast handle")
+        if self.rank == 0:
+            try:
+                for p in pids[1:]:
+                    send_fd(d, blob, p)
+            finally:
+                d.close_fd(blob)
+            return
+        fd = recv_fd(d, pids[0], timeout=FD_EXCHANGE_TIMEOUT)
+        try:
+            self.mc_handle = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+        finally:
+            d.close_fd(fd)
 
     def describe(self) -> str:
         mc = ("multicast object bound, multimem all-reduce" if self.mc else
