@@ -14,9 +14,10 @@ are marked `estimate=True` and say how they were derived. The model knows the to
 through a `GroupFabric`, built from the simulator's ground truth (`group_fabric`) or, as a
 communicator would, from its discovery view (`fabric_from_view`).
 
-How a policy would use it (not wired in; the default policy order is unchanged): after
-discovery, `ordered_by_model(admitted, nbytes, fabric_from_view(view))` sorts the admitted
-backends by predicted time; each backend's `accepts` limits still apply in that order.
+How a policy uses it: the "model" preset (`commsim.policy.ModelPolicy`) binds to the group
+after discovery and tries backends in `ordered_by_model(order, nbytes, fabric_from_view(view))`;
+each backend's `accepts` limits still apply in that order. The default policy's fixed order
+does not use the model.
 """
 
 from __future__ import annotations

@@ -305,3 +305,59 @@ def test_explain_sizes_cli_errors(argv: list[str], words: str, capsys: pytest.Ca
     from commsim.cli import main
     assert main(["explain", str(SCENARIO), *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+# -- the "model" policy preset ---------------------------------------------------------------
+
+
+def test_model_policy_tries_admitted_backends_fastest_first() -> None:
+    from commsim.policy import PRESET_POLICIES, Policy, resolve
+    pol = resolve("model")
+    assert pol is PRESET_POLICIES["model"] and pol.order == Policy().order
+    # Unbound (no group yet) it is the fixed order; bound, only all-reduce is reordered.
+    assert pol.candidates("all_reduce", 1 * MiB) == pol.order
+    c = build_preset("hgx-h100-8")
+    bound = pol.for_group(discovered_view(c, list(c.gpu_refs())))
+    assert bound.fabric == group_fabric(c, list(c.gpu_refs()))
+    # Candidates include backends the group did not admit (fabric here); dispatch skips them.
+    legal = ("ipc", "multicast", "nccl")
+    first = lambda n: next(b for b in bound.candidates("all_reduce", n) if b in legal)
+    assert first(16 * KiB) == "ipc" and first(1 * MiB) == "multicast"
+    assert bound.candidates("all_gather", 1 * MiB) == pol.order
+    assert Policy().for_group(discovered_view(c, list(c.gpu_refs()))).candidates("all_reduce", 1 * MiB) == pol.order
+
+
+def test_model_policy_in_the_size_table_keeps_workspace_limits() -> None:
+    c = build_preset("hgx-h100-8")
+    sizes = [16 * KiB, 1 * MiB, 16 * MiB, 128 * MiB]
+    from commsim.policy import resolve
+    by_model = {r.nbytes: r.chosen for r in size_table(c, list(c.gpu_refs()), "tp", sizes,
+                                                       policy=resolve("model")).rows}
+    default = {r.nbytes: r.chosen for r in size_table(c, list(c.gpu_refs()), "tp", sizes).rows}
+    # Above the model's ipc -> multicast crossover (about 470 KiB) the model policy takes
+    # multicast where the fixed order still takes ipc; at 128 MiB multicast's 64 MiB workspace
+    # refuses and NCCL takes it under both.
+    assert by_model == {16 * KiB: "ipc", 1 * MiB: "multicast", 16 * MiB: "multicast", 128 * MiB: "nccl"}
+    assert default[1 * MiB] == "ipc" and default[128 * MiB] == "nccl"
+
+
+def test_model_policy_runs_clean_and_the_oracle_agrees() -> None:
+    """The communicator binds the policy to its discovery view; the oracle binds it to the
+    topology's ground truth and expects the same fastest-first choice."""
+    from commsim.policy import resolve
+    from commsim.scenario.model import Group, Scenario, Workload
+    from commsim.scenario.oracle import judge
+    from commsim.scenario.runner import run_scenario
+    c = build_preset("hgx-h100-8")
+    sc = Scenario(name="h100-model-policy", cluster=c, placement=tuple(c.gpu_refs()),
+                  groups=(Group("tp", tuple(range(8))),),
+                  workload=Workload(ops=("all_reduce",), sizes=(16 * KiB, 1 * MiB),
+                                    dtypes=("bfloat16",)), seed=3)
+    res = run_scenario(sc, policy="model")
+    assert res.ok and not res.errors and not res.mismatches and not res.leaks, res.failures
+    chosen = {k[2]: b for k, b in res.backends.items()}
+    assert chosen == {16 * KiB: "ipc", 1 * MiB: "multicast"}
+    verdict = judge(sc, res, policy=resolve("model"))
+    assert verdict.ok, verdict.render()
+    # Under the fixed order the oracle would call the 1 MiB choice not the best.
+    assert "not-best" in judge(sc, res, policy=resolve("default")).kinds
