@@ -48,6 +48,9 @@ class Param:
 _NCCL = "NVIDIA/nccl src/graph/tuning.cc@b6475625"
 _VLLM_24111 = ("vllm-project/vllm#24111 (H100 benchmark tables: ca_1stage, ca_2stage, "
                "symm_mem_multimem at TP 4 and 6)")
+_VLLM_42324 = ("vllm-project/vllm#42324 (the last SM 9.0 / H100 table: pynccl and "
+               "symm_mem_multimem, 512 KiB-128 MiB; its world-size heading was not in the "
+               "excerpt read)")
 
 PARAMS: dict[str, Param] = {
     # -- link bandwidth per GPU and direction ------------------------------------------------
@@ -81,14 +84,25 @@ PARAMS: dict[str, Param] = {
     "eff.ring": Param(0.8, "", "nccl-tests all_reduce on 8xA100: 230-250 GB/s bus bandwidth of "
                                "the 300 GB/s link (docs.alayanew.com NCCL-tests reference "
                                "table)", estimate=True),
-    "eff.multimem": Param(0.45, "", f"switch-reduced all-reduce (NVLS, multimem) at 0.5-16 "
-                                    f"MiB, where the crossovers fall: least-squares slopes over "
-                                    f"0.5-4 MiB in {_VLLM_24111}, symm_mem_multimem 4.9 us/MiB at "
-                                    f"TP4 and 5.0 at TP6 (0.47 of 450 GB/s), pynccl (NVLS) 5.8 "
-                                    f"us/MiB at TP4 (0.40). nccl-tests on 8xH100 reach 0.6 only "
-                                    f"at large sizes (460-480 GB/s bus bandwidth, "
-                                    f"docs.alayanew.com NCCL-tests reference table)",
+    # Switch-reduced all-reduce. The torch symm-mem multimem kernel keeps one slope at every
+    # size; NCCL's NVLS is slower than it up to tens of MiB and faster beyond (it adds
+    # channels as messages grow), so NVLS gets two slopes and a knee.
+    "eff.multimem": Param(0.47, "", f"torch symm-mem multimem slopes: least squares over 0.5-4 "
+                                    f"MiB in {_VLLM_24111}, 4.9 us/MiB at TP4 and 5.0 at TP6 "
+                                    f"(0.47 of 450 GB/s); 4.9 us/MiB over 16-64 MiB in "
+                                    f"{_VLLM_42324} (0.48)", estimate=True),
+    "eff.nvls": Param(0.42, "", f"NCCL NVLS below the knee: pynccl slopes, least squares over "
+                                f"0.5-4 MiB at TP4 in {_VLLM_24111}, 5.8 us/MiB (0.40 of 450 "
+                                f"GB/s); 5.6 us/MiB over 8-16 MiB in {_VLLM_42324} (0.42)",
+                      estimate=True),
+    "eff.nvls.large": Param(0.6, "", f"NCCL NVLS above the knee: pynccl 3.8 us/MiB over 32-128 "
+                                     f"MiB in {_VLLM_42324} (0.61 of 450 GB/s); nccl-tests on "
+                                     f"8xH100 with NVLS, 460-480 GB/s bus bandwidth (0.6; "
+                                     f"docs.alayanew.com NCCL-tests reference table)",
                             estimate=True),
+    "nvls.knee": Param(32.0, "MiB", f"where the pynccl slope in {_VLLM_42324} turns: 5.6 us/MiB "
+                                    f"at 8-16 MiB, 4.6 at 16-32 MiB, 3.8 from 32 MiB on",
+                       estimate=True),
     # -- fixed costs ---------------------------------------------------------------------------
     "alpha.peer_one_shot": Param(6.0, "us", f"least-squares intercept of ca_1stage over 0.5-4 "
                                             f"MiB in {_VLLM_24111}: 6.7 us at TP4, 5.2 us at TP6",
@@ -317,8 +331,12 @@ def predict(backend: str, algorithm: str, nbytes: float, fabric: GroupFabric) ->
     if algorithm == "multicast":
         if not f.multicast:
             return math.inf
-        alpha = _p("nccl.nvls") if backend == "nccl" else _p("alpha.multimem")
-        return alpha * US + _sync_penalty(f, 2) + n / _bw(f, "eff.multimem")
+        if backend == "nccl":
+            # NCCL's NVLS reaches its large-message bandwidth only past a knee.
+            knee = _p("nvls.knee") * MiB
+            return (_p("nccl.nvls") * US + _sync_penalty(f, 2) + min(n, knee) / _bw(f, "eff.nvls")
+                    + max(0.0, n - knee) / _bw(f, "eff.nvls.large"))
+        return _p("alpha.multimem") * US + _sync_penalty(f, 2) + n / _bw(f, "eff.multimem")
     if backend == "nccl":
         return _nccl_ring(f, n)[0]
     if backend == "ipc":
