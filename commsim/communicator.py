@@ -64,6 +64,9 @@ class Communicator:
         self.step = "discover"
         try:
             self.view: GroupView = discover(driver, group)
+            # A policy whose order depends on the group (the "model" preset) binds to what
+            # discovery found; a fixed-order policy returns itself.
+            self.policy = self.policy.for_group(self.view)
             self.step = "init"
             self._init_backends()
         except BaseException as e:

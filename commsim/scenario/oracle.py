@@ -174,12 +174,20 @@ def legal_backends(sc: Scenario, policy: Policy | None = None) -> dict[tuple[str
     for g in sc.groups:
         gt = group_truth(sc, g.ranks, g.name, tuple(pol.order))
         ws = len(g.ranks)
+        # A policy whose order depends on the group (the "model" preset) binds to the
+        # ground-truth fabric and the legal set is listed in its order at each size. A
+        # fixed-order policy binds to itself; its order is `order`, and its `candidates` is
+        # not consulted here (it belongs to the run under test, which may plant a defect there).
+        bound = pol.for_truth(sc.cluster, gt.gpus)
         for op in wl.ops:
             for size in wl.sizes:
                 for dt in wl.dtypes:
                     nb = op_nbytes(op, size, dt, ws)
-                    out[(g.name, op, size, dt)] = tuple(
-                        b for b in gt.legal if op_legal(b, op, nb, ws, pol.params))
+                    ok = [b for b in gt.legal if op_legal(b, op, nb, ws, pol.params)]
+                    if bound is not pol:
+                        rank = {b: i for i, b in enumerate(bound.candidates(op, nb))}
+                        ok.sort(key=lambda b: rank.get(b, len(rank)))
+                    out[(g.name, op, size, dt)] = tuple(ok)
     return out
 
 
