@@ -104,8 +104,11 @@ class MulticastBackend(Backend):
                     d.close_fd(fd)
                 else:
                     fd = recv_fd(d, pids[0])
-                    self.mc_handle = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
-                    d.close_fd(fd)
+                    try:
+                        self.mc_handle = check("cuMemImportFromShareableHandle",
+                                               d.cuMemImportFromShareableHandle(fd, FD))
+                    finally:        # a failed import must not keep the received fd open
+                        d.close_fd(fd)
             check("cuMulticastAddDevice", d.cuMulticastAddDevice(self.mc_handle, me))
         except (CudaError, FdTransportError) as e:
             err = e

@@ -256,7 +256,10 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     pol = policy or resolve(sc.policy, sc.path.parent if sc.path is not None else None)
     legal = legal_backends(sc, pol)
     v.legal, v.backends = legal, dict(res.backends)
-    oom = [f for f in sc.faults if f.kind == "oom"]
+    # Injected driver failures (out of memory, a failing set-up call): the error they cause
+    # on the faulted rank, voted to its group, is expected; a backend they knock out may be
+    # skipped in favour of the next legal one.
+    oom = [f for f in sc.faults if f.kind in ("oom", "call_fails")]
     oom_ranks = {f.rank for f in oom if f.rank is not None}
     errored = bool(res.errors)
     for key, ok_set in legal.items():
@@ -332,9 +335,10 @@ def _caused_by_oom(sc: Scenario, e: Any, oom_ranks: set[int]) -> bool:
     text = f"{e.name} {e.message}"
     if "CollectiveMismatch" in text or "HangDetected" in text or e.name == "hang":
         return False
-    if e.name in OOM_ERRORS:
+    injected = set(OOM_ERRORS) | {f.code for f in sc.faults if f.kind == "call_fails"}
+    if e.name in injected:
         return e.origin in oom_ranks
-    return e.name == "RankFailed" and "SetupFailed" in text and any(c in text for c in OOM_ERRORS)
+    return e.name == "RankFailed" and "SetupFailed" in text and any(c in text for c in injected)
 
 
 def _setup_failed(explain: str) -> list[str]:
