@@ -21,12 +21,14 @@ from .backends.fabric import FabricBackend
 from .backends.ipc import IpcBackend
 from .backends.multicast import MulticastBackend
 from .backends.nccl import NcclBackend
+from .backends.symm import SymmBackend
 from .discovery import GroupView, discover
 from .driver import Driver
 from .policy import Policy
 
 BACKENDS: dict[str, type[Backend]] = {"ipc": IpcBackend, "fabric": FabricBackend,
-                                     "multicast": MulticastBackend, "nccl": NcclBackend}
+                                     "multicast": MulticastBackend, "symm": SymmBackend,
+                                     "nccl": NcclBackend}
 
 
 def register_backend(cls: type[Backend]) -> None:
@@ -62,6 +64,9 @@ class Communicator:
         self.step = "discover"
         try:
             self.view: GroupView = discover(driver, group)
+            # A policy whose order depends on the group (the "model" preset) binds to what
+            # discovery found; a fixed-order policy returns itself.
+            self.policy = self.policy.for_group(self.view)
             self.step = "init"
             self._init_backends()
         except BaseException as e:
@@ -92,8 +97,13 @@ class Communicator:
                     raise
                 self.decisions.append(Decision(name, f"declined after set-up failure: {e}"))
                 continue
+            except BaseException:
+                b.close()       # a hang or peer failure mid set-up: release what this rank holds
+                raise
             self.backends[name] = b
-            self.decisions.append(Decision(name, "admitted: every requirement holds for every rank"))
+            desc = b.describe()
+            self.decisions.append(Decision(name, "admitted: every requirement holds for every rank"
+                                                 + (f" ({desc})" if desc else "")))
 
     # -- dispatch --------------------------------------------------------------------------
     def _pick(self, op: str, x: torch.Tensor) -> Backend:

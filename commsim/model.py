@@ -14,9 +14,10 @@ are marked `estimate=True` and say how they were derived. The model knows the to
 through a `GroupFabric`, built from the simulator's ground truth (`group_fabric`) or, as a
 communicator would, from its discovery view (`fabric_from_view`).
 
-How a policy would use it (not wired in; the default policy order is unchanged): after
-discovery, `ordered_by_model(admitted, nbytes, fabric_from_view(view))` sorts the admitted
-backends by predicted time; each backend's `accepts` limits still apply in that order.
+How a policy uses it: the "model" preset (`commsim.policy.ModelPolicy`) binds to the group
+after discovery and tries backends in `ordered_by_model(order, nbytes, fabric_from_view(view))`;
+each backend's `accepts` limits still apply in that order. The default policy's fixed order
+does not use the model.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Param:
 _NCCL = "NVIDIA/nccl src/graph/tuning.cc@b6475625"
 _VLLM_24111 = ("vllm-project/vllm#24111 (H100 benchmark tables: ca_1stage, ca_2stage, "
                "symm_mem_multimem at TP 4 and 6)")
+_VLLM_42324 = ("vllm-project/vllm#42324 (the last SM 9.0 / H100 table: pynccl and "
+               "symm_mem_multimem, 512 KiB-128 MiB; its world-size heading was not in the "
+               "excerpt read)")
 
 PARAMS: dict[str, Param] = {
     # -- link bandwidth per GPU and direction ------------------------------------------------
@@ -67,29 +71,67 @@ PARAMS: dict[str, Param] = {
                                    "Azure NDv5: 8 NDR NICs for 8 GPUs, shared/data/"
                                    "nccl-topologies/azure_ndv5-topo.xml.md)", estimate=True),
     # -- achieved fraction of link bandwidth ---------------------------------------------------
-    "eff.peer": Param(0.8, "", f"slopes in {_VLLM_24111}: ca_1stage 8 us/MiB at TP4 (0.87 of "
-                               f"450 GB/s), 16 us/MiB at TP6 (0.73); nccl-tests 230-250 GB/s bus "
-                               f"bandwidth on 8xA100 (0.77-0.83 of 300 GB/s, "
+    "eff.peer": Param(0.8, "", f"one-shot slopes in {_VLLM_24111}: ca_1stage 8 us/MiB at TP4 "
+                               f"(0.87 of 450 GB/s), 16 us/MiB at TP6 (0.73); nccl-tests 230-250 "
+                               f"GB/s bus bandwidth on 8xA100 (0.77-0.83 of 300 GB/s, "
                                f"docs.alayanew.com NCCL-tests reference table)", estimate=True),
+    # Two-shot reads n/p slices from every peer twice with a grid barrier in between; the
+    # vLLM kernel reaches less of the link than one-shot does.
+    "eff.peer_two_shot": Param(0.55, "", f"ca_2stage slopes in {_VLLM_24111}, least squares "
+                                         f"over 0.5-4 MiB: 7.5 us/MiB at TP4 (1.5 MiB per port: "
+                                         f"0.46 of 450 GB/s), 6.3 us/MiB at TP6 (1.67 MiB: 0.62); "
+                                         f"their mean", estimate=True),
     "eff.ring": Param(0.8, "", "nccl-tests all_reduce on 8xA100: 230-250 GB/s bus bandwidth of "
                                "the 300 GB/s link (docs.alayanew.com NCCL-tests reference "
                                "table)", estimate=True),
-    "eff.multimem": Param(0.6, "", "nccl-tests on 8xH100 with NVLS: 460-480 GB/s bus bandwidth "
-                                   "= 263-274 GB/s algorithm bandwidth, 0.6 of 450 GB/s "
-                                   "(docs.alayanew.com NCCL-tests reference table)", estimate=True),
+    # Switch-reduced all-reduce. The torch symm-mem multimem kernel keeps one slope at every
+    # size; NCCL's NVLS is slower than it up to tens of MiB and faster beyond (it adds
+    # channels as messages grow), so NVLS gets two slopes and a knee.
+    "eff.multimem": Param(0.47, "", f"torch symm-mem multimem slopes: least squares over 0.5-4 "
+                                    f"MiB in {_VLLM_24111}, 4.9 us/MiB at TP4 and 5.0 at TP6 "
+                                    f"(0.47 of 450 GB/s); 4.9 us/MiB over 16-64 MiB in "
+                                    f"{_VLLM_42324} (0.48)", estimate=True),
+    "eff.nvls": Param(0.42, "", f"NCCL NVLS below the knee: pynccl slopes, least squares over "
+                                f"0.5-4 MiB at TP4 in {_VLLM_24111}, 5.8 us/MiB (0.40 of 450 "
+                                f"GB/s); 5.6 us/MiB over 8-16 MiB in {_VLLM_42324} (0.42)",
+                      estimate=True),
+    "eff.nvls.large": Param(0.6, "", f"NCCL NVLS above the knee: pynccl 3.8 us/MiB over 32-128 "
+                                     f"MiB in {_VLLM_42324} (0.61 of 450 GB/s); nccl-tests on "
+                                     f"8xH100 with NVLS, 460-480 GB/s bus bandwidth (0.6; "
+                                     f"docs.alayanew.com NCCL-tests reference table)",
+                            estimate=True),
+    "nvls.knee": Param(32.0, "MiB", f"where the pynccl slope in {_VLLM_42324} turns: 5.6 us/MiB "
+                                    f"at 8-16 MiB, 4.6 at 16-32 MiB, 3.8 from 32 MiB on",
+                       estimate=True),
     # -- fixed costs ---------------------------------------------------------------------------
-    "alpha.peer_one_shot": Param(6.0, "us", f"intercept of ca_1stage in {_VLLM_24111}: 10 us at "
-                                            f"0.5 MiB TP4, 13 us TP6, less the bandwidth term",
+    "alpha.peer_one_shot": Param(6.0, "us", f"least-squares intercept of ca_1stage over 0.5-4 "
+                                            f"MiB in {_VLLM_24111}: 6.7 us at TP4, 5.2 us at TP6",
                                  estimate=True),
-    "alpha.peer_two_shot": Param(13.0, "us", f"intercept of ca_2stage in {_VLLM_24111}: 15-17 us "
-                                             f"at 0.5-1 MiB, less the bandwidth term",
-                                 estimate=True),
-    "alpha.multimem": Param(13.0, "us", f"intercept of symm_mem_multimem in {_VLLM_24111}: "
-                                        f"13-18 us at 0.5-1 MiB, less the bandwidth term",
+    # Two-shot's fixed cost over one-shot (one more grid barrier and peer flag round) depends
+    # on the GPU generation: one knob per generation. Generations without their own value
+    # (Volta, Blackwell) take Hopper's.
+    "alpha.peer_two_shot.sm90": Param(12.0, "us", f"least-squares intercept of ca_2stage over "
+                                                  f"0.5-4 MiB in {_VLLM_24111}: 12.8 us at TP4, "
+                                                  f"11.4 us at TP6 (ca_1stage: 6.7 and 5.2)",
+                                      estimate=True),
+    "alpha.peer_two_shot.sm80": Param(9.0, "us", "fitted to vLLM's 1-stage/2-stage cut-offs "
+                                                 "(csrc/custom_all_reduce.cuh: ws<=4 below 512 "
+                                                 "KiB, ws<=8 below 256 KiB), which were tuned on "
+                                                 "A100-80G (vllm-project/vllm#2192)",
+                                      estimate=True),
+    "alpha.multimem": Param(13.0, "us", f"least-squares intercept of symm_mem_multimem over "
+                                        f"0.5-4 MiB in {_VLLM_24111}: 13.4 us at TP4 (10.7 at "
+                                        f"TP6)",
                             estimate=True),
     "alpha.lamport_one_shot": Param(6.0, "us", "MNNVL one-shot (Lamport flags in the data, no "
                                                "barrier): taken equal to the peer one-shot",
                                     estimate=True),
+    "alpha.lamport_two_shot_extra": Param(0.9, "us", "fitted to FlashInfer's MNNVL one-shot "
+                                                     "cut-off tokens*hidden*tp*elem <= 1 MiB "
+                                                     "(trtllm_mnnvl_ar.py@fb28d72, set on GB200 "
+                                                     "NVL72 at tp 8): the second Lamport phase's "
+                                                     "flag round over the NVLink switch",
+                                          estimate=True),
     "nccl.base.LL": Param(6.6, "us", f"ring LL baseLat, {_NCCL}"),
     "nccl.base.LL128": Param(14.0, "us", f"ring LL128 baseLat, {_NCCL}"),
     "nccl.base.Simple": Param(8.4, "us", f"ring Simple baseLat, {_NCCL}"),
@@ -118,6 +160,7 @@ BACKEND_ALGORITHMS: dict[str, tuple[str, ...]] = {
     "ipc": ("one-shot", "two-shot"),
     "fabric": ("one-shot", "two-shot"),
     "multicast": ("multicast",),
+    "symm": ("one-shot", "two-shot", "multicast"),
     "nccl": ("ring", "multicast"),
 }
 
@@ -242,8 +285,19 @@ def _peer(f: GroupFabric, per_peer: float, eff: str = "eff.peer") -> float:
 def _sync_penalty(f: GroupFabric, syncs: int) -> float:
     # The kernel intercepts were measured over NVLink; a flag exchange over PCIe costs what
     # NCCL charges for one PCIe step more than one NVLink step.
-    extra = _p(f"nccl.hop.{f.hop}.LL") - _p("nccl.hop.nvlink.LL")
-    return syncs * extra * US
+    return syncs * _hop_extra(f) * US
+
+
+def _hop_extra(f: GroupFabric) -> float:
+    """Microseconds one flag round costs on this fabric beyond one over NVLink (PCIe, net)."""
+    return _p(f"nccl.hop.{f.hop}.LL") - _p("nccl.hop.nvlink.LL")
+
+
+def _two_shot_alpha(sm: int) -> float:
+    """Fixed cost (us) of the peer-pointer two-shot kernel: measured per GPU generation where
+    a source exists (Ampere, Hopper); other generations take Hopper's."""
+    key = f"alpha.peer_two_shot.sm{sm // 10}0"
+    return _p(key if key in PARAMS else "alpha.peer_two_shot.sm90")
 
 
 def _nccl_ring(f: GroupFabric, n: float) -> tuple[float, str]:
@@ -278,19 +332,28 @@ def predict(backend: str, algorithm: str, nbytes: float, fabric: GroupFabric) ->
     if algorithm == "multicast":
         if not f.multicast:
             return math.inf
-        alpha = _p("nccl.nvls") if backend == "nccl" else _p("alpha.multimem")
-        return alpha * US + _sync_penalty(f, 2) + n / _bw(f, "eff.multimem")
+        if backend == "nccl":
+            # NCCL's NVLS reaches its large-message bandwidth only past a knee.
+            knee = _p("nvls.knee") * MiB
+            return (_p("nccl.nvls") * US + _sync_penalty(f, 2) + min(n, knee) / _bw(f, "eff.nvls")
+                    + max(0.0, n - knee) / _bw(f, "eff.nvls.large"))
+        return _p("alpha.multimem") * US + _sync_penalty(f, 2) + n / _bw(f, "eff.multimem")
     if backend == "nccl":
         return _nccl_ring(f, n)[0]
-    if backend == "ipc":
+    if backend in ("ipc", "symm"):
+        # symm's peer kernels are the custom all-reduce's over mapped symmetric buffers.
         if algorithm == "one-shot":
             return _p("alpha.peer_one_shot") * US + _sync_penalty(f, 2) + _peer(f, n)
-        return _p("alpha.peer_two_shot") * US + _sync_penalty(f, 3) + 2 * _peer(f, n / p)
-    # fabric: Lamport kernels, no barrier between phases; two-shot costs one more hop.
+        return (_two_shot_alpha(f.sm) * US + _sync_penalty(f, 3)
+                + 2 * _peer(f, n / p, "eff.peer_two_shot"))
+    # fabric: Lamport kernels (FlashInfer / TRT-LLM MNNVL), no barrier between phases; the
+    # second phase costs one more flag round. Their slopes are not the vLLM two-stage kernel's,
+    # so both algorithms keep the one-shot efficiency.
     alpha = _p("alpha.lamport_one_shot") * US + _sync_penalty(f, 1)
     if algorithm == "one-shot":
         return alpha + _peer(f, n)
-    return alpha + _p(f"nccl.hop.{f.hop}.LL") * US + 2 * _peer(f, n / p)
+    return (alpha + (_p("alpha.lamport_two_shot_extra") + _hop_extra(f)) * US
+            + 2 * _peer(f, n / p))
 
 
 def nccl_protocol(nbytes: float, fabric: GroupFabric) -> str:

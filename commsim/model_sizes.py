@@ -168,11 +168,12 @@ def size_table(cluster: Cluster, placement: Sequence[GpuRef], group: str, sizes:
     legality = legal_backends(cluster, placement, pol, seed)
     fab = model.group_fabric(cluster, placement)
     inst = _instances(legality, pol)
+    bound = pol.for_group(legality.view)       # as the communicator binds it after discovery
     rows = []
     for n in sizes:
         cells = {name: _as_run(b, name, op, n, fab) for name, b in inst.items()}
         chosen, declined = None, []
-        for name in pol.candidates(op, n):
+        for name in bound.candidates(op, n):
             if name not in inst:
                 continue
             ok, why = inst[name].accepts(op, n, dtype)

@@ -14,7 +14,8 @@ from typing import Sequence
 from .errors import UserError
 from .model_sizes import SizeTable, human
 
-_COLORS = {"ipc": "#1f77b4", "fabric": "#2ca02c", "multicast": "#d62728", "nccl": "#7f7f7f"}
+_COLORS = {"ipc": "#1f77b4", "fabric": "#2ca02c", "multicast": "#d62728", "symm": "#9467bd",
+           "nccl": "#7f7f7f"}
 
 
 def _pyplot():
@@ -56,7 +57,9 @@ def _panel(ax, t: SizeTable) -> None:
         if not ok:
             continue
         color = _COLORS.get(b, None)
-        ax.plot([x for x, _ in ok], [y for _, y in ok], color=color, lw=1.5, alpha=0.55, label=b)
+        # symm's multimem curve coincides with multicast's (same kernel): dashed, so both show.
+        ax.plot([x for x, _ in ok], [y for _, y in ok], color=color, lw=1.5, alpha=0.55, label=b,
+                ls="--" if b == "symm" else "-")
         chosen = [(x, y) for (x, y), r in zip(zip(xs, ys), t.rows) if r.chosen == b]
         if chosen:
             ax.plot([x for x, _ in chosen], [y for _, y in chosen], "o", color=color, ms=6,

@@ -4,26 +4,32 @@ The default policy is correct by construction: a backend is admitted only if its
 `eligibility` over the group-agreed discovery view holds, i.e. every ordered pair of ranks can
 import the handle type it uses and every rank meets its device requirements. A scenario may
 name another policy (a preset name here, or `module:object`) to reproduce a shortcut.
+
+Presets: "default" tries the admitted backends in a fixed order; "model" admits the same ones
+and tries them fastest first by the cost model (`commsim.model`) at each message size.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from . import model
 from .backends.base import Backend, Eligibility, Mi
 from .discovery import GroupView
 from .errors import UserError
+from .topology.model import Cluster, GpuRef
 
 
 @dataclass
 class Policy:
     name: str = "default"
-    # Peer-pointer backends first (lowest latency), then multicast, then the fallback.
-    order: tuple[str, ...] = ("ipc", "fabric", "multicast", "nccl")
+    # Peer-pointer backends first (lowest latency), then multicast, then symmetric memory
+    # (which takes the sizes beyond the others' workspaces, up to its own), then the fallback.
+    order: tuple[str, ...] = ("ipc", "fabric", "multicast", "symm", "nccl")
     params: dict[str, Any] = field(default_factory=lambda: {"max_size": 8 * Mi})
     # On a set-up failure: fall back to the next backend (True) or fail the communicator.
     fallback_on_setup_error: bool = True
@@ -34,8 +40,47 @@ class Policy:
     def candidates(self, op: str, nbytes: int) -> tuple[str, ...]:
         return self.order
 
+    def for_group(self, view: GroupView) -> "Policy":
+        """The policy as one group's communicator applies it, given what discovery found. A
+        fixed order does not depend on the group, so the default returns itself."""
+        return self
 
-PRESET_POLICIES: dict[str, Policy] = {"default": Policy()}
+    def for_truth(self, cluster: Cluster, placement: Sequence[GpuRef]) -> "Policy":
+        """The same from the topology's ground truth, for the oracle."""
+        return self
+
+
+# Ops the cost model predicts; the others keep the fixed order.
+_MODELLED_OPS = ("all_reduce", "all_reduce_rmsnorm")
+
+
+@dataclass
+class ModelPolicy(Policy):
+    """Admits what the default admits; tries the admitted backends fastest first by the
+    model's predicted all-reduce time at the message size. Each backend's own `accepts` limits
+    (its workspace) still apply in that order, so a faster backend that refuses a size hands
+    it to the next. Bound to a group, it holds the fabric the model sees: from discovery in
+    the communicator (`for_group`), from the topology in the oracle (`for_truth`)."""
+
+    name: str = "model"
+    fabric: model.GroupFabric | None = None
+
+    def for_group(self, view: GroupView) -> "ModelPolicy":
+        return replace(self, fabric=model.fabric_from_view(view))
+
+    def for_truth(self, cluster: Cluster, placement: Sequence[GpuRef]) -> "ModelPolicy":
+        return replace(self, fabric=model.group_fabric(cluster, placement))
+
+    def candidates(self, op: str, nbytes: int) -> tuple[str, ...]:
+        if self.fabric is None or op not in _MODELLED_OPS:
+            return self.order
+        # Backends the model has no algorithm for follow the modelled ones, in their order.
+        known = [b for b in self.order if b in model.BACKEND_ALGORITHMS]
+        rest = tuple(b for b in self.order if b not in model.BACKEND_ALGORITHMS)
+        return model.ordered_by_model(known, nbytes, self.fabric) + rest
+
+
+PRESET_POLICIES: dict[str, Policy] = {"default": Policy(), "model": ModelPolicy()}
 
 
 def resolve(spec: str | Policy | None, base_dir: Path | None = None) -> Policy:

@@ -8,6 +8,8 @@ accepted for the interface; torch.distributed applies the process group's own ti
 from __future__ import annotations
 
 import operator
+import pickle
+from datetime import timedelta
 from functools import reduce
 from typing import Any, Sequence
 
@@ -60,6 +62,20 @@ class TorchGroup:
         if op not in _REDUCE:
             raise ValueError(f"reduce op {op!r}: accepted {', '.join(_REDUCE)}")
         return reduce(_REDUCE[op], self.all_gather_object(value, tag=tag))
+
+    def exchange(self, key: str, obj: Any, *, timeout: float | None = None,
+                 tag: str = "") -> list[Any]:
+        """Through the default TCPStore, as PyTorch's symmetric-memory rendezvous does: each
+        rank sets `<group>/<key>/<rank>` and waits for every member's key. torch has no public
+        accessor for the default store, hence the private one."""
+        store = dist.distributed_c10d._get_default_store()
+        keys = [f"commsim/{self._name}/{key}/{r}" for r in range(self.size)]
+        store.set(keys[self.rank], pickle.dumps(obj))
+        if timeout is None:
+            store.wait(keys)
+        else:
+            store.wait(keys, timedelta(seconds=timeout))
+        return [pickle.loads(store.get(k)) for k in keys]
 
     def new_subgroup(self, ranks: Sequence[int], name: str, *, timeout: float | None = None,
                      tag: str = "") -> "TorchGroup | None":

@@ -86,7 +86,14 @@ class Backend(ABC):
 
     # -- collective set-up helpers ---------------------------------------------------------
     def vote(self, step: str, error: Exception | None) -> None:
-        """All ranks learn whether `step` failed anywhere; the first failure is raised on all."""
+        """All ranks learn whether `step` failed anywhere; the first failure is raised on all.
+        A policy with `agree=False` reproduces libraries that decide rank-locally (before the
+        AND/MAX votes of reference §7.4): the failure stops only its own rank, and the peers
+        go on to the next exchange without it."""
+        if not self.params.get("agree", True):
+            if error is not None:
+                raise SetupFailed(self.name, step, self.rank, error)
+            return
         mine = None if error is None else (self.rank, error)
         errs = self.group.all_gather_object(mine, tag=f"{self.name}.{step}: vote")
         for e in errs:
@@ -96,8 +103,24 @@ class Backend(ABC):
     def setup(self) -> None:
         pass
 
+    def describe(self) -> str:
+        """What set-up chose, for explanations (handle type, addresses); '' when nothing."""
+        return ""
+
     def close(self) -> None:
         self.closed = True
+
+    def close_barrier(self, tag: str) -> bool:
+        """The barrier of a collective teardown. When the group is already broken (a peer died,
+        a hang was diagnosed) nobody else will arrive: release what this rank holds anyway,
+        so the ledger still returns to zero; a peer still mapping our memory is what the
+        simulator then flags (row L15), which is the truth of a teardown without agreement."""
+        from ..group.errors import GroupError
+        try:
+            self.group.barrier(tag=tag)
+            return True
+        except GroupError:
+            return False
 
     # -- the op ----------------------------------------------------------------------------
     @abstractmethod

@@ -109,7 +109,7 @@ class FabricBackend(PeerBackend):
         self.closed = True
         d = self.driver
         d.cudaDeviceSynchronize()
-        self.group.barrier(tag="fabric.close: all ranks done with peer memory")
+        self.close_barrier("fabric.close: all ranks done with peer memory")
         for p in self.mapped:
             d.cuMemUnmap(p, self.slot)
         self.mapped.clear()

@@ -143,7 +143,7 @@ class IpcBackend(PeerBackend):
             for p in cap.opened:
                 self.driver.cudaIpcCloseMemHandle(p)
             cap.opened.clear()
-        self.group.barrier(tag="ipc.release_capture: importers closed")
+        self.close_barrier("ipc.release_capture: importers closed")
         for p in cap.buffers:
             self.driver.cudaFree(p)
         cap.buffers.clear()
@@ -163,7 +163,7 @@ class IpcBackend(PeerBackend):
         for p in self.opened:                                    # row G7: importers close,
             self.driver.cudaIpcCloseMemHandle(p)
         self.opened.clear()
-        self.group.barrier(tag="ipc.close: importers closed")   # barrier,
+        self.close_barrier("ipc.close: importers closed")   # barrier,
         if self.own:
             self.driver.cudaFree(self.own)                       # exporter frees
             self.own = 0

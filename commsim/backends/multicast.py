@@ -104,8 +104,11 @@ class MulticastBackend(Backend):
                     d.close_fd(fd)
                 else:
                     fd = recv_fd(d, pids[0])
-                    self.mc_handle = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
-                    d.close_fd(fd)
+                    try:
+                        self.mc_handle = check("cuMemImportFromShareableHandle",
+                                               d.cuMemImportFromShareableHandle(fd, FD))
+                    finally:        # a failed import must not keep the received fd open
+                        d.close_fd(fd)
             check("cuMulticastAddDevice", d.cuMulticastAddDevice(self.mc_handle, me))
         except (CudaError, FdTransportError) as e:
             err = e
@@ -144,7 +147,7 @@ class MulticastBackend(Backend):
         self.closed = True
         d = self.driver
         d.cudaDeviceSynchronize()
-        self.group.barrier(tag="multicast.close: all ranks done")
+        self.close_barrier("multicast.close: all ranks done")
         if self.bound:
             d.cuMulticastUnbind(self.mc_handle, check("cudaGetDevice", d.cudaGetDevice()), 0, self.size)
         for va, mapped in reversed(self.mapped):

@@ -53,6 +53,13 @@ class Group(Protocol):
                           tag: str = "") -> T:
         """Reduce the values of all ranks with op in REDUCE_OPS ('and'/'or' give a bool)."""
 
+    def exchange(self, key: str, obj: Any, *, timeout: float | None = None,
+                 tag: str = "") -> list[Any]:
+        """A store-keyed all-gather: post obj under `key`, return every member's obj once all
+        have posted. Ranks meet by key, not by call order (PyTorch's symmetric-memory
+        rendezvous goes through the store this way), so ranks that compute different keys
+        never meet: in-process that is a diagnosed hang, across processes a store timeout."""
+
     def new_subgroup(self, ranks: Sequence[int], name: str, *, timeout: float | None = None,
                      tag: str = "") -> "Group | None":
         """Collective over this group: every member calls it with the same ranks (group ranks

@@ -48,7 +48,7 @@ _PICKLE = pickle.HIGHEST_PROTOCOL
 class _Core:
     """State shared by all members of one group (what the group's transport would hold)."""
 
-    __slots__ = ("name", "global_ranks", "size", "rank_of", "rounds", "failed")
+    __slots__ = ("name", "global_ranks", "size", "rank_of", "rounds", "failed", "store")
 
     def __init__(self, name: str, global_ranks: tuple[int, ...]) -> None:
         self.name = name
@@ -57,6 +57,11 @@ class _Core:
         self.rank_of = {w: g for g, w in enumerate(global_ranks)}  # world rank -> group rank
         self.rounds: dict[int, _Round] = {}
         self.failed: dict[int, BaseException] = {}  # world rank -> why it died
+        self.store: dict[str, _StoreKey] = {}       # keyed exchanges in progress
+
+    def open_waits(self) -> list["_Round | _StoreKey"]:
+        """Every round and keyed exchange some member is parked in."""
+        return list(self.rounds.values()) + list(self.store.values())
 
 
 class _Round:
@@ -96,6 +101,44 @@ class _Round:
         no longer complete, so later arrivals are told instead of parking."""
         self.values[rec.grank] = _ABSENT
         self.count -= 1
+        self.waiters.remove(rec)
+        if self.broken is None:
+            cls = type(exc) if isinstance(exc, GroupError) else GroupError
+            self.broken = (cls, f"rank {rec.rank} gave up on it with {type(exc).__name__}")
+
+
+class _StoreKey:
+    """One keyed exchange in a group's store: members post under `key` and wait until every
+    member has posted. Unlike a _Round it has no sequence number: ranks meet by key, as they
+    do through a TCPStore (PyTorch's symmetric-memory rendezvous), so ranks that compute
+    different keys never meet and wait for each other until the hang is diagnosed.
+    Quacks like a _Round for the scheduler's diagnosis (group_name, seq, kind, arrivals)."""
+
+    __slots__ = ("core", "key", "seq", "kind", "tag", "values", "count", "waiters", "taken",
+                 "broken")
+
+    def __init__(self, core: _Core, key: str, tag: str) -> None:
+        self.core = core
+        self.key = key
+        self.seq = 0          # shown as '#0': a store key has no collective sequence number
+        self.kind = f"exchange(key={key!r})"
+        self.tag = tag
+        self.values: list[Any] = [_ABSENT] * core.size
+        self.count = 0
+        self.waiters: list[Any] = []
+        self.taken = 0        # members that read the result; the key is dropped after the last
+        self.broken: tuple[type[GroupError], str] | None = None
+
+    @property
+    def group_name(self) -> str:
+        return self.core.name
+
+    def arrivals(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        gr = self.core.global_ranks
+        return (tuple(gr[i] for i, v in enumerate(self.values) if v is not _ABSENT),
+                tuple(gr[i] for i, v in enumerate(self.values) if v is _ABSENT))
+
+    def withdraw(self, rec: Any, exc: BaseException) -> None:
         self.waiters.remove(rec)
         if self.broken is None:
             cls = type(exc) if isinstance(exc, GroupError) else GroupError
@@ -189,6 +232,59 @@ class LocalGroup:
         if op not in REDUCE_OPS:
             raise ValueError(f"all_reduce_object: op {op!r} is not one of {REDUCE_OPS}")
         return self._collective(ALL_REDUCE, value, op, timeout, tag)
+
+    def exchange(self, key: str, obj: Any, *, timeout: float | None = None,
+                 tag: str = "") -> list[Any]:
+        """Post obj under `key` in the group's store and return every member's object once
+        all have posted (a store-based all-gather, keyed rather than sequenced)."""
+        sched = self._sched
+        rec = sched._current
+        if rec is None or rec.rank != self._world_rank or sched._in_pred:
+            raise GroupError(self._wrong_context("exchange", rec))
+        if sched._abort is not None:
+            sched._aborted(rec)
+        if timeout is not None:
+            _check_timeout(timeout)
+        core = self._core
+        sched.trace.append(("exchange", rec.rank, core.name, key, tag))
+        slot = core.store.get(key)
+        if slot is None:
+            slot = core.store[key] = _StoreKey(core, key, tag)
+        if slot.values[self._rank] is not _ABSENT:
+            raise GroupError(f"group {core.name!r} exchange: rank {self._world_rank} posted key "
+                             f"{key!r} twice; each exchange needs a fresh key")
+        if core.failed:
+            raise self._peer_failed(slot, slot.kind, 0, tag)
+        if slot.broken is not None:
+            cls, why = slot.broken
+            raise cls(f"group {core.name!r} {slot.kind} (tag {slot.tag!r}) was abandoned ({why})")
+        try:
+            # By value, as through a store; immutable scalars need no copy.
+            slot.values[self._rank] = (False, obj) if type(obj) in _SCALARS else (
+                True, pickle.dumps(obj, _PICKLE))
+        except Exception as exc:
+            raise GroupError(f"group {core.name!r} {slot.kind}: the object of rank "
+                             f"{self._world_rank} does not pickle: {short_error(exc)}") from exc
+        slot.count += 1
+        if slot.count == core.size:
+            for w in slot.waiters:
+                w.state = _RUNNABLE
+                w.token += 1
+                sched._runnable.append(w)
+        else:
+            rec.state = _BLOCKED
+            rec.blocker = slot
+            rec.grank = self._rank
+            rec.tag = tag
+            rec.timeout = timeout
+            slot.waiters.append(rec)
+            if timeout is not None:
+                sched._add_timer(rec, sched._now + timeout)
+            sched._block(rec)
+        slot.taken += 1
+        if slot.taken == core.size:
+            del core.store[key]
+        return [pickle.loads(v) if blob else v for blob, v in slot.values]
 
     def new_subgroup(self, ranks: Sequence[int], name: str, *, timeout: float | None = None,
                      tag: str = "") -> "LocalGroup | None":
@@ -406,7 +502,7 @@ class LocalWorld:
         sched = self.scheduler
         for core in self._cores_of[rank]:
             core.failed[rank] = exc
-            for rnd in list(core.rounds.values()):
+            for rnd in core.open_waits():
                 if rnd.broken is not None or not rnd.waiters:
                     continue
                 arrived, missing = rnd.arrivals()

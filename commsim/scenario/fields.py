@@ -274,10 +274,16 @@ def cuda_error_names() -> frozenset[str]:
     return frozenset(names - {"cudaSuccess", "CUDA_SUCCESS"})
 
 
+# Outcomes that are not CUDA codes: what the group layer diagnoses (a hang, also after a
+# timeout; ranks meeting at different collectives; a peer that died) and an fd that cannot be
+# passed to another host (row V9). Names as the runner reports them.
+RUN_OUTCOMES = ("hang", "CollectiveMismatch", "RankFailed", "FdTransportError")
+
+
 def check_cuda_error(table: Table, key: str, value: Any) -> str:
-    names = cuda_error_names()
+    names = cuda_error_names() | frozenset(RUN_OUTCOMES)
     accepted = ("a failing cudaError_t member (e.g. cudaErrorInvalidResourceHandle) or CUresult "
-                "member (e.g. CUDA_ERROR_NOT_PERMITTED)")
+                "member (e.g. CUDA_ERROR_NOT_PERMITTED), or one of " + ", ".join(RUN_OUTCOMES))
     if not isinstance(value, str):
         raise table.error(f"expected an error name, got {describe(value)}; accepted: {accepted}",
                           key)

@@ -126,8 +126,17 @@ def large_sizes(tp: int) -> tuple[int, ...]:
 
 # -- faults -----------------------------------------------------------------------------------
 FAULT_KINDS = ("imex_missing", "fabric_state", "fabric_status_error", "zero_cluster_uuid",
-               "p2p_disabled", "no_multicast", "nvlinks_down", "oom")
-TOPOLOGY_FAULTS = FAULT_KINDS[:-1]
+               "p2p_disabled", "no_multicast", "nvlinks_down", "oom", "call_fails")
+TOPOLOGY_FAULTS = tuple(k for k in FAULT_KINDS if k not in DRIVER_FAULTS)
+# Set-up calls of the collective allocation paths whose failure on one rank the ranks must
+# agree on before the next exchange (reference §7.4): the rendezvous hangs of issue 7 under a
+# rank-local policy, a voted fall-back under the default one.
+SETUP_CALLS = (("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY"),
+               ("cuMemImportFromShareableHandle", "CUDA_ERROR_INVALID_VALUE"),
+               ("cuMemMap", "CUDA_ERROR_OUT_OF_MEMORY"),
+               ("cuMulticastAddDevice", "CUDA_ERROR_INVALID_VALUE"),
+               ("cuMulticastBindMem", "CUDA_ERROR_SYSTEM_NOT_READY"),
+               ("cudaIpcOpenMemHandle", "cudaErrorTooManyPeers"))
 PLACEMENTS = ("contiguous", "strided", "roundrobin", "random")
 TP_SIZES = (1, 2, 4, 6, 8, 16)
 
@@ -135,6 +144,8 @@ TP_SIZES = (1, 2, 4, 6, 8, 16)
 def fault_label(f: Fault) -> str:
     if f.kind == "oom":
         return f"oom(rank {f.rank}, alloc {f.at_allocation})"
+    if f.kind == "call_fails":
+        return f"call_fails(rank {f.rank}, {f.api} #{f.nth} -> {f.code})"
     if f.kind == "imex_missing":
         return f"imex_missing({f.host})"
     if f.kind == "p2p_disabled":
@@ -221,6 +232,9 @@ def _resolve_fault(kind: str, cluster: Cluster, placement: tuple[GpuRef, ...],
         return (kind, h, min(i, j), max(i, j))
     if kind == "oom":
         return (kind, rng.randrange(len(placement)), rng.randint(1, 4))
+    if kind == "call_fails":
+        api, code = rng.choice(SETUP_CALLS)
+        return (kind, rng.randrange(len(placement)), api, code, rng.randint(1, 2))
     return (kind, gpu.host, gpu.index)
 
 
@@ -234,6 +248,8 @@ def _fault_obj(t: tuple) -> Fault:
         return Fault(kind, host=t[1], gpus=(t[2], t[3]))
     if kind == "oom":
         return Fault(kind, rank=t[1], at_allocation=t[2])
+    if kind == "call_fails":
+        return Fault(kind, rank=t[1], api=t[2], code=t[3], nth=t[4])
     return Fault(kind, gpu=GpuRef(t[1], t[2]))
 
 
@@ -322,7 +338,7 @@ def sample_plan(seed: int, index: int) -> Plan:
     capture = rng.random() < 0.25
     discard = capture and rng.random() < 0.5
     nf = _wchoice(rng, (0, 1, 2), (50, 40, 10))
-    kinds = [_wchoice(rng, FAULT_KINDS, (10, 12, 6, 10, 10, 10, 8, 10)) for _ in range(nf)]
+    kinds = [_wchoice(rng, FAULT_KINDS, (10, 12, 6, 10, 10, 10, 8, 10, 10)) for _ in range(nf)]
     sc_seed = rng.randrange(1 << 31)
     # The placement (hence the faults' targets) comes from the id-seeded placement stream.
     placement_refs = _place(cluster, tp * dp, placement, random.Random(_seed_of("place", pid)))

@@ -71,7 +71,8 @@ class Workload:
 @dataclass(frozen=True)
 class Expectation:
     """Either a backend (`backend` for `group`, optionally per `op` and `size`), or an error
-    (`error` by CUDA name, at lifecycle `step`, optionally on `rank`)."""
+    (`error` by CUDA name or run outcome, at lifecycle `step`, optionally on `rank` and with
+    `message` text in its diagnosis)."""
 
     group: str | None = None
     op: str | None = None
@@ -81,6 +82,7 @@ class Expectation:
     step: str | None = None
     rank: int | None = None
     leak: bool = False                        # a leak is expected (shortcut-policy regressions)
+    message: str | None = None                # text the error's message / diagnosis contains
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ class GroupTruth:
 
 
 def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
-                order: tuple[str, ...] = ("ipc", "fabric", "multicast", "nccl")) -> GroupTruth:
+                order: tuple[str, ...] = Policy().order) -> GroupTruth:
     c = sc.cluster
     gpus = tuple(sc.placement[r] for r in ranks)
     ws = len(gpus)
@@ -122,6 +122,20 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
                 why["multicast"] = "POSIX-fd handles unavailable"
         elif not all(FABRIC in imp[p] for p in pairs):
             why["multicast"] = "across hosts the multicast handle must be FABRIC (row M7)"
+    if ws < 2:
+        why["symm"] = "a group of one rank"
+    elif len({c.host(g.host).shm_namespace for g in gpus}) == 1:
+        # One socket namespace: the symmetric buffers travel as POSIX fds (§2.5) and peers
+        # load and store through the mappings over NVLink P2P (rows L10, B3).
+        bad = next(((a, b) for a, b in pairs if POSIX_FD not in imp[(a, b)]), None)
+        if bad:
+            why["symm"] = f"{bad[0]} cannot import a POSIX-fd handle of {bad[1]}"
+        elif not nvl_all:
+            why["symm"] = "not every pair is NVLink + P2P"
+    else:
+        bad = next(((a, b) for a, b in pairs if FABRIC not in imp[(a, b)]), None)
+        if bad:
+            why["symm"] = f"across hosts: {bad[0]} cannot import a FABRIC handle of {bad[1]}"
     legal = tuple(b for b in order if b not in why)
     if "nccl" not in legal:
         legal += ("nccl",)
@@ -146,6 +160,9 @@ def op_legal(backend: str, op: str, nbytes: int, ws: int, params: dict[str, Any]
         return nbytes % 16 == 0 and total < int(params.get("max_size", 8 * Mi))
     if backend == "multicast":
         return op in ("all_reduce", "all_reduce_rmsnorm") and nbytes < int(params.get("multicast_max_size", 64 * Mi))
+    if backend == "symm":
+        total = nbytes * ws if op == "all_gather" else nbytes
+        return nbytes % 16 == 0 and total < int(params.get("symm_max_size", 64 * Mi))
     return backend == "nccl"
 
 
@@ -157,12 +174,20 @@ def legal_backends(sc: Scenario, policy: Policy | None = None) -> dict[tuple[str
     for g in sc.groups:
         gt = group_truth(sc, g.ranks, g.name, tuple(pol.order))
         ws = len(g.ranks)
+        # A policy whose order depends on the group (the "model" preset) binds to the
+        # ground-truth fabric and the legal set is listed in its order at each size. A
+        # fixed-order policy binds to itself; its order is `order`, and its `candidates` is
+        # not consulted here (it belongs to the run under test, which may plant a defect there).
+        bound = pol.for_truth(sc.cluster, gt.gpus)
         for op in wl.ops:
             for size in wl.sizes:
                 for dt in wl.dtypes:
                     nb = op_nbytes(op, size, dt, ws)
-                    out[(g.name, op, size, dt)] = tuple(
-                        b for b in gt.legal if op_legal(b, op, nb, ws, pol.params))
+                    ok = [b for b in gt.legal if op_legal(b, op, nb, ws, pol.params)]
+                    if bound is not pol:
+                        rank = {b: i for i, b in enumerate(bound.candidates(op, nb))}
+                        ok.sort(key=lambda b: rank.get(b, len(rank)))
+                    out[(g.name, op, size, dt)] = tuple(ok)
     return out
 
 
@@ -231,7 +256,10 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     pol = policy or resolve(sc.policy, sc.path.parent if sc.path is not None else None)
     legal = legal_backends(sc, pol)
     v.legal, v.backends = legal, dict(res.backends)
-    oom = [f for f in sc.faults if f.kind == "oom"]
+    # Injected driver failures (out of memory, a failing set-up call): the error they cause
+    # on the faulted rank, voted to its group, is expected; a backend they knock out may be
+    # skipped in favour of the next legal one.
+    oom = [f for f in sc.faults if f.kind in ("oom", "call_fails")]
     oom_ranks = {f.rank for f in oom if f.rank is not None}
     errored = bool(res.errors)
     for key, ok_set in legal.items():
@@ -307,9 +335,10 @@ def _caused_by_oom(sc: Scenario, e: Any, oom_ranks: set[int]) -> bool:
     text = f"{e.name} {e.message}"
     if "CollectiveMismatch" in text or "HangDetected" in text or e.name == "hang":
         return False
-    if e.name in OOM_ERRORS:
+    injected = set(OOM_ERRORS) | {f.code for f in sc.faults if f.kind == "call_fails"}
+    if e.name in injected:
         return e.origin in oom_ranks
-    return e.name == "RankFailed" and "SetupFailed" in text and any(c in text for c in OOM_ERRORS)
+    return e.name == "RankFailed" and "SetupFailed" in text and any(c in text for c in injected)
 
 
 def _setup_failed(explain: str) -> list[str]:

@@ -100,7 +100,7 @@ def make_input(seed: int, group: str, rank: int, op: str, numel: int, dtype: str
 def _error_name(e: BaseException) -> tuple[str, str]:
     if isinstance(e, SetupFailed):
         inner = e.error
-        return (inner.name if isinstance(inner, CudaError) else "setup_failed"), str(e)
+        return (inner.name if isinstance(inner, CudaError) else type(inner).__name__), str(e)
     if isinstance(e, CudaError):
         return e.name, str(e)
     if isinstance(e, HangDetected):
@@ -218,10 +218,13 @@ def run_rank(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
             if not hasattr(e, "commsim_step"):   # Communicator.__init__ tags its own
                 e.commsim_step = state["step"] if state["step"] in ("capture", "register") \
                     else (comm.step if comm is not None else "init")
-            raise
-        finally:
             if comm is not None:
-                comm.close()
+                try:
+                    comm.close()
+                except BaseException:
+                    pass    # the first failure is the report; a teardown after it adds noise
+            raise
+        comm.close()
     return mine
 
 
@@ -283,10 +286,12 @@ def judge(res: RunResult) -> None:
         for e in sc.expectations:
             if e.error and not any(
                     x.name == e.error and (e.step is None or x.step == e.step)
-                    and (e.rank is None or x.origin == e.rank) for x in res.errors):
+                    and (e.rank is None or x.origin == e.rank)
+                    and (e.message is None or e.message in x.message) for x in res.errors):
                 got = "; ".join(f"rank {x.origin} at {x.step}: {x.name}" for x in res.errors) or "no error"
                 res.failures.append(f"expected {e.error} at step {e.step}"
-                                    f"{f' from rank {e.rank}' if e.rank is not None else ''}; got {got}")
+                                    f"{f' from rank {e.rank}' if e.rank is not None else ''}"
+                                    f"{f' saying {e.message!r}' if e.message else ''}; got {got}")
             if e.leak and not (res.leaks or res.flags):
                 res.failures.append("expected a leak or an undefined-behaviour flag; the run was clean")
         return

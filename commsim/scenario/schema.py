@@ -33,7 +33,7 @@ SECTIONS: dict[str, bool] = {
 SCENARIO_KEYS = ("name", "description", "seed", "policy")
 GROUP_KEYS = ("name", "ranks")
 WORKLOAD_KEYS = ("ops", "sizes", "dtypes", "graph_capture", "discard_capture", "iterations")
-EXPECT_KEYS = ("group", "op", "size", "backend", "error", "step", "rank", "leak")
+EXPECT_KEYS = ("group", "op", "size", "backend", "error", "step", "rank", "leak", "message")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _NAME_SHAPE = "a name of letters, digits, '.', '_' and '-' (starting with a letter or digit)"
 
@@ -234,6 +234,10 @@ def _expectation(source: str, n: int, data: Mapping[str, Any], groups: Sequence[
         if "step" not in data:
             raise t.error(f"missing; an error expectation says at which step, e.g. step = "
                           f"\"init\" (one of {', '.join(STEPS)})", "step")
+    message = t.string("message")
+    if message is not None and error is None:
+        raise t.error("message applies only with error = \"...\" (text the error's message "
+                      "or diagnosis must contain)", "message")
     if "step" in data:
         if error is None:
             raise t.error("step applies only with error = \"...\"", "step")
@@ -243,4 +247,4 @@ def _expectation(source: str, n: int, data: Mapping[str, Any], groups: Sequence[
         raise t.error(f"rank {rank} is out of range; accepted: 0..{world - 1} "
                       f"(world size {world})", "rank")
     return Expectation(group=group, op=op, size=size, backend=backend, error=error, step=step,
-                       rank=rank, leak=t.boolean("leak", False))
+                       rank=rank, leak=t.boolean("leak", False), message=message)

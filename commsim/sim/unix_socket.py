@@ -51,10 +51,12 @@ def send_fd(src: "SimDriver", fd: int, dst_pid: int) -> None:
     src.fabric.fd_mailbox.setdefault((dst_pid, src.proc.pid), []).append(target)
 
 
-def recv_fd(dst: "SimDriver", src_pid: int) -> int:
-    """recvmsg(SCM_RIGHTS) of the next fd `src_pid` sent; blocks (via the scheduler) until then."""
+def recv_fd(dst: "SimDriver", src_pid: int, timeout: float | None = None) -> int:
+    """recvmsg(SCM_RIGHTS) of the next fd `src_pid` sent; blocks (via the scheduler) until then,
+    or raises GroupTimeout after `timeout` virtual seconds (FlashInfer's fd_exchange: 30 s)."""
     from ..group.scheduler import wait_until
     box = dst.fabric.fd_mailbox
     key = (dst.proc.pid, src_pid)
-    wait_until(lambda: bool(box.get(key)), f"recvmsg on /tmp/symm_mem-{dst.proc.pid} from pid {src_pid}")
+    wait_until(lambda: bool(box.get(key)), f"recvmsg on /tmp/symm_mem-{dst.proc.pid} from pid {src_pid}",
+               timeout)
     return dst.receive_fd(box[key].pop(0))

@@ -29,6 +29,7 @@ def main() -> int:
     assert g.all_reduce_object(r + 1, "sum") == 3 and g.all_reduce_object(r == 0, "and") is False
     assert g.all_reduce_object(r, "min") == 0 and g.all_reduce_object(r == 0, "or") is True
     g.barrier()
+    assert g.exchange("k0", {"r": r}) == [{"r": 0}, {"r": 1}]
     sub = g.new_subgroup([1], "one")
     assert (sub is None) == (r == 0)
     if sub is not None:

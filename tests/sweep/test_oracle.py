@@ -42,19 +42,19 @@ def test_handle_types_per_pair() -> None:
 
 
 def test_legal_backends_per_machine() -> None:
-    assert legal(scen(build("hgx-h100-8"), 8)) == ("ipc", "multicast", "nccl")
-    assert legal(scen(build("gb200-nvl72:2"), 8)) == ("fabric", "multicast", "nccl")
-    assert legal(scen(build("gb200-nvl72:1"), 4)) == ("ipc", "fabric", "multicast", "nccl")
+    assert legal(scen(build("hgx-h100-8"), 8)) == ("ipc", "multicast", "symm", "nccl")
+    assert legal(scen(build("gb200-nvl72:2"), 8)) == ("fabric", "multicast", "symm", "nccl")
+    assert legal(scen(build("gb200-nvl72:1"), 4)) == ("ipc", "fabric", "multicast", "symm", "nccl")
     assert legal(scen(build("rtx4090-8"), 4)) == ("nccl",)
-    assert legal(scen(build("a100-pcie-bridge-8"), 2)) == ("ipc", "nccl")      # a bridged pair
+    assert legal(scen(build("a100-pcie-bridge-8"), 2)) == ("ipc", "symm", "nccl")      # a bridged pair
     assert legal(scen(build("a100-pcie-bridge-8"), 4)) == ("nccl",)            # not all NVLink
     assert legal(scen(build("dgx1-v100"), 1)) == ("nccl",)
     assert legal(scen(build_shape("hgx-h100-8*2"), 16)) == ("nccl",)          # two domains
-    assert legal(scen(build("gb200-nvl72:4"), 16)) == ("fabric", "multicast", "nccl")   # ws 16: no ipc
+    assert legal(scen(build("gb200-nvl72:4"), 16)) == ("fabric", "multicast", "symm", "nccl")   # ws 16: no ipc
     hgx = build("hgx-h100-8")
     assert legal(scen(modify.with_fabric_state(hgx, GpuRef("hgx-h100-0", 0), FabricState.IN_PROGRESS), 8)) \
-        == ("ipc", "nccl")                                                   # row M3
-    assert legal(scen(modify.without_multicast(hgx, GpuRef("hgx-h100-0", 3)), 8)) == ("ipc", "nccl")
+        == ("ipc", "symm", "nccl")                                           # row M3
+    assert legal(scen(modify.without_multicast(hgx, GpuRef("hgx-h100-0", 3)), 8)) == ("ipc", "symm", "nccl")
 
 
 def test_per_call_limits() -> None:
@@ -75,7 +75,7 @@ def test_per_op_legality_and_a_clean_verdict() -> None:
     assert lb[("tp", "all_reduce", 4096, "bfloat16")][0] == "ipc"
     assert lb[("tp", "all_reduce", 24, "bfloat16")][0] == "multicast"
     assert lb[("tp", "all_gather", 24, "bfloat16")] == ("nccl",)
-    assert lb[("tp", "all_gather", 1 * Mi, "bfloat16")] == ("nccl",)
+    assert lb[("tp", "all_gather", 1 * Mi, "bfloat16")] == ("symm", "nccl")   # 8 MiB gathered
     v = judge(sc, run_scenario(sc))
     assert v.ok, v.render()
 

@@ -36,12 +36,12 @@ EXPECTED = {
     # DGX Spark: one GB10; a group of one needs no peer backend.
     "nccl_pr2202_gb10_dgx_spark.topo.xml": (1, 1, "none", {"nccl"}),
     # HGX B300: 8 GPUs on one NVLink-5 switch, one host: domain == node (.md).
-    "oci_B300MP.xml": (8, 1, "node", {"ipc", "multicast", "nccl"}),
+    "oci_B300MP.xml": (8, 1, "node", {"ipc", "multicast", "symm", "nccl"}),
     # Two GB300 trays fused into one dump: same NVLink domain, different hosts (.md).
-    "oci_GB300MP.xml": (8, 2, "multi-node", {"fabric", "multicast", "nccl"}),
+    "oci_GB300MP.xml": (8, 2, "multi-node", {"fabric", "multicast", "symm", "nccl"}),
     # OCI BM.GPU.H100.8: full dump, 4 NVSwitch targets per GPU (5+5+4+4 = 18 links).
-    "oci_H100-topology.xml": (8, 1, "node", {"ipc", "multicast", "nccl"}),
-    "oci_H100-topology-kubernetes.xml": (8, 1, "node", {"ipc", "multicast", "nccl"}),
+    "oci_H100-topology.xml": (8, 1, "node", {"ipc", "multicast", "symm", "nccl"}),
+    "oci_H100-topology-kubernetes.xml": (8, 1, "node", {"ipc", "multicast", "symm", "nccl"}),
     # OCI BM.GPU.B4.8 / GPU4.8 (A100), flattened, no NVLinks.
     "oci_topo-flattened-b4.xml": (8, 1, "none", {"nccl"}),
     "oci_topo-flattened.xml": (8, 1, "none", {"nccl"}),
@@ -149,10 +149,10 @@ def test_flattened_file_warns_about_missing_gpus_nvlinks_and_p2p() -> None:
 def test_flattened_nvswitch_box_with_model_given() -> None:
     cluster, _ = load("azure_ndv5-topo.xml", gpu_model="H100", nvswitch=True)
     assert {cluster.hosts[0].link(0, j).label for j in range(1, 8)} == {"NV18"}
-    assert set(legal_backends(cluster, list(cluster.gpu_refs())).legal) == {"ipc", "multicast", "nccl"}
+    assert set(legal_backends(cluster, list(cluster.gpu_refs())).legal) == {"ipc", "multicast", "symm", "nccl"}
     a100, _ = load("azure_ndv4-topo.xml", gpu_model="A100", nvswitch=True)
     # HGX A100 has NVSwitch but no multicast objects (Hopper+, reference §3.2).
-    assert set(legal_backends(a100, list(a100.gpu_refs())).legal) == {"ipc", "nccl"}
+    assert set(legal_backends(a100, list(a100.gpu_refs())).legal) == {"ipc", "symm", "nccl"}
 
 
 def test_nvswitch_flag_refused_when_the_file_has_nvlinks() -> None:
@@ -193,7 +193,7 @@ def test_show_and_import_cli_on_xml(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["topo", "import", str(DATA / "oci_GB300MP.xml")]) == 0
     out, err = capsys.readouterr()
     assert "domain oci_GB300MP-domain: multi-node (MNNVL), 8 GPUs on 2 host(s)" in out
-    assert "legal backends: fabric, multicast, nccl" in out
+    assert "legal backends: fabric, multicast, symm, nccl" in out
     assert "8 NIC port(s) at 800 Gb/s" in err and "warning: 2 hosts (host_hash" in err
     assert main(["topo", "show", str(DATA / "oci_B300MP.xml")]) == 0
     assert "single-node NVSwitch, 8 GPUs" in capsys.readouterr().out

@@ -124,7 +124,7 @@ def test_four_trays_with_one_uuid_are_one_multi_node_domain() -> None:
     (d,) = cluster.domains
     assert d.multi_node and len(d.members) == 16 and d.cluster_uuid == RACK_UUID
     assert warnings == []
-    assert legal(cluster) == {"fabric", "multicast", "nccl"}
+    assert legal(cluster) == {"fabric", "multicast", "symm", "nccl"}
 
 
 def test_trap_completed_with_zero_uuid_is_no_multi_node_domain() -> None:
@@ -137,7 +137,7 @@ def test_trap_completed_with_zero_uuid_is_no_multi_node_domain() -> None:
     assert any("16 GPU(s) the topology put in a multi-node NVLink domain are in none" in w
                for w in warnings)
     assert legal(cluster) == {"nccl"}                          # 16 GPUs on 4 hosts
-    assert legal(cluster, 4) == {"ipc", "multicast", "nccl"}   # one tray still has its switch
+    assert legal(cluster, 4) == {"ipc", "multicast", "symm", "nccl"}   # one tray still has its switch
 
 
 def test_trap_zero_uuid_on_hgx_hosts_without_mnnvl() -> None:
@@ -146,7 +146,7 @@ def test_trap_zero_uuid_on_hgx_hosts_without_mnnvl() -> None:
     q = load_fabric_file(FABRIC / "hgx_h100_no_mnnvl.txt")[None]
     cluster, warnings = merge_fabric(two, [(None, q), (None, q)])
     assert [(len(d.members), d.multi_node) for d in cluster.domains] == [(8, False), (8, False)]
-    assert legal(cluster) == {"nccl"} and legal(cluster, 8) == {"ipc", "multicast", "nccl"}
+    assert legal(cluster) == {"nccl"} and legal(cluster, 8) == {"ipc", "multicast", "symm", "nccl"}
     assert any("no multi-node" in w for w in warnings)
 
 
@@ -164,7 +164,7 @@ def test_trap_in_progress_tray_is_declined_until_completed() -> None:
                                      list(load_fabric_file(FABRIC / "gb200_4trays.json").items()))
     assert [len(d.members) for d in cluster.domains if d.multi_node] == [12]
     assert any("report state In Progress" in w and "row F1" in w for w in warnings)
-    assert legal(cluster, 12) == {"fabric", "multicast", "nccl"}
+    assert legal(cluster, 12) == {"fabric", "multicast", "symm", "nccl"}
     leg = legal_backends(cluster, list(cluster.gpu_refs()))
     assert leg.legal == ("nccl",)
     assert "rank(s) 12, 13, 14, 15 report fabric state not COMPLETED" in leg.declined["fabric"]
@@ -222,7 +222,7 @@ def test_topo_fabric_named_host_files(capsys: pytest.CaptureFixture[str]) -> Non
     tray = str(FABRIC / "gb200_tray_completed.txt")
     assert main(["topo", "fabric", "gb200-nvl72:2", "--info", f"gb200-nvl72-tray01={tray}",
                  "--info", tray]) == 0
-    assert "legal backends: fabric, multicast, nccl" in capsys.readouterr().out
+    assert "legal backends: fabric, multicast, symm, nccl" in capsys.readouterr().out
 
 
 def test_import_xml_with_fabric_info(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,329 @@
+"""`symm`: a symmetric-memory all-reduce built on a store rendezvous (PyTorch
+`torch.distributed._symmetric_memory`, FlashInfer SymmDeviceMemory, NCCL symmetric
+registration; reference §2.5, §3, §6.3, §6.5, §7.4).
+
+Every rank allocates one cuMem buffer of the same size, the handles meet in the group's
+store, every rank maps every peer's buffer, and where the hardware allows a multicast object
+is bound over the buffers. The handle type is chosen per *group*, from the all-gathered view:
+POSIX fd when the group shares one host's socket namespace (the fd itself travels over
+AF_UNIX, §2.5, row V9), FABRIC across hosts of one NVLink domain (rows V2-V8). PyTorch reports
+a group without multicast as `multicast_ptr == 0` and still serves peer-pointer kernels
+(row M8); so does this backend.
+
+Set-up (§2.1, §3.2), each step voted so one rank's failure rolls every rank back (§7.4):
+  allocate   cuMemCreate(slot) + export (fd or fabric blob)
+  rendezvous store exchange under `symm/<group>/<n>/<type>`; fds over the Unix socket
+  map        reserve one VA range, map every rank's buffer at its slot, set access
+  multicast  rank 0 creates, the handle is shared, each rank adds its own device, binds its
+             buffer, maps the multicast VA (optional; skipped where multicast is not legal)
+Close in the row G8 order: sync, barrier, unbind, unmap multicast, unmap peers, release
+multicast, release imports, release own, free the VA.
+
+Three knobs reproduce field bugs of this class (scenarios/policies/):
+  agree=False              rank-local set-up decisions, no votes (base.Backend.vote)
+  symm_handle_type="local" handle type from the rank's own probe, not the group's (row V16)
+  symm_handle_type="fd"    POSIX fd forced, also across hosts (sglang on GB200, row B20)
+  symm_rendezvous_counter="process"  one rendezvous counter per process instead of per group,
+                           so a subgroup rendezvous shifts the world's keys on its members only
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from ..discovery import GroupView, RankInfo
+from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
+from ..sim import collective_kernels as K
+from ..sim.driver import FABRIC, FD
+from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
+from .base import Eligibility, Mi, PeerBackend
+from .fabric import FabricBackend, round_up
+from .multicast import MulticastBackend
+
+# FlashInfer's fd_exchange gives up connecting or receiving after 30 s (§2.5).
+FD_EXCHANGE_TIMEOUT = 30.0
+# vLLM SYMM_MEM_ALL_REDUCE_MAX_SIZES: 64 MiB for SM 9.0 at world sizes 2, 6 and 8 (§8).
+DEFAULT_MAX_SIZE = 64 * Mi
+HANDLE_NAMES = {FD: "fd", FABRIC: "fabric"}
+
+# Rendezvous counters per simulated process (the Driver stands for the process): per group
+# name, or one shared entry "*" under symm_rendezvous_counter="process".
+_COUNTERS: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = weakref.WeakKeyDictionary()
+
+
+def group_handle_type(view: GroupView) -> int:
+    """The group-agreed choice: fd within one shm / socket namespace (rows V9, F7), FABRIC
+    across hosts (row M7, §2.4). Every rank computes it from the same view."""
+    return FD if view.same_shm else FABRIC
+
+
+def local_handle_type(me: RankInfo) -> int:
+    """FlashInfer SymmDeviceMemory / PyTorch's allocator without an AND-reduction: FABRIC
+    when this rank's own probe says fabric works, fd otherwise (§2.4, §4.2, row V16)."""
+    return FABRIC if me.mnnvl_capable else FD
+
+
+class SymmBackend(PeerBackend):
+    name = "symm"
+
+    @classmethod
+    def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
+        rs = view.ranks
+        conds = [(view.size > 1, "a group of one rank needs no all-reduce"),
+                 (all(r.vmm for r in rs), "some rank lacks VMM support (cuMem*)")]
+        if group_handle_type(view) == FD:
+            conds.append((all(r.posix_fd for r in rs), "some rank lacks POSIX-fd handles"))
+            # Peer loads and stores through a mapped peer buffer ride the device-to-device
+            # path: without P2P they fault, as a legacy IPC open is refused (row L10). Over
+            # PCIe P2P the kernels would crawl, so NVLink is required as for custom all-reduce
+            # beyond two GPUs (row B3); vLLM enables torch symm-mem only on SM 9.0 / 10.x NVLink
+            # parts (§8).
+            bad = next(((a.rank, b.rank) for a, b in view.pairs() if not a.p2p[b.device]), None)
+            conds.append((bad is None, f"no P2P from rank {bad[0]} to rank {bad[1]}: peer loads "
+                                       f"and stores of mapped symmetric memory need P2P (row L10)"
+                          if bad else ""))
+            if bad is None:
+                conds.append((view.nvlink_all(), "GPUs are not all NVLink-connected: symmetric-"
+                                                 "memory kernels over PCIe P2P are not used (row B3)"))
+        else:
+            conds += [(False, f"across hosts symmetric memory must use FABRIC handles (§2.5, row "
+                              f"V9): {why}") for why in FabricBackend.eligibility(view, params).reasons]
+        return Eligibility.check(conds)
+
+    def __init__(self, *a: Any, **k: Any):
+        super().__init__(*a, **k)
+        self.capacity = int(self.params.get("symm_max_size", DEFAULT_MAX_SIZE))
+        self.htype = self._handle_type()
+        self.want_multicast = (self.params.get("symm_multicast", True)
+                               and MulticastBackend.eligibility(self.view, self.params).ok)
+        self.slot = 0
+        self.own = 0
+        self.own_fd: int | None = None   # the exported fd, until sent (or closed by close())
+        self.imported: list[int] = []
+        self.mapped: list[int] = []
+        self.va = 0
+        self.mc_handle = 0
+        self.mc = 0                 # the multicast address; 0 without multicast (row M8)
+        self.mc_mapped = False
+        self.bound = False
+
+    def _handle_type(self) -> int:
+        how = self.params.get("symm_handle_type", "group")
+        if how == "local":
+            return local_handle_type(self.view.ranks[self.rank])
+        if how == "fd":
+            return FD
+        return group_handle_type(self.view)
+
+    def _key(self, what: str) -> str:
+        """The store key of this rendezvous. The counter is per group, so every member's n-th
+        rendezvous in a group has the same key whatever else each took part in."""
+        per_process = self.params.get("symm_rendezvous_counter", "group") == "process"
+        counters = _COUNTERS.setdefault(self.driver, {})
+        scope = "*" if per_process else self.group.name
+        n = counters.get(scope, 0)
+        counters[scope] = n + 1
+        return f"symm/{self.group.name}/{n}/{what}"
+
+    def algorithm(self, op: str, nbytes: int) -> str:
+        if op not in ("all_reduce", "all_reduce_rmsnorm"):
+            return "direct"
+        if self.want_multicast:    # set up or voted away together, so this is mc != 0
+            return "multimem"       # PyTorch multimem_all_reduce_ over the multicast address
+        # Without multicast: one-shot while bytes * ws <= 1 MiB, as FlashInfer's
+        # SymmDeviceMemory-based MNNVL all-reduce decides (§6.3), two-shot beyond.
+        return "one-shot" if nbytes * self.ws <= 1 * Mi else "two-shot"
+
+    # -- set-up ----------------------------------------------------------------------------
+    def setup(self) -> None:
+        d = self.driver
+        me = check("cudaGetDevice", d.cudaGetDevice())
+        err, mine = None, None
+        try:
+            prop = alloc_prop(me, self.htype)
+            gran = check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
+            self.slot = round_up(K.workspace_bytes(self.capacity), gran)
+            self.own = check("cuMemCreate", d.cuMemCreate(self.slot, prop, 0))
+            mine = check("cuMemExportToShareableHandle",
+                         d.cuMemExportToShareableHandle(self.own, self.htype, 0))
+            if self.htype == FD:
+                self.own_fd = mine
+        except CudaError as e:
+            err = e
+        self.vote("init: allocate symmetric buffer", err)
+        err = None
+        try:
+            handles = self._rendezvous(mine)
+            self.va = check("cuMemAddressReserve", d.cuMemAddressReserve(self.slot * self.ws, 0, 0, 0))
+            for j, h in enumerate(handles):
+                p = self.va + j * self.slot
+                check("cuMemMap", d.cuMemMap(p, self.slot, 0, h, 0))
+                self.mapped.append(p)
+            check("cuMemSetAccess", d.cuMemSetAccess(self.va, self.slot * self.ws, [access_desc(me)], 1))
+            self.ptrs = list(self.mapped)
+            check("cudaMemset", d.cudaMemset(self.ptrs[self.rank], 0, K.FLAGS_BYTES))
+        except (CudaError, FdTransportError) as e:
+            err = e
+        self.vote("init: rendezvous and map peers", err)
+        if self.want_multicast:
+            self._setup_multicast(me)
+        # PyTorch's rendezvous ends in a store barrier: no peer signals a flag before every
+        # rank has zeroed its own.
+        self.group.barrier(tag="symm.init: rendezvous done")
+
+    def _rendezvous(self, mine: Any) -> list[int]:
+        """Every rank's buffer as a handle in this process (own handle at own rank)."""
+        d, kind = self.driver, HANDLE_NAMES[self.htype]
+        if self.htype == FABRIC:
+            blobs = self.group.exchange(self._key("fabric"), mine, tag="symm.init: exchange fabric handles")
+            out = []
+            for j, b in enumerate(blobs):
+                if j == self.rank:
+                    out.append(self.own)
+                    continue
+                h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(b, FABRIC))
+                self.imported.append(h)
+                out.append(h)
+            return out
+        # POSIX fd (PyTorch IpcChannel, §2.5): pids meet in the store, then each rank sends its
+        # fd to every peer's socket and receives every peer's fd.
+        pids = self.group.exchange(self._key(kind), d.getpid(), tag="symm.init: exchange pids")
+        try:
+            for j in range(1, self.ws):
+                send_fd(d, mine, pids[(self.rank + j) % self.ws])
+        finally:
+            d.close_fd(mine)
+            self.own_fd = None
+        out = [0] * self.ws
+        out[self.rank] = self.own
+        for j in range(1, self.ws):
+            src = (self.rank - j) % self.ws
+            fd = recv_fd(d, pids[src], timeout=FD_EXCHANGE_TIMEOUT)
+            try:
+                h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+            finally:
+                d.close_fd(fd)
+            self.imported.append(h)
+            out[src] = h
+        return out
+
+    def _setup_multicast(self, me: int) -> None:
+        """FlashInfer SymmDeviceMemory._setup_multicast (§3.2): rank 0 creates and shares the
+        object, every rank adds its own device, then binds its buffer at offset 0 and maps the
+        VA. Each step is voted: a rank that binds before every device joined blocks (row M2),
+        and a peer waiting for rank 0's handle must learn that rank 0 failed to create it."""
+        d = self.driver
+        err, blob = None, None
+        try:
+            if self.rank == 0:
+                self.mc_handle = check("cuMulticastCreate", d.cuMulticastCreate(
+                    multicast_prop(self.ws, self.slot, self.htype)))
+                blob = check("cuMemExportToShareableHandle",
+                             d.cuMemExportToShareableHandle(self.mc_handle, self.htype, 0))
+        except CudaError as e:
+            err = e
+        self.vote("init: create multicast object", err)
+        err = None
+        try:
+            self._share_multicast(blob)
+            check("cuMulticastAddDevice", d.cuMulticastAddDevice(self.mc_handle, me))
+        except (CudaError, FdTransportError) as e:
+            err = e
+        self.vote("init: share multicast object", err)
+        err = None
+        try:
+            check("cuMulticastBindMem", d.cuMulticastBindMem(self.mc_handle, 0, self.own, 0, self.slot, 0))
+            self.bound = True
+            va = check("cuMemAddressReserve", d.cuMemAddressReserve(self.slot, 0, 0, 0))
+            self.mc = va
+            check("cuMemMap", d.cuMemMap(va, self.slot, 0, self.mc_handle, 0))
+            self.mc_mapped = True
+            check("cuMemSetAccess", d.cuMemSetAccess(va, self.slot, [access_desc(me)], 1))
+        except CudaError as e:
+            err = e
+        self.vote("init: bind and map multicast", err)
+
+    def _share_multicast(self, blob: Any) -> None:
+        """Rank 0's exported multicast handle to every other rank: a fabric blob through the
+        store, or an fd over each peer's Unix socket after the pids meet in the store."""
+        d = self.driver
+        if self.htype == FABRIC:
+            blob = self.group.exchange(self._key("multicast"), blob,
+                                       tag="symm.init: share multicast handle")[0]
+            if self.rank != 0:
+                self.mc_handle = check("cuMemImportFromShareableHandle",
+                                       d.cuMemImportFromShareableHandle(blob, FABRIC))
+            return
+        pids = self.group.exchange(self._key("multicast"), d.getpid(),
+                                   tag="symm.init: share multicast handle")
+        if self.rank == 0:
+            try:
+                for p in pids[1:]:
+                    send_fd(d, blob, p)
+            finally:
+                d.close_fd(blob)
+            return
+        fd = recv_fd(d, pids[0], timeout=FD_EXCHANGE_TIMEOUT)
+        try:
+            self.mc_handle = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+        finally:
+            d.close_fd(fd)
+
+    def describe(self) -> str:
+        mc = ("multicast object bound, multimem all-reduce" if self.mc else
+              "multicast address 0: no multicast for this group (row M8)")
+        return f"{HANDLE_NAMES[self.htype]} handles, {mc}"
+
+    # -- the op ----------------------------------------------------------------------------
+    def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
+        if op in ("all_reduce", "all_reduce_rmsnorm") and self.mc:
+            dtype = str(x.dtype).removeprefix("torch.")
+            nbytes = x.numel() * x.element_size()
+            self._stage(x)
+            self.round += 1
+            check("multimem_all_reduce", self.driver.launch_kernel(
+                K.multimem_all_reduce, self.mc, self.ptrs[self.rank], self.rank, self.ws,
+                x.numel(), dtype, self.capacity, self.round))
+            return self._result(nbytes, x, tuple(x.shape))
+        return super().run(op, x)
+
+    # -- close -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Row G8: sync, barrier, unbind, unmap multicast, unmap peers, release multicast,
+        release imports and own, free the VA ranges."""
+        if self.closed:
+            return
+        self.closed = True
+        d = self.driver
+        d.cudaDeviceSynchronize()
+        self.close_barrier("symm.close: all ranks done with peer memory")
+        if self.own_fd is not None:       # set-up stopped between export and rendezvous
+            d.close_fd(self.own_fd)
+            self.own_fd = None
+        if self.bound:
+            d.cuMulticastUnbind(self.mc_handle, check("cudaGetDevice", d.cudaGetDevice()), 0, self.slot)
+            self.bound = False
+        if self.mc:
+            if self.mc_mapped:
+                d.cuMemUnmap(self.mc, self.slot)
+            d.cuMemAddressFree(self.mc, self.slot)
+            self.mc = 0
+        for p in self.mapped:
+            d.cuMemUnmap(p, self.slot)
+        self.mapped.clear()
+        if self.mc_handle:
+            d.cuMemRelease(self.mc_handle)
+            self.mc_handle = 0
+        for h in self.imported:
+            d.cuMemRelease(h)
+        self.imported.clear()
+        if self.own:
+            d.cuMemRelease(self.own)
+            self.own = 0
+        if self.va:
+            d.cuMemAddressFree(self.va, self.slot * self.ws)
+            self.va = 0
+

@@ -1,0 +1,9 @@
+"""Custom all-reduce set-up decided rank by rank, before sglang MAX-reduced its
+"unavailable" flag (reference §6.4, row G3): one rank whose IPC open fails disables the
+backend locally; the others keep it, capture CUDA graphs with it and enter the collective
+graph-buffer registration without that rank."""
+
+from commsim.policy import Policy
+
+POLICY = Policy(name="ipc-unvoted-setup", order=("ipc", "nccl"),
+                params={"max_size": 8 << 20, "agree": False})
