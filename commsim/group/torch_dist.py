@@ -349,16 +349,17 @@ class TorchDistGroup:
         ends at the timeout naming the members whose post under this key is missing."""
         w = self._world
         base = f"{self._ns}/x/{key}/"
-        w.set_status((BLOCKED, self._name, None, f"exchange({key!r})", tag))
+        # '#0', as LocalGroup shows it: a store key has no collective sequence number.
+        w.set_status((BLOCKED, self._name, 0, f"exchange(key={key!r})", tag))
         _put(w.store, base + str(self._rank), pickle.dumps(obj, pickle.HIGHEST_PROTOCOL),
              w.shm_prefix)
         keys = [base + str(r) for r in range(self.size)]
         limit = w.timeout if timeout is None else timeout
         if not w.await_keys(keys, time.monotonic() + limit,
-                            lambda: self._check_dead(keys, None, f"exchange({key!r})", tag)):
+                            lambda: self._check_dead(keys, 0, f"exchange(key={key!r})", tag)):
             arrived, missing = self._arrivals(keys)
-            d = Diagnosis("timeout", w.states(), w.elapsed(), group=self._name, seq=None,
-                          collective=f"exchange({key!r})", tag=tag, arrived=arrived,
+            d = Diagnosis("timeout", w.states(), w.elapsed(), group=self._name, seq=0,
+                          collective=f"exchange(key={key!r})", tag=tag, arrived=arrived,
                           missing=missing, timeout=limit, clock="real")
             raise GroupTimeout(d.message(), d)
         w.set_status((RUNNING, None, None, None, f"after exchange({key!r}) of {self._name!r}"))
@@ -428,7 +429,7 @@ class TorchDistGroup:
         return (tuple(self._global[i] for i, g in enumerate(got) if g),
                 tuple(self._global[i] for i, g in enumerate(got) if not g))
 
-    def _check_dead(self, keys: list[str], seq: int | None, kind: str, tag: str) -> None:
+    def _check_dead(self, keys: list[str], seq: int, kind: str, tag: str) -> None:
         w = self._world
         if not w.dead():
             return

@@ -52,6 +52,22 @@ def test_process_mode_matches_thread_mode(make, policy):
     assert procs.pids and not any(pid_alive(p) for p in procs.pids)
 
 
+REGRESSIONS = sorted(p.stem for p in (ROOT / "scenarios/regressions").glob("*.toml"))
+
+
+@pytest.mark.parametrize("name", REGRESSIONS)
+def test_every_regression_fails_the_same_way_in_process_mode(name):
+    """Each shipped regression under its own (shortcut) policy: same verdict, errors by name,
+    step and failing rank, leaks and flagged rows as in thread mode. Hangs are real-time
+    timeouts here (3 s) where thread mode diagnoses them in virtual time."""
+    sc = load(ROOT / f"scenarios/regressions/{name}.toml")
+    threads = run_scenario(sc)
+    procs = run_scenario(sc, procs=True, timeout=3)
+    assert threads.ok and procs.ok, procs.failures
+    assert procs.outcome() == threads.outcome()
+    assert not leftovers()
+
+
 def test_regressions_fail_as_reported_and_pass_under_default_in_process_mode():
     for name in ("flashinfer-2006-fusion-workspace", "vllm-52778-graph-registration"):
         sc = load(ROOT / f"scenarios/regressions/{name}.toml")
