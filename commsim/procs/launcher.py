@@ -30,6 +30,7 @@ from . import worker
 from .faults import ProcFaults
 
 _CTX: Any = None
+IDLE_FACTOR = 2
 
 
 def context() -> Any:
@@ -95,9 +96,13 @@ def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, 
             out.pids.append(p.pid)
         say(f"started {len(procs)} rank process(es) in {time.monotonic() - t0:.2f} s "
             f"(pids {' '.join(str(p.pid) for p in procs.values())}; shared memory {prefix}-*)")
-        # Every wait ends within `timeout`; a failing rank's close() may wait once more, and
-        # start-up needs its own allowance: past this the launcher ends the run itself.
-        hard = t0 + 3 * timeout + 30
+        # Every wait ends within `timeout`, so a live run changes some rank's status (each
+        # collective and spin wait writes it) well within that; a run whose ranks all stay
+        # silent for IDLE_FACTOR timeouts plus start-up slack is ended by the launcher.
+        idle_limit = IDLE_FACTOR * timeout + 30
+        last_seen: dict[int, bytes] = {}
+        last_change = t0
+        next_look = t0
         straggle: float | None = None
         while True:
             alive = [r for r, p in procs.items() if p.exitcode is None]
@@ -115,13 +120,25 @@ def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, 
             if not alive:
                 break
             now = time.monotonic()
+            if now >= next_look:      # progress: any status that changed since the last look
+                next_look = now + 0.5
+                for r in alive:
+                    key = f"status/{r}"
+                    blob = store.get(key) if store.check([key]) else b""
+                    if last_seen.get(r) != blob:
+                        last_seen[r] = blob
+                        last_change = now
+            hard = last_change + idle_limit
             # Once a rank has failed, the ones still alive get one timeout to finish (their
             # own waits end by then); a rank that merely finished early starts no clock.
             if straggle is None and (gone or any(_failed(rep) for rep in reports.values())):
                 straggle = now + timeout
             if now > hard or (straggle is not None and now > straggle):
+                reason = (f"no rank progressed for {now - last_change:.0f} s" if now > hard
+                          else "its peers had failed")
                 for r in alive:
-                    why = f"killed by the launcher after {now - t0:.1f} s {last_status(store, r)}"
+                    why = (f"killed by the launcher after {now - t0:.1f} s ({reason}) "
+                           f"{last_status(store, r)}")
                     gone[r] = why
                     procs[r].kill()
                     mark_dead(store, r, why)

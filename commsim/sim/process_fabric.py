@@ -272,8 +272,9 @@ class ProcessFabric(SimFabric):
         self._next_mid += 1
         path = shm.segment_path(self.prefix, f"m{mid}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        os.ftruncate(fd, TEAM_BYTES)
-        mm = mmap.mmap(fd, TEAM_BYTES)
+        nbytes = team_bytes(num_devices)
+        os.ftruncate(fd, nbytes)
+        mm = mmap.mmap(fd, nbytes)
         _TEAM_HEAD.pack_into(mm, 0, num_devices, handle_types, self._gpu_code(creator), 0, size)
         m = SharedMulticast(self, mid, fd, mm, refs=1)
         self.multicasts[mid] = m
@@ -288,7 +289,7 @@ class ProcessFabric(SimFabric):
             fd = os.open(shm.segment_path(self.prefix, f"m{mid}"), os.O_RDWR)
         except FileNotFoundError:
             return None
-        m = SharedMulticast(self, mid, fd, mmap.mmap(fd, TEAM_BYTES), refs=0)
+        m = SharedMulticast(self, mid, fd, mmap.mmap(fd, os.fstat(fd).st_size), refs=0)
         self.multicasts[mid] = m
         return m
 
@@ -314,8 +315,12 @@ class ProcessFabric(SimFabric):
 # mc offset, bound size).
 _TEAM_HEAD = struct.Struct("<IIIIQ")
 _SLOT = struct.Struct("<IIQQQQQ")
-MAX_TEAM = 128
-TEAM_BYTES = 64 + MAX_TEAM * _SLOT.size
+
+
+def team_bytes(num_devices: int) -> int:
+    """A table with a slot for every device the object was created for (cuMulticastAddDevice
+    refuses more than numDevices before a slot is written)."""
+    return 64 + max(num_devices, 1) * _SLOT.size
 
 
 class SharedMulticast(MulticastObject):
@@ -372,8 +377,6 @@ class SharedMulticast(MulticastObject):
     def add_device(self, g: GpuRef) -> None:
         with self._locked():
             n = self._joined()
-            if n >= MAX_TEAM:
-                raise ValueError("multicast team table full")
             self._write(n, self.fabric._gpu_code(g), 0, 0, 0, 0, 0, 0)
             head = list(_TEAM_HEAD.unpack_from(self.mm, 0))
             head[3] = n + 1

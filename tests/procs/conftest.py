@@ -5,11 +5,8 @@ once per test worker). They are few and small, and carry the `procs` marker so t
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
-
-from commsim.sim import shm
 
 
 def pytest_collection_modifyitems(items):
@@ -20,17 +17,3 @@ def pytest_collection_modifyitems(items):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "procs: spawns real rank processes (process mode)")
-
-
-def leftovers() -> list[Path]:
-    """Shared-memory segments of runs this test process launched (prefix commsim-<pid>-)."""
-    return shm.segments(f"{shm.PREFIX_HEAD}{os.getpid()}")
-
-
-def pid_alive(pid: int) -> bool:
-    """True when `pid` exists and is not a zombie waiting to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

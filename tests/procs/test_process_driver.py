@@ -7,6 +7,7 @@ driver's code (reference §1.4 row L8, §2.4, §2.5 row V9)."""
 
 from __future__ import annotations
 
+import os
 import numpy as np
 
 from commsim.driver import LAZY_ENABLE_PEER_ACCESS, access_desc, alloc_prop, check
@@ -15,8 +16,7 @@ from commsim.procs.launcher import run_ranks_procs
 from commsim.sim.driver import FABRIC, FD
 from commsim.sim.unix_socket import FdTransportError, recv_fd, send_fd
 from commsim.topology import GpuRef, build_preset
-
-from conftest import leftovers
+from commsim.procs.hygiene import leftover_segments
 
 SIZE = 1 << 21
 
@@ -114,7 +114,7 @@ def test_legacy_ipc_same_host_and_across_trays():
     assert threads[0][1]["bytes"] == [1, 2, 0]                  # same host wrote; tray 1 could not
     assert threads[2][1]["open"].endswith("cudaErrorInvalidResourceHandle: 400>")   # row L8
     assert threads[1][1]["after_free"].endswith("cudaErrorInvalidResourceHandle: 400>")
-    assert not leftovers()
+    assert not leftover_segments(os.getpid())
 
 
 def test_fabric_handles_across_trays_and_fds_within_a_host():
@@ -127,4 +127,4 @@ def test_fabric_handles_across_trays_and_fds_within_a_host():
     assert [v["seen"] for _, v in threads] == [[13] * 8, [10] * 8, [11] * 8, [12] * 8]
     assert [v["send"] for _, v in threads] == ["sent", "refused errno 110", "sent", "refused errno 110"]
     assert all(not v["held"] for _, v in threads)
-    assert not leftovers()
+    assert not leftover_segments(os.getpid())

@@ -5,14 +5,14 @@ process behind."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from commsim.procs.faults import ProcFaults
 from commsim.procs.launcher import run_scenario_procs
 from commsim.scenario.model import Group, Scenario, Workload
 from commsim.topology import build_preset
-
-from conftest import leftovers, pid_alive
+from commsim.procs.hygiene import leftover_segments, pid_alive
 
 KiB = 1 << 10
 TIMEOUT = 3.0
@@ -30,7 +30,7 @@ def run(faults: ProcFaults):
     t0 = time.monotonic()
     res = run_scenario_procs(hgx_tp4(), timeout=TIMEOUT, faults=faults)
     elapsed = time.monotonic() - t0
-    assert not leftovers(), leftovers()
+    assert not leftover_segments(os.getpid()), leftover_segments(os.getpid())
     assert not any(pid_alive(p) for p in res.pids)
     assert not res.ok
     return res, elapsed

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 from commsim.sim import shm
-
-from conftest import pid_alive
+from commsim.procs.hygiene import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,6 +4,7 @@ flags and the communicators' decision traces (RunResult.outcome)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,7 @@ from commsim.scenario.model import Group, Scenario, Workload
 from commsim.scenario.runner import run_scenario
 from commsim.scenario.schema import load
 from commsim.topology import build_preset
-
-from conftest import leftovers, pid_alive
+from commsim.procs.hygiene import leftover_segments, pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 KiB, MiB = 1 << 10, 1 << 20
@@ -48,7 +48,7 @@ def test_process_mode_matches_thread_mode(make, policy):
     assert threads.ok, threads.failures
     assert procs.outcome() == threads.outcome()
     assert procs.failures == threads.failures
-    assert not leftovers()
+    assert not leftover_segments(os.getpid())
     assert procs.pids and not any(pid_alive(p) for p in procs.pids)
 
 
@@ -65,7 +65,7 @@ def test_every_regression_fails_the_same_way_in_process_mode(name):
     procs = run_scenario(sc, procs=True, timeout=3)
     assert threads.ok and procs.ok, procs.failures
     assert procs.outcome() == threads.outcome()
-    assert not leftovers()
+    assert not leftover_segments(os.getpid())
 
 
 def test_regressions_fail_as_reported_and_pass_under_default_in_process_mode():
@@ -108,4 +108,4 @@ def test_communicator_cases_match_thread_mode(case):
     procs = run_scenario(sc, procs=True, timeout=30)
     assert threads.ok and not threads.leaks, threads.failures
     assert procs.outcome() == threads.outcome()
-    assert not leftovers()
+    assert not leftover_segments(os.getpid())
