@@ -1,8 +1,8 @@
 """The Group interface: rank-to-rank exchange of small picklable objects (handles, host ids).
 
 Two implementations fit it: `commsim.group.local.LocalGroup` (ranks as greenlets in one
-process under a seeded scheduler) and, later, a torch.distributed (gloo) binding for real
-processes. The surface is therefore what torch.distributed's object collectives offer:
+process under a seeded scheduler) and `commsim.group.torch_dist.TorchDistGroup` (real
+processes, through a torch.distributed store). The surface is therefore what torch.distributed's object collectives offer:
 objects cross the group by value (pickled), ranks are group ranks, and a subgroup is created
 collectively by every member of the parent.
 

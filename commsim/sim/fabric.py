@@ -3,8 +3,9 @@
 It owns the physical allocations (real bytes), the registries that turn handle bytes back into
 allocations, multicast objects, and the simulated processes placed on hosts and GPUs. Nothing
 in a handle is a Python object: a handle is bytes (or an fd number) and is looked up here, so
-handles survive pickling and transport between ranks. A later multi-process mode swaps the
-`MemoryProvider` for POSIX shared memory and the registries for a shared store.
+handles survive pickling and transport between ranks. Process mode
+(`commsim.sim.process_fabric.ProcessFabric`) gives every rank process its own fabric with
+POSIX shared memory behind its allocations and resolves handle bytes against that memory.
 """
 
 from __future__ import annotations
