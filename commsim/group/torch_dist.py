@@ -140,6 +140,10 @@ class ProcessWorld:
         self.on_collective = on_collective
         self._fd_taken: dict[str, int] = {}
         self.shm_prefix = shm_prefix   # large objects travel through /dev/shm files when set
+        # World ranks of the group this rank last met in: a kernel spinning on flags right
+        # after waits for those peers, so only their death ends the spin early (a rank of
+        # another group failing must not abort this one, as it would not in thread mode).
+        self.peers: tuple[int, ...] | None = None
         self.set_status((RUNNING, None, None, None, "start"))
 
     @classmethod
@@ -223,7 +227,8 @@ class ProcessWorld:
             now = time.monotonic()
             if now >= next_poll:
                 next_poll = now + POLL
-                failed = self._failed_ranks([r for r in range(self.size) if r != self.rank])
+                among = self.peers if self.peers is not None else range(self.size)
+                failed = self._failed_ranks([r for r in among if r != self.rank])
                 if failed:
                     d = Diagnosis("rank failed", self.states(), self.elapsed(), rank=self.rank,
                                   what=what, failed=failed, clock="real")
@@ -351,6 +356,7 @@ class TorchDistGroup:
         base = f"{self._ns}/x/{key}/"
         # '#0', as LocalGroup shows it: a store key has no collective sequence number.
         w.set_status((BLOCKED, self._name, 0, f"exchange(key={key!r})", tag))
+        w.peers = self._global
         _put(w.store, base + str(self._rank), pickle.dumps(obj, pickle.HIGHEST_PROTOCOL),
              w.shm_prefix)
         keys = [base + str(r) for r in range(self.size)]
@@ -388,6 +394,7 @@ class TorchDistGroup:
         seq = self._seq
         self._seq += 1
         w.set_status((BLOCKED, self._name, seq, kind, tag))
+        w.peers = self._global
         if w.on_collective is not None:      # after the status: a killed rank is found there
             w.on_collective(tag)
         base = f"{self._ns}/{seq}/"
