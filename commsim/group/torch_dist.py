@@ -40,6 +40,7 @@ T = TypeVar("T")
 
 POLL = 0.05            # seconds between checks for dead ranks while waiting
 DEFAULT_TIMEOUT = 60.0
+JOIN_MIN = 15.0        # seconds the rendezvous waits at least (see ProcessWorld.join)
 
 
 class RankDied(Exception):
@@ -246,8 +247,10 @@ class ProcessWorld:
 
     # ---- rendezvous, world group, fd mailbox ------------------------------------------------
     def join(self, timeout: float | None = None) -> "TorchDistGroup":
-        """Rendezvous of all ranks; the world group. A rank that never joins is named."""
-        limit = self.timeout if timeout is None else timeout
+        """Rendezvous of all ranks; the world group. A rank that never joins is named. The
+        default bound is the world's timeout but at least JOIN_MIN: starting processes on a
+        loaded machine is not what a short collective timeout is about."""
+        limit = max(self.timeout, JOIN_MIN) if timeout is None else timeout
         self.store.set(f"join/{self.rank}", str(os.getpid()))
         keys = [f"join/{r}" for r in range(self.size)]
 

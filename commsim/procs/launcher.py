@@ -164,9 +164,11 @@ def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, 
 
 def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
                        *, timeout: float | None = None, faults: ProcFaults | None = None,
-                       progress: Callable[[str], None] | None = None) -> RunResult:
+                       progress: Callable[[str], None] | None = None,
+                       join_timeout: float | None = None) -> RunResult:
     """Run `sc` with one OS process per rank. `timeout`: seconds any one wait may take (a
-    collective, a rendezvous, a kernel's flag); the whole run is bounded by a few of them."""
+    collective, a kernel's flag); `join_timeout`: the rendezvous's bound (default: timeout,
+    at least torch_dist.JOIN_MIN)."""
     timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     faults = faults or ProcFaults()
     faults.validate(sc.world_size)
@@ -174,7 +176,7 @@ def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: i
     n = sc.world_size
     run = launch(n, worker.main,
                  lambda r, port, prefix: worker.Job(sc, r, policy, seed, prefix, "127.0.0.1",
-                                                    port, timeout, faults),
+                                                    port, timeout, faults, join_timeout),
                  timeout=timeout, absent=faults.absent, say=progress or (lambda text: None))
     res.pids = run.pids
     values: list[dict | None] = []

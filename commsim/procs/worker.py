@@ -36,6 +36,7 @@ class Job:
     port: int
     timeout: float
     faults: ProcFaults = field(default_factory=ProcFaults)
+    join_timeout: float | None = None     # None: ProcessWorld.join's default
 
 
 @dataclass
@@ -52,7 +53,7 @@ def run_job(job: Job, world: ProcessWorld) -> RankReport:
     sc, rank = job.scenario, job.rank
     world.install_waiter()
     try:
-        wg = world.join()
+        wg = world.join(job.join_timeout)
         seed, pol, _ = prepare(sc, job.policy, job.seed)
         fabric = ProcessFabric(sc.cluster, seed, rank, sc.placement, job.prefix, mailbox=world)
         driver = spawn_driver(fabric, sc.placement[rank], faults_for(sc, rank))
