@@ -5,7 +5,8 @@
 1. Scenario rate: init, 3 checked all-reduces, capture + registration, close — for TP 8 on one
    HGX host and TP 72 on a GB200 rack.
 2. Data path: all-reduce GB/s of input (8 ranks x message size / time) for 1-64 MiB, against
-   numpy doing the same 8-way float32 sum of the same bytes.
+   numpy doing the same 8-way float32 sum of the same bytes; under the default order and with
+   symmetric memory first (multimem over its multicast object on HGX).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def rate(preset: str, reps: int) -> None:
           f"backends {sorted(set(res.backends.values()))})")
 
 
-def datapath(reps: int = 3) -> None:
+def datapath(reps: int = 3, order: tuple[str, ...] = ("ipc", "fabric", "multicast", "nccl")) -> None:
     """Time only the all-reduce calls (after init) of 8 ranks on HGX, float32."""
     import torch
     from commsim.communicator import Communicator
@@ -55,7 +56,8 @@ def datapath(reps: int = 3) -> None:
         c = build_preset("hgx-h100-8")
         fabric = SimFabric(c)
         drivers = [spawn_driver(fabric, g) for g in c.gpu_refs()]
-        pol = Policy(params={"max_size": 128 * MiB, "multicast_max_size": 128 * MiB})
+        pol = Policy(order=order, params={"max_size": 128 * MiB, "multicast_max_size": 128 * MiB,
+                                          "symm_max_size": 128 * MiB})
         times, names = [], []
 
         def rank(g):
@@ -89,3 +91,4 @@ if __name__ == "__main__":
     rate("hgx-h100-8", 5)
     rate("gb200-nvl72", 1)
     datapath()
+    datapath(order=("symm", "nccl"))

@@ -15,18 +15,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..discovery import GroupView
-from ..driver import CudaError, access_desc, alloc_prop, check
+from ..driver import CudaError, alloc_prop, check
 from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC
 from ..topology.model import FabricState
-from .base import Eligibility, Mi, PeerBackend
+from .base import Eligibility, Mi
+from .vmm import VmmPeerBackend
 
 
 def round_up(n: int, g: int) -> int:
     return (n + g - 1) // g * g
 
 
-class FabricBackend(PeerBackend):
+class FabricBackend(VmmPeerBackend):
     name = "fabric"
 
     @classmethod
@@ -59,14 +60,6 @@ class FabricBackend(PeerBackend):
             return "direct"
         return "one-shot" if nbytes * self.ws <= 1 * Mi else "two-shot"
 
-    def __init__(self, *a: Any, **k: Any):
-        super().__init__(*a, **k)
-        self.own_handle = 0
-        self.imported: list[int] = []
-        self.mapped: list[int] = []
-        self.va = 0
-        self.slot = 0
-
     def setup(self) -> None:
         d, me = self.driver, check("cudaGetDevice", self.driver.cudaGetDevice())
         prop = alloc_prop(me, FABRIC)
@@ -91,14 +84,7 @@ class FabricBackend(PeerBackend):
                     h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(b, FABRIC))
                     self.imported.append(h)
                     handles.append(h)
-            self.va = check("cuMemAddressReserve", d.cuMemAddressReserve(self.slot * self.ws, 0, 0, 0))
-            for j, h in enumerate(handles):
-                p = self.va + j * self.slot
-                check("cuMemMap", d.cuMemMap(p, self.slot, 0, h, 0))
-                self.mapped.append(p)
-            check("cuMemSetAccess", d.cuMemSetAccess(self.va, self.slot * self.ws, [access_desc(me)], 1))
-            self.ptrs = list(self.mapped)
-            check("cudaMemset", d.cudaMemset(self.ptrs[self.rank], 0, K.FLAGS_BYTES))
+            self.map_peers(handles, me)
         except CudaError as e:
             err = e
         self.vote("init: import and map peers", err)
@@ -110,15 +96,5 @@ class FabricBackend(PeerBackend):
         d = self.driver
         d.cudaDeviceSynchronize()
         self.close_barrier("fabric.close: all ranks done with peer memory")
-        for p in self.mapped:
-            d.cuMemUnmap(p, self.slot)
-        self.mapped.clear()
-        for h in self.imported:
-            d.cuMemRelease(h)
-        self.imported.clear()
-        if self.own_handle:
-            d.cuMemRelease(self.own_handle)
-            self.own_handle = 0
-        if self.va:
-            d.cuMemAddressFree(self.va, self.slot * self.ws)
-            self.va = 0
+        self.unmap_peers()
+        self.release_peers()

@@ -39,9 +39,10 @@ from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
 from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC, FD
 from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
-from .base import Eligibility, Mi, PeerBackend
+from .base import Eligibility, Mi
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
+from .vmm import VmmPeerBackend
 
 # FlashInfer's fd_exchange gives up connecting or receiving after 30 s (§2.5).
 FD_EXCHANGE_TIMEOUT = 30.0
@@ -66,7 +67,7 @@ def local_handle_type(me: RankInfo) -> int:
     return FABRIC if me.mnnvl_capable else FD
 
 
-class SymmBackend(PeerBackend):
+class SymmBackend(VmmPeerBackend):
     name = "symm"
 
     @classmethod
@@ -99,12 +100,7 @@ class SymmBackend(PeerBackend):
         self.htype = self._handle_type()
         self.want_multicast = (self.params.get("symm_multicast", True)
                                and MulticastBackend.eligibility(self.view, self.params).ok)
-        self.slot = 0
-        self.own = 0
         self.own_fd: int | None = None   # the exported fd, until sent (or closed by close())
-        self.imported: list[int] = []
-        self.mapped: list[int] = []
-        self.va = 0
         self.mc_handle = 0
         self.mc = 0                 # the multicast address; 0 without multicast (row M8)
         self.mc_mapped = False
@@ -146,9 +142,9 @@ class SymmBackend(PeerBackend):
             prop = alloc_prop(me, self.htype)
             gran = check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
             self.slot = round_up(K.workspace_bytes(self.capacity), gran)
-            self.own = check("cuMemCreate", d.cuMemCreate(self.slot, prop, 0))
+            self.own_handle = check("cuMemCreate", d.cuMemCreate(self.slot, prop, 0))
             mine = check("cuMemExportToShareableHandle",
-                         d.cuMemExportToShareableHandle(self.own, self.htype, 0))
+                         d.cuMemExportToShareableHandle(self.own_handle, self.htype, 0))
             if self.htype == FD:
                 self.own_fd = mine
         except CudaError as e:
@@ -156,15 +152,7 @@ class SymmBackend(PeerBackend):
         self.vote("init: allocate symmetric buffer", err)
         err = None
         try:
-            handles = self._rendezvous(mine)
-            self.va = check("cuMemAddressReserve", d.cuMemAddressReserve(self.slot * self.ws, 0, 0, 0))
-            for j, h in enumerate(handles):
-                p = self.va + j * self.slot
-                check("cuMemMap", d.cuMemMap(p, self.slot, 0, h, 0))
-                self.mapped.append(p)
-            check("cuMemSetAccess", d.cuMemSetAccess(self.va, self.slot * self.ws, [access_desc(me)], 1))
-            self.ptrs = list(self.mapped)
-            check("cudaMemset", d.cudaMemset(self.ptrs[self.rank], 0, K.FLAGS_BYTES))
+            self.map_peers(self._rendezvous(mine), me)
         except (CudaError, FdTransportError) as e:
             err = e
         self.vote("init: rendezvous and map peers", err)
@@ -182,7 +170,7 @@ class SymmBackend(PeerBackend):
             out = []
             for j, b in enumerate(blobs):
                 if j == self.rank:
-                    out.append(self.own)
+                    out.append(self.own_handle)
                     continue
                 h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(b, FABRIC))
                 self.imported.append(h)
@@ -198,7 +186,7 @@ class SymmBackend(PeerBackend):
             d.close_fd(mine)
             self.own_fd = None
         out = [0] * self.ws
-        out[self.rank] = self.own
+        out[self.rank] = self.own_handle
         for j in range(1, self.ws):
             src = (self.rank - j) % self.ws
             fd = recv_fd(d, pids[src], timeout=FD_EXCHANGE_TIMEOUT)
@@ -235,7 +223,7 @@ class SymmBackend(PeerBackend):
         self.vote("init: share multicast object", err)
         err = None
         try:
-            check("cuMulticastBindMem", d.cuMulticastBindMem(self.mc_handle, 0, self.own, 0, self.slot, 0))
+            check("cuMulticastBindMem", d.cuMulticastBindMem(self.mc_handle, 0, self.own_handle, 0, self.slot, 0))
             self.bound = True
             va = check("cuMemAddressReserve", d.cuMemAddressReserve(self.slot, 0, 0, 0))
             self.mc = va
@@ -311,19 +299,8 @@ class SymmBackend(PeerBackend):
                 d.cuMemUnmap(self.mc, self.slot)
             d.cuMemAddressFree(self.mc, self.slot)
             self.mc = 0
-        for p in self.mapped:
-            d.cuMemUnmap(p, self.slot)
-        self.mapped.clear()
+        self.unmap_peers()
         if self.mc_handle:
             d.cuMemRelease(self.mc_handle)
             self.mc_handle = 0
-        for h in self.imported:
-            d.cuMemRelease(h)
-        self.imported.clear()
-        if self.own:
-            d.cuMemRelease(self.own)
-            self.own = 0
-        if self.va:
-            d.cuMemAddressFree(self.va, self.slot * self.ws)
-            self.va = 0
-
+        self.release_peers()

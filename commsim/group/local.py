@@ -267,20 +267,9 @@ class LocalGroup:
                              f"{self._world_rank} does not pickle: {short_error(exc)}") from exc
         slot.count += 1
         if slot.count == core.size:
-            for w in slot.waiters:
-                w.state = _RUNNABLE
-                w.token += 1
-                sched._runnable.append(w)
+            self._wake(slot.waiters)
         else:
-            rec.state = _BLOCKED
-            rec.blocker = slot
-            rec.grank = self._rank
-            rec.tag = tag
-            rec.timeout = timeout
-            slot.waiters.append(rec)
-            if timeout is not None:
-                sched._add_timer(rec, sched._now + timeout)
-            sched._block(rec)
+            self._park(rec, slot, timeout, tag)
         slot.taken += 1
         if slot.taken == core.size:
             del core.store[key]
@@ -323,21 +312,9 @@ class LocalGroup:
         if rnd.count == core.size:
             del rounds[seq]
             self._complete(rnd)
-            runnable = sched._runnable
-            for w in rnd.waiters:
-                w.state = _RUNNABLE
-                w.token += 1
-                runnable.append(w)
+            self._wake(rnd.waiters)
         else:
-            rec.state = _BLOCKED
-            rec.blocker = rnd
-            rec.grank = self._rank
-            rec.tag = tag
-            rec.timeout = timeout
-            rnd.waiters.append(rec)
-            if timeout is not None:
-                sched._add_timer(rec, sched._now + timeout)
-            sched._block(rec)  # raises what a timeout / hang / peer failure injected
+            self._park(rec, rnd, timeout, tag)
         if kind == BARRIER:
             return None
         if rnd.blob:
@@ -349,6 +326,29 @@ class LocalGroup:
             mine = sub.rank_of.get(self._world_rank)
             return None if mine is None else self._world._handle(sub, mine)
         return rnd.result
+
+    def _wake(self, waiters: list[Any]) -> None:
+        """The last arrival completes the meeting: every parked member becomes runnable."""
+        runnable = self._sched._runnable
+        for w in waiters:
+            w.state = _RUNNABLE
+            w.token += 1
+            runnable.append(w)
+
+    def _park(self, rec: Any, blocker: "_Round | _StoreKey", timeout: float | None,
+              tag: str) -> None:
+        """Wait in `blocker` until the last member arrives; raises what a timeout, hang or
+        peer failure injected."""
+        sched = self._sched
+        rec.state = _BLOCKED
+        rec.blocker = blocker
+        rec.grank = self._rank
+        rec.tag = tag
+        rec.timeout = timeout
+        blocker.waiters.append(rec)
+        if timeout is not None:
+            sched._add_timer(rec, sched._now + timeout)
+        sched._block(rec)
 
     def _complete(self, rnd: _Round) -> None:
         """Compute the round's result once, for every receiver."""
