@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from ..group.torch_dist import DEFAULT_TIMEOUT, last_status, mark_dead
 from ..policy import Policy
 from ..scenario.model import Scenario
-from ..scenario.runner import RankError, RunResult, collect, judge, prepare
+from ..scenario.runner import RunResult, prepare
 from ..sim import shm
 from ..topology.model import Cluster, GpuRef
 from . import worker
@@ -179,21 +179,8 @@ def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: i
                                                     port, timeout, faults, join_timeout),
                  timeout=timeout, absent=faults.absent, say=progress or (lambda text: None))
     res.pids = run.pids
-    values: list[dict | None] = []
-    errors: list[RankError | None] = []
-    for r in range(n):
-        rep = run.reports.get(r)
-        if rep is not None:
-            values.append(rep.value)
-            errors.append(rep.error)
-            res.leaks += rep.leaks
-            res.flags += [f for f in rep.flags if f not in res.flags]
-        else:
-            values.append(None)
-            errors.append(RankError(r, "process", "RankDied",
-                                    f"rank {r} {run.gone.get(r, 'vanished')}", r))
-    collect(res, values, errors)
-    judge(res)
+    worker.gather(res, [run.reports.get(r) for r in range(n)],
+                  lambda r: run.gone.get(r, "vanished"))
     return res
 
 

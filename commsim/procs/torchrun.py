@@ -20,7 +20,7 @@ import sys
 import time
 
 from ..group.torch_dist import ProcessWorld
-from ..scenario.runner import RankError, collect, judge, prepare
+from ..scenario.runner import prepare
 from ..scenario.schema import load
 from ..sim import shm
 from . import worker
@@ -68,22 +68,13 @@ def _report(sc, args, world: ProcessWorld) -> int:
     """Rank 0: every rank's report (or why there is none), the verdict, the exit status."""
     _, _, res = prepare(sc, args.policy, args.seed)
     deadline = time.monotonic() + args.timeout
-    values, errors = [], []
+    reports = []
     for r in range(world.size):
         key = f"result/{r}"
         while not world.store.check([key]) and time.monotonic() < deadline and r not in world.dead():
             time.sleep(0.05)
-        if world.store.check([key]):
-            rep: worker.RankReport = pickle.loads(world.store.get(key))
-            values.append(rep.value)
-            errors.append(rep.error)
-            res.leaks += rep.leaks
-            res.flags += [f for f in rep.flags if f not in res.flags]
-        else:
-            values.append(None)
-            errors.append(RankError(r, "process", "RankDied", f"rank {r} sent no report", r))
-    collect(res, values, errors)
-    judge(res)
+        reports.append(pickle.loads(world.store.get(key)) if world.store.check([key]) else None)
+    worker.gather(res, reports, lambda r: "sent no report")
     print(f"{sc.name}: {'ok' if res.ok else 'FAIL'} ({world.size} processes under torchrun, "
           f"shared-memory prefix {world.shm_prefix})")
     for k, b in sorted(res.backends.items()):

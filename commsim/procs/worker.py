@@ -14,12 +14,13 @@ import pickle
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from ..group.errors import short_error
 from ..group.torch_dist import ProcessWorld
 from ..scenario.model import Scenario
-from ..scenario.runner import Inputs, RankError, faults_for, prepare, rank_error, run_rank
+from ..scenario.runner import (Inputs, RankError, collect, faults_for, judge, prepare, rank_error,
+                               run_rank)
 from ..sim import spawn_driver
 from ..sim.process_fabric import PID_BASE, ProcessFabric
 from .faults import ProcFaults
@@ -46,6 +47,24 @@ class RankReport:
     error: RankError | None
     leaks: list[str]
     flags: list[str]
+
+
+def gather(res: Any, reports: "Sequence[RankReport | None]", why_missing: Callable[[int], str]) -> None:
+    """Fold every rank's report into `res` (collect + judge); a rank without one failed with
+    RankDied, saying `why_missing(rank)`."""
+    values: list[dict | None] = []
+    errors: list[RankError | None] = []
+    for r, rep in enumerate(reports):
+        if rep is not None:
+            values.append(rep.value)
+            errors.append(rep.error)
+            res.leaks += rep.leaks
+            res.flags += [f for f in rep.flags if f not in res.flags]
+        else:
+            values.append(None)
+            errors.append(RankError(r, "process", "RankDied", f"rank {r} {why_missing(r)}", r))
+    collect(res, values, errors)
+    judge(res)
 
 
 def run_job(job: Job, world: ProcessWorld) -> RankReport:
