@@ -102,6 +102,19 @@ def _delete(store: Any, key: str, shm_prefix: str | None = None) -> None:
     store.delete_key(key)
 
 
+def connect_store(host: str, port: int, timeout: float,
+                  join_timeout: float | None = None) -> Any:
+    """A rank's client of the run's TCPStore. Connecting is part of start-up, so it gets the
+    rendezvous's bound (JOIN_MIN at least, as ProcessWorld.join), not the collective timeout:
+    on a loaded 2-core machine a rank can take seconds just to be scheduled, and a 3 s connect
+    limit then kills a healthy rank. Once connected, store calls wait `timeout`."""
+    import torch.distributed as dist
+    limit = max(timeout, JOIN_MIN) if join_timeout is None else max(timeout, join_timeout)
+    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=limit))
+    store.set_timeout(timedelta(seconds=timeout))
+    return store
+
+
 def mark_dead(store: Any, rank: int, why: str) -> None:
     """Declare `rank` dead: every wait of its peers sees it within POLL seconds. The launcher
     does this when a child exits without a report; a rank does it for itself on an error."""

@@ -13,11 +13,10 @@ import os
 import pickle
 import traceback
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 from ..group.errors import short_error
-from ..group.torch_dist import ProcessWorld
+from ..group.torch_dist import ProcessWorld, connect_store
 from ..scenario.model import Scenario
 from ..scenario.runner import (Inputs, RankError, collect, faults_for, judge, prepare, rank_error,
                                run_rank)
@@ -93,9 +92,7 @@ def run_job(job: Job, world: ProcessWorld) -> RankReport:
 
 def main(job: Job) -> None:
     """Entry point of a rank process spawned by the launcher."""
-    import torch.distributed as dist
-    store = dist.TCPStore(job.host, job.port, is_master=False,
-                          timeout=timedelta(seconds=job.timeout))
+    store = connect_store(job.host, job.port, job.timeout, job.join_timeout)
     world = ProcessWorld(store, job.rank, job.scenario.world_size, timeout=job.timeout,
                          on_collective=job.faults.hook(job.rank), shm_prefix=job.prefix)
     report = run_job(job, world)
@@ -120,9 +117,7 @@ class FnJob:
 
 
 def main_fn(job: FnJob) -> None:
-    import torch.distributed as dist
-    store = dist.TCPStore(job.host, job.port, is_master=False,
-                          timeout=timedelta(seconds=job.timeout))
+    store = connect_store(job.host, job.port, job.timeout)
     world = ProcessWorld(store, job.rank, len(job.placement), timeout=job.timeout,
                          shm_prefix=job.prefix)
     world.install_waiter()

@@ -16,7 +16,8 @@ from commsim.procs.hygiene import leftover_segments, pid_alive
 
 KiB = 1 << 10
 TIMEOUT = 3.0
-JOIN = 6.0       # the rendezvous bound for the rank that never joins (others start in time)
+JOIN = 10.0      # the rendezvous bound for the rank that never joins (others start in time,
+                 # even on a loaded 2-core machine)
 
 
 def hgx_tp4() -> Scenario:
