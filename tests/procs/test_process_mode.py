@@ -5,6 +5,7 @@ flags and the communicators' decision traces (RunResult.outcome)."""
 from __future__ import annotations
 
 import os
+import pprint
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,16 @@ from commsim.procs.hygiene import leftover_segments, pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 KiB, MiB = 1 << 10, 1 << 20
+
+
+def assert_same_outcome(procs, threads) -> None:
+    """Outcomes equal, or a message with every differing field in full (pytest's own diff
+    elides the middle of long explain texts, which is where they differ)."""
+    a, b = procs.outcome(), threads.outcome()
+    diff = {k: {"procs": a.get(k), "threads": b.get(k)} for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)}
+    assert not diff, ("process mode differs from thread mode:\n" + pprint.pformat(diff, width=100)
+                      + f"\nprocess-mode errors: {procs.errors}")
 
 
 def gb200_two_trays_tp8() -> Scenario:
@@ -46,7 +57,7 @@ def test_process_mode_matches_thread_mode(make, policy):
     threads = run_scenario(sc, policy=policy)
     procs = run_scenario(sc, policy=policy, procs=True, timeout=30)
     assert threads.ok, threads.failures
-    assert procs.outcome() == threads.outcome()
+    assert_same_outcome(procs, threads)
     assert procs.failures == threads.failures
     assert not leftover_segments(os.getpid())
     assert procs.pids and not any(pid_alive(p) for p in procs.pids)
@@ -69,7 +80,7 @@ def test_every_regression_fails_the_same_way_in_process_mode(name):
     threads = run_scenario(sc)
     procs = run_scenario(sc, procs=True, timeout=HANG_TIMEOUT)
     assert threads.ok and procs.ok, procs.failures
-    assert procs.outcome() == threads.outcome()
+    assert_same_outcome(procs, threads)
     assert not leftover_segments(os.getpid())
 
 
@@ -112,5 +123,5 @@ def test_communicator_cases_match_thread_mode(case):
     threads = run_scenario(sc)
     procs = run_scenario(sc, procs=True, timeout=30)
     assert threads.ok and not threads.leaks, threads.failures
-    assert procs.outcome() == threads.outcome()
+    assert_same_outcome(procs, threads)
     assert not leftover_segments(os.getpid())
