@@ -31,6 +31,7 @@ FD = int(HandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 FABRIC = int(HandleType.CU_MEM_HANDLE_TYPE_FABRIC)
 MIB = 1 << 20
 GRAN = 2 * MIB
+MAP_SLOTS = 64      # candidate map addresses per reservation (see cuMemMap below)
 
 TOPOLOGIES = ("gb200-nvl72:2", "gb200-nvl72:3", "gb200-nvl36x2:10", "gh200-nvl32:3",
               "hgx-h100-8", "dgx-b200-8", "rtx4090-8", "a100-pcie-bridge-8", "l40s-8-pcie")
@@ -193,7 +194,10 @@ class Run:
             if ok:
                 p.reservations[res[1]] = size
         elif op == "cuMemMap":
-            free_va = [b + off for b, sz in p.reservations.items() for off in range(0, sz, GRAN)
+            # Only the first slots of each reservation: a garbage size can reserve TiBs of VA
+            # (legal), and listing every 2 MiB slot of that once took 23 GB and an OOM kill.
+            free_va = [b + off for b, sz in p.reservations.items()
+                       for off in range(0, min(sz, MAP_SLOTS * GRAN), GRAN)
                        if not any(m <= b + off < m + ms for m, ms in p.maps.items())]
             ptr = self.valid(st.sampled_from(free_va), "map ptr") if free_va else self.ptr(i)
             h = self.pick(p.handles, "map handle")
