@@ -28,6 +28,7 @@ import hashlib
 import mmap
 import os
 import pickle
+import sys
 import struct
 from collections.abc import MutableMapping
 from typing import Any, Iterator, Protocol, Sequence
@@ -200,6 +201,7 @@ class ProcessFabric(SimFabric):
             return a
         data = shm.attach(self.prefix, f"a{aid}", size)
         if data is None:
+            self._say_missing(f"a{aid}", size)
             return None
         # refs 0: the exporter holds the creation reference; imports add their own.
         a = RemoteAlloc(aid, gpu, size, data, legacy, pid, refs=0)
@@ -246,6 +248,19 @@ class ProcessFabric(SimFabric):
         a = self._attach(aid, pid, gpu, size, legacy=False)
         return None if a is None else ("mem", aid)
 
+    def _say_missing(self, tag: str, size: int | None) -> None:
+        """A handle this run sealed names a segment that is gone (its exporter freed it: the
+        driver answers INVALID_VALUE, as for a stale handle) or is short. Said on stderr too:
+        during set-up nothing frees, so there it points at something outside the run removing
+        /dev/shm files, which the error code alone would hide."""
+        p = shm.segment_path(self.prefix, tag)
+        try:
+            why = f"size {p.stat().st_size} < {size}" if size is not None else "exists now"
+        except FileNotFoundError:
+            why = "missing"
+        sys.stderr.write(f"commsim[procs] rank {self.rank}: shared-memory segment {p} "
+                         f"unusable at import ({why})\n")
+
     # -- freeing ------------------------------------------------------------------------------
     def _drop(self, a: PhysicalAlloc) -> None:
         a.freed = True
@@ -253,8 +268,13 @@ class ProcessFabric(SimFabric):
         self.remote.discard(a.aid)
 
     def free_alloc(self, a: PhysicalAlloc) -> None:
-        if a.aid in self.remote:
-            self._drop(a)         # our mapping goes; the exporter's segment is its own
+        if isinstance(a, RemoteAlloc) or a.aid in self.remote:
+            # Our mapping goes; the exporter's segment is its own. A remote allocation that
+            # was already dropped must not fall through and unlink the exporter's name.
+            if self.allocs.get(a.aid) is a:
+                self._drop(a)
+            else:
+                a.freed = True
             return
         super().free_alloc(a)
 
@@ -288,6 +308,7 @@ class ProcessFabric(SimFabric):
         try:
             fd = os.open(shm.segment_path(self.prefix, f"m{mid}"), os.O_RDWR)
         except FileNotFoundError:
+            self._say_missing(f"m{mid}", None)
             return None
         m = SharedMulticast(self, mid, fd, mmap.mmap(fd, os.fstat(fd).st_size), refs=0)
         self.multicasts[mid] = m
