@@ -255,7 +255,7 @@ class ProcessFabric(SimFabric):
         /dev/shm files, which the error code alone would hide."""
         p = shm.segment_path(self.prefix, tag)
         try:
-            why = f"size {p.stat().st_size} < {size}" if size is not None else "exists now"
+            why = "missing" if size is None else f"size {p.stat().st_size} < {size}"
         except FileNotFoundError:
             why = "missing"
         sys.stderr.write(f"commsim[procs] rank {self.rank}: shared-memory segment {p} "
@@ -273,8 +273,6 @@ class ProcessFabric(SimFabric):
             # was already dropped must not fall through and unlink the exporter's name.
             if self.allocs.get(a.aid) is a:
                 self._drop(a)
-            else:
-                a.freed = True
             return
         super().free_alloc(a)
 
