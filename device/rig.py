@@ -81,7 +81,7 @@ class _Worker:
         self.pid = self._answer()
 
     def _answer(self) -> Any:
-        from commsim.group import scheduler
+        from commsim.runtime import scheduler
         if scheduler.in_rank():
             # Let the other ranks run while this process's call blocks in the driver.
             while not self.conn.poll(0.0005):
@@ -247,7 +247,7 @@ class CudaRig:
         return self._workers[i].ask("call", "close_fd", [fd])
 
     def run_ranks(self, fn: Callable[[int], Any], seed: int = 0, n: int | None = None):
-        from commsim.group.scheduler import Scheduler
+        from commsim.runtime.scheduler import Scheduler
         return Scheduler(seed).run_ranks(len(self._workers) if n is None else n, fn)
 
     def pid(self, i: int) -> int:

@@ -115,7 +115,7 @@ class Backend(ABC):
         a hang was diagnosed) nobody else will arrive: release what this rank holds anyway,
         so the ledger still returns to zero; a peer still mapping our memory is what the
         simulator then flags (row L15), which is the truth of a teardown without agreement."""
-        from ..group.errors import GroupError
+        from ..runtime.diagnosis import GroupError
         try:
             self.group.barrier(tag=tag)
             return True

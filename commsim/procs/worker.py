@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..group.errors import short_error
+from ..runtime.diagnosis import short_error
 from ..group.torch_dist import ProcessWorld, connect_store
 from ..scenario.model import Scenario
 from ..scenario.runner import (Inputs, RankError, collect, faults_for, judge, prepare, rank_error,

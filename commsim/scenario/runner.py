@@ -18,7 +18,7 @@ from ..backends.base import SetupFailed
 from ..communicator import Communicator
 from ..driver import CudaError
 from ..group import LocalWorld
-from ..group.errors import GroupError, HangDetected
+from ..runtime.diagnosis import GroupError, HangDetected
 from ..policy import Policy, resolve
 from ..sim import SimFabric, spawn_driver
 from ..sim.faults import CallFault, ProcessFaults, code_by_name

@@ -18,7 +18,7 @@ from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
 from ..driver import LAZY_ENABLE_PEER_ACCESS, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
-from ..group.scheduler import wait_until
+from ..runtime.scheduler import wait_until
 from ..topology.model import FabricState, GpuRef
 from . import rules
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess

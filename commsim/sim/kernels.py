@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..group.scheduler import wait_until
+from ..runtime.scheduler import wait_until
 
 if TYPE_CHECKING:
     from .driver import SimDriver

@@ -54,7 +54,7 @@ def send_fd(src: "SimDriver", fd: int, dst_pid: int) -> None:
 def recv_fd(dst: "SimDriver", src_pid: int, timeout: float | None = None) -> int:
     """recvmsg(SCM_RIGHTS) of the next fd `src_pid` sent; blocks (via the scheduler) until then,
     or raises GroupTimeout after `timeout` virtual seconds (FlashInfer's fd_exchange: 30 s)."""
-    from ..group.scheduler import wait_until
+    from ..runtime.scheduler import wait_until
     box = dst.fabric.fd_mailbox
     key = (dst.proc.pid, src_pid)
     wait_until(lambda: bool(box.get(key)), f"recvmsg on /tmp/symm_mem-{dst.proc.pid} from pid {src_pid}",

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from commsim.driver import Driver
-from commsim.group.scheduler import Scheduler
+from commsim.runtime.scheduler import Scheduler
 from commsim.topology.model import Cluster, GpuRef
 from commsim.topology.presets import build
 

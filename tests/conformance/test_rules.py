@@ -24,8 +24,8 @@ import pytest
 from commsim.driver import (CudaError, FABRIC_HANDLE_SIZE, IPC_HANDLE_SIZE, LAZY_ENABLE_PEER_ACCESS,
                             NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, DevAttr, HandleType,
                             access_desc, alloc_prop, check, cudaError_t, CUresult, multicast_prop)
-from commsim.group.errors import HangDetected
-from commsim.group.scheduler import wait_until
+from commsim.runtime.diagnosis import HangDetected
+from commsim.runtime.scheduler import wait_until
 from commsim.sim import rules
 from commsim.sim.unix_socket import FdTransportError
 from commsim.topology import modify

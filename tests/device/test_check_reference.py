@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from commsim.driver import LAZY_ENABLE_PEER_ACCESS, check
-from commsim.group.scheduler import Scheduler, wait_until
+from commsim.runtime.scheduler import Scheduler, wait_until
 from commsim.sim import SimFabric, collective_kernels as K, spawn_driver
 from commsim.topology.model import GpuRef
 from commsim.topology.presets import build

@@ -15,7 +15,7 @@ import torch
 from commsim.backends.base import Eligibility
 from commsim.backends.fabric import FabricBackend
 from commsim.backends.ipc import IpcBackend
-from commsim.group.scheduler import current_scheduler
+from commsim.runtime.scheduler import current_scheduler
 from commsim.policy import Policy
 from commsim.scenario.sweep import run_one, run_sweep, select_ids
 from commsim.sim import collective_kernels as K

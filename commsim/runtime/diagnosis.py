@@ -1,4 +1,5 @@
-"""Errors of the group layer and the diagnosis a hang carries.
+"""Hang diagnosis: the errors a blocked collective or spin wait ends with, and the diagnosis
+they carry. The runtime (scheduler, wait_until) raises them; the groups above reuse them.
 
 Every error names world ranks ("rank 3" is world rank 3 in every message, whatever group it
 is about), the group, the collective's sequence number (#0 is a rank's first collective in
