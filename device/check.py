@@ -65,7 +65,7 @@ def _bytes(t: Any) -> bytes:
 
 
 def expected(kernel: str, xs: list[Any], rank: int) -> bytes:
-    """What commsim.sim.collective_kernels computes for `kernel` on inputs xs at `rank`."""
+    """What commsim.kernels.collectives computes for `kernel` on inputs xs at `rank`."""
     import torch
     ws, n = len(xs), xs[0].numel()
     if kernel == "all_gather":
@@ -100,7 +100,7 @@ def kernel_args(kernel: str, ptrs: list[int], me: int, n: int, dtype: str, cap: 
 
 class Rank:
     def __init__(self, rank: int, conn: Any, sock_dir: str, cap: int):
-        from commsim.sim import collective_kernels as K
+        from commsim.kernels import workspace as W
 
         from .driver import CudaDriver
 
@@ -138,7 +138,7 @@ class Rank:
             for n in sizes:
                 for kernel in kernels:
                     xs = [_inputs(r, n, dtype, rnd) for r in range(2)]
-                    self.ok("cudaMemcpy", d.memcpy_htod(own + K.DATA, _np_bytes(xs[self.rank])))
+                    self.ok("cudaMemcpy", d.memcpy_htod(own + W.DATA, _np_bytes(xs[self.rank])))
                     rnd += 1
                     t0 = time.perf_counter()
                     res = d.launch_kernel(kernel, *kernel_args(kernel, ptrs, self.rank, n, dtype, self.cap, rnd))
@@ -148,7 +148,7 @@ class Rank:
                         self.note(name, False, f"launch: {res[0]!r}")
                         continue
                     nb = out_bytes(kernel, n, esz, 2)
-                    got = self.ok("cudaMemcpy", d.memcpy_dtoh(own + K.DATA + self.cap, nb)).tobytes()
+                    got = self.ok("cudaMemcpy", d.memcpy_dtoh(own + W.DATA + self.cap, nb)).tobytes()
                     want = expected(kernel, xs, self.rank)
                     diff = sum(1 for a, b in zip(got, want) if a != b) if got != want else 0
                     self.note(name, got == want, "exact" if got == want else f"{diff} of {nb} bytes differ",
@@ -159,8 +159,8 @@ class Rank:
     def legacy_ipc(self) -> tuple[int, int, int]:
         from commsim.driver import LAZY_ENABLE_PEER_ACCESS
         d, K = self.d, self.K
-        own = self.ok("cudaMalloc", d.cudaMalloc(K.workspace_bytes(self.cap)))
-        self.ok("cudaMemset", d.cudaMemset(own, 0, K.FLAGS_BYTES))
+        own = self.ok("cudaMalloc", d.cudaMalloc(W.workspace_bytes(self.cap)))
+        self.ok("cudaMemset", d.cudaMemset(own, 0, W.FLAGS_BYTES))
         self.ok("cudaDeviceSynchronize", d.cudaDeviceSynchronize())   # zeroed before any peer signals
         mine = self.ok("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(own))
         theirs = self.swap(mine)
@@ -184,7 +184,7 @@ class Rank:
         d, K = self.d, self.K
         prop = alloc_prop(0, FD)
         gran = self.ok("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
-        size = -(-K.workspace_bytes(self.cap) // gran) * gran
+        size = -(-W.workspace_bytes(self.cap) // gran) * gran
         mine = self.ok("cuMemCreate", d.cuMemCreate(size, prop, 0))
         maps = []
 
@@ -196,7 +196,7 @@ class Rank:
             return va
 
         own = map_handle(mine)
-        self.ok("cudaMemset", d.cudaMemset(own, 0, K.FLAGS_BYTES))
+        self.ok("cudaMemset", d.cudaMemset(own, 0, W.FLAGS_BYTES))
         self.ok("cudaDeviceSynchronize", d.cudaDeviceSynchronize())
         fd = self.ok("cuMemExportToShareableHandle", d.cuMemExportToShareableHandle(mine, FD, 0))
         path = os.path.join(self.sock_dir, f"rank{self.rank}.sock")
@@ -242,7 +242,7 @@ def rmsnorm_check(r: Rank, own: int, rnd: int) -> int:
         nb = rows * hidden * td.itemsize
         bufs = [r.ok("cudaMalloc", d.cudaMalloc(nb)) for _ in range(3)]   # residual in, out, weight
         try:
-            r.ok("cudaMemcpy", d.memcpy_htod(own + K.DATA, _np_bytes(x)))
+            r.ok("cudaMemcpy", d.memcpy_htod(own + W.DATA, _np_bytes(x)))
             r.ok("cudaMemcpy", d.memcpy_htod(bufs[0], _np_bytes(res)))
             r.ok("cudaMemcpy", d.memcpy_htod(bufs[2], _np_bytes(w[:hidden])))
             rnd += 1
@@ -251,7 +251,7 @@ def rmsnorm_check(r: Rank, own: int, rnd: int) -> int:
             if int(err) != 0:
                 r.note(f"fused rmsnorm {dtype}", False, f"launch: {err!r}")
                 continue
-            out = torch.from_numpy(r.ok("cudaMemcpy", d.memcpy_dtoh(own + K.DATA + r.cap, nb))).view(td)
+            out = torch.from_numpy(r.ok("cudaMemcpy", d.memcpy_dtoh(own + W.DATA + r.cap, nb))).view(td)
             s = x.float().reshape(rows, hidden) + res.float().reshape(rows, hidden)
             ref = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * w[:hidden].float()
             err_max = float((out.float().reshape(rows, hidden) - ref).abs().max())
@@ -271,7 +271,7 @@ def bandwidth(r: Rank, ptrs: list[int], rnd: int) -> int:
     from cuda.bindings import runtime as cudart
     d, K = r.d, r.K
     own = ptrs[0]
-    for which in (K.START, K.END):
+    for which in (W.START, W.END):
         r.ok("cudaMemset", d.cudaMemset(own + which + 4, 0xFF, 4))
     n, iters = r.cap // 4, 20
     nbytes = n * 4
@@ -298,7 +298,7 @@ def bandwidth(r: Rank, ptrs: list[int], rnd: int) -> int:
         r.ok("launch", d.launch_async("one_shot_all_reduce", ptrs, 0, n, "float32", r.cap, rounds[0]))
 
     def copy() -> None:   # async, like the kernel launches (CudaDriver.cudaMemcpy waits)
-        r.ok("cudaMemcpyAsync", cudart.cudaMemcpyAsync(own + K.DATA + r.cap, own + K.DATA, nbytes,
+        r.ok("cudaMemcpyAsync", cudart.cudaMemcpyAsync(own + W.DATA + r.cap, own + W.DATA, nbytes,
                                                        cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, 0))
 
     tk, tc = timed(kernel), timed(copy)
@@ -353,7 +353,7 @@ def multicast_one_device(r: Rank) -> tuple[Any, str]:
     mg_err, mg = d.cuMulticastGetGranularity(multicast_prop(1, 0, 0), 1)
     if int(mg_err) != 0:
         return mg_err, "cuMulticastGetGranularity failed"
-    size = -(-K.workspace_bytes(cap) // mg) * mg
+    size = -(-W.workspace_bytes(cap) // mg) * mg
     err, mc = d.cuMulticastCreate(multicast_prop(1, size, 0))
     if int(err) != 0:
         return err, ""
@@ -373,16 +373,16 @@ def multicast_one_device(r: Rank) -> tuple[Any, str]:
             r.ok("cuMemSetAccess", d.cuMemSetAccess(va, size, [access_desc(0)], 1))
             vas.append(va)
         uva, mva = vas
-        r.ok("cudaMemset", d.cudaMemset(uva, 0, K.FLAGS_BYTES))
+        r.ok("cudaMemset", d.cudaMemset(uva, 0, W.FLAGS_BYTES))
         fails = []
         for dtype in DTYPE_NAMES:
             x = _inputs(0, 12345, dtype, 5)
-            r.ok("cudaMemcpy", d.memcpy_htod(uva + K.DATA, _np_bytes(x)))
+            r.ok("cudaMemcpy", d.memcpy_htod(uva + W.DATA, _np_bytes(x)))
             res = d.launch_kernel("multimem_all_reduce", mva, uva, 0, 1, x.numel(), dtype, cap, 1 + DTYPE_NAMES.index(dtype))
             if int(res[0]) != 0:
                 fails.append(f"{dtype}: launch {res[0]!r}")
                 continue
-            got = r.ok("cudaMemcpy", d.memcpy_dtoh(uva + K.DATA + cap, x.numel() * x.element_size())).tobytes()
+            got = r.ok("cudaMemcpy", d.memcpy_dtoh(uva + W.DATA + cap, x.numel() * x.element_size())).tobytes()
             if got != _bytes(x):
                 fails.append(f"{dtype}: result differs")
         r.note("multimem kernel over a one-device multicast object", not fails,
@@ -444,8 +444,8 @@ def run(out_dir: str | None) -> list[Result]:
         peer_results = []
     results = r.results + [Result(**x) for x in peer_results]
     # Single-process parts, after the pair is done (a fresh workspace for the fused kernel).
-    ws = r.ok("cudaMalloc", r.d.cudaMalloc(r.K.workspace_bytes(r.cap)))
-    r.ok("cudaMemset", r.d.cudaMemset(ws, 0, r.K.FLAGS_BYTES))
+    ws = r.ok("cudaMalloc", r.d.cudaMalloc(r.W.workspace_bytes(r.cap)))
+    r.ok("cudaMemset", r.d.cudaMemset(ws, 0, r.W.FLAGS_BYTES))
     r.results = []
     rmsnorm_check(r, ws, 0)
     r.d.cudaFree(ws)

@@ -18,7 +18,7 @@ import torch
 
 from ..discovery import GroupView
 from ..driver import CudaError, Driver, check
-from ..sim import collective_kernels as K
+from ..kernels import collectives as K, workspace as W
 
 Mi = 1 << 20
 Ki = 1 << 10
@@ -164,10 +164,10 @@ class PeerBackend(Backend):
         check(kernel.__name__, self.driver.launch_kernel(kernel, *args))
 
     def _stage(self, x: torch.Tensor) -> None:
-        check("cudaMemcpy", self.driver.memcpy_htod(self.ptrs[self.rank] + K.DATA, as_bytes(x)))
+        check("cudaMemcpy", self.driver.memcpy_htod(self.ptrs[self.rank] + W.DATA, as_bytes(x)))
 
     def _result(self, nbytes: int, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.ptrs[self.rank] + K.DATA + self.capacity, nbytes))
+        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.ptrs[self.rank] + W.DATA + self.capacity, nbytes))
         return torch.from_numpy(raw).view(like.dtype).reshape(shape).clone()
 
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..discovery import GroupView
 from ..driver import CudaError, alloc_prop, check
-from ..sim import collective_kernels as K
+from ..kernels import workspace as W
 from ..sim.driver import FABRIC
 from ..topology.model import FabricState
 from .base import Eligibility, Mi
@@ -66,7 +66,7 @@ class FabricBackend(VmmPeerBackend):
         err, blob = None, None
         try:
             gran = check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
-            self.slot = round_up(K.workspace_bytes(self.capacity), gran)
+            self.slot = round_up(W.workspace_bytes(self.capacity), gran)
             self.own_handle = check("cuMemCreate", d.cuMemCreate(self.slot, prop, 0))
             blob = check("cuMemExportToShareableHandle",
                          d.cuMemExportToShareableHandle(self.own_handle, FABRIC, 0))

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..discovery import GroupView
 from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
-from ..sim import collective_kernels as K
+from ..kernels import workspace as W
 from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes
 
 WORLD_SIZES = (2, 4, 6, 8)
@@ -60,13 +60,13 @@ class IpcBackend(PeerBackend):
             # vLLM's MNNVL-era CustomAllreduce (§6.1.2): for a cross-node group the buffers are
             # allocated locally, the pointer list is [local] * world_size, and nothing is
             # exchanged, so construction succeeds; the data path then belongs to MNNVL memory.
-            self.own = check("cudaMalloc", self.driver.cudaMalloc(K.workspace_bytes(self.capacity)))
+            self.own = check("cudaMalloc", self.driver.cudaMalloc(W.workspace_bytes(self.capacity)))
             self.ptrs = [self.own] * self.ws
             return
         d, err = self.driver, None
         try:
-            self.own = check("cudaMalloc", d.cudaMalloc(K.workspace_bytes(self.capacity)))
-            check("cudaMemset", d.cudaMemset(self.own, 0, K.FLAGS_BYTES))
+            self.own = check("cudaMalloc", d.cudaMalloc(W.workspace_bytes(self.capacity)))
+            check("cudaMemset", d.cudaMemset(self.own, 0, W.FLAGS_BYTES))
             handle = check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(self.own))
         except CudaError as e:
             err, handle = e, None

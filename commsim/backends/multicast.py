@@ -16,7 +16,7 @@ import torch
 
 from ..discovery import GroupView
 from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
-from ..sim import collective_kernels as K
+from ..kernels import collectives as K, workspace as W
 from ..sim.driver import FABRIC, FD
 from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
 from .base import Backend, Eligibility, Mi, as_bytes
@@ -77,7 +77,7 @@ class MulticastBackend(Backend):
         try:
             mprop = multicast_prop(self.ws, 0, self.types)
             gran = check("cuMulticastGetGranularity", d.cuMulticastGetGranularity(mprop, 1))
-            self.size = round_up(K.workspace_bytes(self.capacity), gran)
+            self.size = round_up(W.workspace_bytes(self.capacity), gran)
             self.uc_handle = check("cuMemCreate", d.cuMemCreate(self.size, alloc_prop(me, self.types), 0))
             if self.rank == 0:
                 self.mc_handle = check("cuMulticastCreate",
@@ -124,7 +124,7 @@ class MulticastBackend(Backend):
                 self.mapped[-1] = (va, 1)
                 check("cuMemSetAccess", d.cuMemSetAccess(va, self.size, [access_desc(me)], 1))
                 setattr(self, name, va)
-            check("cudaMemset", d.cudaMemset(self.uc, 0, K.FLAGS_BYTES))
+            check("cudaMemset", d.cudaMemset(self.uc, 0, W.FLAGS_BYTES))
         except CudaError as e:
             err = e
         self.vote("init: bind and map", err)
@@ -132,12 +132,12 @@ class MulticastBackend(Backend):
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
         dtype = str(x.dtype).removeprefix("torch.")
         nbytes = x.numel() * x.element_size()
-        check("cudaMemcpy", self.driver.memcpy_htod(self.uc + K.DATA, as_bytes(x)))
+        check("cudaMemcpy", self.driver.memcpy_htod(self.uc + W.DATA, as_bytes(x)))
         self.round += 1
         check("multimem_all_reduce", self.driver.launch_kernel(
             K.multimem_all_reduce, self.mc, self.uc, self.rank, self.ws, x.numel(), dtype,
             self.capacity, self.round))
-        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.uc + K.DATA + self.capacity, nbytes))
+        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.uc + W.DATA + self.capacity, nbytes))
         return torch.from_numpy(raw).view(x.dtype).reshape(x.shape).clone()
 
     def close(self) -> None:

@@ -36,7 +36,7 @@ import torch
 
 from ..discovery import GroupView, RankInfo
 from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
-from ..sim import collective_kernels as K
+from ..kernels import collectives as K, workspace as W
 from ..sim.driver import FABRIC, FD
 from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
 from .base import Eligibility, Mi
@@ -141,7 +141,7 @@ class SymmBackend(VmmPeerBackend):
         try:
             prop = alloc_prop(me, self.htype)
             gran = check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
-            self.slot = round_up(K.workspace_bytes(self.capacity), gran)
+            self.slot = round_up(W.workspace_bytes(self.capacity), gran)
             self.own_handle = check("cuMemCreate", d.cuMemCreate(self.slot, prop, 0))
             mine = check("cuMemExportToShareableHandle",
                          d.cuMemExportToShareableHandle(self.own_handle, self.htype, 0))

@@ -22,6 +22,7 @@ from ..runtime.scheduler import wait_until
 from ..topology.model import FabricState, GpuRef
 from . import rules
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
+from .kernel_context import SimKernelContext
 
 E = cudart.cudaError_t
 R = cu.CUresult
@@ -817,7 +818,6 @@ class SimDriver:
     # ---- kernels ------------------------------------------------------------------------------
     @api(0, True)
     def launch_kernel(self, kernel: Callable[..., None], *args: Any) -> None:
-        """Run a simulated kernel (commsim/sim/kernels.py) on the current device. A fault
-        inside it (unmapped, no access, freed memory) is cudaErrorIllegalAddress (700)."""
-        from .kernels import KernelContext
-        kernel(KernelContext(self), *args)
+        """Run a reference kernel (commsim/kernels/) on the current device. A fault inside it
+        (unmapped, no access, freed memory) is cudaErrorIllegalAddress (700)."""
+        kernel(SimKernelContext(self), *args)

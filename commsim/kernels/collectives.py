@@ -1,12 +1,10 @@
-"""Collective kernels over peer pointers and multicast addresses, run by `launch_kernel`.
+"""Reference collective kernels over peer pointers and multicast addresses (DESIGN.md §5).
 
-Workspace layout per rank (the same in device/kernels/*.cu):
-    [0, FLAGS_BYTES)                 three flag arrays (start, mid, end) of MAX_RANKS uint32
-    [DATA, DATA + capacity)          this rank's input, written before launch
-    [SCRATCH, SCRATCH + capacity)    reduced chunks / results
-A round is one launch; flags carry the round number, so no flag is ever reset (the barrier
-pattern of vLLM's custom all-reduce: every rank stores `round` into its slot at every peer,
-then spins until every peer's slot in its own flags reaches `round`).
+The simulator runs them through `launch_kernel` with a KernelContext over simulated memory;
+device/kernels/*.cu are their CUDA twins, with the same workspace layout (`workspace`) and
+the same flag protocol. A round is one launch; flags carry the round number, so no flag is
+ever reset (the barrier pattern of vLLM's custom all-reduce: every rank stores `round` into
+its slot at every peer, then spins until every peer's slot in its own flags reaches `round`).
 """
 
 from __future__ import annotations
@@ -16,18 +14,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .kernels import KernelContext
-
-MAX_RANKS = 128
-START, MID, END = 0, 4 * MAX_RANKS, 8 * MAX_RANKS
-FLAGS_BYTES = 4096
-DATA = FLAGS_BYTES
+from .context import KernelContext
+from .workspace import DATA, END, MID, START, chunks as _chunks
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def workspace_bytes(capacity: int) -> int:
-    return FLAGS_BYTES + 2 * capacity
 
 
 def _t(view: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -39,17 +29,6 @@ def _barrier(ctx: KernelContext, ptrs: Sequence[int], me: int, which: int, rnd: 
         ctx.signal(p + which + 4 * me, rnd)
     for j in range(len(ptrs)):
         ctx.wait(ptrs[me] + which + 4 * j, rnd, f"{what}: flag of rank {j} (round {rnd})")
-
-
-def _chunks(n: int, ws: int) -> list[tuple[int, int]]:
-    """Element ranges of a two-shot split: the first n % ws chunks get one extra element."""
-    base, extra = divmod(n, ws)
-    out, lo = [], 0
-    for i in range(ws):
-        hi = lo + base + (1 if i < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
 
 
 def one_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dtype: str,
