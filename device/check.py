@@ -179,8 +179,8 @@ class Rank:
     def posix_fd(self) -> None:
         from commsim.driver import access_desc, alloc_prop
 
-        from . import fdpass
-        from .driver import FD
+        from . import fd_channel
+        from commsim.driver import FD
         d, K = self.d, self.K
         prop = alloc_prop(0, FD)
         gran = self.ok("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
@@ -200,14 +200,14 @@ class Rank:
         self.ok("cudaDeviceSynchronize", d.cudaDeviceSynchronize())
         fd = self.ok("cuMemExportToShareableHandle", d.cuMemExportToShareableHandle(mine, FD, 0))
         path = os.path.join(self.sock_dir, f"rank{self.rank}.sock")
-        listener = fdpass.listen(path)
+        listener = fd_channel.listen(path)
         other_path = self.swap(path)
         if self.rank == 0:
-            fdpass.send_fd(other_path, fd)
-            got = fdpass.recv_fd(listener)
+            fd_channel.send_fd(other_path, fd)
+            got = fd_channel.recv_fd(listener)
         else:
-            got = fdpass.recv_fd(listener)
-            fdpass.send_fd(other_path, fd)
+            got = fd_channel.recv_fd(listener)
+            fd_channel.send_fd(other_path, fd)
         listener.close()
         theirs = self.ok("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(got, FD))
         d.close_fd(fd)
@@ -316,7 +316,7 @@ def against_simulator(r: Rank, out_dir: str | None) -> None:
 
     from . import predict
     from .build import nvrtc_version
-    from .driver import FABRIC
+    from commsim.driver import FABRIC
     from .probe import probe_machine
     from .probe_scenario import scenario_text
     d = r.d

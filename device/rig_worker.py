@@ -27,9 +27,9 @@ def _make_driver(factory: str, gpu: int) -> Any:
 
 
 def _serve(conn: Any, gpu: int, sock_path: str, factory: str) -> None:
-    from . import fdpass, handles
+    from . import fd_channel, handles
 
-    listener = fdpass.listen(sock_path)
+    listener = fd_channel.listen(sock_path)
     try:
         drv = _make_driver(factory, gpu)
     except Exception as e:   # NoGpuError and the like: reported to the rig, then exit
@@ -51,11 +51,11 @@ def _serve(conn: Any, gpu: int, sock_path: str, factory: str) -> None:
             drv.cudaFree(tmp)
 
     def send_fd(path: str, fd: int) -> int:
-        fdpass.send_fd(path, fd)
+        fd_channel.send_fd(path, fd)
         return 0
 
     def recv_fd() -> int:
-        return fdpass.recv_fd(listener)
+        return fd_channel.recv_fd(listener)
 
     def discover() -> Any:
         from commsim.discovery import probe

@@ -15,9 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..discovery import GroupView
-from ..driver import CudaError, alloc_prop, check
+from ..driver import FABRIC, CudaError, alloc_prop, check
 from ..kernels import workspace as W
-from ..sim.driver import FABRIC
 from ..topology.model import FabricState
 from .base import Eligibility, Mi
 from .vmm import VmmPeerBackend

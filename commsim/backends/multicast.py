@@ -15,10 +15,8 @@ from typing import Any
 import torch
 
 from ..discovery import GroupView
-from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
+from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
 from ..kernels import collectives as K, workspace as W
-from ..sim.driver import FABRIC, FD
-from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
 from .base import Backend, Eligibility, Mi, as_bytes
 from ..topology.model import FabricState
 from .fabric import FabricBackend, round_up
@@ -100,10 +98,10 @@ class MulticastBackend(Backend):
                 if self.rank == 0:
                     fd = check("cuMemExportToShareableHandle", d.cuMemExportToShareableHandle(self.mc_handle, FD, 0))
                     for p in pids[1:]:
-                        send_fd(d, fd, p)
+                        d.fd_channel().send(fd, p)
                     d.close_fd(fd)
                 else:
-                    fd = recv_fd(d, pids[0])
+                    fd = d.fd_channel().receive(pids[0])
                     try:
                         self.mc_handle = check("cuMemImportFromShareableHandle",
                                                d.cuMemImportFromShareableHandle(fd, FD))

@@ -35,10 +35,8 @@ from typing import Any
 import torch
 
 from ..discovery import GroupView, RankInfo
-from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
+from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
 from ..kernels import collectives as K, workspace as W
-from ..sim.driver import FABRIC, FD
-from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
 from .base import Eligibility, Mi
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
@@ -181,7 +179,7 @@ class SymmBackend(VmmPeerBackend):
         pids = self.group.exchange(self._key(kind), d.getpid(), tag="symm.init: exchange pids")
         try:
             for j in range(1, self.ws):
-                send_fd(d, mine, pids[(self.rank + j) % self.ws])
+                d.fd_channel().send(mine, pids[(self.rank + j) % self.ws])
         finally:
             d.close_fd(mine)
             self.own_fd = None
@@ -189,7 +187,7 @@ class SymmBackend(VmmPeerBackend):
         out[self.rank] = self.own_handle
         for j in range(1, self.ws):
             src = (self.rank - j) % self.ws
-            fd = recv_fd(d, pids[src], timeout=FD_EXCHANGE_TIMEOUT)
+            fd = d.fd_channel().receive(pids[src], timeout=FD_EXCHANGE_TIMEOUT)
             try:
                 h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
             finally:
@@ -250,11 +248,11 @@ class SymmBackend(VmmPeerBackend):
         if self.rank == 0:
             try:
                 for p in pids[1:]:
-                    send_fd(d, blob, p)
+                    d.fd_channel().send(blob, p)
             finally:
                 d.close_fd(blob)
             return
-        fd = recv_fd(d, pids[0], timeout=FD_EXCHANGE_TIMEOUT)
+        fd = d.fd_channel().receive(pids[0], timeout=FD_EXCHANGE_TIMEOUT)
         try:
             self.mc_handle = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
         finally:

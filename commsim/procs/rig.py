@@ -47,13 +47,11 @@ class RigSimDriver(SimDriver):
     """SimDriver plus the few calls the rig makes on behalf of a conformance case."""
 
     def rig_send_fd(self, fd: int, dst_pid: int) -> int:
-        from ..sim.unix_socket import send_fd
-        send_fd(self, fd, dst_pid)
+        self.fd_channel().send(fd, dst_pid)
         return 0
 
     def rig_recv_fd(self, src_pid: int) -> int:
-        from ..sim.unix_socket import recv_fd
-        return recv_fd(self, src_pid)
+        return self.fd_channel().receive(src_pid)
 
     def rig_state(self) -> tuple[dict[str, int], set[int], set[int], list[str]]:
         """(ledger summary, ids of live allocations this process owns or still holds,

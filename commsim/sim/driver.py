@@ -17,18 +17,18 @@ import numpy as np
 from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
-from ..driver import LAZY_ENABLE_PEER_ACCESS, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
+from ..driver import (FABRIC, FD, LAZY_ENABLE_PEER_ACCESS, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK,
+                      GpuFabricInfo)
 from ..runtime.scheduler import wait_until
 from ..topology.model import FabricState, GpuRef
 from . import rules
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
+from .fd_channel import SimFdChannel
 from .kernel_context import SimKernelContext
 
 E = cudart.cudaError_t
 R = cu.CUresult
 A = cu.CUdevice_attribute
-FD = int(cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-FABRIC = int(cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_FABRIC)
 VA_ALIGN = 512          # cudaMalloc alignment seen in practice is >= 256 B
 
 
@@ -536,8 +536,11 @@ class SimDriver:
         self._unref_target(target)
         return 0
 
+    def fd_channel(self) -> SimFdChannel:
+        return SimFdChannel(self)
+
     def receive_fd(self, target: tuple[str, int]) -> int:
-        """The receiving end of SCM_RIGHTS: a new fd in this process (see sim/unix_socket.py)."""
+        """The receiving end of SCM_RIGHTS: a new fd in this process (see sim/fd_channel.py)."""
         fd = self._next_fd
         self._next_fd += 1
         self._fds[fd] = target

@@ -114,7 +114,7 @@ class SimRig:
     # ---- processes ----------------------------------------------------------------------
     def pass_fd(self, src: int, fd: int, dst: int) -> int:
         """Send a POSIX fd over AF_UNIX + SCM_RIGHTS; raises FdTransportError across hosts."""
-        from commsim.sim.unix_socket import pass_fd
+        from commsim.sim.fd_channel import pass_fd
 
         return pass_fd(self.drivers[src], fd, self.drivers[dst])
 

@@ -27,7 +27,7 @@ from commsim.driver import (CudaError, FABRIC_HANDLE_SIZE, IPC_HANDLE_SIZE, LAZY
 from commsim.runtime.diagnosis import HangDetected
 from commsim.runtime.scheduler import wait_until
 from commsim.sim import rules
-from commsim.sim.unix_socket import FdTransportError
+from commsim.driver import FdTransportError
 from commsim.topology import modify
 from commsim.topology.model import FabricState, GpuRef, NvlinkDomain
 from commsim.topology.presets import build

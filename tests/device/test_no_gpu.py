@@ -19,7 +19,7 @@ no_gpu_only = pytest.mark.skipif(not GPU_MISSING, reason="a GPU is present: the 
 @pytest.mark.parametrize("mod", ["device.driver", "device.build", "device.launch", "device.nvml",
                                  "device.probe", "device.probe_scenario", "device.predict",
                                  "device.check", "device.rig", "device.rig_worker", "device.e2e",
-                                 "device.torch_group", "device.fdpass", "commsim.commands.probe"])
+                                 "device.torch_group", "device.fd_channel", "commsim.commands.probe"])
 def test_every_device_module_imports_without_a_gpu(mod):
     importlib.import_module(mod)
 
