@@ -20,7 +20,7 @@ from ..driver import CudaError
 from ..group import LocalWorld
 from ..runtime.diagnosis import GroupError, HangDetected
 from ..policy import Policy, resolve
-from ..sim import SimFabric, spawn_driver
+from ..sim import SimFabric, set_torch_threads, spawn_driver
 from ..sim.faults import CallFault, ProcessFaults, code_by_name
 from .model import Scenario
 
@@ -268,6 +268,7 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
     if procs:
         from ..procs.launcher import run_scenario_procs
         return run_scenario_procs(sc, policy, seed, timeout=timeout)
+    set_torch_threads()
     seed, pol, res = prepare(sc, policy, seed)
     fabric = SimFabric(sc.cluster, seed, disabled_rules=disabled_rules)
     drivers = [spawn_driver(fabric, g, faults_for(sc, r)) for r, g in enumerate(sc.placement)]
