@@ -1,4 +1,4 @@
-"""The device check's host reference (device/check.py `expected`) is the simulator's own
+"""The device check's host reference (commsim/devicecheck/check.py `expected`) is the simulator's own
 arithmetic: the simulated kernels give the same bytes on the same inputs, so a hardware run
 that matches the reference matches the simulator bit for bit."""
 
@@ -8,11 +8,11 @@ import pytest
 
 from commsim.driver import LAZY_ENABLE_PEER_ACCESS, check
 from commsim.runtime.scheduler import Scheduler, wait_until
-from commsim.kernels import workspace as W
+from commsim.kernels import collectives as K, workspace as W
 from commsim.sim import SimFabric, spawn_driver
 from commsim.topology.model import GpuRef
 from commsim.topology.presets import build
-from device import check as dc
+from commsim.devicecheck import check as dc
 
 CAP = 1 << 20
 

@@ -66,7 +66,7 @@ def test_conformance_suite_on_cuda():
 
 @requires_gpu
 def test_device_check():
-    p = subprocess.run([sys.executable, "-m", "device.check"], cwd=ROOT, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "commsim.devicecheck"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-8000:] + p.stderr[-2000:]
 
@@ -76,7 +76,7 @@ def test_end_to_end_communicator_under_torchrun():
     n = min(gpu_count(), 8)
     n -= n % 2
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc-per-node={n}", "-m", "device.e2e"], cwd=ROOT,
+                        f"--nproc-per-node={n}", "-m", "commsim.devicecheck.e2e"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-8000:] + p.stderr[-2000:]
     assert "0 failed" in p.stdout

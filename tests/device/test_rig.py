@@ -12,7 +12,7 @@ import pytest
 from commsim.driver import alloc_prop, check
 from commsim.topology.presets import build
 from device import fd_channel
-from device.rig import CaseNotRunnable, CudaRig
+from commsim.devicecheck.rig import CaseNotRunnable, CudaRig
 from gpu_required import GPU_MISSING
 
 FAKE = "rig_fake:sim_driver"

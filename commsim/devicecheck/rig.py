@@ -1,7 +1,7 @@
 """The CUDA Rig: tests/conformance cases against real GPUs (COMMSIM_DEVICE=cuda).
 
 Same surface as the simulator's SimRig (tests/conformance/conftest.py): `rig[i]` is a Driver
-for placement entry i, here a proxy to a CudaDriver in its own process (device/rig_worker.py);
+for placement entry i, here a proxy to a CudaDriver in its own process (commsim/devicecheck/rig_worker.py);
 `write` / `read` are cudaMemcpy, `kernel_read` is a real kernel load (device kernel
 `read_bytes`), `pass_fd` sends a real fd over AF_UNIX with SCM_RIGHTS, `run_ranks` runs the
 ranks under the same seeded scheduler, a proxy call inside a rank polls its pipe with virtual
@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 from commsim.topology.model import Cluster, GpuRef
 
-from . import handles
+from device import handles
 
 Placement = Sequence[tuple[int, int]]
 _COMPARED = ("vmm", "posix_fd", "fabric_handle", "multicast", "imex", "fabric_state",

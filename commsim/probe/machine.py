@@ -2,7 +2,7 @@
 
 `probe_machine()` reads what a process can learn (CUDA device attributes,
 cuDeviceCanAccessPeer, NVML fabric info / NVLink / PCIe topology, IMEX channels, host
-identity) into a `MachineProbe`; `device.probe_scenario.scenario_text` turns that into a
+identity) into a `MachineProbe`; `commsim.probe.scenario.scenario_text` turns that into a
 scenario file (pure, tested on CPU with made-up probes). Needs a GPU: without one
 `probe_machine` raises NoGpuError.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from commsim.driver import GpuFabricInfo
 
-from .errors import NoGpuError
+from device.errors import NoGpuError
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def probe_machine() -> MachineProbe:
     """Probe every visible GPU through a CudaDriver. Raises NoGpuError without one."""
     from cuda.bindings import driver as cu
 
-    from .driver import CudaDriver
+    from device.driver import CudaDriver
 
     drv = CudaDriver.create(0)
     A = cu.CUdevice_attribute

@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from commsim.kernels import workspace as W
+
 Mi = 1 << 20
 WATCHDOG_S = 240
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
@@ -100,12 +102,9 @@ def kernel_args(kernel: str, ptrs: list[int], me: int, n: int, dtype: str, cap: 
 
 class Rank:
     def __init__(self, rank: int, conn: Any, sock_dir: str, cap: int):
-        from commsim.kernels import workspace as W
-
-        from .driver import CudaDriver
+        from device.driver import CudaDriver
 
         self.rank, self.conn, self.sock_dir, self.cap = rank, conn, sock_dir, cap
-        self.K = K
         self.d = CudaDriver.create(0)
         self.results: list[Result] = []
 
@@ -131,7 +130,7 @@ class Rank:
     # -- the peer kernels over one pair of mapped workspaces --------------------------------
     def run_kernels(self, label: str, ptrs: list[int], rnd: int, kernels=KERNELS,
                     dtypes=DTYPE_NAMES, sizes=SIZES) -> int:
-        d, K = self.d, self.K
+        d = self.d
         own = ptrs[self.rank]
         for dtype in dtypes:
             esz = _torch_dtype(dtype).itemsize
@@ -158,7 +157,7 @@ class Rank:
     # -- 1. legacy IPC ------------------------------------------------------------------------
     def legacy_ipc(self) -> tuple[int, int, int]:
         from commsim.driver import LAZY_ENABLE_PEER_ACCESS
-        d, K = self.d, self.K
+        d = self.d
         own = self.ok("cudaMalloc", d.cudaMalloc(W.workspace_bytes(self.cap)))
         self.ok("cudaMemset", d.cudaMemset(own, 0, W.FLAGS_BYTES))
         self.ok("cudaDeviceSynchronize", d.cudaDeviceSynchronize())   # zeroed before any peer signals
@@ -179,9 +178,9 @@ class Rank:
     def posix_fd(self) -> None:
         from commsim.driver import access_desc, alloc_prop
 
-        from . import fd_channel
+        from device import fd_channel
         from commsim.driver import FD
-        d, K = self.d, self.K
+        d = self.d
         prop = alloc_prop(0, FD)
         gran = self.ok("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
         size = -(-W.workspace_bytes(self.cap) // gran) * gran
@@ -234,7 +233,7 @@ def _np_bytes(t: Any) -> Any:
 
 def rmsnorm_check(r: Rank, own: int, rnd: int) -> int:
     import torch
-    d, K = r.d, r.K
+    d = r.d
     rows, hidden, eps = 8, 4096, 1e-6
     for dtype in DTYPE_NAMES:
         td = _torch_dtype(dtype)
@@ -269,7 +268,7 @@ def bandwidth(r: Rank, ptrs: list[int], rnd: int) -> int:
     The peer's flag slots in this workspace are pre-set to the maximum round, so the kernel
     runs alone: what is timed is its data movement, not a barrier with a time-sliced peer."""
     from cuda.bindings import runtime as cudart
-    d, K = r.d, r.K
+    d = r.d
     own = ptrs[0]
     for which in (W.START, W.END):
         r.ok("cudaMemset", d.cudaMemset(own + which + 4, 0xFF, 4))
@@ -315,10 +314,10 @@ def against_simulator(r: Rank, out_dir: str | None) -> None:
     from commsim.driver import alloc_prop
 
     from . import predict
-    from .build import nvrtc_version
+    from device.build import nvrtc_version
     from commsim.driver import FABRIC
-    from .probe import probe_machine
-    from .probe_scenario import scenario_text
+    from commsim.probe.machine import probe_machine
+    from commsim.probe.scenario import scenario_text
     d = r.d
     text = scenario_text(probe_machine())
     if out_dir:
@@ -348,7 +347,7 @@ def multicast_one_device(r: Rank) -> tuple[Any, str]:
     """cuMulticastCreate for a team of one; when it works, the multimem kernel over it (a
     reduction over one member is that member's data, exactly)."""
     from commsim.driver import access_desc, alloc_prop, multicast_prop
-    d, K = r.d, r.K
+    d = r.d
     cap = 1 * Mi
     mg_err, mg = d.cuMulticastGetGranularity(multicast_prop(1, 0, 0), 1)
     if int(mg_err) != 0:
@@ -459,11 +458,11 @@ def run(out_dir: str | None) -> list[Result]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m device.check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m commsim.devicecheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder for probe.toml and "
                    "device_check.json (default: $OUT when set)")
     args = p.parse_args(argv)
-    from .driver import unavailable_reason
+    from device.driver import unavailable_reason
     why = unavailable_reason(0)
     if why:
         print(f"device check: cannot run: {why}", file=sys.stderr)

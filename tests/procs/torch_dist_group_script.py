@@ -1,5 +1,5 @@
-"""Run by test_torch_group.py under torchrun (2 CPU processes, gloo): the Group interface
-over torch.distributed, and a Communicator on it (nccl backend over per-process SimDrivers,
+"""Run by test_torch_dist_group.py under torchrun (2 CPU processes, gloo): the Group interface
+over torch.distributed as commsim.devicecheck.e2e builds it, and a Communicator on it (nccl backend over per-process SimDrivers,
 the only backend separate simulated fabrics can share)."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from commsim.policy import Policy
 from commsim.sim import SimFabric, spawn_driver
 from commsim.topology.model import GpuRef
 from commsim.topology.presets import build
-from device.torch_group import TorchGroup
+from commsim.group.torch_dist import ProcessWorld
 
 
 def main() -> int:
-    dist.init_process_group("gloo")
-    g = TorchGroup()
+    world = ProcessWorld.from_env()
+    g = world.join()
     r, n = g.rank, g.size
     assert isinstance(g, Group) and n == 2 and g.global_ranks == (0, 1) and g.name == "world"
     assert g.all_gather_object({"rank": r, "blob": bytes([r]) * 64}) == \
@@ -40,7 +40,8 @@ def main() -> int:
     y = comm.all_reduce(torch.full((1024,), float(r + 1), dtype=torch.bfloat16))
     assert float(y[0]) == 3.0 and comm.chosen("all_reduce", 2048) == "nccl", comm.explain()
     comm.close()
-    dist.barrier()
+    g.barrier()
+    world.finish()
     if r == 0:
         print("torch group ok", flush=True)
     dist.destroy_process_group()

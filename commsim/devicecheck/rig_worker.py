@@ -1,7 +1,7 @@
 """One process of the CUDA conformance rig: a CudaDriver serving calls over a pipe.
 
 Legacy IPC refuses a handle opened in its own exporting process (row L9), so every placement
-entry of a conformance case is its own OS process, as on the simulator. The rig (device/rig.py)
+entry of a conformance case is its own OS process, as on the simulator. The rig (commsim/devicecheck/rig.py)
 sends `(op, args)`; this loop answers `("ok", value)` or `("raise", exception)`. POSIX fds
 really travel between these processes: each one listens on an AF_UNIX socket and receives
 fds with SCM_RIGHTS (reference §2.5).
@@ -27,7 +27,7 @@ def _make_driver(factory: str, gpu: int) -> Any:
 
 
 def _serve(conn: Any, gpu: int, sock_path: str, factory: str) -> None:
-    from . import fd_channel, handles
+    from device import fd_channel, handles
 
     listener = fd_channel.listen(sock_path)
     try:

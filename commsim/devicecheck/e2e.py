@@ -1,11 +1,13 @@
 """End-to-end: commsim's Communicator on real GPUs, one process per GPU, under torchrun.
 
-    torchrun --nproc-per-node=2 -m device.e2e                     # one host
+    torchrun --nproc-per-node=2 -m commsim.devicecheck.e2e                     # one host
     torchrun --nnodes=2 --nproc-per-node=4 --node-rank=R \\
-        --rdzv-backend=c10d --rdzv-endpoint=HEAD:29500 -m device.e2e   # two GB200 trays
+        --rdzv-backend=c10d --rdzv-endpoint=HEAD:29500 -m commsim.devicecheck.e2e   # two GB200 trays
 
-Every rank builds a CudaDriver on its LOCAL_RANK GPU and a Communicator over a gloo
-TorchGroup, runs each op for each size and dtype against a float64 reference of every rank's
+Every rank builds a CudaDriver on its LOCAL_RANK GPU and a Communicator over the
+torch.distributed group of process mode (commsim.group.torch_dist, the store of the gloo
+default group), under the simulator's default policy order (multicast and symm included:
+their fds cross through the driver's FdChannel), runs each op for each size and dtype against a float64 reference of every rank's
 input, prints the backend it chose and exits non-zero on a wrong result.
 Rank 0 prints one summary line per case and `e2e: N passed, M failed`.
 """
@@ -39,26 +41,30 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
     return a.shape == b.shape and bool(((a.double() - b).abs() <= TOL[dtype] * scale).all())
 
 
+def default_order() -> tuple[str, ...]:
+    """The simulator's default policy order (the backend registry's)."""
+    from commsim.policy import Policy
+    return tuple(Policy().order)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m device.e2e", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m commsim.devicecheck.e2e", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="4096,262144,2097152", help="bytes per rank, comma-separated")
     p.add_argument("--dtypes", default="float32,float16,bfloat16")
     p.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter")
-    # multicast's single-host set-up passes its fd through commsim.sim.unix_socket (simulated
-    # processes only), so it is left out of the default order here.
-    p.add_argument("--order", default="ipc,fabric,nccl", help="backend order of the policy")
+    p.add_argument("--order", default=",".join(default_order()),
+                   help="backend order of the policy (default: the simulator's, %(default)s)")
     args = p.parse_args(argv)
 
     import torch.distributed as dist
 
     from commsim.communicator import Communicator
+    from commsim.group.torch_dist import ProcessWorld
     from commsim.policy import Policy
 
-    from .driver import CudaDriver
-    from .torch_group import TorchGroup
+    from device.driver import CudaDriver
 
-    dist.init_process_group("gloo")
-    group = TorchGroup()
+    group = ProcessWorld.from_env().join()
     rank, ws = group.rank, group.size
     drv = CudaDriver.create(int(os.environ.get("LOCAL_RANK", "0")))
     comm = Communicator(group, drv, Policy(order=tuple(args.order.split(","))))
