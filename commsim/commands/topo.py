@@ -22,8 +22,8 @@ from typing import Any
 from ..errors import UserError
 from ..fileio import write_atomic
 from ..topology import presets, render
-from ..topology import import_nccl_xml, import_nvml_fabric
-from ..topology.import_nvidia_smi import (
+from ..topology.importers import nccl_xml, nvml_fabric
+from ..topology.importers.nvidia_smi import (
     DOMAINS, build_cluster, cluster_from_matrix_table, matrix_table, parse_topo_matrix,
 )
 from ..topology.model import Cluster
@@ -149,7 +149,7 @@ def load_spec(spec: str) -> Cluster:
             raise UserError(f"{spec}: no such file; give a scenario .toml file, an NCCL "
                             f"topology .xml or a preset name ({', '.join(presets.PRESETS)})")
         if path.suffix == ".xml":
-            cluster, warnings, _ = import_nccl_xml.import_file(path)
+            cluster, warnings, _ = nccl_xml.import_file(path)
             for w in warnings:
                 print(f"warning: {w}", file=sys.stderr)
             return cluster
@@ -205,7 +205,7 @@ def _scenario_name(args: argparse.Namespace) -> str:
 
 def cmd_import(args: argparse.Namespace) -> int:
     text = _read(args.file, "`nvidia-smi topo -m` output or an NCCL topology XML")
-    if args.file.endswith(".xml") or import_nccl_xml.looks_like_xml(text):
+    if args.file.endswith(".xml") or nccl_xml.looks_like_xml(text):
         return _import_xml(args, text)
     if args.nvswitch:
         raise UserError("--nvswitch: only for an NCCL topology XML; for `topo -m` text use "
@@ -249,8 +249,8 @@ def _import_xml(args: argparse.Namespace, text: str) -> int:
                             f"many hosts and which links; the scenario [topology] table holds "
                             f"`topo -m` matrices only)")
     source = "<stdin>" if args.file == "-" else args.file
-    topo = import_nccl_xml.parse_nccl_xml(text, source)
-    cluster, warnings = import_nccl_xml.build_cluster(
+    topo = nccl_xml.parse_nccl_xml(text, source)
+    cluster, warnings = nccl_xml.build_cluster(
         topo, args.gpu_model, nvswitch=args.nvswitch, host_prefix=args.host_prefix,
         name=_scenario_name(args))
     cluster = _merge_fabric(cluster, args.fabric_info, warnings)
@@ -276,11 +276,11 @@ def _merge_fabric(cluster: Cluster, specs: list[str], warnings: list[str]) -> Cl
         host, sep, path = spec.partition("=")
         if not sep:
             host, path = "", spec
-        for named, recs in import_nvml_fabric.load_fabric_file(path).items():
+        for named, recs in nvml_fabric.load_fabric_file(path).items():
             if host and named is not None:
                 raise UserError(f"{spec}: the JSON names its hosts; give it without HOST=")
             infos.append((host or named, recs))
-    merged, notes = import_nvml_fabric.merge_fabric(cluster, infos)
+    merged, notes = nvml_fabric.merge_fabric(cluster, infos)
     warnings.extend(notes)
     return merged
 

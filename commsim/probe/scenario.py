@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from commsim.topology import gpu_models
-from commsim.topology.import_nvidia_smi import cluster_from_matrix_table
+from commsim.topology.importers.nvidia_smi import cluster_from_matrix_table
 from commsim.topology.model import Cluster, FabricState, GpuRef, TopologyError, ZERO_UUID
 
 from .machine import MachineProbe

@@ -57,7 +57,7 @@ def topology(source: str, data: Mapping[str, Any]) -> tuple[Cluster, str, list[s
 def _matrix_topology(source: str, data: Mapping[str, Any]) -> tuple[Cluster, str, list[str]]:
     t = Table(source, "[topology]", data, MATRIX_KEYS, hint=" for an explicit matrix topology")
     # Imported here: only explicit-matrix files need the nvidia-smi parser.
-    from ..topology.import_nvidia_smi import cluster_from_matrix_table
+    from ..topology.importers.nvidia_smi import cluster_from_matrix_table
     notes: list[str] = []
     cluster = _wrap(t, None, lambda: cluster_from_matrix_table(dict(data), source, notes))
     return cluster, f"matrix x{len(cluster.hosts)} ({_domain_kind(cluster)})", notes

@@ -20,7 +20,7 @@ from commsim.model import (
 )
 from commsim.model_sizes import discovered_view, parse_size_range, render, size_table
 from commsim.topology import build_preset
-from commsim.topology.import_nvidia_smi import build_cluster, parse_topo_matrix
+from commsim.topology.importers.nvidia_smi import build_cluster, parse_topo_matrix
 
 TOPO = Path(__file__).resolve().parents[1] / "data" / "topo"
 

@@ -1,6 +1,6 @@
 """Import a host shape from `nvidia-smi topo -m` output, as users paste it into bug reports.
 
-`parse_topo_matrix` (topo_text.py) reads the text; `build_cluster` repeats that host and adds
+`parse_topo_matrix` (nvidia_smi_parse.py) reads the text; `build_cluster` repeats that host and adds
 what the matrix cannot say (GPU attributes, NVLink domain, P2P), returning the assumptions it
 made as warnings so the user can override them. `cluster_from_matrix_table` is the same import
 for the explicit `[topology]` table of a scenario file (docs/scenario-format.md).
@@ -15,15 +15,15 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import gpu_models
-from .gpu_models import GpuSpec
-from .model import (
+from .. import gpu_models
+from ..gpu_models import GpuSpec
+from ..model import (
     Cluster, FabricInfo, FabricState, Gpu, GpuRef, Host, Link, NvlinkDomain, TopologyError,
     ZERO_UUID, matrix_from,
 )
-from .presets import _cluster_uuid, _uuid  # same derivations as the presets, so shapes compare
-from .render import topo_matrix
-from .topo_text import (  # re-exported: this module is the importer's public face
+from ..presets import _cluster_uuid, _uuid  # same derivations as the presets, so shapes compare
+from ..render import topo_matrix
+from .nvidia_smi_parse import (  # re-exported: this module is the importer's public face
     P2P_CELLS, ParsedHost, is_gpu_row, looks_like_header, parse_p2p_matrix, parse_topo_matrix,
 )
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .model import (
+from ..model import (
     Cluster, FabricInfo, FabricState, GpuRef, Host, NVML_ERROR_UNKNOWN, NVML_SUCCESS,
     NvlinkDomain, TopologyError, ZERO_UUID,
 )
