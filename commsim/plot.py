@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import UserError
-from .model_sizes import SizeTable, human
+from .size_tables import SizeTable, human
 
 _COLORS = {"ipc": "#1f77b4", "fabric": "#2ca02c", "multicast": "#d62728", "symm": "#9467bd",
            "nccl": "#7f7f7f"}

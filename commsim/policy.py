@@ -6,7 +6,7 @@ import the handle type it uses and every rank meets its device requirements. A s
 name another policy (a preset name here, or `module:object`) to reproduce a shortcut.
 
 Presets: "default" tries the admitted backends in a fixed order; "model" admits the same ones
-and tries them fastest first by the cost model (`commsim.model`) at each message size.
+and tries them fastest first by the cost model (`commsim.cost_model`) at each message size.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import model
+from . import cost_model
 from .backends.base import Backend, Eligibility, Mi
 from .discovery import GroupView
 from .errors import UserError
@@ -63,21 +63,21 @@ class ModelPolicy(Policy):
     the communicator (`for_group`), from the topology in the oracle (`for_truth`)."""
 
     name: str = "model"
-    fabric: model.GroupFabric | None = None
+    fabric: cost_model.GroupFabric | None = None
 
     def for_group(self, view: GroupView) -> "ModelPolicy":
-        return replace(self, fabric=model.fabric_from_view(view))
+        return replace(self, fabric=cost_model.fabric_from_view(view))
 
     def for_truth(self, cluster: Cluster, placement: Sequence[GpuRef]) -> "ModelPolicy":
-        return replace(self, fabric=model.group_fabric(cluster, placement))
+        return replace(self, fabric=cost_model.group_fabric(cluster, placement))
 
     def candidates(self, op: str, nbytes: int) -> tuple[str, ...]:
         if self.fabric is None or op not in _MODELLED_OPS:
             return self.order
         # Backends the model has no algorithm for follow the modelled ones, in their order.
-        known = [b for b in self.order if b in model.BACKEND_ALGORITHMS]
-        rest = tuple(b for b in self.order if b not in model.BACKEND_ALGORITHMS)
-        return model.ordered_by_model(known, nbytes, self.fabric) + rest
+        known = [b for b in self.order if b in cost_model.BACKEND_ALGORITHMS]
+        rest = tuple(b for b in self.order if b not in cost_model.BACKEND_ALGORITHMS)
+        return cost_model.ordered_by_model(known, nbytes, self.fabric) + rest
 
 
 PRESET_POLICIES: dict[str, Policy] = {"default": Policy(), "model": ModelPolicy()}

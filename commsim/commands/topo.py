@@ -287,7 +287,7 @@ def _merge_fabric(cluster: Cluster, specs: list[str], warnings: list[str]) -> Cl
 
 def _legal_summary(cluster: Cluster) -> str:
     """Which backends a group of every GPU would admit, from a discovery run."""
-    from ..model_sizes import legal_backends   # imported late: pulls in the simulator
+    from ..size_tables import legal_backends   # imported late: pulls in the simulator
     refs = list(cluster.gpu_refs())
     leg = legal_backends(cluster, refs)
     lines = [f"group of all {len(refs)} GPU(s): legal backends: {', '.join(leg.legal)}"]

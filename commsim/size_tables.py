@@ -4,7 +4,7 @@ For one group: which backends are legal comes from a real discovery run on the s
 (every rank probes through its SimDriver, the view is all-gathered, each backend's
 `eligibility` judges it), exactly what the communicator would admit. Which one runs at a
 size comes from the policy's candidate order and each backend's own `accepts` limits (its
-workspace size), without moving data. The times come from `commsim.model`, for the algorithm
+workspace size), without moving data. The times come from `commsim.cost_model`, for the algorithm
 each backend itself would run at that size (its `algorithm` rule).
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Sequence
 
-from . import model
+from . import cost_model
 from .backends.base import Backend
 from .discovery import GroupView, discover
 from .errors import UserError
@@ -145,20 +145,20 @@ class Row:
 @dataclass(frozen=True)
 class SizeTable:
     group: str
-    fabric: model.GroupFabric
+    fabric: cost_model.GroupFabric
     legality: Legality
     rows: tuple[Row, ...]
-    crossovers: tuple[model.Crossover, ...] = field(default=())   # where the fastest changes
+    crossovers: tuple[cost_model.Crossover, ...] = field(default=())   # where the fastest changes
 
 
-def _as_run(b: Backend, name: str, op: str, nbytes: int, f: model.GroupFabric) -> Cell:
+def _as_run(b: Backend, name: str, op: str, nbytes: int, f: cost_model.GroupFabric) -> Cell:
     if name == "nccl":
-        algo, t = model.best("nccl", nbytes, f)
-        label = "nvls" if algo == "multicast" else f"ring/{model.nccl_protocol(nbytes, f)}"
+        algo, t = cost_model.best("nccl", nbytes, f)
+        label = "nvls" if algo == "multicast" else f"ring/{cost_model.nccl_protocol(nbytes, f)}"
         return Cell(label, t)
     algo = b.algorithm(op, nbytes)
     key = "multicast" if algo == "multimem" else algo
-    return Cell(algo, model.predict(name, key, nbytes, f))
+    return Cell(algo, cost_model.predict(name, key, nbytes, f))
 
 
 def size_table(cluster: Cluster, placement: Sequence[GpuRef], group: str, sizes: Sequence[int],
@@ -166,7 +166,7 @@ def size_table(cluster: Cluster, placement: Sequence[GpuRef], group: str, sizes:
                seed: int = 0) -> SizeTable:
     pol = policy or Policy()
     legality = legal_backends(cluster, placement, pol, seed)
-    fab = model.group_fabric(cluster, placement)
+    fab = cost_model.group_fabric(cluster, placement)
     inst = _instances(legality, pol)
     bound = pol.for_group(legality.view)       # as the communicator binds it after discovery
     rows = []
@@ -186,8 +186,8 @@ def size_table(cluster: Cluster, placement: Sequence[GpuRef], group: str, sizes:
                      tuple(_envelope_changes(inst, op, fab, min(sizes), max(sizes))))
 
 
-def _envelope_changes(inst: dict[str, Backend], op: str, f: model.GroupFabric,
-                      lo: int, hi: int) -> list[model.Crossover]:
+def _envelope_changes(inst: dict[str, Backend], op: str, f: cost_model.GroupFabric,
+                      lo: int, hi: int) -> list[cost_model.Crossover]:
     """Sizes where the fastest legal backend (as it would run) changes."""
     if len(inst) < 2 or lo >= hi:
         return []
@@ -212,7 +212,7 @@ def _envelope_changes(inst: dict[str, Backend], op: str, f: model.GroupFabric,
                 x0 = mid
             else:
                 x1 = mid
-        out.append(model.Crossover(math.sqrt(x0 * x1), w0, winner(x1)))
+        out.append(cost_model.Crossover(math.sqrt(x0 * x1), w0, winner(x1)))
     return out
 
 
