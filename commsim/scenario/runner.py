@@ -260,14 +260,11 @@ def collect(res: RunResult, values: list[dict | None], errors: list[RankError | 
 
 
 def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
-                 disabled_rules: frozenset[str] = frozenset(), *, procs: bool = False,
-                 timeout: float | None = None) -> RunResult:
-    """Run `sc` under its own policy, or under `policy` when given. `disabled_rules` switches
-    simulator rules off (mutation tests only). `procs`: one real OS process per rank
-    (commsim.procs, docs/processes.md); `timeout`: process mode's bound in seconds."""
-    if procs:
-        from ..procs.launcher import run_scenario_procs
-        return run_scenario_procs(sc, policy, seed, timeout=timeout)
+                 disabled_rules: frozenset[str] = frozenset()) -> RunResult:
+    """Run `sc` in this process under its own policy, or under `policy` when given.
+    `disabled_rules` switches simulator rules off (mutation tests only). Process mode, one
+    real OS process per rank, is `commsim.procs.launcher.run_scenario_procs` (it builds on
+    this module, never the other way round)."""
     set_torch_threads()
     seed, pol, res = prepare(sc, policy, seed)
     fabric = SimFabric(sc.cluster, seed, disabled_rules=disabled_rules)

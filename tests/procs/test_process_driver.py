@@ -11,10 +11,11 @@ import os
 import numpy as np
 
 from commsim.driver import FABRIC, FD, LAZY_ENABLE_PEER_ACCESS, FdTransportError, access_desc, alloc_prop, check
-from commsim.procs.compare import run_ranks_threads
 from commsim.procs.launcher import run_ranks_procs
 from commsim.topology import GpuRef, build_preset
-from commsim.procs.hygiene import leftover_segments
+
+from run_hygiene import leftover_segments
+from thread_twin import run_ranks_threads
 
 SIZE = 1 << 21
 

@@ -1,13 +1,14 @@
-"""Thread-mode twin of `launcher.run_ranks_procs`: the same rank function, the same answer
-format, so a check of the driver and group layer can be asserted equal in both modes."""
+"""Thread-mode twin of `commsim.procs.launcher.run_ranks_procs`: the same rank function, the
+same answer format, so a check of the driver and group layer can be asserted equal in both
+modes."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..group import LocalWorld
-from ..sim import SimFabric, spawn_driver
-from ..topology.model import Cluster, GpuRef
+from commsim.group import LocalWorld
+from commsim.sim import SimFabric, spawn_driver
+from commsim.topology.model import Cluster, GpuRef
 
 
 def run_ranks_threads(fn: Callable[[Any, Any], Any], cluster: Cluster,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..sim import shm
+from commsim.sim import shm
 
 
 def leftover_segments(launcher_pid: int) -> list[Path]:
