@@ -156,13 +156,17 @@ _NVLINK_GEN = {7: 2, 8: 3, 9: 4, 10: 5}
 _NVLINKS_PER_GPU = {2: 6, 3: 12, 4: 18, 5: 18}
 _PCIE_GEN = {7: 3, 8: 4, 9: 5, 10: 5, 12: 5}
 
-BACKEND_ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "ipc": ("one-shot", "two-shot"),
-    "fabric": ("one-shot", "two-shot"),
-    "multicast": ("multicast",),
-    "symm": ("one-shot", "two-shot", "multicast"),
-    "nccl": ("ring", "multicast"),
-}
+def backend_algorithms() -> dict[str, tuple[str, ...]]:
+    """The algorithms the model predicts, per registered backend that names a cost family
+    (each backend declares both, commsim/backends/registry.py)."""
+    from .backends import backends
+    return {n: c.algorithms for n, c in backends().items() if c.cost_family is not None}
+
+
+def cost_family(backend: str) -> str | None:
+    from .backends import get_backend
+    cls = get_backend(backend)
+    return None if cls is None else cls.cost_family
 
 
 def _p(name: str) -> float:
@@ -323,30 +327,32 @@ def _nccl_ring(f: GroupFabric, n: float) -> tuple[float, str]:
 def predict(backend: str, algorithm: str, nbytes: float, fabric: GroupFabric) -> float:
     """Predicted seconds for one all-reduce of `nbytes` by `backend` with `algorithm`.
     math.inf where the algorithm cannot run on this fabric (multicast without NVSwitch)."""
-    if algorithm not in BACKEND_ALGORITHMS.get(backend, ()):
+    known = backend_algorithms()
+    if algorithm not in known.get(backend, ()):
         raise ValueError(f"backend {backend!r} has no algorithm {algorithm!r}; known: "
-                         f"{ {b: list(a) for b, a in BACKEND_ALGORITHMS.items()} }")
+                         f"{ {b: list(a) for b, a in known.items()} }")
+    family = cost_family(backend)
     f, n, p = fabric, float(nbytes), fabric.ranks
     if p == 1:
         return 0.0
     if algorithm == "multicast":
         if not f.multicast:
             return math.inf
-        if backend == "nccl":
+        if family == "nccl":
             # NCCL's NVLS reaches its large-message bandwidth only past a knee.
             knee = _p("nvls.knee") * MiB
             return (_p("nccl.nvls") * US + _sync_penalty(f, 2) + min(n, knee) / _bw(f, "eff.nvls")
                     + max(0.0, n - knee) / _bw(f, "eff.nvls.large"))
         return _p("alpha.multimem") * US + _sync_penalty(f, 2) + n / _bw(f, "eff.multimem")
-    if backend == "nccl":
+    if family == "nccl":
         return _nccl_ring(f, n)[0]
-    if backend in ("ipc", "symm"):
+    if family == "peer":
         # symm's peer kernels are the custom all-reduce's over mapped symmetric buffers.
         if algorithm == "one-shot":
             return _p("alpha.peer_one_shot") * US + _sync_penalty(f, 2) + _peer(f, n)
         return (_two_shot_alpha(f.sm) * US + _sync_penalty(f, 3)
                 + 2 * _peer(f, n / p, "eff.peer_two_shot"))
-    # fabric: Lamport kernels (FlashInfer / TRT-LLM MNNVL), no barrier between phases; the
+    # lamport (fabric): Lamport kernels (FlashInfer / TRT-LLM MNNVL), no barrier between phases; the
     # second phase costs one more flag round. Their slopes are not the vLLM two-stage kernel's,
     # so both algorithms keep the one-shot efficiency.
     alpha = _p("alpha.lamport_one_shot") * US + _sync_penalty(f, 1)
@@ -363,7 +369,7 @@ def nccl_protocol(nbytes: float, fabric: GroupFabric) -> str:
 
 def best(backend: str, nbytes: float, fabric: GroupFabric) -> tuple[str, float]:
     """(algorithm, seconds) of the backend's fastest algorithm at this size."""
-    options = [(predict(backend, a, nbytes, fabric), a) for a in BACKEND_ALGORITHMS[backend]]
+    options = [(predict(backend, a, nbytes, fabric), a) for a in backend_algorithms()[backend]]
     t, a = min(options)
     return a, t
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Sequence
 
 from . import cost_model
+from .backends import backends
 from .backends.base import Backend
 from .discovery import GroupView, discover
 from .errors import UserError
@@ -82,8 +83,7 @@ def discovered_view(cluster: Cluster, placement: Sequence[GpuRef], seed: int = 0
 
 
 def _backends() -> dict[str, type[Backend]]:
-    from .communicator import BACKENDS   # the communicator's registry: same classes it runs
-    return BACKENDS
+    return backends()      # the registry the communicator runs from: the same classes
 
 
 @dataclass(frozen=True)
@@ -152,8 +152,8 @@ class SizeTable:
 
 
 def _as_run(b: Backend, name: str, op: str, nbytes: int, f: cost_model.GroupFabric) -> Cell:
-    if name == "nccl":
-        algo, t = cost_model.best("nccl", nbytes, f)
+    if b.cost_family == "nccl":
+        algo, t = cost_model.best(name, nbytes, f)
         label = "nvls" if algo == "multicast" else f"ring/{cost_model.nccl_protocol(nbytes, f)}"
         return Cell(label, t)
     algo = b.algorithm(op, nbytes)

@@ -18,7 +18,9 @@ from ..discovery import GroupView
 from ..driver import FABRIC, CudaError, alloc_prop, check
 from ..kernels import workspace as W
 from ..topology.model import FabricState
+from ..topology.truth import FABRIC as FABRIC_HANDLE, GroupFacts
 from .base import Eligibility, Mi
+from .registry import register_backend
 from .vmm import VmmPeerBackend
 
 
@@ -26,8 +28,18 @@ def round_up(n: int, g: int) -> int:
     return (n + g - 1) // g * g
 
 
+@register_backend
 class FabricBackend(VmmPeerBackend):
     name = "fabric"
+    order, colour = 20, "#59a14f"
+    algorithms, cost_family = ("one-shot", "two-shot"), "lamport"
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        if facts.ws < 2:
+            return "a group of one rank"
+        bad = facts.first_pair_without(FABRIC_HANDLE)
+        return f"{bad[0]} cannot import a FABRIC handle of {bad[1]}" if bad else None
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:

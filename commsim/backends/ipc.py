@@ -15,14 +15,33 @@ from typing import Any
 from ..discovery import GroupView
 from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
 from ..kernels import workspace as W
+from ..topology.truth import IPC, GroupFacts
 from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes
+from .registry import register_backend
 
 WORLD_SIZES = (2, 4, 6, 8)
 
 
+@register_backend
 class IpcBackend(PeerBackend):
     name = "ipc"
     needs_graph_registration = True
+    order, colour = 10, "#4e79a7"
+    algorithms, cost_family = ("one-shot", "two-shot"), "peer"
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        ws = facts.ws
+        if ws < 2:
+            return "a group of one rank"
+        bad = facts.first_pair_without(IPC)
+        if bad:
+            return f"{bad[0]} cannot open a legacy IPC handle of {bad[1]}"
+        if ws not in WORLD_SIZES:                   # the compiled kernels (row B2)
+            return f"world size {ws} not in {WORLD_SIZES}"
+        if ws > 2 and not facts.nvl_all:            # row B3
+            return f"{ws} GPUs not fully NVLink-connected"
+        return None
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:

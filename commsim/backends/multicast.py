@@ -17,14 +17,44 @@ import torch
 from ..discovery import GroupView
 from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
 from ..kernels import collectives as K, workspace as W
-from .base import Backend, Eligibility, Mi, as_bytes
 from ..topology.model import FabricState
+from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
+from .base import Backend, Eligibility, Mi, as_bytes
 from .fabric import FabricBackend, round_up
+from .registry import register_backend
 
 
+@register_backend
 class MulticastBackend(Backend):
     name = "multicast"
     ops = ("all_reduce", "all_reduce_rmsnorm")
+    order, colour = 30, "#f28e2b"
+    algorithms, cost_family = ("multicast",), "multimem"
+    limit_param, default_limit = "multicast_max_size", 64 * Mi
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        if facts.ws < 2:
+            return "a group of one rank"
+        c = facts.cluster
+        gs = [c.gpu(g) for g in facts.gpus]
+        doms = {id(c.domain_of(g)) if c.domain_of(g) is not None else None for g in facts.gpus}
+        if not all(g.multicast and g.vmm for g in gs):
+            return "some GPU lacks multicast or VMM (row M1)"
+        if None in doms or len(doms) != 1:
+            return "GPUs are not in one NVLink domain"
+        if not all(g.fabric.state in (FabricState.COMPLETED, FabricState.NOT_SUPPORTED) for g in gs):
+            # Row M3: binding fails SYSTEM_NOT_READY while the fabric manager is not done.
+            return "some GPU's fabric state is not COMPLETED (row M3)"
+        if facts.single_host:
+            if not facts.nvl_all:
+                return "not every pair is NVLink + P2P"
+            if not facts.all_pairs_import(POSIX_FD):
+                return "POSIX-fd handles unavailable"
+            return None
+        if not facts.all_pairs_import(FABRIC_HANDLE):
+            return "across hosts the multicast handle must be FABRIC (row M7)"
+        return None
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -60,7 +90,7 @@ class MulticastBackend(Backend):
 
     def __init__(self, *a: Any, **k: Any):
         super().__init__(*a, **k)
-        self.capacity = int(self.params.get("multicast_max_size", 64 * Mi))
+        self.capacity = self.limit(self.params)
         self.types = FD if self.view.single_host else FABRIC
         self.uc_handle = self.mc_handle = 0
         self.uc = self.mc = 0

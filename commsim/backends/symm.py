@@ -37,9 +37,11 @@ import torch
 from ..discovery import GroupView, RankInfo
 from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
 from ..kernels import collectives as K, workspace as W
+from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
 from .base import Eligibility, Mi
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
+from .registry import register_backend
 from .vmm import VmmPeerBackend
 
 # FlashInfer's fd_exchange gives up connecting or receiving after 30 s (§2.5).
@@ -65,8 +67,26 @@ def local_handle_type(me: RankInfo) -> int:
     return FABRIC if me.mnnvl_capable else FD
 
 
+@register_backend
 class SymmBackend(VmmPeerBackend):
     name = "symm"
+    order, colour, plot_style = 40, "#b07aa1", "--"   # dashed: its multimem curve is multicast's
+    algorithms, cost_family = ("one-shot", "two-shot", "multicast"), "peer"
+    limit_param, default_limit = "symm_max_size", DEFAULT_MAX_SIZE
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        if facts.ws < 2:
+            return "a group of one rank"
+        if facts.one_shm_namespace:
+            # One socket namespace: the symmetric buffers travel as POSIX fds (§2.5) and peers
+            # load and store through the mappings over NVLink P2P (rows L10, B3).
+            bad = facts.first_pair_without(POSIX_FD)
+            if bad:
+                return f"{bad[0]} cannot import a POSIX-fd handle of {bad[1]}"
+            return None if facts.nvl_all else "not every pair is NVLink + P2P"
+        bad = facts.first_pair_without(FABRIC_HANDLE)
+        return f"across hosts: {bad[0]} cannot import a FABRIC handle of {bad[1]}" if bad else None
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -94,7 +114,6 @@ class SymmBackend(VmmPeerBackend):
 
     def __init__(self, *a: Any, **k: Any):
         super().__init__(*a, **k)
-        self.capacity = int(self.params.get("symm_max_size", DEFAULT_MAX_SIZE))
         self.htype = self._handle_type()
         self.want_multicast = (self.params.get("symm_multicast", True)
                                and MulticastBackend.eligibility(self.view, self.params).ok)

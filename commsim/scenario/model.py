@@ -16,10 +16,6 @@ from ..topology.model import Cluster, GpuRef
 STEPS = ("discover", "init", "op", "capture", "register", "release_capture", "close")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce_rmsnorm")
 DTYPES = ("float32", "float16", "bfloat16")
-# Backends an expectation may name (commsim/backends/): legacy CUDA IPC, cuMem FABRIC handles,
-# multicast objects, torch-style symmetric memory, and NCCL as the fallback.
-BACKENDS = ("ipc", "fabric", "multicast", "symm", "nccl")
-
 # Topology faults (edits of the cluster, commsim.topology.modify) and driver faults
 # (commsim.sim.faults). `kind` selects one; the other fields it needs are listed here.
 FAULT_FIELDS: dict[str, tuple[str, ...]] = {
