@@ -22,11 +22,11 @@ from ..backends import backends, default_order, fallbacks, get_backend
 from ..policy import Policy, resolve
 from ..topology.model import GpuRef
 from ..topology.truth import GroupFacts
+from .faults import OOM_ERRORS, get_fault, injected_errors
 from .model import Scenario
 
 KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic")
 ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
-OOM_ERRORS = ("cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY")
 
 
 # -- groups -------------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     # Injected driver failures (out of memory, a failing set-up call): the error they cause
     # on the faulted rank, voted to its group, is expected; a backend they knock out may be
     # skipped in favour of the next legal one.
-    oom = [f for f in sc.faults if f.kind in ("oom", "call_fails")]
+    oom = [f for f in sc.faults if get_fault(f.kind).injects is not None]
     oom_ranks = {f.rank for f in oom if f.rank is not None}
     errored = bool(res.errors)
     for key, ok_set in legal.items():
@@ -244,7 +244,9 @@ def _caused_by_oom(sc: Scenario, e: Any, oom_ranks: set[int]) -> bool:
     text = f"{e.name} {e.message}"
     if "CollectiveMismatch" in text or "HangDetected" in text or e.name == "hang":
         return False
-    injected = set(OOM_ERRORS) | {f.code for f in sc.faults if f.kind == "call_fails"}
+    # Any injected driver fault excuses its rank's out-of-memory too (an allocation retried
+    # after the injected failure), as before the registry; plus what each kind injects.
+    injected = set(OOM_ERRORS) | injected_errors(sc.faults)
     if e.name in injected:
         return e.origin in oom_ranks
     return e.name == "RankFailed" and "SetupFailed" in text and any(c in text for c in injected)

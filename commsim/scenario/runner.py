@@ -21,7 +21,8 @@ from ..group import LocalWorld
 from ..runtime.diagnosis import GroupError, HangDetected
 from ..policy import Policy, resolve
 from ..sim import SimFabric, set_torch_threads, spawn_driver
-from ..sim.faults import CallFault, ProcessFaults, code_by_name
+from ..sim.faults import ProcessFaults
+from .faults import arm_driver_faults
 from .model import Scenario
 
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -81,15 +82,7 @@ class RunResult:
 
 
 def faults_for(sc: Scenario, rank: int) -> ProcessFaults:
-    pf = ProcessFaults()
-    for f in sc.driver_faults:
-        if f.rank != rank:
-            continue
-        if f.kind == "oom":
-            pf.oom_at = f.at_allocation
-        else:
-            pf.calls.append(CallFault(f.api, code_by_name(f.code), f.nth))
-    return pf
+    return arm_driver_faults(sc.faults, rank)
 
 
 def make_input(seed: int, group: str, rank: int, op: str, numel: int, dtype: str) -> torch.Tensor:
