@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from ..topology import importers
 from ..topology.model import Cluster, FabricState, GpuRef, TopologyError
 from ..topology.presets import PRESETS
 from .fields import (
@@ -41,7 +42,7 @@ def topology(source: str, data: Mapping[str, Any]) -> tuple[Cluster, str, list[s
             f"{', '.join(MATRIX_KEYS)}; with preset the accepted keys are {', '.join(PRESET_KEYS)}")
     t = Table(source, "[topology]", data, PRESET_KEYS)
     name = check_choice(t, "preset", data["preset"], tuple(PRESETS), what="preset")
-    cluster = _wrap(t, "preset", lambda: PRESETS[name].build())
+    cluster = _wrap(t, "preset", lambda: importers.load(name).cluster)   # the CLI's loader too
     hosts = t.integer("hosts", what="host count")
     if hosts is None:
         return cluster, name, []
