@@ -212,7 +212,7 @@ __device__ __forceinline__ u64 grid_threads() {
 }
 
 // Element range [lo, hi) of chunk i when n elements are split over ws ranks: the first
-// n % ws chunks get one extra element (commsim.kernels.collectives._chunks).
+// n % ws chunks get one extra element (commsim.kernels.workspace.chunks).
 __device__ __forceinline__ void chunk_range(u64 n, int ws, int i, u64* lo, u64* hi) {
     u64 base = n / ws, extra = n % ws;
     u64 ii = static_cast<u64>(i);
