@@ -7,8 +7,9 @@
 Every rank builds a CudaDriver on its LOCAL_RANK GPU and a Communicator over the
 torch.distributed group of process mode (commsim.group.torch_dist, the store of the gloo
 default group), under the simulator's default policy order (multicast and symm included:
-their fds cross through the driver's FdChannel), runs each op for each size and dtype against a float64 reference of every rank's
-input, prints the backend it chose and exits non-zero on a wrong result.
+their fds cross through the driver's FdChannel), runs each op for each size and dtype
+against a float64 reference of every rank's input, prints the backend it chose and exits
+non-zero on a wrong result.
 Rank 0 prints one summary line per case and `e2e: N passed, M failed`.
 """
 
