@@ -111,7 +111,7 @@ def _launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int,
             procs[r] = p
             out.pids.append(p.pid)
         say(f"started {len(procs)} rank process(es) in {time.monotonic() - t0:.2f} s "
-            f"(pids {' '.join(str(p.pid) for p in procs.values())}; shared memory {prefix}-*)")
+            f"(pids {' '.join(str(p.pid) for p in procs.values())}; shared memory {shm.SHM_DIR / prefix}/*)")
         # Every wait ends within `timeout`, so a live run changes some rank's status (each
         # collective and spin wait writes it) well within that; a run whose ranks all stay
         # silent for IDLE_FACTOR timeouts plus start-up slack is ended by the launcher.

@@ -41,6 +41,18 @@ def die_with_parent() -> None:
         return
     if os.getppid() != parent:   # the parent died before the prctl took effect
         os._exit(1)
+    # The launcher hands every child the write end of the forkserver's "alive" pipe, so that
+    # the forkserver lives while any child does; with the launcher gone, a child stuck in a
+    # wait would then keep the forkserver, and so itself, alive for good. A rank starts no
+    # processes of its own: drop it, and the forkserver ends with the launcher.
+    from multiprocessing import forkserver
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        forkserver._forkserver._forkserver_alive_fd = None
 
 
 @dataclass
