@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)    # a bad flag: usage, the flag named, SystemExit(2)
     try:
         with terminate_cleanly():
             rc = args.func(args)

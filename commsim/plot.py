@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import UserError
+from .fileio import atomic_path, check_output
 from .model_sizes import SizeTable, human
 
 _COLORS = {"ipc": "#1f77b4", "fabric": "#2ca02c", "multicast": "#d62728", "symm": "#9467bd",
@@ -31,11 +32,7 @@ def _pyplot():
 
 def plot_size_tables(tables: Sequence[SizeTable], out: str | Path, title: str = "") -> Path:
     """Write one PNG with a panel per table; returns the path written."""
-    path = Path(out)
-    if path.suffix.lower() != ".png":
-        raise UserError(f"--plot {out}: give a .png file name")
-    if not path.parent.is_dir():
-        raise UserError(f"--plot {out}: directory {path.parent} does not exist")
+    path = check_output(out, "--plot", suffix=".png")
     plt = _pyplot()
     n = len(tables)
     fig, axes = plt.subplots(n, 1, figsize=(9, 4.6 * n), squeeze=False)
@@ -44,8 +41,11 @@ def plot_size_tables(tables: Sequence[SizeTable], out: str | Path, title: str = 
     if title:
         fig.suptitle(title, fontsize=13)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -16,6 +16,7 @@ from ..topology.model import Cluster, GpuRef
 STEPS = ("discover", "init", "op", "capture", "register", "release_capture", "close")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce_rmsnorm")
 DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Backends an expectation may name (commsim/backends/): legacy CUDA IPC, cuMem FABRIC handles,
 # multicast objects, torch-style symmetric memory, and NCCL as the fallback.
 BACKENDS = ("ipc", "fabric", "multicast", "symm", "nccl")

@@ -21,7 +21,7 @@ from .fields import (
     ScenarioError, Table, check_choice, check_cuda_error, check_policy, describe, did_you_mean,
     parse_ranks, parse_size,
 )
-from .model import BACKENDS, DTYPES, OPS, STEPS, Expectation, Group, Scenario, Workload
+from .model import BACKENDS, DTYPE_BYTES, DTYPES, OPS, STEPS, Expectation, Group, Scenario, Workload
 
 __all__ = ["ScenarioError", "load", "loads", "write_scenario", "SECTIONS"]
 
@@ -187,6 +187,13 @@ def _workload(source: str, data: Mapping[str, Any]) -> Workload:
                 raise t.error(f"size {v!r} ({b} bytes) is listed twice", "sizes")
             parsed.append(b)
         sizes = tuple(parsed)
+    for b in sizes:
+        for dt in dtypes:
+            # A message is a whole number of elements; a remainder would silently be dropped.
+            if b % DTYPE_BYTES[dt]:
+                raise t.error(f"size {b} bytes is not a whole number of {dt} elements "
+                              f"({DTYPE_BYTES[dt]} bytes each); use a multiple of "
+                              f"{DTYPE_BYTES[dt]}", "sizes")
     return Workload(ops=ops, sizes=sizes, dtypes=dtypes,
                     graph_capture=t.boolean("graph_capture", d.graph_capture),
                     discard_capture=t.boolean("discard_capture", d.discard_capture),
