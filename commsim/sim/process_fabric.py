@@ -331,6 +331,7 @@ class ProcessFabric(SimFabric):
         m.refs -= 1
         if m.refs > 0 or m.maps > 0:
             return
+        self._drop_own_bindings(m)
         self.multicasts.pop(m.mid, None)
         for h, (k, oid) in list(self.fabric_handles.items()):
             if k == "mc" and oid == m.mid:
@@ -339,6 +340,23 @@ class ProcessFabric(SimFabric):
             if rank_of_aid(m.mid) == self.rank:
                 shm.segment_path(self.prefix, f"m{m.mid}").unlink(missing_ok=True)
             m.close()
+
+
+    def _drop_own_bindings(self, m: MulticastObject) -> None:
+        """The object goes from this process with memory of its still bound (released
+        without cuMulticastUnbind): the binding goes with it, from the team table and from
+        this process's ledger, as in thread mode (SimFabric.unref_multicast)."""
+        for p in self.processes.values():
+            for it in [it for it in p.ledger if it.kind == "multicast_binding"
+                       and it.key[0] == m.mid]:
+                g = next((g for g in m.bindings if str(g) == it.key[1]), None)
+                if g is not None:
+                    a = m.bindings[g][0]
+                    del m.bindings[g]
+                    a.maps -= 1
+                    if a.refs <= 0 and a.maps <= 0:
+                        self.free_alloc(a)
+                p.ledger.remove("multicast_binding", it.key, all_refs=True)
 
 
 # Team table: header (num_devices, handle types, creator GPU, joined count, size), then one
