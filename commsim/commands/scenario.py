@@ -122,9 +122,9 @@ def cmd_new(args: argparse.Namespace) -> int:
     from ..scenario.new import NewScenario, build
     from ..scenario.schema import loads, write_scenario
 
-    out: Path = args.output
-    if out.exists() and not args.force:
-        raise UserError(f"{out}: already exists; pass --force to overwrite it")
+    from ..fileio import check_output
+
+    out: Path = check_output(args.output, "--output", overwrite=args.force)
     if args.topo == "-":
         text, source = sys.stdin.read(), "<stdin>"
     else:
