@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-from commsim.procs.hygiene import pid_alive
 from commsim.sim import shm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +35,15 @@ ops = ["all_reduce"]
 sizes = ["16KiB"]
 dtypes = ["float32"]
 """
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has ended: state Z)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def descendants(pid: int) -> set[int]:
@@ -90,6 +98,6 @@ class InFlight:
 
     def wait_gone(self, pids: set[int], limit: float = 15) -> set[int]:
         deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and any(pid_alive(x) for x in pids):
+        while time.monotonic() < deadline and any(running(x) for x in pids):
             time.sleep(0.1)
-        return {x for x in pids if pid_alive(x)}
+        return {x for x in pids if running(x)}

@@ -15,7 +15,8 @@ from commsim.driver import access_desc, alloc_prop, check, multicast_prop
 from commsim.sim import SimFabric, shm, spawn_driver
 from commsim.sim.driver import FD, E, R
 from commsim.sim.process_fabric import ProcessFabric
-from commsim.sim.unix_socket import FdTransportError, pass_fd
+from commsim.driver import FdTransportError
+from commsim.sim.fd_channel import pass_fd
 from commsim.topology import GpuRef, build_preset
 
 GRAN = 2 << 20
