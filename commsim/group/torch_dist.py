@@ -188,6 +188,33 @@ def last_status(store: Any, rank: int, seal: Seal) -> str:
     return f"running ({tag})" if tag else "running"
 
 
+def _share_secret_on_host(store: Any, rank: int) -> tuple[bytes, str]:
+    """(secret, run directory) for ranks of one host (ProcessWorld.from_env)."""
+    import atexit
+
+    from ..sim import shm
+    if rank == 0:
+        prefix = shm.new_prefix()
+        atexit.register(shm.sweep, prefix)
+        secret = new_secret()
+        fd = shm.create(shm.segment_path(prefix, "secret"), 0)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secret)
+        store.set("prefix", prefix)
+        return secret, prefix
+    prefix = store.get("prefix").decode(errors="replace")   # waits for rank 0
+    try:
+        shm.check_run_dir(prefix)
+        fd = os.open(shm.segment_path(prefix, "secret"), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise GroupError(f"rank {rank} cannot read the run's secret from {shm.SHM_DIR}/{prefix} "
+                         f"({e}); ranks on several hosts need COMMSIM_RUN_SECRET set to the same "
+                         f"value on every node (e.g. `export COMMSIM_RUN_SECRET=$(openssl rand "
+                         f"-hex 32)`)") from None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(), prefix
+
+
 class ProcessWorld:
     """One rank's connection to its run: the store, the status board, the world group."""
 
@@ -208,6 +235,7 @@ class ProcessWorld:
         self.on_collective = on_collective
         self._fd_taken: dict[str, int] = {}
         self.shm_prefix = shm_prefix   # large objects travel through /dev/shm files when set
+        self.run_dir: str | None = None   # from_env: the private directory holding the secret
         # World ranks of the group this rank last met in: a kernel spinning on flags right
         # after waits for those peers, so only their death ends the spin early (a rank of
         # another group failing must not abort this one, as it would not in thread mode).
@@ -217,33 +245,34 @@ class ProcessWorld:
     @classmethod
     def from_env(cls, timeout: float = DEFAULT_TIMEOUT) -> "ProcessWorld":
         """Under torchrun: RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment; the gloo
-        default process group is initialised if the program has not done so already. Rank 0
-        makes the run's private shared-memory directory and its secret (a 0600 file in it) and
-        publishes only the directory's name; every rank reads the secret from there after
-        checking that the directory is this user's alone, so a name forged on the store leads
-        nowhere (torchrun's ranks share one host: process mode is single-host)."""
+        default process group is initialised if the program has not done so already.
+
+        The store's secret (commsim.group.seal) never travels through the store. With
+        COMMSIM_RUN_SECRET set (the same hex string on every node: a job over several hosts),
+        that is the secret. Otherwise the ranks share one host: rank 0 makes a private run
+        directory in /dev/shm with the secret in a 0600 file, publishes only the directory's
+        name, and every rank reads the secret after checking the directory is this user's
+        alone (a name forged on the store leads nowhere). `run_dir` is that directory (None
+        with COMMSIM_RUN_SECRET); rank 0 removes it at exit."""
         import torch.distributed as dist
 
-        from ..sim import shm
         if not dist.is_initialized():
             dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
         store = dist.PrefixStore("commsim/", dist.distributed_c10d._get_default_store())
         rank = dist.get_rank()
-        if rank == 0:
-            prefix = shm.new_prefix()
-            secret = new_secret()
-            fd = shm.create(shm.segment_path(prefix, "secret"), 0)
-            with os.fdopen(fd, "wb") as f:
-                f.write(secret)
-            store.set("prefix", prefix)
+        given = os.environ.get("COMMSIM_RUN_SECRET")
+        if given is not None:
+            try:
+                secret, run_dir = bytes.fromhex(given), None
+                Seal(secret)
+            except ValueError:
+                raise GroupError("COMMSIM_RUN_SECRET must be at least 32 hex digits, the same on "
+                                 "every node, e.g. from `openssl rand -hex 32`") from None
         else:
-            prefix = store.get("prefix").decode(errors="replace")   # waits for rank 0
-            shm.check_run_dir(prefix)
-            fd = os.open(shm.segment_path(prefix, "secret"), os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as f:
-                secret = f.read()
-        return cls(store, rank, dist.get_world_size(), secret=secret, timeout=timeout,
-                   shm_prefix=prefix)
+            secret, run_dir = _share_secret_on_host(store, rank)
+        world = cls(store, rank, dist.get_world_size(), secret=secret, timeout=timeout)
+        world.run_dir = run_dir
+        return world
 
     # ---- status board ------------------------------------------------------------------
     def set_status(self, st: tuple) -> None:

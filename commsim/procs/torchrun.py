@@ -42,12 +42,20 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     sc = load(args.scenario)
     world = ProcessWorld.from_env(timeout=args.timeout)
+    if world.run_dir is None:
+        # COMMSIM_RUN_SECRET was given: the device memory still needs this host's run directory.
+        if world.rank == 0:
+            world.run_dir = shm.new_prefix()
+            world.store.set("prefix", world.run_dir)
+        else:
+            world.run_dir = world.store.get("prefix").decode(errors="replace")
+            shm.check_run_dir(world.run_dir)
+    prefix = world.shm_prefix = world.run_dir
     if world.size != sc.world_size:
         print(f"commsim.procs.torchrun: {args.scenario} has {sc.world_size} ranks but torchrun "
               f"started {world.size}; use --nproc-per-node={sc.world_size}", file=sys.stderr)
-        shm.sweep(world.shm_prefix)
+        shm.sweep(prefix)
         return 2
-    prefix = world.shm_prefix
     clean_exit = False
     try:
         job = worker.Job(sc, world.rank, args.policy, args.seed, prefix, "", 0, args.timeout)
