@@ -1,7 +1,7 @@
 # Two entry points, both of which build the environment first:
 #   make run   - set up .venv and run the main job (every scenario in scenarios/)
 #   make test  - set up .venv and run the whole test suite in parallel
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.13 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -11,6 +11,11 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@# An older Python would make pip resolve the wrong wheels (the CUDA build of torch) for
+	@# minutes before failing; say what is needed instead.
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "commsim needs Python 3.11 or newer; $(PYTHON) is $$($(PYTHON) --version 2>&1)." >&2; \
+	  echo "Run with a newer one, e.g.: make PYTHON=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	# CPU build of torch from the local wheel cache; a bare `torch` would pull CUDA wheels.
 	$(BIN)/pip install --quiet torch==2.13.0

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import pickle
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -68,13 +66,13 @@ def thread_mode(backend: str, rounds: int) -> tuple[float, float]:
     return started[0], out[0].unwrap()
 
 
-def _proc_rank(rank: int, port: int, prefix: str, backend: str, rounds: int, t0: float) -> None:
-    import torch.distributed as dist
-    from commsim.group.torch_dist import ProcessWorld
+def _proc_rank(rank: int, port: int, prefix: str, secret: bytes, backend: str, rounds: int,
+               t0: float) -> None:
+    from commsim.group.torch_dist import ProcessWorld, connect_store
     from commsim.sim.process_fabric import ProcessFabric
 
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
-    world = ProcessWorld(store, rank, N, timeout=60, shm_prefix=prefix)
+    store = connect_store("127.0.0.1", port, 60)
+    world = ProcessWorld(store, rank, N, secret=secret, timeout=60, shm_prefix=prefix)
     world.install_waiter()
     wg = world.join()
     joined = time.time() - t0
@@ -83,23 +81,25 @@ def _proc_rank(rank: int, port: int, prefix: str, backend: str, rounds: int, t0:
     fabric = ProcessFabric(cluster, 0, rank, refs, prefix, mailbox=world)
     rate = _rounds(wg, spawn_driver(fabric, refs[rank]), backend, rounds)
     fabric.exit_process(fabric._next_pid - 1)
-    store.set(f"bench/{rank}", pickle.dumps((joined, rate)))
+    store.set(f"bench/{rank}", world.seal.dumps(f"bench/{rank}", (joined, rate)))
     world.finish()
 
 
 def process_mode(ctx, backend: str, rounds: int) -> tuple[float, float]:
-    import torch.distributed as dist
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    from commsim.group.seal import Seal, new_secret
+    from commsim.group.torch_dist import host_store
+    store = host_store(300)
     prefix = shm.new_prefix()
+    secret = new_secret()
     t0 = time.time()
-    ps = [ctx.Process(target=_proc_rank, args=(r, store.port, prefix, backend, rounds, t0))
+    ps = [ctx.Process(target=_proc_rank, args=(r, store.port, prefix, secret, backend, rounds, t0))
           for r in range(N)]
     try:
         for p in ps:
             p.start()
         for p in ps:
             p.join(300)
-        results = [pickle.loads(store.get(f"bench/{r}")) for r in range(N)]
+        results = [Seal(secret).loads(f"bench/{r}", store.get(f"bench/{r}")) for r in range(N)]
     finally:
         for p in ps:
             if p.exitcode is None:

@@ -9,9 +9,19 @@ import importlib
 import sys
 
 from .errors import UserError
+from .signals import Terminated, terminate_cleanly
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+    try:
+        return dist_version("commsim")
+    except PackageNotFoundError:      # run from a source tree that was never installed
+        from . import __version__
+        return __version__
 
 # Verb modules, in the order `commsim --help` lists them.
-VERBS = ("topo", "scenario", "run", "sweep", "replay", "probe")  # run.py also registers explain
+VERBS = ("topo", "scenario", "run", "sweep", "replay", "probe", "clean")  # run.py also registers explain
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="commsim",
         description="Simulate GPU communicators on CPU: topologies, CUDA IPC / cuMem / multicast "
                     "semantics, backend choice, and replayable failures.")
+    parser.add_argument("--version", action="version", version=f"commsim {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
     for verb in VERBS:
@@ -34,17 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)    # a bad flag: usage, the flag named, SystemExit(2)
     from .sim import set_torch_threads
     set_torch_threads()
     try:
-        rc = args.func(args)
+        with terminate_cleanly():
+            rc = args.func(args)
     except UserError as e:
         print(f"commsim: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("commsim: interrupted", file=sys.stderr)
         return 130
+    except Terminated as e:
+        print(f"commsim: terminated by {e}", file=sys.stderr)
+        return e.exit_code
     return int(rc or 0)
 
 

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from .backends import get_backend
 from .errors import UserError
+from .fileio import atomic_path, check_output
 from .size_tables import SizeTable, human
 
 
@@ -30,11 +31,7 @@ def _pyplot():
 
 def plot_size_tables(tables: Sequence[SizeTable], out: str | Path, title: str = "") -> Path:
     """Write one PNG with a panel per table; returns the path written."""
-    path = Path(out)
-    if path.suffix.lower() != ".png":
-        raise UserError(f"--plot {out}: give a .png file name")
-    if not path.parent.is_dir():
-        raise UserError(f"--plot {out}: directory {path.parent} does not exist")
+    path = check_output(out, "--plot", suffix=".png")
     plt = _pyplot()
     n = len(tables)
     fig, axes = plt.subplots(n, 1, figsize=(9, 4.6 * n), squeeze=False)
@@ -43,8 +40,11 @@ def plot_size_tables(tables: Sequence[SizeTable], out: str | Path, title: str = 
     if title:
         fig.suptitle(title, fontsize=13)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -87,8 +87,55 @@ class ModelPolicy(Policy):
 PRESET_POLICIES: dict[str, type[Policy]] = {"default": Policy, "model": ModelPolicy}
 
 
+def _where(spec: str, base_dir: Path | None) -> tuple[str, Path, str, bool]:
+    """(module name, file path, attribute, names a .py file) of a `module:object` spec."""
+    mod_name, _, attr = spec.partition(":")
+    is_file = mod_name.endswith(".py")
+    path = Path(mod_name if is_file else mod_name.replace(".", "/") + ".py")
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    return mod_name, path, attr, is_file
+
+
+def runs_code(spec: str | Policy | None, base_dir: Path | None = None) -> str | None:
+    """What code resolving `spec` would execute, in words (None for a preset), checked
+    without executing it: UserError when the file or module does not exist. `scenario
+    check` says this, since a scenario that names a policy file runs code (DESIGN.md
+    section 10)."""
+    if spec is None or isinstance(spec, Policy) or ":" not in spec:
+        return None
+    mod_name, path, _, is_file = _where(spec, base_dir)
+    if path.is_file():
+        return f"policy file {path}"
+    if is_file:
+        raise UserError(f"policy {spec!r}: no file {path}; the path is relative to the "
+                        f"scenario file's folder")
+    top = mod_name.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UserError(f"policy {spec!r}: no file {path} and no importable module {top!r}")
+    return f"module {mod_name}"
+
+
+def _load(what: str, run: Any) -> Any:
+    """Run a policy's module code; its failures become a UserError naming the file."""
+    try:
+        return run()
+    except SyntaxError as e:
+        raise UserError(f"{what}: syntax error at line {e.lineno}: {e.msg}; fix the file") from None
+    except (Exception, SystemExit) as e:     # SystemExit too: a policy must not end the run
+        kind = "called exit" if isinstance(e, SystemExit) else f"raised {type(e).__name__}"
+        raise UserError(f"{what} {kind} while loading: {e}; fix the file (policy files run "
+                        f"code when a scenario names them)") from None
+
+
 def resolve(spec: str | Policy | None, base_dir: Path | None = None) -> Policy:
-    """A Policy from a preset name or `module:object` (a .py file next to the scenario)."""
+    """A Policy from a preset name or `module:object` (a .py file next to the scenario). The
+    object must be a Policy or a Policy subclass: anything else (a function such as
+    `sys:exit`) is refused without being called."""
     if spec is None:
         return Policy()
     if isinstance(spec, Policy):
@@ -98,23 +145,22 @@ def resolve(spec: str | Policy | None, base_dir: Path | None = None) -> Policy:
             raise UserError(f"unknown policy {spec!r}; presets: {', '.join(PRESET_POLICIES)}, "
                             f"or give module:object")
         return PRESET_POLICIES[spec]()
-    mod_name, _, attr = spec.partition(":")
-    path = Path(mod_name if mod_name.endswith(".py") else mod_name.replace(".", "/") + ".py")
-    if base_dir is not None and not path.is_absolute():
-        path = base_dir / path
-    if path.exists():
+    what = runs_code(spec, base_dir)
+    mod_name, path, attr, _ = _where(spec, base_dir)
+    if path.is_file():
         sp = importlib.util.spec_from_file_location(f"commsim_policy_{path.stem}", path)
+        if sp is None or sp.loader is None:
+            raise UserError(f"policy {spec!r}: {path} is not a Python file")
         mod = importlib.util.module_from_spec(sp)
-        sp.loader.exec_module(mod)
+        _load(what, lambda: sp.loader.exec_module(mod))
     else:
-        try:
-            mod = importlib.import_module(mod_name)
-        except ImportError as e:
-            raise UserError(f"policy {spec!r}: no file {path} and no module {mod_name!r} ({e})")
+        mod = _load(what, lambda: importlib.import_module(mod_name))
     obj = getattr(mod, attr, None)
     if obj is None:
-        raise UserError(f"policy {spec!r}: {mod_name} has no attribute {attr!r}")
-    pol = obj() if callable(obj) and not isinstance(obj, Policy) else obj
-    if not isinstance(pol, Policy):
-        raise UserError(f"policy {spec!r} is a {type(pol).__name__}, not a commsim.policy.Policy")
-    return pol
+        raise UserError(f"policy {spec!r}: {what} has no attribute {attr!r}")
+    if isinstance(obj, type) and issubclass(obj, Policy):
+        obj = _load(f"policy {spec!r}", obj)
+    if not isinstance(obj, Policy):
+        raise UserError(f"policy {spec!r} is a {type(obj).__name__}, not a commsim.policy.Policy "
+                        f"(give an instance or a subclass of it)")
+    return obj

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..errors import UserError
+from ..runtime.diagnosis import rank_word
+from .args import non_negative_int, seconds
 
 
 def _files(paths: list[str]) -> list[Path]:
@@ -31,48 +35,95 @@ def _table(rows: list[tuple[str, ...]], head: tuple[str, ...]) -> str:
                      [fmt.format(*r) for r in rows])
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from ..scenario.runner import run_scenario
+def _load_all(files: list[Path]) -> list[Any]:
+    """Every file loaded up front, so a broken one is named at once (and the others still
+    run) rather than after the ones before it: a Scenario or the UserError per file."""
     from ..scenario.schema import load
 
+    out: list[Any] = []
+    for f in files:
+        try:
+            out.append(load(f))
+        except UserError as e:
+            print(f"commsim: error: {e}", file=sys.stderr)
+            out.append(e)
+    return out
+
+
+def _run_one(sc: Any, args: argparse.Namespace) -> Any:
+    from ..scenario.runner import run_scenario
+
+    if not args.no_memory_check:
+        from ..resources import check_fits
+        check_fits(sc, procs=args.procs)
+    if args.procs:
+        from ..procs.launcher import print_progress, run_scenario_procs
+        return run_scenario_procs(sc, policy=args.policy, timeout=args.timeout,
+                                  faults=_proc_faults(args),
+                                  progress=print_progress if args.verbose or sys.stderr.isatty()
+                                  else None)
+    return run_scenario(sc, policy=args.policy)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
     files = _files(args.paths)
     if not args.procs and (args.kill or args.stall or args.absent or args.timeout is not None):
         raise UserError("--kill, --stall, --absent and --timeout apply to process mode: add --procs")
-    rows, failed = [], 0
+    rows: list[tuple[str, ...]] = []
+    failed = bad_input = 0
+    tty = sys.stderr.isatty()
     t0 = time.perf_counter()
-    for i, f in enumerate(files, 1):
-        sc = load(f)
-        if args.seed is not None:
-            import dataclasses
-            sc = dataclasses.replace(sc, seed=args.seed)
-        if len(files) > 1 and sys.stderr.isatty():
+    for i, (f, sc) in enumerate(zip(files, _load_all(files)), 1):
+        t1 = time.perf_counter()
+        if tty and len(files) > 1:
             print(f"\r[{i}/{len(files)}] {f.name:<50}", end="", file=sys.stderr, flush=True)
-        if args.procs:
-            from ..procs.launcher import print_progress, run_scenario_procs
-            res = run_scenario_procs(sc, policy=args.policy, timeout=args.timeout,
-                                     faults=_proc_faults(args),
-                                     progress=print_progress if args.verbose or sys.stderr.isatty() else None)
+        res, why = None, ""
+        if isinstance(sc, UserError):
+            why = "invalid file"
         else:
-            res = run_scenario(sc, policy=args.policy)
-        if args.expect_failure and not res.expects_failure:
-            raise UserError(f"{f}: --expect-failure needs [[expect]] error = ... or leak = true "
-                            f"lines that hold under the file's own policy ({sc.policy})")
-        ok = res.ok   # under --expect-failure: failed exactly as the file expects
-        backends = sorted({b for b in res.backends.values() if b})
-        status = "ok" if ok else "FAIL"
-        failed += not ok
-        rows.append((status, "shortcut fails as expected" if res.expects_failure else "must pass",
-                     sc.name, sc.topology_spec or "-", str(sc.world_size),
-                     ",".join(g.name for g in sc.groups), ",".join(backends) or "-",
-                     str(len(res.errors)), str(len(res.leaks))))
-        if args.verbose or not ok:
-            _report(res, args, to=sys.stdout)
-    if len(files) > 1 and sys.stderr.isatty():
+            if args.seed is not None:
+                sc = dataclasses.replace(sc, seed=args.seed)
+            try:
+                res = _run_one(sc, args)
+            except UserError as e:
+                print(f"commsim: error: {e}", file=sys.stderr)
+                why = "refused"
+            except SystemExit as e:
+                # Code a scenario runs (its policy) must not end the run as if it had passed.
+                print(f"commsim: error: {f}: the run exited (SystemExit {e.code!r}) before "
+                      f"completing; counted as a failure", file=sys.stderr)
+                why = "did not complete"
+        if res is None:
+            failed += 1
+            bad_input += why != "did not complete"
+            rows.append(("FAIL", why, f.stem if isinstance(sc, UserError) else sc.name,
+                         "-", "-", "-", "-", "-", "-"))
+            status = f"FAIL ({why})"
+        else:
+            if args.expect_failure and not res.expects_failure:
+                raise UserError(f"{f}: --expect-failure needs [[expect]] error = ... or leak = "
+                                f"true lines that hold under the file's own policy ({sc.policy})")
+            ok = res.ok   # under --expect-failure: failed exactly as the file expects
+            backends = sorted({b for b in res.backends.values() if b})
+            failed += not ok
+            status = "ok" if ok else "FAIL"
+            rows.append((status, "shortcut fails as expected" if res.expects_failure
+                         else "must pass", sc.name, sc.topology_spec or "-", str(sc.world_size),
+                         ",".join(g.name for g in sc.groups), ",".join(backends) or "-",
+                         str(len(res.errors)), str(len(res.leaks))))
+            if args.verbose or not ok:
+                _report(res, args, to=sys.stdout)
+        if not tty and len(files) > 1:     # CI logs: one line per scenario as it ends
+            print(f"[{i}/{len(files)}] {f}: {status} ({time.perf_counter() - t1:.1f} s)",
+                  file=sys.stderr, flush=True)
+    if tty and len(files) > 1:
         print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    # Every scenario has its row: one that did not complete is a failure, whatever exited.
+    assert len(rows) == len(files), (len(rows), len(files))
     print(_table(rows, ("status", "judged as", "scenario", "topology", "world", "groups", "backends", "errors", "leaks")))
     print(f"\n{len(files)} scenario(s), {len(files) - failed} ok, {failed} failed "
           f"in {time.perf_counter() - t0:.1f} s")
-    return 1 if failed else 0
+    return 2 if bad_input else 1 if failed else 0
 
 
 def _proc_faults(args: argparse.Namespace):
@@ -87,12 +138,19 @@ def _report(res, args, to) -> None:
     print(f"\n== {sc.name} ({sc.path}) ==", file=to)
     for g, text in res.explain.items():
         print(text, file=to)
-    shown = set()
+    # One line per distinct error, naming every rank that hit it (not the same line per rank).
+    same: dict[tuple[str, str, str], list[int]] = {}
     for e in res.errors:
-        print(f"  error: rank {e.rank} (GPU {sc.placement[e.rank]}) at step {e.step}: {e.name}: {e.message}", file=to)
-        if e.trace and e.trace not in shown:
-            shown.add(e.trace)
-            print(f"  decision trace (rank {e.rank}):\n{e.trace}", file=to)
+        same.setdefault((e.step, e.name, e.message), []).append(e.rank)
+    for (step, name, message), ranks in same.items():
+        gpus = ", ".join(str(sc.placement[r]) for r in ranks[:4]) + (", ..." if len(ranks) > 4 else "")
+        print(f"  error: {rank_word(ranks)} (GPU {gpus}) at step {step}: {name}: {message}", file=to)
+    traces: dict[str, list[int]] = {}
+    for e in res.errors:
+        if e.trace:
+            traces.setdefault(e.trace, []).append(e.rank)
+    for trace, ranks in traces.items():
+        print(f"  decision trace ({rank_word(ranks)}):\n{trace}", file=to)
     for f in res.failures:
         print(f"  FAIL: {f}", file=to)
     for l in res.leaks[:10]:
@@ -114,10 +172,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         sizes = parse_size_range(args.sizes or "4KiB..256MiB")
     if args.plot is not None and len(files) != 1:
         raise UserError(f"--plot {args.plot}: give exactly one scenario file (got {len(files)})")
-    if args.plot is not None and args.plot.suffix.lower() != ".png":
-        raise UserError(f"--plot {args.plot}: give a .png file name")
+    if args.plot is not None:        # refused before the run, not after it
+        from ..fileio import check_output
+        check_output(args.plot, "--plot", suffix=".png")
     for f in files:
         sc = load(f)
+        if not args.no_memory_check:
+            from ..resources import check_fits
+            check_fits(sc)
         res = run_scenario(sc, policy=args.policy)
         _report(res, args, to=sys.stdout)
         rows = [(k[0], k[1], str(k[2]), k[3], b or "-") for k, b in sorted(res.backends.items())]
@@ -162,7 +224,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("paths", nargs="+", metavar="SCENARIO", help="scenario .toml file or folder")
         p.add_argument("--policy", default=None,
                        help="override the scenario's policy: a preset name or module:object")
-        p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+        p.add_argument("--seed", type=non_negative_int, default=None,
+                       help="override the scenario's seed (an integer >= 0)")
+        p.add_argument("--no-memory-check", action="store_true",
+                       help="run even when the host-memory estimate (shown by `commsim scenario "
+                            "check`) exceeds the memory available now")
         if name == "explain":
             p.add_argument("--sizes", default=None, metavar="LO..HI",
                            help="also print, per group, the predicted all-reduce time of each "
@@ -181,7 +247,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             pg.add_argument("--procs", action="store_true",
                             help="run every rank as its own OS process (shared-memory device memory, "
                                  "torch.distributed store; docs/processes.md)")
-            pg.add_argument("--timeout", type=float, default=None, metavar="S",
+            pg.add_argument("--timeout", type=seconds, default=None, metavar="S",
                             help="with --procs: seconds any one wait may take before the run reports "
                                  "a timeout naming the missing ranks (default 60)")
             pg.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",

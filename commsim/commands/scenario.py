@@ -26,8 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "check", help="validate scenario files without running them",
         description="Load and validate each scenario file and print one line per file: "
                     "'ok  PATH  NAME: TOPOLOGY, world N, groups G, faults F', or the error "
-                    "(on stderr). A directory is searched recursively for *.toml. Exits 1 if "
-                    "any file is invalid.")
+                    "(on stderr). A directory is searched recursively for *.toml. Each ok line "
+                    "also gives the run's host-memory estimate and says when the scenario's "
+                    "policy runs code (a policy file or module). Exits 2 if any file is "
+                    "invalid, as `commsim run` does.")
     check.add_argument("paths", nargs="+", metavar="FILE", type=Path,
                        help="a scenario file, or a directory of them")
     check.set_defaults(func=cmd_check)
@@ -87,7 +89,16 @@ def summary(s: Scenario) -> str:
             f"faults {len(s.faults)}")
 
 
+def code_note(s: Scenario) -> str:
+    """'; runs code: policy file X' when the scenario's policy executes code (UserError when
+    that file or module does not exist)."""
+    from ..policy import runs_code
+    what = runs_code(s.policy, s.path.parent if s.path is not None else None)
+    return f"; runs code: {what}" if what else ""
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    from ..resources import estimate_bytes, format_bytes
     failed = 0
     for item in expand(args.paths):
         if isinstance(item, UserError):
@@ -96,12 +107,13 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         try:
             s = load(item)
+            note = code_note(s)
         except UserError as e:
             failed += 1
             print(f"commsim: error: {e}", file=sys.stderr)
             continue
-        print(f"ok  {item}  {summary(s)}")
-    return 1 if failed else 0
+        print(f"ok  {item}  {summary(s)}; host memory ~{format_bytes(estimate_bytes(s))}{note}")
+    return 2 if failed else 0
 
 
 def cmd_new(args: argparse.Namespace) -> int:
@@ -110,9 +122,9 @@ def cmd_new(args: argparse.Namespace) -> int:
     from ..scenario.new import NewScenario, build
     from ..scenario.schema import loads, write_scenario
 
-    out: Path = args.output
-    if out.exists() and not args.force:
-        raise UserError(f"{out}: already exists; pass --force to overwrite it")
+    from ..fileio import check_output
+
+    out: Path = check_output(args.output, "--output", overwrite=args.force)
     if args.topo == "-":
         text, source = sys.stdin.read(), "<stdin>"
     else:
@@ -130,7 +142,8 @@ def cmd_new(args: argparse.Namespace) -> int:
     body, warnings = build(spec, out)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    loads(body, str(out))            # validate before anything is written
+    sc = loads(body, str(out))       # validate before anything is written
+    code_note(sc)                    # a policy file that does not exist is refused too
     write_scenario(out, body)
     print(f"wrote {out}", file=sys.stderr)
     how = " --expect-failure" if args.expect_error else ""

@@ -9,10 +9,22 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .args import bounded_int, non_negative_int, seconds
+
+# A sweep keeps one record per scenario (about 1 KB) for its report; a million is hours of work
+# and about a GB of records, which is where a mistyped count should stop.
+MAX_COUNT = 1_000_000
+
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from ..fileio import check_output
     from ..scenario.sweep import Progress, run_sweep, select_ids
 
+    # Output paths are checked before the sweep, not after it (a late failure loses the run).
+    if args.json:
+        check_output(args.json, "--json")
+    if args.html:
+        check_output(args.html, "--html")
     ids = select_ids(args.count, seed=args.seed, filters=args.filter or (),
                      enumerate_=args.enumerate, start=args.start)
     prog = Progress(len(ids), sys.stderr, every_s=args.progress_every) if not args.quiet else None
@@ -40,9 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "unexpected CUDA error, results equal the float64 reference, the ledger is "
                     "zero after close, and (1 in 20, or all with --determinism) the same seed "
                     "gives the same trace.")
-    p.add_argument("--count", type=int, default=1000, metavar="N", help="scenarios to run (default 1000)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="sampler seed (default 0)")
-    p.add_argument("--jobs", type=int, default=1, metavar="J",
+    p.add_argument("--count", type=bounded_int(0, MAX_COUNT), default=1000, metavar="N",
+                   help=f"scenarios to run (default 1000, at most {MAX_COUNT:,})")
+    p.add_argument("--seed", type=non_negative_int, default=0, metavar="S",
+                   help="sampler seed, an integer >= 0 (default 0)")
+    p.add_argument("--jobs", type=bounded_int(1, 256), default=1, metavar="J",
                    help="worker processes (default 1: in this process)")
     p.add_argument("--filter", action="append", metavar="SUBSTR",
                    help="keep scenarios whose tags contain SUBSTR (machine shape, layout such as "
@@ -50,12 +64,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "multihost/onehost); repeat to require several")
     p.add_argument("--enumerate", action="store_true",
                    help="use the deterministic enumeration instead of the sampler")
-    p.add_argument("--start", type=int, default=0, metavar="I", help="first index (default 0)")
+    p.add_argument("--start", type=non_negative_int, default=0, metavar="I",
+                   help="first index, >= 0 (default 0)")
     p.add_argument("--determinism", action="store_true", help="run every scenario twice")
     p.add_argument("--no-determinism", action="store_true", help="never run a scenario twice")
     p.add_argument("--json", metavar="OUT.json", help="write the JSON report here")
     p.add_argument("--html", metavar="OUT.html", help="write the HTML backend map here")
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
-    p.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--progress-every", type=seconds, default=10.0, metavar="SECONDS",
                    help="when stderr is not a terminal, print a progress line this often (default 10)")
     p.set_defaults(func=cmd_sweep)

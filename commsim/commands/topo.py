@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..fileio import write_atomic
+from ..fileio import check_output, write_atomic
 from ..topology import presets, render
 from ..topology import importers
 from ..topology.importers import nccl_xml, nvml_fabric
@@ -339,13 +339,7 @@ def _verify(body: str, cluster: Cluster, out: Path) -> None:
 
 
 def _check_output(out: Path, force: bool) -> None:
-    if out.exists() and not force:
-        raise UserError(f"{out}: already exists; pass --force to overwrite it, or choose "
-                        f"another --output")
-    if out.is_dir():
-        raise UserError(f"{out}: is a directory; give a file name such as {out}/scenario.toml")
-    if not out.parent.is_dir():
-        raise UserError(f"{out}: directory {out.parent} does not exist; create it first")
+    check_output(out, "--output", overwrite=force)
 
 
 def _write_atomic(out: Path, body: str, force: bool) -> None:

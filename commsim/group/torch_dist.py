@@ -24,15 +24,16 @@ Failure reports, bounded in time:
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
 
+from ..sim.shm import CREATE as SHM_CREATE, SHM_DIR
 from .base import REDUCE_OPS
 from ..runtime.diagnosis import (BLOCKED, FAILED, FINISHED, NOT_STARTED, RUNNING, WAITING,
                      CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, RankFailed,
                      RankState, rank_word)
+from .seal import ForgedValue, Seal, new_secret
 from .local import ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, _label, _reduce
 from ..runtime import scheduler
 
@@ -52,6 +53,7 @@ class RankDied(Exception):
 # sees the key finds every chunk. A chunked key's value is CHUNKED + the chunk count.
 CHUNK = 4 << 20
 CHUNKED = b"\x00commsim-chunked:"
+MAX_CHUNKS = 1 << 12      # a forged chunk count must not make a reader ask for millions of keys
 
 
 # Larger objects still (tensors of the nccl backend) cost a store round trip per reader per
@@ -61,12 +63,22 @@ SHM_MIN = 256 << 10
 VIA_SHM = b"\x00commsim-shm:"
 
 
+def _obj_path(shm_prefix: str, key: str) -> str:
+    # Inside the run's private directory (commsim.sim.shm): nobody else can plant a name there.
+    return f"{SHM_DIR}/{shm_prefix}/obj-{key.replace('/', '_')}"
+
+
 def _put(store: Any, key: str, blob: bytes, shm_prefix: str | None = None) -> None:
     if shm_prefix is not None and len(blob) >= SHM_MIN:
-        path = f"/dev/shm/{shm_prefix}-obj-{key.replace('/', '_')}"
-        with open(path, "wb") as f:
+        path = _obj_path(shm_prefix, key)
+        try:
+            fd = os.open(path, SHM_CREATE, 0o600)
+        except FileExistsError:      # the same key written again: the old file is ours
+            os.unlink(path)
+            fd = os.open(path, SHM_CREATE, 0o600)
+        with os.fdopen(fd, "wb") as f:
             f.write(blob)
-        store.set(key, VIA_SHM + path.encode())
+        store.set(key, VIA_SHM + os.path.basename(path).encode())
         return
     if len(blob) <= CHUNK:
         store.set(key, blob)
@@ -77,14 +89,29 @@ def _put(store: Any, key: str, blob: bytes, shm_prefix: str | None = None) -> No
     store.set(key, CHUNKED + str(n).encode())
 
 
-def _get_all(store: Any, keys: list[str]) -> list[bytes]:
+def _get_all(store: Any, keys: list[str], shm_prefix: str | None = None) -> list[bytes]:
+    """The raw (sealed) values of `keys`, whichever way each travelled. What the store says
+    about where a value lies is only followed inside the run's directory, never through a
+    symlink; what is read there is still checked by the seal."""
     out = list(store.multi_get(keys))
     for i, v in enumerate(out):
         if v.startswith(VIA_SHM):
-            with open(v[len(VIA_SHM):].decode(), "rb") as f:
+            name = v[len(VIA_SHM):].decode(errors="replace")
+            if shm_prefix is None or "/" in name or not name.startswith("obj-"):
+                out[i] = b""           # refused by the seal
+                continue
+            try:
+                fd = os.open(f"{SHM_DIR}/{shm_prefix}/{name}", os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                out[i] = b""
+                continue
+            with os.fdopen(fd, "rb") as f:
                 out[i] = f.read()
         elif v.startswith(CHUNKED):
-            n = int(v[len(CHUNKED):])
+            try:
+                n = min(int(v[len(CHUNKED):]), MAX_CHUNKS)
+            except ValueError:
+                n = 0
             out[i] = b"".join(store.multi_get([f"{keys[i]}#{j}" for j in range(n)]))
     return out
 
@@ -92,7 +119,7 @@ def _get_all(store: Any, keys: list[str]) -> list[bytes]:
 def _delete(store: Any, key: str, shm_prefix: str | None = None) -> None:
     if shm_prefix is not None:
         try:
-            os.unlink(f"/dev/shm/{shm_prefix}-obj-{key.replace('/', '_')}")
+            os.unlink(_obj_path(shm_prefix, key))
         except FileNotFoundError:
             pass
     if store.check([f"{key}#0"]):
@@ -100,6 +127,27 @@ def _delete(store: Any, key: str, shm_prefix: str | None = None) -> None:
         while store.delete_key(f"{key}#{j}"):
             j += 1
     store.delete_key(key)
+
+
+def host_store(timeout: float) -> Any:
+    """The run's TCPStore server, listening on 127.0.0.1 only (DESIGN.md section 10). torch's
+    server binds every interface when it makes its own socket, whatever host it is given, so
+    it gets a socket already bound to loopback (master_listen_fd)."""
+    import socket
+
+    import torch.distributed as dist
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(512)
+        store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], is_master=True,
+                              wait_for_workers=False, timeout=timedelta(seconds=timeout),
+                              master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()          # the server owns the fd now (it closes it with the store)
+    return store
 
 
 def connect_store(host: str, port: int, timeout: float,
@@ -122,11 +170,15 @@ def mark_dead(store: Any, rank: int, why: str) -> None:
     store.add("ndead", 1)
 
 
-def last_status(store: Any, rank: int) -> str:
+def last_status(store: Any, rank: int, seal: Seal) -> str:
     """Where `rank` last was, from the status board, in words."""
-    if not store.check([f"status/{rank}"]):
+    key = f"status/{rank}"
+    if not store.check([key]):
         return "before joining the run"
-    status, group, seq, coll, tag = pickle.loads(store.get(f"status/{rank}"))
+    try:
+        status, group, seq, coll, tag = seal.loads(key, store.get(key))
+    except ForgedValue:
+        return "(its status on the store was forged)"
     if status == BLOCKED:
         return f"in group {group!r} collective #{seq} {coll} (tag {tag!r})"
     if status == WAITING:
@@ -136,15 +188,44 @@ def last_status(store: Any, rank: int) -> str:
     return f"running ({tag})" if tag else "running"
 
 
+def _share_secret_on_host(store: Any, rank: int) -> tuple[bytes, str]:
+    """(secret, run directory) for ranks of one host (ProcessWorld.from_env)."""
+    import atexit
+
+    from ..sim import shm
+    if rank == 0:
+        prefix = shm.new_prefix()
+        atexit.register(shm.sweep, prefix)
+        secret = new_secret()
+        fd = shm.create(shm.segment_path(prefix, "secret"), 0)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secret)
+        store.set("prefix", prefix)
+        return secret, prefix
+    prefix = store.get("prefix").decode(errors="replace")   # waits for rank 0
+    try:
+        shm.check_run_dir(prefix)
+        fd = os.open(shm.segment_path(prefix, "secret"), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise GroupError(f"rank {rank} cannot read the run's secret from {shm.SHM_DIR}/{prefix} "
+                         f"({e}); ranks on several hosts need COMMSIM_RUN_SECRET set to the same "
+                         f"value on every node (e.g. `export COMMSIM_RUN_SECRET=$(openssl rand "
+                         f"-hex 32)`)") from None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(), prefix
+
+
 class ProcessWorld:
     """One rank's connection to its run: the store, the status board, the world group."""
 
-    def __init__(self, store: Any, rank: int, size: int, *, timeout: float = DEFAULT_TIMEOUT,
+    def __init__(self, store: Any, rank: int, size: int, *, secret: bytes,
+                 timeout: float = DEFAULT_TIMEOUT,
                  on_collective: Callable[[str], None] | None = None,
                  shm_prefix: str | None = None) -> None:
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} is not in a world of {size}")
         self.store = store
+        self.seal = Seal(secret)     # every pickle on the store is authenticated (seal.py)
         self.rank = rank
         self.size = size
         self.timeout = float(timeout)
@@ -154,6 +235,7 @@ class ProcessWorld:
         self.on_collective = on_collective
         self._fd_taken: dict[str, int] = {}
         self.shm_prefix = shm_prefix   # large objects travel through /dev/shm files when set
+        self.run_dir: str | None = None   # from_env: the private directory holding the secret
         # World ranks of the group this rank last met in: a kernel spinning on flags right
         # after waits for those peers, so only their death ends the spin early (a rank of
         # another group failing must not abort this one, as it would not in thread mode).
@@ -163,16 +245,38 @@ class ProcessWorld:
     @classmethod
     def from_env(cls, timeout: float = DEFAULT_TIMEOUT) -> "ProcessWorld":
         """Under torchrun: RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment; the gloo
-        default process group is initialised if the program has not done so already."""
+        default process group is initialised if the program has not done so already.
+
+        The store's secret (commsim.group.seal) never travels through the store. With
+        COMMSIM_RUN_SECRET set (the same hex string on every node: a job over several hosts),
+        that is the secret. Otherwise the ranks share one host: rank 0 makes a private run
+        directory in /dev/shm with the secret in a 0600 file, publishes only the directory's
+        name, and every rank reads the secret after checking the directory is this user's
+        alone (a name forged on the store leads nowhere). `run_dir` is that directory (None
+        with COMMSIM_RUN_SECRET); rank 0 removes it at exit."""
         import torch.distributed as dist
+
         if not dist.is_initialized():
             dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
         store = dist.PrefixStore("commsim/", dist.distributed_c10d._get_default_store())
-        return cls(store, dist.get_rank(), dist.get_world_size(), timeout=timeout)
+        rank = dist.get_rank()
+        given = os.environ.get("COMMSIM_RUN_SECRET")
+        if given is not None:
+            try:
+                secret, run_dir = bytes.fromhex(given), None
+                Seal(secret)
+            except ValueError:
+                raise GroupError("COMMSIM_RUN_SECRET must be at least 32 hex digits, the same on "
+                                 "every node, e.g. from `openssl rand -hex 32`") from None
+        else:
+            secret, run_dir = _share_secret_on_host(store, rank)
+        world = cls(store, rank, dist.get_world_size(), secret=secret, timeout=timeout)
+        world.run_dir = run_dir
+        return world
 
     # ---- status board ------------------------------------------------------------------
     def set_status(self, st: tuple) -> None:
-        self.store.set(f"status/{self.rank}", pickle.dumps(st))
+        self.store.set(f"status/{self.rank}", self.seal.dumps(f"status/{self.rank}", st))
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 3)
@@ -201,7 +305,12 @@ class ProcessWorld:
             if not self.store.check([f"status/{r}"]):
                 out.append(RankState(r, NOT_STARTED))
                 continue
-            status, group, seq, coll, tag = pickle.loads(self.store.get(f"status/{r}"))
+            try:
+                status, group, seq, coll, tag = self.seal.loads(f"status/{r}",
+                                                                self.store.get(f"status/{r}"))
+            except ForgedValue:
+                out.append(RankState(r, RUNNING, what="(its status on the store was forged)"))
+                continue
             if status == BLOCKED:
                 out.append(RankState(r, BLOCKED, group=group, seq=seq, collective=coll, tag=tag))
             elif status == FINISHED:
@@ -288,7 +397,7 @@ class ProcessWorld:
 
     def post(self, key: str, value: bytes) -> None:
         n = self.store.add(f"{key}/n", 1)
-        self.store.set(f"{key}/{n}", value)
+        self.store.set(f"{key}/{n}", self.seal.dumps(f"{key}/{n}", value))
 
     def ready(self, key: str) -> bool:
         """Whether the next item under `key` has been posted."""
@@ -300,7 +409,7 @@ class ProcessWorld:
         item = f"{key}/{n}"
         self.spin(lambda: self.store.check([item]), what, None)
         self._fd_taken[key] = n
-        return self.store.get(item)
+        return self.seal.loads(item, self.store.get(item))
 
     def finish(self) -> None:
         self.set_status((FINISHED, None, None, None, None))
@@ -373,8 +482,8 @@ class TorchDistGroup:
         # '#0', as LocalGroup shows it: a store key has no collective sequence number.
         w.set_status((BLOCKED, self._name, 0, f"exchange(key={key!r})", tag))
         w.peers = self._global
-        _put(w.store, base + str(self._rank), pickle.dumps(obj, pickle.HIGHEST_PROTOCOL),
-             w.shm_prefix)
+        mine = base + str(self._rank)
+        _put(w.store, mine, w.seal.dumps(mine, obj), w.shm_prefix)
         keys = [base + str(r) for r in range(self.size)]
         limit = w.timeout if timeout is None else timeout
         if not w.await_keys(keys, time.monotonic() + limit,
@@ -385,7 +494,7 @@ class TorchDistGroup:
                           missing=missing, timeout=limit, clock="real")
             raise GroupTimeout(d.message(), d)
         w.set_status((RUNNING, None, None, None, f"after exchange({key!r}) of {self._name!r}"))
-        return [pickle.loads(b) for b in _get_all(w.store, keys)]
+        return [w.seal.loads(k, b) for k, b in zip(keys, _get_all(w.store, keys, w.shm_prefix))]
 
     def new_subgroup(self, ranks: Sequence[int], name: str, *, timeout: float | None = None,
                      tag: str = "") -> "TorchDistGroup | None":
@@ -415,7 +524,7 @@ class TorchDistGroup:
             w.on_collective(tag)
         base = f"{self._ns}/{seq}/"
         try:
-            blob = pickle.dumps((kind, param, tag, obj), pickle.HIGHEST_PROTOCOL)
+            blob = w.seal.dumps(base + str(self._rank), (kind, param, tag, obj))
         except Exception as exc:
             raise GroupError(f"group {self._name!r} collective #{seq} {_label(kind, param)} "
                              f"(tag {tag!r}): the object of rank {self.world_rank} does not "
@@ -430,7 +539,7 @@ class TorchDistGroup:
                           collective=kind, tag=tag, arrived=arrived, missing=missing,
                           timeout=limit, clock="real")
             raise GroupTimeout(d.message(), d)
-        vals = [pickle.loads(b) for b in _get_all(store, keys)]
+        vals = [w.seal.loads(k, b) for k, b in zip(keys, _get_all(store, keys, w.shm_prefix))]
         if seq > 0:
             _delete(store, f"{self._ns}/{seq - 1}/{self._rank}", w.shm_prefix)
         calls = {(k, repr(p)) for k, p, _, _ in vals}

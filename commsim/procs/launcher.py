@@ -4,24 +4,29 @@ The launcher hosts the run's TCPStore. Ranks start from a forkserver that has al
 commsim and torch, so a rank costs a fork rather than a 2 s interpreter start-up. While they
 run, the launcher polls them: a rank that exits without a report (killed, crashed) is marked
 dead in the store with where it last was, so its peers fail within POLL seconds naming it. At
-the end, or on any failure, timeout or Ctrl-C: every child still alive is killed and reaped,
-and every shared-memory segment with the run's prefix is unlinked.
+the end, or on any failure, timeout, Ctrl-C, SIGTERM or SIGHUP: every child still alive is
+killed and reaped, and the run's private shared-memory directory is removed. Should the launcher
+itself be SIGKILLed, its ranks die with the forkserver (PR_SET_PDEATHSIG: worker.py) and the
+next launch, or `commsim clean`, removes the directory.
+
+Trust (DESIGN.md section 10): the store listens on loopback only, and every pickle on it is
+sealed with a per-run secret the ranks get in their start-up arguments (commsim.group.seal).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import time
-from datetime import timedelta
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..group.torch_dist import DEFAULT_TIMEOUT, last_status, mark_dead
+from ..group.seal import ForgedValue, Seal, new_secret
+from ..group.torch_dist import DEFAULT_TIMEOUT, host_store, last_status, mark_dead
 from ..policy import Policy
+from ..signals import terminate_cleanly
 from ..scenario.model import Scenario
 from ..scenario.runner import RunResult, prepare
 from ..sim import shm
@@ -69,18 +74,29 @@ class Launched:
     pids: list[int]
 
 
-def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, str], Any], *,
-           timeout: float, absent: frozenset[int] = frozenset(),
+def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, str, bytes], Any],
+           *, timeout: float, absent: frozenset[int] = frozenset(),
            say: Callable[[str], None] = lambda text: None) -> Launched:
-    """Run target(make_job(rank, store_port, shm_prefix)) in one process per rank; each leaves
-    its pickled report under result/<rank> in the store. Returns when every rank has ended,
-    with the reports and, for ranks without one, why; nothing of the run is left behind."""
-    import torch.distributed as dist
+    """Run target(make_job(rank, store_port, shm_prefix, secret)) in one process per rank;
+    each leaves its sealed report under result/<rank> in the store. Returns when every rank
+    has ended, with the reports and, for ranks without one, why; nothing of the run is left
+    behind, also when SIGTERM or SIGHUP ends it (Terminated propagates after the clean-up)."""
+    with terminate_cleanly():
+        return _launch(n, target, make_job, timeout=timeout, absent=absent, say=say)
 
-    prefix = shm.new_prefix()
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout))
+
+def _launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, str, bytes], Any],
+            *, timeout: float, absent: frozenset[int],
+            say: Callable[[str], None]) -> Launched:
+    stale = shm.sweep_stale()
+    if stale:
+        say(f"removed {len(stale)} run director(ies) left in {shm.SHM_DIR} by launchers that "
+            f"were killed: {' '.join(stale)}")
+    secret = new_secret()
+    seal = Seal(secret)
     ctx = context()
+    store = host_store(timeout)
+    prefix = shm.new_prefix()
     procs: dict[int, Any] = {}
     out = Launched({}, {}, [])
     reports, gone = out.reports, out.gone
@@ -89,13 +105,13 @@ def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, 
         for r in range(n):
             if r in absent:
                 continue
-            p = ctx.Process(target=target, args=(make_job(r, store.port, prefix),),
+            p = ctx.Process(target=target, args=(make_job(r, store.port, prefix, secret),),
                             name=f"commsim-rank{r}", daemon=True)
             p.start()
             procs[r] = p
             out.pids.append(p.pid)
         say(f"started {len(procs)} rank process(es) in {time.monotonic() - t0:.2f} s "
-            f"(pids {' '.join(str(p.pid) for p in procs.values())}; shared memory {prefix}-*)")
+            f"(pids {' '.join(str(p.pid) for p in procs.values())}; shared memory {shm.SHM_DIR / prefix}/*)")
         # Every wait ends within `timeout`, so a live run changes some rank's status (each
         # collective and spin wait writes it) well within that; a run whose ranks all stay
         # silent for IDLE_FACTOR timeouts plus start-up slack is ended by the launcher.
@@ -108,12 +124,13 @@ def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, 
             alive = [r for r, p in procs.items() if p.exitcode is None]
             for r, p in procs.items():
                 if p.exitcode is not None and r not in reports and r not in gone:
-                    if store.check([f"result/{r}"]):
-                        reports[r] = pickle.loads(store.get(f"result/{r}"))
-                        err = getattr(reports[r], "error", None)
+                    report = _report_of(store, seal, r)
+                    if report is not None:
+                        reports[r] = report
+                        err = getattr(report, "error", None)
                         say(f"rank {r} finished{'' if err is None else ' with ' + err.name}")
                     else:
-                        why = f"{_exit_words(p.exitcode)} {last_status(store, r)}"
+                        why = f"{_exit_words(p.exitcode)} {last_status(store, r, seal)}"
                         gone[r] = why
                         mark_dead(store, r, why)
                         say(f"rank {r} {why}")
@@ -138,7 +155,7 @@ def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, 
                           else "its peers had failed")
                 for r in alive:
                     why = (f"killed by the launcher after {now - t0:.1f} s ({reason}) "
-                           f"{last_status(store, r)}")
+                           f"{last_status(store, r, seal)}")
                     gone[r] = why
                     procs[r].kill()
                     mark_dead(store, r, why)
@@ -162,6 +179,19 @@ def launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int, 
     return out
 
 
+def _report_of(store: Any, seal: Seal, rank: int) -> Any:
+    """The rank's report, or None when it left none or the value is not the run's own (a
+    forged value is never unpickled: commsim.group.seal)."""
+    key = f"result/{rank}"
+    if not store.check([key]):
+        return None
+    try:
+        return seal.loads(key, store.get(key))
+    except ForgedValue as e:
+        print(f"commsim[procs]: {e}", file=sys.stderr)
+        return None
+
+
 def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
                        *, timeout: float | None = None, faults: ProcFaults | None = None,
                        progress: Callable[[str], None] | None = None,
@@ -175,8 +205,9 @@ def run_scenario_procs(sc: Scenario, policy: Policy | str | None = None, seed: i
     _, _, res = prepare(sc, policy, seed)
     n = sc.world_size
     run = launch(n, worker.main,
-                 lambda r, port, prefix: worker.Job(sc, r, policy, seed, prefix, "127.0.0.1",
-                                                    port, timeout, faults, join_timeout),
+                 lambda r, port, prefix, secret: worker.Job(sc, r, policy, seed, prefix,
+                                                            "127.0.0.1", port, timeout, faults,
+                                                            join_timeout, secret),
                  timeout=timeout, absent=faults.absent, say=progress or (lambda text: None))
     res.pids = run.pids
     worker.gather(res, [run.reports.get(r) for r in range(n)],
@@ -191,8 +222,9 @@ def run_ranks_procs(fn: Callable[[Any, Any], Any], cluster: Cluster,
     per rank ("ok", value) or ("error", "Type: message") or ("died", why). The thread-mode
     twin is tests/procs/thread_twin.py run_ranks_threads."""
     run = launch(len(placement), worker.main_fn,
-                 lambda r, port, prefix: worker.FnJob(fn, cluster, tuple(placement), seed, r,
-                                                      prefix, "127.0.0.1", port, timeout),
+                 lambda r, port, prefix, secret: worker.FnJob(fn, cluster, tuple(placement),
+                                                              seed, r, prefix, "127.0.0.1",
+                                                              port, timeout, secret),
                  timeout=timeout)
     return [run.reports[r] if r in run.reports else ("died", run.gone.get(r, "vanished"))
             for r in range(len(placement))]

@@ -16,13 +16,13 @@ from __future__ import annotations
 import atexit
 import tempfile
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
 from ..devicecheck.rig import _OPEN, CudaRig, DriverProxy, _Worker
-from ..group.torch_dist import ProcessWorld
+from ..group.seal import new_secret
+from ..group.torch_dist import ProcessWorld, connect_store, host_store
 from ..sim import SimDriver, shm
 from ..sim.process_fabric import ProcessFabric
 from ..topology.model import Cluster, GpuRef
@@ -41,6 +41,7 @@ class RigConfig:
     seed: int
     prefix: str
     port: int
+    secret: bytes
 
 
 class RigSimDriver(SimDriver):
@@ -86,9 +87,9 @@ class RigSimDriver(SimDriver):
 
 def make_driver(cfg: RigConfig) -> RigSimDriver:
     """The rig worker's driver factory (commsim/devicecheck/rig_worker.py calls it with the config)."""
-    import torch.distributed as dist
-    store = dist.TCPStore("127.0.0.1", cfg.port, is_master=False, timeout=timedelta(seconds=TIMEOUT))
-    world = ProcessWorld(store, cfg.index, len(cfg.placement), timeout=TIMEOUT, shm_prefix=cfg.prefix)
+    store = connect_store("127.0.0.1", cfg.port, TIMEOUT)
+    world = ProcessWorld(store, cfg.index, len(cfg.placement), secret=cfg.secret, timeout=TIMEOUT,
+                         shm_prefix=cfg.prefix)
     world.install_waiter()
     fabric = ProcessFabric(cfg.cluster, cfg.seed, cfg.index, cfg.placement, cfg.prefix, mailbox=world)
     fabric._rig_world = world      # keep the store connection alive with the driver
@@ -115,14 +116,13 @@ class ProcSimRig(CudaRig):
     sim = False   # cases that exercise the simulator's own limits run in thread mode only
 
     def __init__(self, cluster: Cluster, placement: Any, seed: int = 0) -> None:
-        import torch.distributed as dist
         for old in list(_OPEN) + list(_LIVE):
             old.close()
         _LIVE.append(self)
         self.cluster, self.placement, self.seed = cluster, tuple(placement), seed
+        self._store = host_store(TIMEOUT)
         self._prefix = shm.new_prefix()
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=TIMEOUT))
+        secret = new_secret()
         refs = tuple(GpuRef(cluster.hosts[h].name, g) for h, g in placement)
         ctx = launcher.context()
         self._dir = tempfile.mkdtemp(prefix="commsim-rig-")
@@ -130,7 +130,7 @@ class ProcSimRig(CudaRig):
         _OPEN.add(self)
         try:
             for i in range(len(refs)):
-                cfg = RigConfig(cluster, refs, i, seed, self._prefix, self._store.port)
+                cfg = RigConfig(cluster, refs, i, seed, self._prefix, self._store.port, secret)
                 self._workers.append(_Worker(ctx, cfg, self._dir, i, "commsim.procs.rig:make_driver"))
         except BaseException:
             self.close()

@@ -14,11 +14,11 @@ shared-memory segments.
 from __future__ import annotations
 
 import argparse
-import pickle
 import signal
 import sys
 import time
 
+from ..group.seal import ForgedValue
 from ..group.torch_dist import ProcessWorld
 from ..scenario.runner import prepare
 from ..scenario.schema import load
@@ -42,19 +42,25 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     sc = load(args.scenario)
     world = ProcessWorld.from_env(timeout=args.timeout)
+    if world.run_dir is None:
+        # COMMSIM_RUN_SECRET was given: the device memory still needs this host's run directory.
+        if world.rank == 0:
+            world.run_dir = shm.new_prefix()
+            world.store.set("prefix", world.run_dir)
+        else:
+            world.run_dir = world.store.get("prefix").decode(errors="replace")
+            shm.check_run_dir(world.run_dir)
+    prefix = world.shm_prefix = world.run_dir
     if world.size != sc.world_size:
         print(f"commsim.procs.torchrun: {args.scenario} has {sc.world_size} ranks but torchrun "
               f"started {world.size}; use --nproc-per-node={sc.world_size}", file=sys.stderr)
+        shm.sweep(prefix)
         return 2
-    if world.rank == 0:
-        world.store.set("prefix", shm.new_prefix())
-    prefix = world.store.get("prefix").decode()   # blocks until rank 0 has set it
-    world.shm_prefix = prefix
     clean_exit = False
     try:
         job = worker.Job(sc, world.rank, args.policy, args.seed, prefix, "", 0, args.timeout)
         report = worker.run_job(job, world)
-        world.store.set(f"result/{world.rank}", pickle.dumps(report))
+        world.store.set(f"result/{world.rank}", world.seal.dumps(f"result/{world.rank}", report))
         world.finish()
         clean_exit = True
         return _report(sc, args, world) if world.rank == 0 else 0
@@ -74,7 +80,11 @@ def _report(sc, args, world: ProcessWorld) -> int:
         key = f"result/{r}"
         while not world.store.check([key]) and time.monotonic() < deadline and r not in world.dead():
             time.sleep(0.05)
-        reports.append(pickle.loads(world.store.get(key)) if world.store.check([key]) else None)
+        try:
+            reports.append(world.seal.loads(key, world.store.get(key))
+                           if world.store.check([key]) else None)
+        except ForgedValue:
+            reports.append(None)
     worker.gather(res, reports, lambda r: "sent no report")
     print(f"{sc.name}: {'ok' if res.ok else 'FAIL'} ({world.size} processes under torchrun, "
           f"shared-memory prefix {world.shm_prefix})")

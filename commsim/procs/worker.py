@@ -9,8 +9,9 @@ it can report it reports, and it also marks itself dead so peers waiting on it s
 
 from __future__ import annotations
 
+import ctypes
 import os
-import pickle
+import signal
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -25,6 +26,35 @@ from ..sim.process_fabric import PID_BASE, ProcessFabric
 from .faults import ProcFaults
 
 
+PR_SET_PDEATHSIG = 1     # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """SIGKILL this rank when its parent (the launcher's forkserver, which exits with the
+    launcher) dies, whatever killed the launcher: no rank outlives its run (DESIGN.md
+    section 10). Linux only; elsewhere the launcher's own clean-up is all there is."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:   # the parent died before the prctl took effect
+        os._exit(1)
+    # The launcher hands every child the write end of the forkserver's "alive" pipe, so that
+    # the forkserver lives while any child does; with the launcher gone, a child stuck in a
+    # wait would then keep the forkserver, and so itself, alive for good. A rank starts no
+    # processes of its own: drop it, and the forkserver ends with the launcher.
+    from multiprocessing import forkserver
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        forkserver._forkserver._forkserver_alive_fd = None
+
+
 @dataclass
 class Job:
     scenario: Scenario
@@ -37,6 +67,7 @@ class Job:
     timeout: float
     faults: ProcFaults = field(default_factory=ProcFaults)
     join_timeout: float | None = None     # None: ProcessWorld.join's default
+    secret: bytes = b""                   # the run's store secret (commsim.group.seal)
 
 
 @dataclass
@@ -92,12 +123,14 @@ def run_job(job: Job, world: ProcessWorld) -> RankReport:
 
 def main(job: Job) -> None:
     """Entry point of a rank process spawned by the launcher."""
+    die_with_parent()
     set_torch_threads()
     store = connect_store(job.host, job.port, job.timeout, job.join_timeout)
-    world = ProcessWorld(store, job.rank, job.scenario.world_size, timeout=job.timeout,
-                         on_collective=job.faults.hook(job.rank), shm_prefix=job.prefix)
+    world = ProcessWorld(store, job.rank, job.scenario.world_size, secret=job.secret,
+                         timeout=job.timeout, on_collective=job.faults.hook(job.rank),
+                         shm_prefix=job.prefix)
     report = run_job(job, world)
-    store.set(f"result/{job.rank}", pickle.dumps(report))
+    store.set(f"result/{job.rank}", world.seal.dumps(f"result/{job.rank}", report))
     world.finish()
 
 
@@ -115,13 +148,15 @@ class FnJob:
     host: str
     port: int
     timeout: float
+    secret: bytes = b""
 
 
 def main_fn(job: FnJob) -> None:
+    die_with_parent()
     set_torch_threads()
     store = connect_store(job.host, job.port, job.timeout)
-    world = ProcessWorld(store, job.rank, len(job.placement), timeout=job.timeout,
-                         shm_prefix=job.prefix)
+    world = ProcessWorld(store, job.rank, len(job.placement), secret=job.secret,
+                         timeout=job.timeout, shm_prefix=job.prefix)
     world.install_waiter()
     try:
         wg = world.join()
@@ -135,5 +170,5 @@ def main_fn(job: FnJob) -> None:
         if os.environ.get("COMMSIM_PROCS_DEBUG"):
             traceback.print_exc()
         world.mark_dead(job.rank, f"failed with {short_error(e)}")
-    store.set(f"result/{job.rank}", pickle.dumps(report))
+    store.set(f"result/{job.rank}", world.seal.dumps(f"result/{job.rank}", report))
     world.finish()

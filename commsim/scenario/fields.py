@@ -161,6 +161,7 @@ def check_choice(table: Table, key: str, value: Any, accepted: Sequence[str],
 
 
 # -- sizes ---------------------------------------------------------------------------------
+MAX_SIZE = 4 << 30
 _SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 # Decimal and ambiguous units are refused: message sizes in this domain are powers of two
 # and thresholds in the reference are binary (8 MiB = 8192 * 1024), so "4KB" is a likely slip.
@@ -193,6 +194,9 @@ def parse_size(table: Table, key: str, value: Any) -> int:
         n = int(count) * _SIZE_UNITS[unit]
     if n <= 0:
         raise table.error(f"size {value!r} must be > 0 bytes; accepted: {SIZE_HELP}", key)
+    if n > MAX_SIZE:
+        raise table.error(f"size {value!r} is over 4GiB, the largest message commsim simulates "
+                          f"(each rank holds several buffers of it in host memory)", key)
     return n
 
 

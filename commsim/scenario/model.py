@@ -16,6 +16,9 @@ from ..topology.model import Cluster, GpuRef
 STEPS = ("discover", "init", "op", "capture", "register", "release_capture", "close")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce_rmsnorm")
 DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
 @dataclass(frozen=True)
 class Fault:
     """One `[[fault]]`: `kind` names a registered fault kind (commsim/scenario/faults.py),

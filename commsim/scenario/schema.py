@@ -22,7 +22,7 @@ from .fields import (
     parse_ranks, parse_size,
 )
 from ..backends import backend_names
-from .model import DTYPES, OPS, STEPS, Expectation, Group, Scenario, Workload
+from .model import DTYPE_BYTES, DTYPES, OPS, STEPS, Expectation, Group, Scenario, Workload
 
 __all__ = ["ScenarioError", "load", "loads", "write_scenario", "SECTIONS"]
 
@@ -188,6 +188,13 @@ def _workload(source: str, data: Mapping[str, Any]) -> Workload:
                 raise t.error(f"size {v!r} ({b} bytes) is listed twice", "sizes")
             parsed.append(b)
         sizes = tuple(parsed)
+    for b in sizes:
+        for dt in dtypes:
+            # A message is a whole number of elements; a remainder would silently be dropped.
+            if b % DTYPE_BYTES[dt]:
+                raise t.error(f"size {b} bytes is not a whole number of {dt} elements "
+                              f"({DTYPE_BYTES[dt]} bytes each); use a multiple of "
+                              f"{DTYPE_BYTES[dt]}", "sizes")
     return Workload(ops=ops, sizes=sizes, dtypes=dtypes,
                     graph_capture=t.boolean("graph_capture", d.graph_capture),
                     discard_capture=t.boolean("discard_capture", d.discard_capture),

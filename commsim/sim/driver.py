@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import functools
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -21,7 +22,7 @@ from ..driver import (FABRIC, FD, LAZY_ENABLE_PEER_ACCESS, NVML_P2P_STATUS_NOT_S
                       GpuFabricInfo)
 from ..runtime.scheduler import wait_until
 from ..topology.model import FabricState, GpuRef
-from . import unconfirmed
+from . import binding_args, unconfirmed
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
 from .fd_channel import SimFdChannel
 from .kernel_context import SimKernelContext
@@ -48,6 +49,9 @@ def api(nvals: int, runtime: bool):
 
         @functools.wraps(fn)
         def wrapper(self: "SimDriver", *args: Any) -> tuple:
+            # What cuda-python's wrapper rejects while converting arguments, rejected the same
+            # way (an exception, before anything else); what converts gets a code below.
+            args = binding_args.convert(name, args)
             if not self.proc.alive:
                 return (E.cudaErrorCudartUnloading if runtime else R.CUDA_ERROR_DEINITIALIZED,) + (None,) * nvals
             forced = self.proc.faults.before(name)
@@ -77,9 +81,11 @@ class Mapping:
 
 
 def _attr_int(x: Any) -> int:
+    """An int read from a struct field or an already converted argument; -1 (which every rule
+    refuses) for anything that is no finite number."""
     try:
         return int(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return -1
 
 
@@ -362,8 +368,15 @@ class SimDriver:
 
     @api(0, True)
     def memcpy_htod(self, dst: int, host: np.ndarray) -> None:
-        """cudaMemcpy(dst, host, nbytes, HostToDevice) with the host side as an array."""
-        b = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
+        """cudaMemcpy(dst, host, nbytes, HostToDevice) with the host side as an array. A host
+        object that has no plain bytes (an object array, a str) is an invalid value."""
+        try:
+            b = np.ascontiguousarray(host)
+            if b.dtype.hasobject:
+                raise TypeError("object array")
+            b = b.view(np.uint8).reshape(-1)
+        except (TypeError, ValueError):
+            raise Fail(E.cudaErrorInvalidValue)
         try:
             np.copyto(self.view(dst, b.size), b)
         except Fail:
@@ -528,7 +541,12 @@ class SimDriver:
             self.fabric.unref_multicast(obj)
 
     def close_fd(self, fd: int) -> int:
-        """os.close of an exported or received fd: 0, or -1 (EBADF) like the syscall."""
+        """os.close of an exported or received fd: 0, or -1 (EBADF) like the syscall. What
+        os.close itself refuses before the syscall it refuses the same way: a non-integer is
+        a TypeError, one past a C int an OverflowError."""
+        fd = operator.index(fd)
+        if not -(1 << 31) <= fd < (1 << 31):
+            raise OverflowError("Python int too large to convert to C int")
         target = self._fds.pop(fd, None)
         if target is None:
             return -1
@@ -540,7 +558,11 @@ class SimDriver:
         return SimFdChannel(self)
 
     def receive_fd(self, target: tuple[str, int]) -> int:
-        """The receiving end of SCM_RIGHTS: a new fd in this process (see sim/fd_channel.py)."""
+        """The receiving end of SCM_RIGHTS: a new fd in this process (see sim/fd_channel.py).
+        An exited process receives nothing (its socket is gone: fd_channel.pass_fd refuses
+        before this), so no reference is taken that nobody would drop."""
+        if not self.proc.alive:
+            raise RuntimeError(f"pid {self.proc.pid} has exited; it cannot receive an fd")
         fd = self._next_fd
         self._next_fd += 1
         self._fds[fd] = target
@@ -552,7 +574,12 @@ class SimDriver:
         return fd
 
     def fd_target(self, fd: int) -> tuple[str, int] | None:
-        return self._fds.get(fd)
+        """What `fd` refers to in this process; None for anything that is no open fd (a
+        garbage value included: sendmsg then fails with EBADF)."""
+        try:
+            return self._fds.get(fd)
+        except TypeError:          # unhashable garbage
+            return None
 
     @api(1, False)
     def cuMemImportFromShareableHandle(self, os_handle: Any, handle_type: Any) -> int:
@@ -704,11 +731,15 @@ class SimDriver:
         g = self.device
         try:
             n, size, types = int(prop.numDevices), int(prop.size), int(prop.handleTypes)
-        except (AttributeError, TypeError, ValueError):
-            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        except (AttributeError, TypeError, ValueError, OverflowError):
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # a duck-typed prop with inf or garbage
         if not self.cluster.gpu(g).multicast or self.cluster.domain_of(g) is None:
             raise Fail(unconfirmed.code("M1"))                          # row M1
         if n < 1 or size <= 0 or size % unconfirmed.MULTICAST_GRANULARITY_MIN:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        if n > self.cluster.num_gpus:
+            # More devices than the whole cluster has can never join (UNCONFIRMED: the real
+            # driver's code for an impossible numDevices; INVALID_VALUE like the other props).
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         if types & FABRIC and not self.imex_channels():
             raise Fail(R.CUDA_ERROR_NOT_PERMITTED)
@@ -788,7 +819,7 @@ class SimDriver:
     # ---- NVML --------------------------------------------------------------------------------
     def _nvml_gpu(self, index: int):
         h = self.cluster.host(self.proc.host)
-        i = _attr_int(index)
+        i = _attr_int(index) if isinstance(index, int) or hasattr(index, "__index__") else -1
         if not 0 <= i < len(h.gpus):
             return None
         return h.gpus[i]

@@ -214,10 +214,15 @@ class SimFabric:
         m.refs -= 1
         if m.refs <= 0 and m.maps <= 0:
             self.multicasts.pop(m.mid, None)
-            for a, _, _, _ in m.bindings.values():   # the object's bindings go with it
+            for g, (a, _, _, _) in list(m.bindings.items()):  # its bindings go with it
                 a.maps -= 1
                 if a.refs <= 0 and a.maps <= 0:
                     self.free_alloc(a)
+                # ... and so does the binding in the ledger of the process that made it:
+                # otherwise an entry outlives its object and nothing can ever remove it.
+                for p in self.processes.values():
+                    if p.ledger.has("multicast_binding", (m.mid, str(g))):
+                        p.ledger.remove("multicast_binding", (m.mid, str(g)), all_refs=True)
             m.bindings.clear()
             for h, (k, oid) in list(self.fabric_handles.items()):
                 if k == "mc" and oid == m.mid:

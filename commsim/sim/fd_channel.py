@@ -59,6 +59,11 @@ def pass_fd(src: "SimDriver", fd: int, dst: "SimDriver") -> int:
     target = src.fd_target(fd)
     if target is None:
         raise FdTransportError(9, f"EBADF: fd {fd} is not open in pid {src.proc.pid}")
+    if not dst.proc.alive:
+        # An exited process's socket is gone: connect() is refused and no fd (so no reference
+        # to the memory) is ever taken on its behalf.
+        raise FdTransportError(111, f"ECONNREFUSED: {socket_path(dst.proc.pid)}: pid "
+                                    f"{dst.proc.pid} has exited")
     if src.shm_namespace() != dst.shm_namespace():
         raise FdTransportError(
             110, f"[fd_exchange] timed out connecting to {socket_path(dst.proc.pid)}: pid "

@@ -27,11 +27,11 @@ import fcntl
 import hashlib
 import mmap
 import os
-import pickle
+import json
 import sys
 import struct
 from collections.abc import MutableMapping
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -94,7 +94,7 @@ class MirroredLedger(Ledger):
     def add(self, kind: str, key: object, detail: str, site: str | None = None) -> Any:
         it = super().add(kind, key, detail, site)
         if kind == "ipc_mapping" and it.refs == 1:
-            open_marker(self.prefix, key[1], self.pid).touch()
+            shm.touch(open_marker(self.prefix, key[1], self.pid))
         return it
 
     def remove(self, kind: str, key: object, all_refs: bool = False) -> None:
@@ -104,15 +104,18 @@ class MirroredLedger(Ledger):
 
 
 class PeerLedger(Ledger):
-    """A peer process's ledger as this process can observe it: only the open-IPC markers."""
+    """A peer process's ledger as this process can observe it: only the open-IPC markers. A
+    peer the run knows to be dead holds nothing: a rank killed while closing leaves its
+    markers behind, and a survivor's cudaFree must not be blamed on a dead process."""
 
-    def __init__(self, pid: int, prefix: str) -> None:
+    def __init__(self, pid: int, prefix: str, dead: Callable[[int], bool] = lambda pid: False) -> None:
         super().__init__(pid)
         self.prefix = prefix
+        self.dead = dead
 
     def has(self, kind: str, key: object) -> bool:
         if kind == "ipc_mapping" and isinstance(key, tuple):
-            return open_marker(self.prefix, key[1], self.pid).exists()
+            return open_marker(self.prefix, key[1], self.pid).exists() and not self.dead(self.pid)
         return False
 
 
@@ -135,12 +138,20 @@ class ProcessFabric(SimFabric):
         self._next_mid = ((rank + 1) << 32) | 1
         self._next_pid = PID_BASE + rank
         self._hosts = [h.name for h in cluster.hosts]
+        self._gpus = frozenset(GpuRef(h.name, i) for h in cluster.hosts for i in range(len(h.gpus)))
         # The peers as the OS would show them: a pid on a host. Only their placement is known.
         for r, g in enumerate(self.placement):
             if r != rank:
                 pid = PID_BASE + r
-                self.processes[pid] = SimProcess(pid, g.host, (), PeerLedger(pid, prefix),
+                self.processes[pid] = SimProcess(pid, g.host, (),
+                                                 PeerLedger(pid, prefix, self._peer_dead),
                                                  ProcessFaults())
+
+    def _peer_dead(self, pid: int) -> bool:
+        """Whether the run has declared the rank of sim pid `pid` dead (the launcher does so
+        for a process that exited without a report)."""
+        dead = getattr(getattr(self.fd_mailbox, "mailbox", None), "dead", None)
+        return dead is not None and (pid - PID_BASE) in dead()
 
     def spawn(self, host: str, gpus: Any, faults: ProcessFaults | None = None) -> SimProcess:
         p = super().spawn(host, gpus, faults)
@@ -152,10 +163,13 @@ class ProcessFabric(SimFabric):
         return self._hosts.index(g.host) << 16 | g.index
 
     def _gpu_of(self, code: int) -> GpuRef | None:
+        # Bytes from a forged or corrupted handle can name any host or GPU index: only a GPU
+        # of this topology resolves (the driver then answers for a handle that names nothing).
         h = code >> 16
         if not 0 <= h < len(self._hosts):
             return None
-        return GpuRef(self._hosts[h], code & 0xFFFF)
+        ref = GpuRef(self._hosts[h], code & 0xFFFF)
+        return ref if ref in self._gpus else None
 
     def _seal(self, kind: bytes, aid: int, pid: int, gpu: GpuRef, size: int) -> bytes:
         head = _HEAD.pack(kind, aid, pid, self._gpu_code(gpu), size)
@@ -288,10 +302,8 @@ class ProcessFabric(SimFabric):
                       handle_types: int) -> MulticastObject:
         mid = self._next_mid
         self._next_mid += 1
-        path = shm.segment_path(self.prefix, f"m{mid}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         nbytes = team_bytes(num_devices)
-        os.ftruncate(fd, nbytes)
+        fd = shm.create(shm.segment_path(self.prefix, f"m{mid}"), nbytes)
         mm = mmap.mmap(fd, nbytes)
         _TEAM_HEAD.pack_into(mm, 0, num_devices, handle_types, self._gpu_code(creator), 0, size)
         m = SharedMulticast(self, mid, fd, mm, refs=1)
@@ -304,8 +316,8 @@ class ProcessFabric(SimFabric):
         if m is not None:
             return m
         try:
-            fd = os.open(shm.segment_path(self.prefix, f"m{mid}"), os.O_RDWR)
-        except FileNotFoundError:
+            fd = os.open(shm.segment_path(self.prefix, f"m{mid}"), os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
             self._say_missing(f"m{mid}", None)
             return None
         m = SharedMulticast(self, mid, fd, mmap.mmap(fd, os.fstat(fd).st_size), refs=0)
@@ -319,6 +331,7 @@ class ProcessFabric(SimFabric):
         m.refs -= 1
         if m.refs > 0 or m.maps > 0:
             return
+        self._drop_own_bindings(m)
         self.multicasts.pop(m.mid, None)
         for h, (k, oid) in list(self.fabric_handles.items()):
             if k == "mc" and oid == m.mid:
@@ -327,6 +340,23 @@ class ProcessFabric(SimFabric):
             if rank_of_aid(m.mid) == self.rank:
                 shm.segment_path(self.prefix, f"m{m.mid}").unlink(missing_ok=True)
             m.close()
+
+
+    def _drop_own_bindings(self, m: MulticastObject) -> None:
+        """The object goes from this process with memory of its still bound (released
+        without cuMulticastUnbind): the binding goes with it, from the team table and from
+        this process's ledger, as in thread mode (SimFabric.unref_multicast)."""
+        for p in self.processes.values():
+            for it in [it for it in p.ledger if it.kind == "multicast_binding"
+                       and it.key[0] == m.mid]:
+                g = next((g for g in m.bindings if str(g) == it.key[1]), None)
+                if g is not None:
+                    a = m.bindings[g][0]
+                    del m.bindings[g]
+                    a.maps -= 1
+                    if a.refs <= 0 and a.maps <= 0:
+                        self.free_alloc(a)
+                p.ledger.remove("multicast_binding", it.key, all_refs=True)
 
 
 # Team table: header (num_devices, handle types, creator GPU, joined count, size), then one
@@ -497,7 +527,8 @@ class _Outbox:
         kind, oid = target
         a = f.allocs.get(oid) if kind == "mem" else None
         desc = (kind, oid, a.owner_pid if a else 0, f._gpu_code(a.gpu) if a else 0, a.size if a else 0)
-        self.mb.mailbox.post(f"fd/{self.key[0]}/{self.key[1]}", pickle.dumps(desc))
+        # Plain JSON, never a pickle: the store is reachable by other local users.
+        self.mb.mailbox.post(f"fd/{self.key[0]}/{self.key[1]}", json.dumps(desc).encode())
 
 
 class _Inbox:
@@ -512,7 +543,7 @@ class _Inbox:
 
     def pop(self, index: int = 0) -> tuple[str, int]:
         f = self.mb.fabric
-        kind, oid, pid, code, size = pickle.loads(
+        kind, oid, pid, code, size = json.loads(
             self.mb.mailbox.take(f"fd/{self.key[0]}/{self.key[1]}", "recvmsg"))
         gpu = f._gpu_of(code)
         if kind == "mem" and gpu is not None:

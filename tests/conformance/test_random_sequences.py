@@ -2,11 +2,15 @@
 
 Each example builds a (sliced) preset, places 2-4 processes on random GPUs and runs a random
 sequence of legacy-IPC, VMM and memcpy calls with valid and garbage arguments (random ints as
-pointers and handles, wrong sizes, wrong flags, other processes' values). A small model
+pointers and handles, wrong sizes, wrong flags, other processes' values) and adversarial ones
+(inf, nan, floats, huge and negative ints, strs, None, lists, bytes, foreign objects, forged
+handle bytes, and stale pointers, handles and fds that were valid once). A small model
 tracks what each process holds from the calls that succeeded. After every call:
 
 - the Driver answered with a result tuple whose first element is a cudaError_t (cuda* calls)
-  or a CUresult (cu* calls): no Python exception escapes a Driver call;
+  or a CUresult (cu* calls), or it raised exactly what cuda-python's binding raises for that
+  argument while converting it (commsim.sim.binding_args; checked against the real binding by
+  test_binding_args.py): no other Python exception escapes a Driver call;
 - a call that releases something the model says the process does not hold did not succeed;
 - each process's ledger agrees with the model: allocations = live cudaMalloc blocks,
   ipc_mapping refcounts = open counts, and so on for mappings, reservations, handles, fds.
@@ -17,14 +21,18 @@ has no physical allocation left.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from commsim.driver import CUresult, HandleType, access_desc, alloc_prop, cudaError_t
 from commsim.driver import FdTransportError
+from commsim.sim import binding_args
 from commsim.topology.presets import build
 
 FD = int(HandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
@@ -37,8 +45,24 @@ TOPOLOGIES = ("gb200-nvl72:2", "gb200-nvl72:3", "gb200-nvl36x2:10", "gh200-nvl32
               "hgx-h100-8", "dgx-b200-8", "rtx4090-8", "a100-pcie-bridge-8", "l40s-8-pcie")
 _CLUSTERS = {t: build(t) for t in TOPOLOGIES}
 
+# What a caller may pass by mistake or malice, beyond wrong integers: the binding converts or
+# rejects each of these (binding_args); whatever converts must get a CUDA error code.
+ADVERSARIAL = st.sampled_from([math.inf, -math.inf, math.nan, 1.5, -1.0, 4096.7, "4096", "abc",
+                               None, [], [1], b"\x00" * 8, True, np.int64(7), np.float64(4096.0),
+                               2 ** 64, 2 ** 70, -2 ** 63 - 1, 2 ** 31, -(2 ** 31) - 1])
 GARBAGE = st.one_of(st.just(0), st.sampled_from([-1, 1, 2 ** 63 - 1, 2 ** 64 - 1, 0xDEADBEEF]),
-                    st.integers(-2 ** 63, 2 ** 64))
+                    st.integers(-2 ** 63, 2 ** 64), ADVERSARIAL)
+REJECTIONS = (TypeError, ValueError, OverflowError)
+
+
+def lookup(pool, x, default):
+    return pool[int(x)] if held(x, pool) else default
+
+
+def held(x, pool) -> bool:
+    """Whether `x` names something in `pool`: only a true integer can (a float or a bool that
+    equals a live value is still not the value)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and int(x) in pool
 # sizes: small valid ones, or ones no GPU (or host) could back; nothing in between, so a
 # garbage size never commits real host memory
 SIZES = st.one_of(st.sampled_from([0, 1, 255, 4096, 65536, MIB, GRAN, 2 * GRAN]),
@@ -66,18 +90,42 @@ class Run:
         self.procs = [Proc() for _ in range(len(rig))]
         self.ipc_handles: list[bytes] = []
         self.fabric_blobs: list[bytes] = []
+        self.stale: list = []      # pointers, handles and fds that were valid once
         self.calls = 0
+        self.rejected = 0
 
     # ---- argument strategies drawn against what is live now --------------------------------
     def draw(self, strategy, label):
         return self.data.draw(strategy, label=label)
 
     def pick(self, pool, label):
-        """A value from `pool` (if any) or garbage."""
+        """A value from `pool` (if any), a stale one, a forged handle, or garbage."""
         pool = list(pool)
-        if pool and self.draw(st.integers(0, 3), f"{label}: pool?") > 0:
+        which = self.draw(st.integers(0, 7), f"{label}: pool?")
+        if pool and which > 2:
             return self.draw(st.sampled_from(pool), label)
+        if which == 2 and self.stale:
+            return self.draw(st.sampled_from(self.stale), f"{label}: stale")
+        if which == 1 and pool and isinstance(pool[0], bytes):
+            return self.forge(self.draw(st.sampled_from(pool), f"{label}: to forge"))
         return self.draw(GARBAGE, f"{label}: garbage")
+
+    def forge(self, blob: bytes) -> bytes:
+        """Handle bytes changed where a forger would: the allocation id, the GPU field (GPU
+        65535 of the process-mode layout), the checksum, or all of it random."""
+        how = self.draw(st.sampled_from(["id", "gpu", "pad", "random", "short"]), "forge")
+        b = bytearray(blob)
+        if how == "id":
+            b[8] ^= 0x5A
+        elif how == "gpu":
+            b[32:34] = b"\xff\xff"
+        elif how == "pad":
+            b[-1] ^= 0xFF
+        elif how == "random":
+            return self.draw(st.binary(min_size=64, max_size=64), "random handle")
+        else:
+            return bytes(b[:63])
+        return bytes(b)
 
     def valid(self, good, label, bad=GARBAGE):
         """Mostly a value from `good` (a strategy), sometimes garbage."""
@@ -99,8 +147,25 @@ class Run:
     # ---- one call ------------------------------------------------------------------------
     def call(self, i, name, *args):
         d = self.rig[i]
-        res = getattr(d, name)(*args)   # any exception here fails the test
         self.calls += 1
+        try:
+            res = getattr(d, name)(*args)
+        except REJECTIONS as e:
+            # Only what the real binding raises while converting these very arguments; an
+            # exception from inside the simulator (or of another type) fails the test.
+            try:
+                binding_args.convert(name, args)
+            except REJECTIONS as want:
+                assert type(e) is type(want), f"{name}{args!r}: {e!r}, the binding raises {want!r}"
+                self.rejected += 1
+                return False, (None, None)
+            raise AssertionError(f"{name}{args!r} raised {e!r} from inside the driver; the "
+                                 f"binding accepts these arguments") from e
+        try:
+            binding_args.convert(name, args)
+        except REJECTIONS as want:
+            raise AssertionError(f"{name}{args!r} answered {res!r} where the binding raises "
+                                 f"{want!r}") from None
         assert isinstance(res, tuple) and res, f"{name}{args!r} returned {res!r}"
         want = cudaError_t if name.startswith("cuda") else CUresult
         assert type(res[0]) is want, f"{name}{args!r}: first element {res[0]!r} is not {want.__name__}"
@@ -122,11 +187,13 @@ class Run:
         elif op == "cudaFree":
             ptr = self.pick(p.mallocs, "free ptr") if self.draw(st.booleans(), "own") else self.ptr(i)
             ok, _ = self.call(i, op, ptr)
-            if ptr in p.mallocs:
+            if held(ptr, p.mallocs):
                 assert ok, f"cudaFree of a live block {ptr:#x} failed"
                 p.mallocs.discard(ptr)
-            else:
-                assert ok == (ptr == 0), f"cudaFree({ptr:#x}) of nothing this process holds: {ok}"
+                self.stale.append(ptr)
+            elif ok:
+                # cudaFree(0) and what the binding turns into 0 (None, 0.5) are no-ops
+                assert binding_args.dev_ptr(ptr) == 0, f"cudaFree({ptr!r}) of nothing held: {ok}"
         elif op == "cudaIpcGetMemHandle":
             ok, res = self.call(i, op, self.ptr(i))
             if ok:
@@ -141,11 +208,12 @@ class Run:
         elif op == "cudaIpcCloseMemHandle":
             ptr = self.pick(p.ipc_open, "close ptr")
             ok, _ = self.call(i, op, ptr)
-            assert ok == (ptr in p.ipc_open), f"close({ptr:#x}): {ok}, model {dict(p.ipc_open)}"
+            assert ok == held(ptr, p.ipc_open), f"close({ptr!r}): {ok}, model {dict(p.ipc_open)}"
             if ok:
                 p.ipc_open[ptr] -= 1
                 if not p.ipc_open[ptr]:
                     del p.ipc_open[ptr]
+                    self.stale.append(ptr)
         elif op == "cuMemCreate":
             types = self.valid(st.sampled_from([0, FD, FABRIC, FD | FABRIC]), "types")
             n_dev = int(d.cudaGetDeviceCount()[1])
@@ -159,7 +227,7 @@ class Run:
             t = self.valid(st.sampled_from([FD, FABRIC]), "type")
             ok, res = self.call(i, op, h, t, 0)
             if ok:
-                assert h in p.handles
+                assert held(h, p.handles)
                 if t == FD:
                     p.fds.add(res[1])
                 else:
@@ -170,15 +238,22 @@ class Run:
             try:
                 got = self.rig.pass_fd(i, fd, j)
             except FdTransportError:
-                assert fd not in p.fds or self.rig[i].gethostname() != self.rig[j].gethostname()
+                assert not held(fd, p.fds) or self.rig[i].gethostname() != self.rig[j].gethostname()
             else:
-                assert fd in p.fds
+                assert held(fd, p.fds)
                 self.procs[j].fds.add(got)
         elif op == "close_fd":
             fd = self.pick(p.fds, "fd")
-            rc = self.rig.close_fd(i, fd)
-            assert (rc == 0) == (fd in p.fds)
-            p.fds.discard(fd)
+            try:
+                rc = self.rig.close_fd(i, fd)
+            except (TypeError, OverflowError):
+                # os.close's own refusal of a non-integer or one past a C int: never a live fd
+                assert not held(fd, p.fds) and not (isinstance(fd, int) and abs(fd) < 2 ** 31)
+            else:
+                assert (rc == 0) == held(fd, p.fds)
+                if rc == 0:
+                    p.fds.discard(fd)
+                    self.stale.append(fd)
         elif op == "cuMemImportFromShareableHandle":
             if self.draw(st.booleans(), "fd?"):
                 ok, res = self.call(i, op, self.pick(p.fds, "fd"), self.valid(st.just(FD), "type"))
@@ -201,39 +276,43 @@ class Run:
                        if not any(m <= b + off < m + ms for m, ms in p.maps.items())]
             ptr = self.valid(st.sampled_from(free_va), "map ptr") if free_va else self.ptr(i)
             h = self.pick(p.handles, "map handle")
-            size = self.valid(st.just(p.handles.get(h) or GRAN), "size", VMM_SIZES)
+            size = self.valid(st.just(lookup(p.handles, h, 0) or GRAN), "size", VMM_SIZES)
             off = self.valid(st.just(0), "offset", st.sampled_from([GRAN, 4096, -1]))
             ok, _ = self.call(i, op, ptr, size, off, h, 0)
             if ok:
-                assert h in p.handles and any(b <= ptr and ptr + size <= b + s
-                                              for b, s in p.reservations.items())
+                assert held(h, p.handles) and any(b <= ptr and ptr + size <= b + s
+                                                  for b, s in p.reservations.items())
                 assert not any(m < ptr + size and ptr < m + ms for m, ms in p.maps.items())
                 p.maps[ptr] = size
         elif op == "cuMemSetAccess":
             ptr = self.pick(p.maps, "access ptr")
-            size = p.maps.get(ptr, self.draw(COUNTS, "size"))
+            size = lookup(p.maps, ptr, None)
+            size = self.draw(COUNTS, "size") if size is None else size
             dev = self.valid(st.integers(0, 3), "dev")
             desc = [access_desc(0)] if dev == 0 else self.draw(st.sampled_from(
                 [[], None, [object()], [_desc(dev)]]), "desc")
             self.call(i, op, ptr, size, desc, self.draw(st.sampled_from([1, 0, 5, -1]), "count"))
         elif op == "cuMemUnmap":
             ptr = self.pick(p.maps, "unmap ptr")
-            size = p.maps.get(ptr, 0) if self.draw(st.booleans(), "right size") else self.draw(COUNTS, "size")
+            size = lookup(p.maps, ptr, 0) if self.draw(st.booleans(), "right size") else self.draw(COUNTS, "size")
             ok, _ = self.call(i, op, ptr, size)
-            assert ok == (p.maps.get(ptr) == size), f"unmap({ptr:#x}, {size}): {ok}"
+            assert ok == (held(ptr, p.maps) and held(size, {p.maps[ptr]})), \
+                f"unmap({ptr!r}, {size!r}): {ok}"
             if ok:
                 del p.maps[ptr]
         elif op == "cuMemRelease":
             h = self.pick(p.handles, "release handle")
             ok, _ = self.call(i, op, h)
-            assert ok == (h in p.handles), f"release({h}): {ok}"
-            p.handles.pop(h, None)
+            assert ok == held(h, p.handles), f"release({h!r}): {ok}"
+            if ok:
+                p.handles.pop(h, None)
+                self.stale.append(h)
         elif op == "cuMemAddressFree":
             ptr = self.pick(p.reservations, "free va")
-            size = p.reservations.get(ptr, 0) if self.draw(st.booleans(), "right size") else self.draw(COUNTS, "size")
+            size = lookup(p.reservations, ptr, 0) if self.draw(st.booleans(), "right size") else self.draw(COUNTS, "size")
             ok, _ = self.call(i, op, ptr, size)
             if ok:
-                assert p.reservations.get(ptr) == size
+                assert held(ptr, p.reservations) and p.reservations[ptr] == size
                 assert not any(ptr <= b < ptr + size for b in p.maps), "freed VA that is still mapped"
                 del p.reservations[ptr]
         elif op == "cudaMemcpy":

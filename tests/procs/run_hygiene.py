@@ -10,7 +10,7 @@ from commsim.sim import shm
 
 def leftover_segments(launcher_pid: int) -> list[Path]:
     """Segments of every run launched by process `launcher_pid` (prefix commsim-<pid>-)."""
-    return shm.segments(f"{shm.PREFIX_HEAD}{launcher_pid}")
+    return shm.segments(f"{shm.PREFIX_HEAD}{launcher_pid}-")
 
 
 def pid_alive(pid: int) -> bool:

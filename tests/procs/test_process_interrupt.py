@@ -33,7 +33,7 @@ def test_ctrl_c_kills_ranks_and_sweeps_shared_memory():
             break
     assert started, "the launcher never reported its ranks"
     pids = [int(x) for x in re.search(r"pids ([\d ]+);", started).group(1).split()]
-    prefix = re.search(r"shared memory (\S+)-\*", started).group(1)
+    prefix = re.search(r"shared memory /dev/shm/(\S+)/\*", started).group(1)
     time.sleep(1.5)           # the ranks are now inside the run, segments allocated
     p.send_signal(signal.SIGINT)
     p.communicate(timeout=60)

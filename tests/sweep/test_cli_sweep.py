@@ -12,7 +12,10 @@ from commsim.scenario.sweep import Progress
 
 
 def run(capsys, *argv):
-    rc = main(list(argv))
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:          # argparse refused a flag's value
+        rc = e.code
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -95,8 +98,8 @@ def test_replay_of_a_planted_failure_exits_1(capsys, monkeypatch) -> None:
 @pytest.mark.parametrize("argv, words", [
     (("sweep", "--count", "5", "--filter", "gb300"), "--filter 'gb300' matches no machine shape"),
     (("sweep", "--count", "5", "--filter", ""), "--filter: empty substring"),
-    (("sweep", "--count", "-1"), "--count must be >= 0"),
-    (("sweep", "--count", "5", "--jobs", "0"), "--jobs must be >= 1"),
+    (("sweep", "--count", "-1"), "argument --count: -1 is negative"),
+    (("sweep", "--count", "5", "--jobs", "0"), "argument --jobs: 0 is outside 1..256"),
     (("replay", "bogus"), "is not a generated id"),
     (("replay", "e999999999999"), "out of range"),
 ])

@@ -1,4 +1,5 @@
-"""`commsim scenario check`: one line per file, errors on stderr, exit 1 if any file failed."""
+"""`commsim scenario check`: one line per file, errors on stderr, exit 2 if any file failed
+(as `commsim run` does for the same bad file)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def test_check_good_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     f.write_text(GOOD)
     assert main(["scenario", "check", str(f)]) == 0
     out, err = capsys.readouterr()
-    assert out == f"ok  {f}  good: gb200-nvl72:2, world 8, groups tp,tray, faults 1\n"
+    assert out == (f"ok  {f}  good: gb200-nvl72:2, world 8, groups tp,tray, faults 1; "
+                   f"host memory ~300.3 MiB\n")
     assert err == ""
 
 
@@ -31,10 +33,10 @@ def test_check_reports_every_file_and_fails_if_any_fails(
     (tmp_path / "nested").mkdir()
     (tmp_path / "nested" / "b.toml").write_text(BAD)
     (tmp_path / "notes.txt").write_text("not a scenario")
-    assert main(["scenario", "check", str(tmp_path)]) == 1
+    assert main(["scenario", "check", str(tmp_path)]) == 2
     out, err = capsys.readouterr()
     assert out.splitlines() == [f"ok  {tmp_path / 'a.toml'}  good: gb200-nvl72:2, world 8, "
-                                f"groups tp,tray, faults 1"]
+                                f"groups tp,tray, faults 1; host memory ~300.3 MiB"]
     assert err.startswith(f"commsim: error: {tmp_path / 'nested' / 'b.toml'}: [topology] preset: "
                           f"unknown preset 'gb300'")
     assert len(err.splitlines()) == 1
@@ -42,7 +44,7 @@ def test_check_reports_every_file_and_fails_if_any_fails(
 
 def test_check_missing_path_and_empty_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "empty").mkdir()
-    assert main(["scenario", "check", str(tmp_path / "nope.toml"), str(tmp_path / "empty")]) == 1
+    assert main(["scenario", "check", str(tmp_path / "nope.toml"), str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == [f"commsim: error: {tmp_path / 'nope.toml'}: no such file or directory",
                    f"commsim: error: {tmp_path / 'empty'}: no *.toml scenario files in this directory"]
@@ -67,7 +69,7 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
         main(["scenario", "check", "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert "validate" in out.lower() and "*.toml" in out and "Exits 1" in out
+    assert "validate" in out.lower() and "*.toml" in out and "Exits 2" in out
 
 
 def test_scenario_needs_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:

@@ -435,6 +435,9 @@ def test_load_directory(tmp_path: Path) -> None:
 # -- write_scenario ------------------------------------------------------------------------
 def test_write_scenario_atomic_and_validated(tmp_path: Path) -> None:
     target = tmp_path / "sub" / "gen.toml"
+    with pytest.raises(UserError, match="cannot write"):      # a missing directory is refused
+        write_scenario(target, H100)
+    target.parent.mkdir()
     assert write_scenario(target, H100) == target
     assert target.read_text() == H100 and load(target).name == "t"
     assert [p.name for p in target.parent.iterdir()] == ["gen.toml"]  # no temp file left

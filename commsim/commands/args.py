@@ -1,0 +1,40 @@
+"""argparse types for numeric flags: a bad value is refused by argparse itself, naming the
+flag (`argument --seed: ...`), with exit status 2 and no traceback, before any work starts."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative; give 0 or more")
+    return n
+
+
+def bounded_int(low: int, high: int):
+    """An integer in low..high (a count that sizes a run's work and memory)."""
+    def parse(text: str) -> int:
+        n = non_negative_int(text) if low >= 0 else int(text)
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"{n} is outside {low}..{high:,}")
+        return n
+    parse.__name__ = "integer"
+    return parse
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(s) or s <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not accepted; give a finite number of "
+                                         f"seconds > 0, e.g. 60")
+    return s

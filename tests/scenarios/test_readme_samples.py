@@ -1,0 +1,68 @@
+"""Every console sample in README.md and docs/*.md is what its command prints (issue 15,
+finding 10): each `$ ` line is run (through commsim's CLI, from the repository root) and the
+lines after it must appear in its output in order, a line `...` standing for any run of lines."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from commsim.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def samples() -> list[tuple[str, str, list[str]]]:
+    out = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        blocks = doc.read_text().split("```console")[1:]
+        for block in blocks:
+            cmd, shown = None, []
+            for line in block.split("```", 1)[0].splitlines():
+                if line.startswith("$ "):
+                    if cmd:
+                        out.append((doc.name, cmd, shown))
+                    cmd, shown = line[2:], []
+                elif cmd is not None:
+                    shown.append(line.rstrip())
+            if cmd:
+                out.append((doc.name, cmd, shown))
+    return out
+
+
+def matches(shown: list[str], got: list[str]) -> bool:
+    """`shown` equals `got` line for line, where a `...` line matches any run of lines."""
+    memo: dict[tuple[int, int], bool] = {}
+
+    def m(i: int, j: int) -> bool:
+        if (i, j) not in memo:
+            if i == len(shown):
+                memo[i, j] = j == len(got)
+            elif shown[i] == "...":
+                memo[i, j] = any(m(i + 1, k) for k in range(j, len(got) + 1))
+            else:
+                memo[i, j] = j < len(got) and shown[i] == got[j] and m(i + 1, j + 1)
+        return memo[i, j]
+    return m(0, 0)
+
+
+SAMPLES = samples()
+
+
+def test_the_readme_has_samples():
+    assert len(SAMPLES) >= 2
+
+
+@pytest.mark.parametrize("doc, cmd, shown", SAMPLES, ids=[s[1][:60] for s in SAMPLES])
+def test_sample_output_is_what_the_command_prints(doc, cmd, shown, monkeypatch, capsys):
+    argv = shlex.split(cmd, comments=True)
+    assert argv[0].endswith("commsim"), f"{doc}: sample command {cmd!r} is not a commsim command"
+    monkeypatch.chdir(ROOT)
+    assert main(argv[1:]) == 0
+    got = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    while shown and not shown[-1]:
+        shown = shown[:-1]
+    assert matches(shown, got), (f"{doc}: `{cmd}` prints\n" + "\n".join(got) +
+                                 "\n\nbut the sample shows\n" + "\n".join(shown))

@@ -1,0 +1,103 @@
+"""Shared pieces of the security tests: a small process-mode scenario, a run in flight that can
+be signalled, and what a run leaves behind (processes, /dev/shm, the temp dir)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from commsim.sim import shm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCENARIO = """
+[scenario]
+name = "security-pair"
+seed = 0
+policy = "default"
+
+[topology]
+preset = "hgx-h100-8"
+
+[placement]
+ranks = 2
+
+[[group]]
+name = "tp"
+ranks = "0..1"
+
+[workload]
+ops = ["all_reduce"]
+sizes = ["16KiB"]
+dtypes = ["float32"]
+"""
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has ended: state Z)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+class InFlight:
+    """`commsim run --procs` of a 2-rank scenario whose rank 1 stalls at the IPC handle
+    exchange, with its own TMPDIR; once `started`, its ranks are inside the run."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp / "tmpdir"
+        self.tmp.mkdir()
+        sc = tmp / "pair.toml"
+        sc.write_text(SCENARIO)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "commsim.cli", "run", "--procs", "-v", "--timeout", "60",
+             "--stall", "1@ipc.init", str(sc)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(self.tmp)))
+        line, deadline = "", time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = self.p.stderr.readline()
+            if "started" in line or not line:
+                break
+        m = re.search(r"pids ([\d ]+);.*shared memory /dev/shm/(\S+)/\*", line)
+        assert m, f"the launcher never reported its ranks: {line!r}"
+        self.rank_pids = [int(x) for x in m.group(1).split()]
+        self.prefix = m.group(2)
+        deadline = time.monotonic() + 30      # until the ranks have segments
+        while time.monotonic() < deadline and len(shm.segments(self.prefix)) < 3:
+            time.sleep(0.1)
+        self.tree = descendants(self.p.pid)
+        assert set(self.rank_pids) <= self.tree
+
+    def wait_gone(self, pids: set[int], limit: float = 15) -> set[int]:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and any(running(x) for x in pids):
+            time.sleep(0.1)
+        return {x for x in pids if running(x)}
