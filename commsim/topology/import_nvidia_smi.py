@@ -24,6 +24,7 @@ from .model import (
 )
 from .presets import _cluster_uuid, _uuid  # same derivations as the presets, so shapes compare
 from .render import topo_matrix
+from .shape import nvswitch_shape
 from .topo_text import (  # re-exported: this module is the importer's public face
     P2P_CELLS, ParsedHost, is_gpu_row, looks_like_header, parse_p2p_matrix, parse_topo_matrix,
 )
@@ -46,32 +47,9 @@ def _first_non_nvlink(parsed: ParsedHost) -> str:
 
 
 def switch_shape(parsed: ParsedHost, spec: GpuSpec | None) -> tuple[bool, str]:
-    """Whether the matrix is an NVSwitch board, and why (rows T1-T3).
-
-    Behind a switch every peer is reached over all of a GPU's links, so `topo -m` prints the
-    same NV<k> to every peer and (peers x k) exceeds the links one GPU has. A direct mesh (HGX
-    H100 4-GPU: NV6 to three peers = 18 links; H200 NVL 4-way bridge) splits its links over
-    the peers, so the sum fits in one GPU. Mixed counts or PCIe pairs: bridges or a hybrid mesh.
-    """
-    n = parsed.gpu_count
-    if n < 2:
-        return False, "one GPU, no peers"
-    if not parsed.all_nvlink:
-        return False, f"not every pair is NVLink ({_first_non_nvlink(parsed)})"
-    counts = parsed.nvlink_counts()
-    if len(counts) > 1:
-        return False, (f"NVLink counts differ between pairs ({', '.join(f'NV{c}' for c in sorted(counts))}): "
-                       f"a hybrid mesh or bridges, no NVSwitch")
-    k = counts.pop()
-    links = spec.nvlinks if spec is not None and spec.nvlinks else gpu_models.MAX_NVLINKS
-    part = spec.model if spec is not None else "any known part"
-    total = (n - 1) * k
-    if total > links:
-        return True, (f"NV{k} to each of {n - 1} peers = {total} links, more than the {links} "
-                      f"links of {part}: every peer is reached over all links, an NVSwitch board")
-    return False, (f"NV{k} to each of {n - 1} peer(s) = {total} links, within the {links} links "
-                   f"of {part}: a direct NVLink mesh (bridges), no NVSwitch, so no multicast "
-                   f"and no NVLS")
+    """Whether the pasted matrix is an NVSwitch board, and why (rows T1-T3, shape.py)."""
+    return nvswitch_shape(parsed.gpu_count, [(i, j, parsed.link(i, j)) for i, j in parsed.pairs()],
+                          spec)
 
 
 def _resolve_domain(parsed: ParsedHost, hosts: int, domain: str | None,
