@@ -106,6 +106,10 @@ class SimFabric:
         self._next_mid = 1
         self._next_pid = 1000
         self._host_of: dict[str, str] = {h.name: h.name for h in cluster.hosts}
+        # Whether any pair has P2P that is reported but loses writes (row P3): the hot path of
+        # SimDriver.view checks links only then.
+        self.unreal_p2p = any(lk is not None and lk.peer_writes != "ok"
+                              for h in cluster.hosts for row in h.links for lk in row)
 
     # -- processes ------------------------------------------------------------------------
     def spawn(self, host: str, gpus: Iterable[GpuRef], faults: ProcessFaults | None = None) -> SimProcess:
