@@ -39,6 +39,9 @@ class RankInfo:
     # over the GPUs of this rank's host, by NVML index: P2P allowed / NVLink P2P status OK
     p2p: tuple[bool, ...]
     nvlink: tuple[bool, ...]
+    # The functional probe towards each GPU the rank reports P2P to (row P4): "" = the IPC
+    # round trip kept its bytes, text = what failed, None = not probed / probe unavailable.
+    p2p_probe: tuple[str | None, ...] = ()
 
     @property
     def mnnvl_capable(self) -> bool:
@@ -63,6 +66,12 @@ def probe(driver: Driver, rank: int) -> RankInfo:
     for j in range(n):
         err, status = driver.nvmlDeviceGetP2PStatus(dev, j)
         nvl.append(err == 0 and status == NVML_P2P_STATUS_OK)   # any NVML error: not connected
+    # What serving stacks do before trusting the flag (vLLM gpu_p2p_access_check): a real IPC
+    # round trip with a check of the bytes, in helper processes, towards every peer the
+    # driver reports P2P to. A driver without the capability leaves it None (flag trusted).
+    run_probe = getattr(driver, "p2p_probe", None)
+    probed = tuple(run_probe(dev, j) if run_probe is not None and j != dev and p2p[j] else None
+                   for j in range(n))
     err, fab = driver.nvmlDeviceGetGpuFabricInfo(dev)
     err2, links_up = driver.nvmlDeviceGetNvLinkState(dev)
     major = attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
@@ -80,7 +89,7 @@ def probe(driver: Driver, rank: int) -> RankInfo:
         fabric_state=fab.state if err == 0 else 0,
         fabric_status=fab.status if err == 0 else -1,
         nvlinks_up=bool(links_up) if err2 == 0 else False,
-        p2p=p2p, nvlink=tuple(nvl))
+        p2p=p2p, nvlink=tuple(nvl), p2p_probe=probed)
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,16 @@ class GroupView:
 
     def p2p_all(self) -> bool:
         return all(a.host == b.host and a.p2p[b.device] for a, b in self.pairs())
+
+    def p2p_unreal(self) -> str:
+        """The first pair whose reported P2P the functional probe disproved (rows P1-P4),
+        as a sentence; "" when none did."""
+        for a, b in self.pairs():
+            why = a.p2p_probe[b.device] if a.host == b.host and b.device < len(a.p2p_probe) else None
+            if why:
+                return (f"functional P2P probe, rank {a.rank} -> rank {b.rank}: {why}; the probe is "
+                        f"trusted over cuDeviceCanAccessPeer")
+        return ""
 
     def nvlink_all(self) -> bool:
         """vLLM `is_fully_connected`: NVML NVLink P2P status OK for every pair (§6.1.1)."""

@@ -184,3 +184,12 @@ class PeerBackend(Backend):
         kern = K.one_shot_all_reduce if self.algorithm(op, nbytes) == "one-shot" else K.two_shot_all_reduce
         self._launch(kern, self.ptrs, me, n, dtype, self.capacity, self.round + 1)
         return self._result(nbytes, x, tuple(x.shape))
+
+
+def probe_verdict(view: GroupView, params: dict[str, Any]) -> str:
+    """Why the functional P2P probe rules peer memory out for this group ("" = it does not).
+    The default trusts the probe over cuDeviceCanAccessPeer (row P4); a policy reproducing a
+    stack that skips the probe sets `p2p_check = "flag"`."""
+    if params.get("p2p_check", "probe") == "flag":
+        return ""
+    return view.p2p_unreal()

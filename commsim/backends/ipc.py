@@ -15,7 +15,7 @@ from typing import Any
 from ..discovery import GroupView
 from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
 from ..sim import collective_kernels as K
-from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes
+from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes, probe_verdict
 
 WORLD_SIZES = (2, 4, 6, 8)
 
@@ -28,6 +28,7 @@ class IpcBackend(PeerBackend):
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
         ws = view.size
         hosts = view.hosts
+        unreal = probe_verdict(view, params)
         return Eligibility.check([
             (ws > 1, "a group of one rank needs no all-reduce"),
             (len(hosts) == 1, f"ranks are on {len(hosts)} hosts ({', '.join(hosts[:3])}"
@@ -36,6 +37,7 @@ class IpcBackend(PeerBackend):
             (ws in WORLD_SIZES, f"world size {ws} not in {WORLD_SIZES} (compiled kernels, row B2)"),
             (len(hosts) != 1 or view.p2p_all(),
              "some pair of GPUs has no P2P access (row L10: peer access is not supported)"),
+            (not unreal, unreal),
             (len(hosts) != 1 or ws <= 2 or view.nvlink_all(),
              f"{ws} GPUs are not fully NVLink-connected (row B3: more than two PCIe-only GPUs)"),
         ])

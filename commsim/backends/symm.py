@@ -42,6 +42,7 @@ from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
 from .base import Eligibility, Mi
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
+from .base import probe_verdict
 from .vmm import VmmPeerBackend
 
 # FlashInfer's fd_exchange gives up connecting or receiving after 30 s (§2.5).
@@ -87,6 +88,10 @@ class SymmBackend(VmmPeerBackend):
                                        f"and stores of mapped symmetric memory need P2P (row L10)"
                           if bad else ""))
             if bad is None:
+                # Peer loads and stores ride the same path a legacy IPC mapping does: where
+                # the functional probe finds it refused or losing bytes, so do these (P1-P4).
+                unreal = probe_verdict(view, params)
+                conds.append((not unreal, unreal))
                 conds.append((view.nvlink_all(), "GPUs are not all NVLink-connected: symmetric-"
                                                  "memory kernels over PCIe P2P are not used (row B3)"))
         else:

@@ -40,13 +40,22 @@ def _fabric_ready(cluster: Cluster, ref: GpuRef) -> bool:
 
 
 def nvlink_p2p(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
-    """Same host, and the link between them is NVLink with P2P allowed (or the same GPU)."""
+    """Same host, and the pair is NVLink-connected with its links up (what NVML's NVLink P2P
+    status reports, rows N1/N2: true to the links whatever the P2P fact says)."""
     if a.host != b.host:
         return False
     if a.index == b.index:
         return True
     lk = cluster.host(a.host).link(a.index, b.index)
-    return lk.is_nvlink and lk.p2p
+    return lk.is_nvlink and cluster.gpu(a).nvlinks_up and cluster.gpu(b).nvlinks_up
+
+
+def p2p_real(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
+    """Reported P2P that also survives the functional probe: the IPC open is not refused and
+    writes arrive intact (rows P1-P4). Same GPU: trivially."""
+    if a == b:
+        return True
+    return a.host == b.host and cluster.host(a.host).link(a.index, b.index).p2p_real
 
 
 def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
@@ -54,7 +63,9 @@ def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
     out = set()
     same_host = a.host == b.host
     # Legacy IPC: host-local (row L8), and the importer needs P2P to the exporter (row L10).
-    if same_host and (a.index == b.index or cluster.host(a.host).link(a.index, b.index).p2p):
+    # An open refused although P2P is reported (rows P1, P2) is no import either.
+    if same_host and (a.index == b.index or (cluster.host(a.host).link(a.index, b.index).p2p
+                                             and not cluster.host(a.host).link(a.index, b.index).ipc_refused)):
         out.add(IPC)
     # POSIX fd: travels over AF_UNIX, so one shm / socket namespace (row V9, §4.3).
     ga, gb = cluster.gpu(a), cluster.gpu(b)
@@ -64,8 +75,8 @@ def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
     # FABRIC: both MNNVL-ready, one IMEX channel in common (rows V3, V5), one domain (V7).
     ha, hb = cluster.host(a.host), cluster.host(b.host)
     if (_fabric_ready(cluster, a) and _fabric_ready(cluster, b)
-            and set(ha.imex_channels) & set(hb.imex_channels)
-            and cluster.same_domain(a, b)
+            and set(ha.usable_imex_channels) & set(hb.usable_imex_channels)
+            and cluster.same_domain(a, b) and cluster.same_imex_domain(a.host, b.host)
             and ga.fabric.cluster_uuid == gb.fabric.cluster_uuid):
         out.add(FABRIC)
     return frozenset(out)
@@ -84,7 +95,9 @@ class GroupTruth:
 
 
 def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
-                order: tuple[str, ...] = Policy().order) -> GroupTruth:
+                order: tuple[str, ...] = Policy().order, policy_probes: bool = True) -> GroupTruth:
+    """`policy_probes`: the policy trusts the functional P2P probe (the default); a policy
+    with p2p_check = "flag" is judged against the reported flag alone."""
     c = sc.cluster
     gpus = tuple(sc.placement[r] for r in ranks)
     ws = len(gpus)
@@ -97,8 +110,11 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
         why["ipc"] = why["fabric"] = why["multicast"] = "a group of one rank"
     else:
         bad = next(((a, b) for a, b in pairs if IPC not in imp[(a, b)]), None)
+        unreal = next(((a, b) for a, b in pairs if not p2p_real(c, a, b)), None)
         if bad:
             why["ipc"] = f"{bad[0]} cannot open a legacy IPC handle of {bad[1]}"
+        elif unreal and policy_probes:
+            why["ipc"] = f"the functional P2P probe {unreal[0]} -> {unreal[1]} fails (rows P1-P4)"
         elif ws not in IPC_WORLD_SIZES:
             why["ipc"] = f"world size {ws} not in {IPC_WORLD_SIZES}"
         elif ws > 2 and not nvl_all:
@@ -110,6 +126,8 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
         doms = {id(c.domain_of(g)) if c.domain_of(g) is not None else None for g in gpus}
         if not all(g.multicast and g.vmm for g in gs):
             why["multicast"] = "some GPU lacks multicast or VMM (row M1)"
+        elif not all(c.host(g.host).container.nvidia_caps for g in gpus):
+            why["multicast"] = "a container without /dev/nvidia-caps (row MC3)"
         elif None in doms or len(doms) != 1:
             why["multicast"] = "GPUs are not in one NVLink domain"
         elif not all(g.fabric.state in (FabricState.COMPLETED, FabricState.NOT_SUPPORTED) for g in gs):
@@ -128,8 +146,13 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
         # One socket namespace: the symmetric buffers travel as POSIX fds (§2.5) and peers
         # load and store through the mappings over NVLink P2P (rows L10, B3).
         bad = next(((a, b) for a, b in pairs if POSIX_FD not in imp[(a, b)]), None)
+        unreal = next(((a, b) for a, b in pairs if not p2p_real(c, a, b)), None)
         if bad:
             why["symm"] = f"{bad[0]} cannot import a POSIX-fd handle of {bad[1]}"
+        elif not all(c.p2p(a, b) for a, b in pairs):
+            why["symm"] = "not every pair has P2P (row L10)"
+        elif unreal and policy_probes:
+            why["symm"] = f"the functional P2P probe {unreal[0]} -> {unreal[1]} fails (rows P1-P4)"
         elif not nvl_all:
             why["symm"] = "not every pair is NVLink + P2P"
     else:
@@ -140,6 +163,10 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
     if "nccl" not in legal:
         legal += ("nccl",)
     return GroupTruth(name, ranks, gpus, legal, why)
+
+
+def _probes(pol: Policy) -> bool:
+    return pol.params.get("p2p_check", "probe") != "flag"
 
 
 def op_nbytes(op: str, size: int, dtype: str, ws: int) -> int:
@@ -172,7 +199,7 @@ def legal_backends(sc: Scenario, policy: Policy | None = None) -> dict[tuple[str
     out = {}
     wl = sc.workload
     for g in sc.groups:
-        gt = group_truth(sc, g.ranks, g.name, tuple(pol.order))
+        gt = group_truth(sc, g.ranks, g.name, tuple(pol.order), _probes(pol))
         ws = len(g.ranks)
         # A policy whose order depends on the group (the "model" preset) binds to the
         # ground-truth fabric and the legal set is listed in its order at each size. A
@@ -310,7 +337,8 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     # What the communicator admitted (its decision record), against what the topology allows:
     # admitting an illegal backend is a wrong eligibility rule even when its set-up then fails
     # and the communicator falls back to a legal one.
-    truths = {g.name: group_truth(sc, g.ranks, g.name, tuple(pol.order)) for g in sc.groups}
+    truths = {g.name: group_truth(sc, g.ranks, g.name, tuple(pol.order), _probes(pol))
+              for g in sc.groups}
     for gname, text in res.explain.items():
         gt = truths.get(gname)
         if gt is None:

@@ -223,6 +223,18 @@ class SimDriver:
     def _can_access(self, a: GpuRef, b: GpuRef) -> bool:
         return self.cluster.p2p(a, b)
 
+    def p2p_probe(self, dev: int, peer_dev: int) -> str | None:
+        """The functional P2P probe (row P4, sim/p2p_probe.py): "" when an IPC round trip
+        from `dev` into `peer_dev` keeps its bytes, else what failed; None where helper
+        processes cannot be started (process mode: one OS process per rank)."""
+        if type(self.fabric) is not SimFabric:
+            return None
+        from .p2p_probe import probe_pair
+        try:
+            return probe_pair(self.fabric, self._dev(dev), self._dev(peer_dev))
+        except Fail:
+            return None
+
     @api(1, False)
     def cuDeviceCanAccessPeer(self, dev: int, peer_dev: int) -> int:
         return int(self._can_access(self._dev(dev), self._dev(peer_dev)))
