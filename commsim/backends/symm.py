@@ -39,10 +39,9 @@ from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
 from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC, FD
 from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
-from .base import Eligibility, Mi
+from .base import Eligibility, Mi, SetupFailed, probe_verdict
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
-from .base import probe_verdict
 from .vmm import VmmPeerBackend
 
 # FlashInfer's fd_exchange gives up connecting or receiving after 30 s (§2.5).
@@ -83,7 +82,7 @@ class SymmBackend(VmmPeerBackend):
             # PCIe P2P the kernels would crawl, so NVLink is required as for custom all-reduce
             # beyond two GPUs (row B3); vLLM enables torch symm-mem only on SM 9.0 / 10.x NVLink
             # parts (§8).
-            bad = next(((a.rank, b.rank) for a, b in view.pairs() if not a.p2p[b.device]), None)
+            bad = next(((a.rank, b.rank) for a, b in view.pairs() if not a.can_access(b)), None)
             conds.append((bad is None, f"no P2P from rank {bad[0]} to rank {bad[1]}: peer loads "
                                        f"and stores of mapped symmetric memory need P2P (row L10)"
                           if bad else ""))
@@ -110,6 +109,7 @@ class SymmBackend(VmmPeerBackend):
         self.mc = 0                 # the multicast address; 0 without multicast (row M8)
         self.mc_mapped = False
         self.bound = False
+        self.mc_note = ""           # why multicast was dropped after a failed set-up (row S1)
 
     def _handle_type(self) -> int:
         how = self.params.get("symm_handle_type", "group")
@@ -162,7 +162,17 @@ class SymmBackend(VmmPeerBackend):
             err = e
         self.vote("init: rendezvous and map peers", err)
         if self.want_multicast:
-            self._setup_multicast(me)
+            try:
+                self._setup_multicast(me)
+            except SetupFailed as e:
+                # Row S1: PyTorch's rendezvous carries on without multicast when set-up fails
+                # on GPUs whose attribute says it is supported (pytorch/pytorch#136577): the
+                # address stays 0, the backend stays up, and it says so. Every rank got the
+                # same voted failure, so every rank drops the multicast part together.
+                self._drop_multicast()
+                self.want_multicast = False
+                self.mc_note = (f"multicast set-up failed ({e.step}: rank {e.rank}: {e.error}); "
+                                f"carrying on with multicast address 0 (row S1)")
         # PyTorch's rendezvous ends in a store barrier: no peer signals a flag before every
         # rank has zeroed its own.
         self.group.barrier(tag="symm.init: rendezvous done")
@@ -239,6 +249,22 @@ class SymmBackend(VmmPeerBackend):
             err = e
         self.vote("init: bind and map multicast", err)
 
+    def _drop_multicast(self) -> None:
+        """Undo a partial multicast set-up on this rank (unbind, unmap, free, release)."""
+        d = self.driver
+        if self.bound:
+            d.cuMulticastUnbind(self.mc_handle, check("cudaGetDevice", d.cudaGetDevice()), 0, self.slot)
+            self.bound = False
+        if self.mc:
+            if self.mc_mapped:
+                d.cuMemUnmap(self.mc, self.slot)
+                self.mc_mapped = False
+            d.cuMemAddressFree(self.mc, self.slot)
+            self.mc = 0
+        if self.mc_handle:
+            d.cuMemRelease(self.mc_handle)
+            self.mc_handle = 0
+
     def _share_multicast(self, blob: Any) -> None:
         """Rank 0's exported multicast handle to every other rank: a fabric blob through the
         store, or an fd over each peer's Unix socket after the pids meet in the store."""
@@ -267,12 +293,16 @@ class SymmBackend(VmmPeerBackend):
 
     def describe(self) -> str:
         mc = ("multicast object bound, multimem all-reduce" if self.mc else
-              "multicast address 0: no multicast for this group (row M8)")
+              self.mc_note or "multicast address 0: no multicast for this group (row M8)")
         return f"{HANDLE_NAMES[self.htype]} handles, {mc}"
 
     # -- the op ----------------------------------------------------------------------------
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
-        if op in ("all_reduce", "all_reduce_rmsnorm") and self.mc:
+        # Row S2: code that needs multimem must check the multicast address; a policy with
+        # `symm_multimem_unchecked` reproduces one that does not, and its kernel then runs over
+        # address 0 (row MC6: illegal address, sticky).
+        unchecked = self.params.get("symm_multimem_unchecked") and self.mc_note
+        if op in ("all_reduce", "all_reduce_rmsnorm") and (self.mc or unchecked):
             dtype = str(x.dtype).removeprefix("torch.")
             nbytes = x.numel() * x.element_size()
             self._stage(x)

@@ -49,6 +49,9 @@ def api(nvals: int, runtime: bool):
         def wrapper(self: "SimDriver", *args: Any) -> tuple:
             if not self.proc.alive:
                 return (E.cudaErrorCudartUnloading if runtime else R.CUDA_ERROR_DEINITIALIZED,) + (None,) * nvals
+            if self.proc.sticky is not None:
+                # A sticky error (row MC6) answers every later call of the context with itself.
+                return (self.proc.sticky if runtime else R.CUDA_ERROR_ILLEGAL_ADDRESS,) + (None,) * nvals
             forced = self.proc.faults.before(name)
             if forced is not None:
                 return (forced,) + (None,) * nvals
@@ -223,17 +226,28 @@ class SimDriver:
     def _can_access(self, a: GpuRef, b: GpuRef) -> bool:
         return self.cluster.p2p(a, b)
 
-    def p2p_probe(self, dev: int, peer_dev: int) -> str | None:
-        """The functional P2P probe (row P4, sim/p2p_probe.py): "" when an IPC round trip
-        from `dev` into `peer_dev` keeps its bytes, else what failed; None where helper
-        processes cannot be started (process mode: one OS process per rank)."""
+    def p2p_probe(self, gpu: int, peer: int) -> str | None:
+        """The functional P2P probe (row P4, sim/p2p_probe.py) between two GPUs of this host
+        by NVML index (helper processes choose their own visible devices, as vLLM's do): ""
+        when an IPC round trip from `gpu` into `peer` keeps its bytes, else what failed; None
+        where helper processes cannot be started (process mode: one OS process per rank)."""
         if type(self.fabric) is not SimFabric:
             return None
-        from .p2p_probe import probe_pair
-        try:
-            return probe_pair(self.fabric, self._dev(dev), self._dev(peer_dev))
-        except Fail:
+        h = self.cluster.host(self.proc.host)
+        if not (0 <= gpu < len(h.gpus) and 0 <= peer < len(h.gpus)):
             return None
+        from .p2p_probe import probe_pair
+        return probe_pair(self.fabric, GpuRef(h.name, gpu), GpuRef(h.name, peer))
+
+    def nvml_index(self, ordinal: int) -> int:
+        """The NVML index of a CUDA ordinal (what nvmlDeviceGetHandleByPciBusId of the
+        device's bus id gives): the GPU's index on its host, whatever CUDA_VISIBLE_DEVICES
+        remapped (row W1)."""
+        return self.proc.gpus[ordinal].index
+
+    def nvmlDeviceGetCount(self) -> tuple:
+        """NVML sees every GPU of the host; CUDA_VISIBLE_DEVICES does not apply (row W1)."""
+        return (0, len(self.cluster.host(self.proc.host).gpus))
 
     @api(1, False)
     def cuDeviceCanAccessPeer(self, dev: int, peer_dev: int) -> int:
@@ -324,7 +338,17 @@ class SimDriver:
         return copy
 
     def multimem_views(self, ptr: int, nbytes: int) -> list[np.ndarray]:
-        """The bound unicast bytes behind a multicast range, one per team device, in join order."""
+        """The bound unicast bytes behind a multicast range, one per team device, in join order.
+        Row MC6: multimem over an address that is 0, not a multicast mapping or not bound is an
+        illegal address, and it is sticky: the context is unusable from then on."""
+        try:
+            return self._multimem_views(ptr, nbytes)
+        except Fail as f:
+            if f.code == E.cudaErrorIllegalAddress:
+                self.proc.sticky = E.cudaErrorIllegalAddress
+            raise
+
+    def _multimem_views(self, ptr: int, nbytes: int) -> list[np.ndarray]:
         m, off = self.resolve(ptr, nbytes)
         if m.kind != "mc":
             raise Fail(E.cudaErrorIllegalAddress)

@@ -80,6 +80,7 @@ class SimProcess:
     faults: ProcessFaults
     current: int = 0
     alive: bool = True
+    sticky: object = None           # a sticky CUDA error (row MC6): every later call returns it
 
 
 class SimFabric:

@@ -46,7 +46,7 @@ def _run(fabric, me: GpuRef, peer: GpuRef) -> str:
         err, q = user.cudaIpcOpenMemHandle(handle, 1)
         if int(err):
             return (f"cudaIpcOpenMemHandle of {peer}'s buffer on {me} returned {err.name} "
-                    f"although cuDeviceCanAccessPeer = 1 (rows P1/P2)")
+                    f"(rows L10, P1, P2)")
         user.memcpy_htod(q, _PATTERN)
         err, got = owner.memcpy_dtoh(ptr, PROBE_BYTES)
         user.cudaIpcCloseMemHandle(q)

@@ -25,8 +25,8 @@ KiB, MiB = 1 << 10, 1 << 20
 
 def run_group(preset: str, gpus: list[GpuRef] | None = None, n: int | None = None,
               faults: dict[int, ProcessFaults] | None = None, sizes=(16 * KiB, 512 * KiB),
-              capture: bool = True):
-    cluster = build_preset(preset)
+              capture: bool = True, cluster=None):
+    cluster = cluster or build_preset(preset)
     refs = gpus or list(cluster.gpu_refs())[:n]
     fabric = SimFabric(cluster, seed=0)
     drivers = [spawn_driver(fabric, g, (faults or {}).get(r)) for r, g in enumerate(refs)]
@@ -121,10 +121,7 @@ CUDA_OOM = cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
     ("hgx-h100-8", "cuMemExportToShareableHandle", 0),
     ("hgx-h100-8", "cuMemImportFromShareableHandle", 5),
     ("hgx-h100-8", "cuMemMap", 7),
-    ("hgx-h100-8", "cuMulticastCreate", 0),
-    ("hgx-h100-8", "cuMulticastBindMem", 2),
     ("gb200-nvl72:2", "cuMemImportFromShareableHandle", 6),
-    ("gb200-nvl72:2", "cuMulticastAddDevice", 4),
     ("gb200-nvl72:2", "cuMemSetAccess", 1),
 ])
 def test_a_failure_on_one_rank_is_voted_and_leaves_nothing(preset, api, rank):
@@ -153,3 +150,28 @@ def test_rendezvous_keys_are_per_group():
 
     outs = LocalWorld(4, seed=0).run(rank)
     assert [o.value for o in outs] == [4.0] * 4, [o.error for o in outs]
+
+
+@pytest.mark.parametrize("preset,api,rank", [
+    ("hgx-h100-8", "cuMulticastCreate", 0),
+    ("hgx-h100-8", "cuMulticastBindMem", 2),
+    ("gb200-nvl72:2", "cuMulticastAddDevice", 4),
+])
+def test_a_multicast_failure_carries_on_with_address_zero(preset, api, rank):
+    """Row S1 (pytorch/pytorch#136577): multicast set-up failing on GPUs whose attribute says
+    it is supported leaves the backend up with multicast address 0, and it says so."""
+    faults = {rank: ProcessFaults(calls=[CallFault(api, CUDA_OOM, 1)])}
+    chosen, text = run_group(preset, n=8, faults=faults, capture=False, sizes=(16 * KiB,))
+    assert "symm: admitted" in text and "declined after set-up failure" not in text
+    assert "carrying on with multicast address 0 (row S1)" in text and f"rank {rank}" in text
+    assert set(chosen.values()) == {"symm"}
+    assert "all_reduce 16384 B -> symm one-shot" in text
+
+
+def test_container_without_nvidia_caps_keeps_symm_without_multicast():
+    """Rows MC3/S1: the attribute says multicast, the container refuses the object."""
+    from commsim.topology.model import ContainerCaps
+    c = build_preset("hgx-h200-8").replace_host("hgx-h200-0", container=ContainerCaps(nvidia_caps=False))
+    chosen, text = run_group("hgx-h200-8", n=4, cluster=c, capture=False, sizes=(16 * KiB,))
+    assert "CUDA_ERROR_INVALID_VALUE" in text and "multicast address 0 (row S1)" in text
+    assert set(chosen.values()) == {"symm"}
