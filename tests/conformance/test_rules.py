@@ -1208,6 +1208,16 @@ def _(rig):
     return res
 
 
+@case("MC6", "a multimem kernel over multicast address 0: illegal address, sticky",
+      "CUDA runtime docs (700 leaves the context unusable); pytorch/pytorch#195596; row MC6",
+      "hgx-h100-8", [(0, 0)], expect=E.cudaErrorIllegalAddress, sim_only=True)
+def _(rig):
+    res = rig.multimem_read(0, 0, np.float32, 16)
+    later = rig[0].cudaMalloc(4096)                       # every later call: the same error
+    assert code_of(later) == int(E.cudaErrorIllegalAddress)
+    return res
+
+
 def _old_driver():
     c = build("hgx-h100-8")
     return c.replace_host("hgx-h100-0", driver_version="450.80.02")

@@ -175,3 +175,25 @@ def test_container_without_nvidia_caps_keeps_symm_without_multicast():
     chosen, text = run_group("hgx-h200-8", n=4, cluster=c, capture=False, sizes=(16 * KiB,))
     assert "CUDA_ERROR_INVALID_VALUE" in text and "multicast address 0 (row S1)" in text
     assert set(chosen.values()) == {"symm"}
+
+
+def test_multimem_without_checking_the_address_is_a_sticky_illegal_address():
+    """Rows S2/MC6: a caller that runs multimem although the address is 0 (the set-up fell
+    back, S1) gets cudaErrorIllegalAddress, and the context stays broken."""
+    from commsim.driver import CudaError
+    from commsim.topology.model import ContainerCaps
+    cluster = build_preset("hgx-h200-8").replace_host("hgx-h200-0", container=ContainerCaps(nvidia_caps=False))
+    fabric = SimFabric(cluster, seed=0)
+    drivers = [spawn_driver(fabric, GpuRef("hgx-h200-0", i)) for i in range(2)]
+    pol = Policy(order=("symm", "nccl"), params={"symm_multimem_unchecked": True})
+
+    def rank(group):
+        comm = Communicator(group, drivers[group.rank], pol)
+        try:
+            comm.all_reduce(torch.ones(1024, dtype=torch.bfloat16))
+        except CudaError as e:
+            return int(e.code), int(drivers[group.rank].cudaMalloc(16)[0])
+        return None
+
+    outs = LocalWorld(2, seed=0).run(rank)
+    assert [o.value for o in outs] == [(700, 700), (700, 700)], [(o.value, o.error) for o in outs]
