@@ -19,7 +19,7 @@ from ..driver import CudaError, alloc_prop, check
 from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC
 from ..topology.model import FabricState
-from .base import Eligibility, Mi
+from .base import Eligibility, Mi, probe_verdict
 from .vmm import VmmPeerBackend
 
 
@@ -37,6 +37,9 @@ class FabricBackend(VmmPeerBackend):
             return ", ".join(map(str, bad[:6])) + (" ..." if len(bad) > 6 else "")
 
         rs = view.ranks
+        # Ranks of one host map each other's FABRIC memory over the same peer path a legacy
+        # IPC mapping takes: where the functional probe finds it losing bytes, so do these.
+        unreal = probe_verdict(view, params)
         return Eligibility.check([
             (view.size > 1, "a group of one rank needs no all-reduce"),
             (all(r.vmm for r in rs), f"rank(s) {who(lambda r: not r.vmm)} lack VMM support (cuMem*)"),
@@ -52,6 +55,7 @@ class FabricBackend(VmmPeerBackend):
              "ranks do not share one non-zero NVML cluster UUID: not one NVLink domain (rows F2, V7)"),
             (all(r.nvlinks_up for r in rs),
              f"rank(s) {who(lambda r: not r.nvlinks_up)} have NVLinks down (§4.2)"),
+            (not unreal, unreal),
         ])
 
     def algorithm(self, op: str, nbytes: int) -> str:

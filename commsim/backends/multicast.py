@@ -44,7 +44,8 @@ class MulticastBackend(Backend):
             conds.append((view.nvlink_all(), "GPUs are not all on one NVSwitch (not fully NVLink-connected)"))
             conds.append((all(r.posix_fd for r in view.ranks), "some rank lacks POSIX-fd handles"))
         else:
-            fab = FabricBackend.eligibility(view, params)
+            # Multimem goes through the switch, not the peer path the functional probe tests.
+            fab = FabricBackend.eligibility(view, {**params, "p2p_check": "flag"})
             conds += [(False, f"across hosts the multicast handle must be FABRIC (row M7): {why}")
                       for why in fab.reasons]
         return Eligibility.check(conds)

@@ -33,6 +33,7 @@ from ..errors import UserError
 from ..topology.model import Cluster, GpuRef, NvlinkDomain
 from ..topology.presets import PRESETS, build as build_preset
 from .machine import apply_topology_fault
+from . import fidelity_faults
 from .model import DRIVER_FAULTS, DTYPES, OPS, Fault, Group, Scenario, Workload
 
 Ki, Mi = 1 << 10, 1 << 20
@@ -41,6 +42,10 @@ MAX_WORLD = 16
 # -- machine shapes -------------------------------------------------------------------------
 SINGLE_HOST = ("hgx-h100-8", "hgx-h200-8", "dgx-b200-8", "l40s-8-pcie", "rtx4090-8",
                "a100-pcie-bridge-8", "dgx1-v100")
+# Issue 17 machines (docs/fidelity-rules.md G): bridges and meshes without NVSwitch, PCIe and
+# consumer boards, Blackwell Ultra.
+MORE_SINGLE_HOST = ("hgx-b300-8", "h200-nvl-2way-8", "h200-nvl-4way-8", "rtx-pro-6000-4",
+                    "rtx5090-2", "rtx3090-2-nvlink")
 # Two boxes joined by a network (InfiniBand / Ethernet): each box is its own NVLink domain,
 # with its own cluster UUID, so nothing but NCCL may span them.
 JOINED = ("hgx-h100-8*2", "gb200-nvl72:2*2", "gh200-nvl32:2*2")
@@ -53,6 +58,8 @@ def _default_shapes() -> tuple[tuple[str, float], ...]:
     out += [(f"gb200-nvl36x2:{h}", 0.5) for h in (1, 2, 4)]
     out += [(f"gh200-nvl32:{h}", 0.6) for h in (1, 2, 4, 8)]
     out += [(s, 0.8) for s in JOINED]
+    out += [(s, 0.6) for s in MORE_SINGLE_HOST]
+    out += [(f"gb300-nvl72:{h}", 0.5) for h in (1, 2)] + [("dgx-spark-2", 0.4)]
     return tuple(out)
 
 
@@ -125,8 +132,10 @@ def large_sizes(tp: int) -> tuple[int, ...]:
 
 
 # -- faults -----------------------------------------------------------------------------------
-FAULT_KINDS = ("imex_missing", "fabric_state", "fabric_status_error", "zero_cluster_uuid",
-               "p2p_disabled", "no_multicast", "nvlinks_down", "oom", "call_fails")
+BASE_FAULT_KINDS = ("imex_missing", "fabric_state", "fabric_status_error", "zero_cluster_uuid",
+                    "p2p_disabled", "no_multicast", "nvlinks_down", "oom", "call_fails")
+FAULT_KINDS = BASE_FAULT_KINDS + fidelity_faults.NAMES
+FAULT_WEIGHTS = (10, 12, 6, 10, 10, 10, 8, 10, 10) + tuple(k.weight for k in fidelity_faults.KINDS)
 TOPOLOGY_FAULTS = tuple(k for k in FAULT_KINDS if k not in DRIVER_FAULTS)
 # Set-up calls of the collective allocation paths whose failure on one rank the ranks must
 # agree on before the next exchange (reference §7.4): the rendezvous hangs of issue 7 under a
@@ -142,6 +151,8 @@ TP_SIZES = (1, 2, 4, 6, 8, 16)
 
 
 def fault_label(f: Fault) -> str:
+    if f.kind in fidelity_faults.BY_NAME:
+        return fidelity_faults.BY_NAME[f.kind].label(f)
     if f.kind == "oom":
         return f"oom(rank {f.rank}, alloc {f.at_allocation})"
     if f.kind == "call_fails":
@@ -210,6 +221,14 @@ def _groups(tp: int, dp: int, dp_groups: bool) -> tuple[Group, ...]:
 def _resolve_fault(kind: str, cluster: Cluster, placement: tuple[GpuRef, ...],
                    rng: random.Random) -> tuple:
     """A fault aimed at the GPUs the scenario uses (so it matters), as a plain tuple."""
+    if kind in fidelity_faults.BY_NAME:
+        f = fidelity_faults.resolve(kind, cluster, placement, rng)
+        if f is None:                        # cannot apply here: a GPU of the placement instead
+            g = rng.choice(placement)
+            return ("nvlinks_down", g.host, g.index)
+        fields = {k: getattr(f, k) for k in ("host", "gpus", "cause", "hosts", "version")
+                  if getattr(f, k) is not None}
+        return (kind, tuple(sorted(fields.items())))
     gpu = rng.choice(placement)
     if kind == "imex_missing":
         return (kind, gpu.host)
@@ -240,6 +259,8 @@ def _resolve_fault(kind: str, cluster: Cluster, placement: tuple[GpuRef, ...],
 
 def _fault_obj(t: tuple) -> Fault:
     kind = t[0]
+    if kind in fidelity_faults.BY_NAME:
+        return Fault(kind, **dict(t[1]))
     if kind == "imex_missing":
         return Fault(kind, host=t[1])
     if kind == "fabric_state":
@@ -338,7 +359,7 @@ def sample_plan(seed: int, index: int) -> Plan:
     capture = rng.random() < 0.25
     discard = capture and rng.random() < 0.5
     nf = _wchoice(rng, (0, 1, 2), (50, 40, 10))
-    kinds = [_wchoice(rng, FAULT_KINDS, (10, 12, 6, 10, 10, 10, 8, 10, 10)) for _ in range(nf)]
+    kinds = [_wchoice(rng, FAULT_KINDS, FAULT_WEIGHTS) for _ in range(nf)]
     sc_seed = rng.randrange(1 << 31)
     # The placement (hence the faults' targets) comes from the id-seeded placement stream.
     placement_refs = _place(cluster, tp * dp, placement, random.Random(_seed_of("place", pid)))

@@ -14,12 +14,16 @@ from ..topology.presets import PRESETS
 from .fields import (
     ScenarioError, Table, check_choice, check_cuda_error, check_host, describe, parse_gpu,
 )
-from .model import FAULT_FIELDS, Fault
+from . import fidelity_faults
+from .model import FAULT_FIELDS as _BASE_FIELDS, Fault
+
+# Every [[fault]] kind and its required keys: the base kinds plus issue 17's table.
+FAULT_FIELDS = {**_BASE_FIELDS, **{k.name: k.required for k in fidelity_faults.KINDS}}
 
 PRESET_KEYS = ("preset", "hosts")
 MATRIX_KEYS = ("hosts", "host_prefix", "gpu_model", "domain", "matrix", "p2p_matrix")
 TOPOLOGY_FAULTS = ("imex_missing", "fabric_state", "fabric_status_error", "zero_cluster_uuid",
-                   "p2p_disabled", "no_multicast", "nvlinks_down")
+                   "p2p_disabled", "no_multicast", "nvlinks_down") + fidelity_faults.NAMES
 # Optional fault fields beyond FAULT_FIELDS (which lists the required ones).
 FAULT_OPTIONAL: dict[str, tuple[str, ...]] = {"call_fails": ("nth",)}
 
@@ -152,7 +156,28 @@ def _fault(source: str, n: int, data: Mapping[str, Any], cluster: Cluster,
         f["code"] = check_cuda_error(t, "code", data["code"])
     if "nth" in data:
         f["nth"] = t.check_int(data["nth"], "nth", 1, what="call number", note=" (1 = the first)")
+    if "cause" in data:
+        choices = fidelity_faults.BY_NAME[kind].choices["cause"]
+        f["cause"] = check_choice(t, "cause", data["cause"], choices, what=f"{kind} cause")
+    if "hosts" in data:
+        f["hosts"] = _host_list(t, data["hosts"], cluster)
+    if "version" in data:
+        f["version"] = t.string("version", pattern=r"\d+(\.\d+)*",
+                                shape='a driver version such as "450.80.02"')
     return Fault(**f), t
+
+
+def _host_list(t: Table, value: Any, cluster: Cluster) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise t.error(f'expected a non-empty array of host names, e.g. hosts = ["{cluster.hosts[0].name}"]; '
+                      f"got {describe(value)}", "hosts")
+    out = []
+    for v in value:
+        h = check_host(t, "hosts", v, cluster)
+        if h in out:
+            raise t.error(f"host {h!r} is listed twice", "hosts")
+        out.append(h)
+    return tuple(out)
 
 
 _FAULT_EXAMPLES = {
@@ -164,6 +189,9 @@ _FAULT_EXAMPLES = {
     "at_allocation": "at_allocation = 1",
     "api": 'api = "cudaIpcOpenMemHandle"',
     "code": 'code = "cudaErrorInvalidValue"',
+    "cause": 'cause = "acs"',
+    "hosts": 'hosts = ["<host name>"]',
+    "version": 'version = "450.80.02"',
 }
 
 
@@ -207,4 +235,6 @@ def apply_topology_fault(cluster: Cluster, f: Fault) -> Cluster:
         return modify.without_multicast(cluster, f.gpu)
     if f.kind == "nvlinks_down":
         return modify.with_nvlinks_down(cluster, f.gpu)
+    if f.kind in fidelity_faults.BY_NAME:
+        return fidelity_faults.apply(cluster, f)
     raise AssertionError(f"not a topology fault: {f.kind}")

@@ -50,6 +50,14 @@ def nvlink_p2p(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
     return lk.is_nvlink and cluster.gpu(a).nvlinks_up and cluster.gpu(b).nvlinks_up
 
 
+def p2p_unreal(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
+    """P2P reported between two GPUs of one host that the functional probe disproves."""
+    if a == b or a.host != b.host:
+        return False
+    lk = cluster.host(a.host).link(a.index, b.index)
+    return lk.p2p and not lk.p2p_real
+
+
 def p2p_real(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
     """Reported P2P that also survives the functional probe: the IPC open is not refused and
     writes arrive intact (rows P1-P4). Same GPU: trivially."""
@@ -76,7 +84,7 @@ def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
     ha, hb = cluster.host(a.host), cluster.host(b.host)
     if (_fabric_ready(cluster, a) and _fabric_ready(cluster, b)
             and set(ha.usable_imex_channels) & set(hb.usable_imex_channels)
-            and cluster.same_domain(a, b) and cluster.same_imex_domain(a.host, b.host)
+            and cluster.same_domain(a, b)
             and ga.fabric.cluster_uuid == gb.fabric.cluster_uuid):
         out.add(FABRIC)
     return frozenset(out)
@@ -92,6 +100,10 @@ class GroupTruth:
     gpus: tuple[GpuRef, ...]
     legal: tuple[str, ...]                     # group-level, in policy order
     why_not: dict[str, str] = field(default_factory=dict)
+    # Legal by everything a process can query, but whose set-up must fail on this machine
+    # (no query reveals it: a container without /dev/nvidia-caps, row MC3; hosts in different
+    # IMEX domains, row I3): admitting them is right, and so is falling back from them.
+    setup_fails: dict[str, str] = field(default_factory=dict)
 
 
 def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
@@ -126,8 +138,6 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
         doms = {id(c.domain_of(g)) if c.domain_of(g) is not None else None for g in gpus}
         if not all(g.multicast and g.vmm for g in gs):
             why["multicast"] = "some GPU lacks multicast or VMM (row M1)"
-        elif not all(c.host(g.host).container.nvidia_caps for g in gpus):
-            why["multicast"] = "a container without /dev/nvidia-caps (row MC3)"
         elif None in doms or len(doms) != 1:
             why["multicast"] = "GPUs are not in one NVLink domain"
         elif not all(g.fabric.state in (FabricState.COMPLETED, FabricState.NOT_SUPPORTED) for g in gs):
@@ -157,12 +167,33 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
             why["symm"] = "not every pair is NVLink + P2P"
     else:
         bad = next(((a, b) for a, b in pairs if FABRIC not in imp[(a, b)]), None)
+        unreal = next(((a, b) for a, b in pairs if p2p_unreal(c, a, b)), None)
         if bad:
             why["symm"] = f"across hosts: {bad[0]} cannot import a FABRIC handle of {bad[1]}"
+        elif unreal and policy_probes:
+            why["symm"] = (f"the functional P2P probe {unreal[0]} -> {unreal[1]} fails (rows "
+                           f"P1-P4): same-host peer mappings ride that path")
+    if ws >= 2 and "fabric" not in why:
+        unreal = next(((a, b) for a, b in pairs if p2p_unreal(c, a, b)), None)
+        if unreal and policy_probes:
+            why["fabric"] = (f"the functional P2P probe {unreal[0]} -> {unreal[1]} fails (rows "
+                             f"P1-P4): same-host FABRIC mappings ride that path")
+    setup_fails: dict[str, str] = {}
+    if ws >= 2 and not all(c.host(g.host).container.nvidia_caps for g in gpus):
+        setup_fails["multicast"] = "a container without /dev/nvidia-caps (row MC3)"
+    split = next(((a, b) for a, b in pairs if not c.same_imex_domain(a.host, b.host)), None)
+    if split and ws >= 2:
+        why_split = f"{split[0].host} and {split[1].host} are in different IMEX domains (row I3)"
+        setup_fails["fabric"] = why_split
+        if not single_host:
+            setup_fails["multicast"] = setup_fails.get("multicast", why_split)
+        if len({c.host(g.host).shm_namespace for g in gpus}) != 1:
+            setup_fails["symm"] = why_split
     legal = tuple(b for b in order if b not in why)
     if "nccl" not in legal:
         legal += ("nccl",)
-    return GroupTruth(name, ranks, gpus, legal, why)
+    return GroupTruth(name, ranks, gpus, legal, why,
+                      {b: w for b, w in setup_fails.items() if b in legal})
 
 
 def _probes(pol: Policy) -> bool:
@@ -287,6 +318,8 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     # on the faulted rank, voted to its group, is expected; a backend they knock out may be
     # skipped in favour of the next legal one.
     oom = [f for f in sc.faults if f.kind in ("oom", "call_fails")]
+    truths = {g.name: group_truth(sc, g.ranks, g.name, tuple(pol.order), _probes(pol))
+              for g in sc.groups}
     oom_ranks = {f.rank for f in oom if f.rank is not None}
     errored = bool(res.errors)
     for key, ok_set in legal.items():
@@ -303,7 +336,9 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
             # Under an oom fault a better backend may have lost its set-up to the injected
             # failure; only those (as the decision record says) may be skipped.
             skipped = ok_set[:ok_set.index(chosen)]
-            demoted = set(_setup_failed(res.explain.get(key[0], ""))) if oom else set()
+            failed = set(_setup_failed(res.explain.get(key[0], "")))
+            must_fail = set(truths[key[0]].setup_fails) if key[0] in truths else set()
+            demoted = failed if oom else failed & must_fail
             if not set(skipped) <= demoted:
                 v.add("not-best", f"{key[0]} {key[1]} {key[2]} B {key[3]}: chose {chosen}, best legal is "
                                   f"{ok_set[0]} (legal: {', '.join(ok_set)})")
@@ -337,8 +372,6 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     # What the communicator admitted (its decision record), against what the topology allows:
     # admitting an illegal backend is a wrong eligibility rule even when its set-up then fails
     # and the communicator falls back to a legal one.
-    truths = {g.name: group_truth(sc, g.ranks, g.name, tuple(pol.order), _probes(pol))
-              for g in sc.groups}
     for gname, text in res.explain.items():
         gt = truths.get(gname)
         if gt is None:

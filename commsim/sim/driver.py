@@ -813,6 +813,8 @@ class SimDriver:
     def cuMulticastAddDevice(self, mc_handle: int, dev: int) -> None:
         mc = self._mc(mc_handle)
         g = self._dev(dev)
+        if not self.cluster.host(self.proc.host).container.nvidia_caps:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # row MC3: no /dev/nvidia-caps here either
         if not self.cluster.gpu(g).multicast:
             raise Fail(rules.code("M1"))
         if g != mc.creator and not self.cluster.same_domain(g, mc.creator):

@@ -175,6 +175,7 @@ class ContainerCaps:
     nvidia_caps: bool = True        # /dev/nvidia-caps mounted: multicast objects (row MC3)
     imex_channel_dev: bool = True   # /dev/nvidia-caps-imex-channels mounted (rows I1, W5)
     pidfd_getfd: bool = True        # CAP_SYS_PTRACE / ptrace scope lets fds be pulled (row W7)
+    one_gpu_per_process: bool = False  # CUDA_VISIBLE_DEVICES = the process's own GPU (W1, W2)
 
 
 @dataclass(frozen=True)
