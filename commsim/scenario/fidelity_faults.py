@@ -176,3 +176,21 @@ def resolve(kind: str, cluster: Cluster, placement: Sequence[GpuRef],
     apply (a pair on a host of one GPU, a split of a single host)."""
     fields = BY_NAME[kind].target(cluster, placement, rng)
     return Fault(kind, **fields) if fields else None
+
+
+def _row_ids(doc: str) -> str:
+    return doc.rsplit("; row", 1)[-1].removeprefix("s").strip() if "; row" in doc else "-"
+
+
+def docs_table() -> str:
+    """The rows of the docs/scenario-format.md fault table for these kinds (the docs hold
+    exactly this text between the generated-table markers; a test keeps them equal)."""
+    out = []
+    for k in KINDS:
+        keys = ", ".join(f"`{f}`" for f in k.required)
+        extra = "; ".join(f"`{f}` one of {', '.join(f'`{c}`' for c in cs)}"
+                          for f, cs in k.choices.items())
+        text = k.doc.rsplit("; row", 1)[0]
+        out.append(f"| `{k.name}` | {keys} | {text}{'. ' + extra if extra else ''}. | "
+                   f"{_row_ids(k.doc)} |")
+    return "\n".join(out)

@@ -443,3 +443,12 @@ def test_write_scenario_atomic_and_validated(tmp_path: Path) -> None:
     assert target.read_text() == H100  # the old file survives a refused write
     write_scenario(target, "not toml = [", validate=False)
     assert target.read_text() == "not toml = ["
+
+
+def test_docs_fault_table_is_the_issue17_registry() -> None:
+    """docs/scenario-format.md lists every issue-17 fault kind as fidelity_faults declares it."""
+    from commsim.scenario.fidelity_faults import docs_table
+    text = (ROOT / "docs" / "scenario-format.md").read_text()
+    block = re.search(r"<!-- generated from commsim/scenario/fidelity_faults.py[^\n]*-->\n(.*?)\n"
+                      r"<!-- end generated -->", text, re.S)
+    assert block is not None and block.group(1) == docs_table()
