@@ -38,7 +38,7 @@ from ..discovery import GroupView, RankInfo
 from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
 from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC, FD
-from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
+from ..sim.unix_socket import FdTransportError, pidfd_getfd, recv_fd, send_fd
 from .base import Eligibility, Mi, SetupFailed, probe_verdict
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
@@ -191,6 +191,8 @@ class SymmBackend(VmmPeerBackend):
                 self.imported.append(h)
                 out.append(h)
             return out
+        if self.params.get("symm_fd_exchange") == "pidfd":
+            return self._rendezvous_pidfd(mine)
         # POSIX fd (PyTorch IpcChannel, §2.5): pids meet in the store, then each rank sends its
         # fd to every peer's socket and receives every peer's fd.
         pids = self.group.exchange(self._key(kind), d.getpid(), tag="symm.init: exchange pids")
@@ -248,6 +250,35 @@ class SymmBackend(VmmPeerBackend):
         except CudaError as e:
             err = e
         self.vote("init: bind and map multicast", err)
+
+    def _rendezvous_pidfd(self, mine: int) -> list[int]:
+        """The pidfd_getfd exchange (row W7): (pid, fd) pairs meet in the store, every rank
+        pulls each peer's fd, and the owners close theirs only after everyone pulled."""
+        d = self.driver
+        pairs = self.group.exchange(self._key("pidfd"), (d.getpid(), mine),
+                                    tag="symm.init: exchange pids and fds")
+        out = [0] * self.ws
+        out[self.rank] = self.own_handle
+        err = None
+        try:
+            for j, (pid, fd) in enumerate(pairs):
+                if j == self.rank:
+                    continue
+                got = pidfd_getfd(d, pid, fd)
+                try:
+                    h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(got, FD))
+                finally:
+                    d.close_fd(got)
+                self.imported.append(h)
+                out[j] = h
+        except (CudaError, FdTransportError) as e:
+            err = e
+        self.group.barrier(tag="symm.init: every peer pulled the fds")
+        d.close_fd(mine)
+        self.own_fd = None
+        if err is not None:
+            raise err
+        return out
 
     def _drop_multicast(self) -> None:
         """Undo a partial multicast set-up on this rank (unbind, unmap, free, release)."""

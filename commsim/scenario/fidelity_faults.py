@@ -150,6 +150,14 @@ KINDS: tuple[FaultKind, ...] = (
         "each process of the host sees only its own GPU (CUDA_VISIBLE_DEVICES, as Ray places "
         "workers): ordinals remapped, NVML still sees the host; rows W1, W2"),
     FaultKind(
+        "pidfd_getfd_denied", ("host",),
+        lambda c, f: _container(c, f.host, pidfd_getfd=False),
+        _host, 2.0,
+        lambda f: f"pidfd_getfd_denied({f.host})",
+        "the host's processes may not pull a peer's fd with pidfd_getfd (container without "
+        "CAP_SYS_PTRACE, Yama ptrace_scope >= 1): EPERM where the fd exchange relies on it; "
+        "SCM_RIGHTS over a Unix socket is unaffected; row W7"),
+    FaultKind(
         "driver_version", ("host", "version"),
         lambda c, f: c.replace_host(f.host, driver_version=f.version),
         _old_driver, 2.0,

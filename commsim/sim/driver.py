@@ -130,6 +130,7 @@ class SimDriver:
         self._ipc_open: dict[int, int] = {}           # aid -> base of our import
         self._peer_maps = 0
         fabric.exit_hooks[proc.pid] = self._exit_release
+        fabric.drivers[proc.pid] = self
 
     def _exit_release(self) -> None:
         """The OS ends this process: its VMM and multicast mappings and its multicast

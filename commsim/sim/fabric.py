@@ -103,6 +103,8 @@ class SimFabric:
         self.flags: list[str] = []   # undefined-behaviour events the run must report (L15, M6, V7)
         # pid -> what the process's driver must drop when the OS ends it (its mappings)
         self.exit_hooks: dict[int, Callable[[], None]] = {}
+        # pid -> its SimDriver (the per-process fd table pidfd_getfd reads, row W7)
+        self.drivers: dict[int, object] = {}
         self._next_aid = 1
         self._next_mid = 1
         self._next_pid = 1000

@@ -60,3 +60,24 @@ def recv_fd(dst: "SimDriver", src_pid: int, timeout: float | None = None) -> int
     wait_until(lambda: bool(box.get(key)), f"recvmsg on /tmp/symm_mem-{dst.proc.pid} from pid {src_pid}",
                timeout)
     return dst.receive_fd(box[key].pop(0))
+
+
+def pidfd_getfd(dst: "SimDriver", src_pid: int, fd: int) -> int:
+    """pidfd_open(src_pid) + pidfd_getfd(fd): pull a copy of another process's fd (the fd
+    exchange some symmetric-memory stacks use instead of SCM_RIGHTS). The pid must be in this
+    host's pid namespace, and the caller needs ptrace access (PTRACE_MODE_ATTACH_REALCREDS):
+    containers without CAP_SYS_PTRACE, or Yama ptrace_scope >= 1, answer EPERM (row W7;
+    moby/moby#45622, man 2 pidfd_getfd)."""
+    src = dst.fabric.processes.get(src_pid)
+    if src is None or not src.alive or dst.cluster.host(src.host).shm_namespace != dst.shm_namespace():
+        raise FdTransportError(3, f"ESRCH: pidfd_open({src_pid}): no such process in the pid "
+                                  f"namespace of host {dst.gethostname()}")
+    if not dst.cluster.host(dst.proc.host).container.pidfd_getfd:
+        raise FdTransportError(1, f"EPERM: pidfd_getfd(pid {src_pid}, fd {fd}): Operation not "
+                                  f"permitted: no ptrace access to the peer (container without "
+                                  f"CAP_SYS_PTRACE or Yama ptrace_scope >= 1; row W7)")
+    holder = dst.fabric.drivers.get(src_pid)
+    target = holder.fd_target(fd) if holder is not None else None
+    if target is None:
+        raise FdTransportError(9, f"EBADF: fd {fd} is not open in pid {src_pid}")
+    return dst.receive_fd(target)

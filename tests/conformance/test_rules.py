@@ -1218,6 +1218,38 @@ def _(rig):
     return res
 
 
+def _model_row(rig, cc: tuple[int, int], multicast: int, fabric: int):
+    d = rig[0]
+    got = (check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0)),
+           check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0)))
+    assert got == cc, got
+    assert check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0)) == multicast
+    assert check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0)) == fabric
+    return (E.cudaSuccess,)
+
+
+for _row, _preset, _cc, _mc, _fab, _src in (
+        ("G/gb300", "gb300-nvl72:1", (10, 3), 1, 1, "vllm-project/vllm#42324 (SM 10.3); GB300 NVL72 page"),
+        ("G/b300", "hgx-b300-8", (10, 3), 1, 1, "vllm-project/vllm#42324 (SM 10.3); HGX B300 page"),
+        ("G/gb10", "dgx-spark-2:1", (12, 1), 0, 0, "NVIDIA/dgx-spark-playbooks#22 (sm_121)"),
+        ("G/h200nvl", "h200-nvl-4way-8", (9, 0), 0, 0, "H200 NVL product brief (PCIe, bridges)"),
+        ("G/rtxpro6000", "rtx-pro-6000-4", (12, 0), 0, 0, "vllm-project/vllm#56128 (sm_120, PCIe)"),
+        ("G/rtx5090", "rtx5090-2", (12, 0), 0, 0, "aikitoria/open-gpu-kernel-modules#21"),
+        ("G/rtx3090", "rtx3090-2-nvlink", (8, 6), 0, 0, "noonghunna/club-3090#922")):
+    case(_row, f"{_preset}: compute capability {_cc[0]}.{_cc[1]}, multicast {_mc}, fabric {_fab}",
+         f"{_src}; docs/fidelity-rules.md §9", _preset, [(0, 0)], expect=E.cudaSuccess)(
+        lambda rig, cc=_cc, mc=_mc, fab=_fab: _model_row(rig, cc, mc, fab))
+
+
+@case("G/p2p", "GeForce: RTX 5090 pair no P2P (stock driver); RTX 3090 pair P2P over its NV4 bridge",
+      "sgl-project/sglang#4814; noonghunna/club-3090#922; docs/fidelity-rules.md §9",
+      "rtx3090-2-nvlink", [(0, 0)], expect=E.cudaSuccess)
+def _(rig):
+    assert check("peer", rig[0].cuDeviceCanAccessPeer(0, 1)) == 1
+    assert check("nvml", rig[0].nvmlDeviceGetP2PStatus(0, 1)) == NVML_P2P_STATUS_OK
+    return (E.cudaSuccess,)
+
+
 def _old_driver():
     c = build("hgx-h100-8")
     return c.replace_host("hgx-h100-0", driver_version="450.80.02")

@@ -25,6 +25,7 @@ DECIDED_BY = {
     "multicast-container-no-caps": ("tp", "carrying on with multicast address 0 (row S1)"),
     "one-gpu-per-process": ("tp", "ipc: admitted"),
     "container-without-imex-channel": ("world", "rank(s) 4, 5, 6, 7 have no IMEX channel"),
+    "pidfd-getfd-denied": ("tp", "EPERM: pidfd_getfd"),
 }
 
 

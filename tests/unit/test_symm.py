@@ -197,3 +197,20 @@ def test_multimem_without_checking_the_address_is_a_sticky_illegal_address():
 
     outs = LocalWorld(2, seed=0).run(rank)
     assert [o.value for o in outs] == [(700, 700), (700, 700)], [(o.value, o.error) for o in outs]
+
+
+def test_pidfd_exchange_works_and_is_refused_without_ptrace():
+    """Row W7: the pidfd_getfd fd exchange maps peers like SCM_RIGHTS does, and a container
+    without CAP_SYS_PTRACE refuses it with EPERM (voted: every rank falls back)."""
+    from commsim.topology.model import ContainerCaps
+    global POLICY
+    saved = POLICY
+    try:
+        POLICY = Policy(order=("symm", "nccl"), params={"symm_fd_exchange": "pidfd"})
+        chosen, text = run_group("hgx-h100-8", n=4, capture=False, sizes=(16 * KiB,))
+        assert set(chosen.values()) == {"symm"}
+        c = build_preset("hgx-h100-8").replace_host("hgx-h100-0", container=ContainerCaps(pidfd_getfd=False))
+        chosen, text = run_group("hgx-h100-8", n=4, cluster=c, capture=False, sizes=(16 * KiB,))
+        assert set(chosen.values()) == {"nccl"} and "EPERM: pidfd_getfd" in text
+    finally:
+        POLICY = saved
