@@ -25,7 +25,7 @@ KiB, MiB = 1 << 10, 1 << 20
 
 def run_group(preset: str, gpus: list[GpuRef] | None = None, n: int | None = None,
               faults: dict[int, ProcessFaults] | None = None, sizes=(16 * KiB, 512 * KiB),
-              capture: bool = True, cluster=None):
+              capture: bool = True, cluster=None, policy: Policy = POLICY):
     cluster = cluster or build_preset(preset)
     refs = gpus or list(cluster.gpu_refs())[:n]
     fabric = SimFabric(cluster, seed=0)
@@ -43,7 +43,7 @@ def run_group(preset: str, gpus: list[GpuRef] | None = None, n: int | None = Non
         return total.chunk(ws)[r] if op == "reduce_scatter" else total
 
     def rank(group):
-        comm = Communicator(group, drivers[group.rank], POLICY)
+        comm = Communicator(group, drivers[group.rank], policy)
         got = {}
         for mode in (("capture",) if capture else ()) + ("eager",):
             outs = []
@@ -203,14 +203,9 @@ def test_pidfd_exchange_works_and_is_refused_without_ptrace():
     """Row W7: the pidfd_getfd fd exchange maps peers like SCM_RIGHTS does, and a container
     without CAP_SYS_PTRACE refuses it with EPERM (voted: every rank falls back)."""
     from commsim.topology.model import ContainerCaps
-    global POLICY
-    saved = POLICY
-    try:
-        POLICY = Policy(order=("symm", "nccl"), params={"symm_fd_exchange": "pidfd"})
-        chosen, text = run_group("hgx-h100-8", n=4, capture=False, sizes=(16 * KiB,))
-        assert set(chosen.values()) == {"symm"}
-        c = build_preset("hgx-h100-8").replace_host("hgx-h100-0", container=ContainerCaps(pidfd_getfd=False))
-        chosen, text = run_group("hgx-h100-8", n=4, cluster=c, capture=False, sizes=(16 * KiB,))
-        assert set(chosen.values()) == {"nccl"} and "EPERM: pidfd_getfd" in text
-    finally:
-        POLICY = saved
+    pol = Policy(order=("symm", "nccl"), params={"symm_fd_exchange": "pidfd"})
+    chosen, text = run_group("hgx-h100-8", n=4, capture=False, sizes=(16 * KiB,), policy=pol)
+    assert set(chosen.values()) == {"symm"}
+    c = build_preset("hgx-h100-8").replace_host("hgx-h100-0", container=ContainerCaps(pidfd_getfd=False))
+    chosen, text = run_group("hgx-h100-8", n=4, cluster=c, capture=False, sizes=(16 * KiB,), policy=pol)
+    assert set(chosen.values()) == {"nccl"} and "EPERM: pidfd_getfd" in text
