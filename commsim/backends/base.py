@@ -53,6 +53,10 @@ class Capture:
     # ops recorded into the graph, replayed after registration: (backend, op, input, output)
     pending: list[tuple["Backend", str, Any, Any]] = field(default_factory=list)
     opened: list[int] = field(default_factory=list)        # peer IPC mappings from registration
+    # graph_pool_segment: the cudaMalloc blocks the recorded buffers are carved from (as the
+    # caching allocator's graph pool does): (base, size, next free offset)
+    segments: list[list[int]] = field(default_factory=list)
+    peer_ptrs: list[int] = field(default_factory=list)     # peers' buffers: mapped base + offset
     registered: bool = False
     released: bool = False
     error: Exception | None = None      # a rank-local failure while recording, voted at exit
