@@ -206,14 +206,18 @@ class SymmBackend(VmmPeerBackend):
         out[self.rank] = self.own_handle
         for j in range(1, self.ws):
             src = (self.rank - j) % self.ws
-            fd = recv_fd(d, pids[src], timeout=FD_EXCHANGE_TIMEOUT)
-            try:
-                h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
-            finally:
-                d.close_fd(fd)
-            self.imported.append(h)
-            out[src] = h
+            out[src] = self._import_fd(recv_fd(d, pids[src], timeout=FD_EXCHANGE_TIMEOUT))
         return out
+
+    def _import_fd(self, fd: int) -> int:
+        """Import a peer's buffer from a received fd, then close the fd (the handle keeps it)."""
+        d = self.driver
+        try:
+            h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+        finally:
+            d.close_fd(fd)
+        self.imported.append(h)
+        return h
 
     def _setup_multicast(self, me: int) -> None:
         """FlashInfer SymmDeviceMemory._setup_multicast (§3.2): rank 0 creates and shares the
@@ -264,13 +268,7 @@ class SymmBackend(VmmPeerBackend):
             for j, (pid, fd) in enumerate(pairs):
                 if j == self.rank:
                     continue
-                got = pidfd_getfd(d, pid, fd)
-                try:
-                    h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(got, FD))
-                finally:
-                    d.close_fd(got)
-                self.imported.append(h)
-                out[j] = h
+                out[j] = self._import_fd(pidfd_getfd(d, pid, fd))
         except (CudaError, FdTransportError) as e:
             err = e
         self.group.barrier(tag="symm.init: every peer pulled the fds")
@@ -282,6 +280,12 @@ class SymmBackend(VmmPeerBackend):
 
     def _drop_multicast(self) -> None:
         """Undo a partial multicast set-up on this rank (unbind, unmap, free, release)."""
+        self._unbind_unmap_multicast()
+        if self.mc_handle:
+            self.driver.cuMemRelease(self.mc_handle)
+            self.mc_handle = 0
+
+    def _unbind_unmap_multicast(self) -> None:
         d = self.driver
         if self.bound:
             d.cuMulticastUnbind(self.mc_handle, check("cudaGetDevice", d.cudaGetDevice()), 0, self.slot)
@@ -292,9 +296,6 @@ class SymmBackend(VmmPeerBackend):
                 self.mc_mapped = False
             d.cuMemAddressFree(self.mc, self.slot)
             self.mc = 0
-        if self.mc_handle:
-            d.cuMemRelease(self.mc_handle)
-            self.mc_handle = 0
 
     def _share_multicast(self, blob: Any) -> None:
         """Rank 0's exported multicast handle to every other rank: a fabric blob through the
@@ -357,14 +358,7 @@ class SymmBackend(VmmPeerBackend):
         if self.own_fd is not None:       # set-up stopped between export and rendezvous
             d.close_fd(self.own_fd)
             self.own_fd = None
-        if self.bound:
-            d.cuMulticastUnbind(self.mc_handle, check("cudaGetDevice", d.cudaGetDevice()), 0, self.slot)
-            self.bound = False
-        if self.mc:
-            if self.mc_mapped:
-                d.cuMemUnmap(self.mc, self.slot)
-            d.cuMemAddressFree(self.mc, self.slot)
-            self.mc = 0
+        self._unbind_unmap_multicast()
         self.unmap_peers()
         if self.mc_handle:
             d.cuMemRelease(self.mc_handle)

@@ -450,7 +450,8 @@ def _teardown_export(rig, i, h, ptr, g):
       "§2.3 [CUDA13-h] cuMemImportFromShareableHandle; row V5", lambda: modify.without_imex(
           build("gb200-nvl72:2"), "gb200-nvl72-tray01"), [(0, 0), (1, 0)],
       expect=R.CUDA_ERROR_NOT_PERMITTED)
-def _(rig):
+def _import_refused(rig):
+    """Process 0 exports FABRIC memory, process 1's import is refused and holds nothing."""
     h, ptr, blob, g = _export_fabric(rig)
     res = rig[1].cuMemImportFromShareableHandle(blob, FABRIC)
     assert rig.held(1) == {}
@@ -1137,11 +1138,7 @@ def _(rig):
 def _(rig):
     assert (check("nvml", rig[0].nvmlDeviceGetGpuFabricInfo(0)).cluster_uuid ==
             check("nvml", rig[1].nvmlDeviceGetGpuFabricInfo(0)).cluster_uuid)
-    h, ptr, blob, g = _export_fabric(rig)
-    res = rig[1].cuMemImportFromShareableHandle(blob, FABRIC)
-    assert rig.held(1) == {}
-    _teardown_export(rig, 0, h, ptr, g)
-    return res
+    return _import_refused(rig)
 
 
 @case("I1/W5", "a container without the IMEX channel device: cuMemCreate(FABRIC) NOT_PERMITTED",
@@ -1158,17 +1155,26 @@ def _(rig):
       "CUDA driver API (all devices before any bind); NVIDIA/nccl#1788 (401); row MC2",
       "hgx-h100-8", [(0, 0)], expect=R.CUDA_ERROR_ILLEGAL_STATE)
 def _(rig):
-    d = rig[0]
-    g = 2 * MIB
+    d, g = rig[0], 2 * MIB
+    mc, h = _bound_team_of_one(d, g)
+    res = d.cuMulticastAddDevice(mc, 1)
+    _unbind_release(d, mc, h, g)
+    return res
+
+
+def _bound_team_of_one(d, g: int):
+    """A multicast object for one device, that device added and `g` bytes bound."""
     mc = check("cuMulticastCreate", d.cuMulticastCreate(multicast_prop(1, g, 0)))
     check("cuMulticastAddDevice", d.cuMulticastAddDevice(mc, 0))
     h = create(d, g)
     check("cuMulticastBindMem", d.cuMulticastBindMem(mc, 0, h, 0, g, 0))
-    res = d.cuMulticastAddDevice(mc, 1)
+    return mc, h
+
+
+def _unbind_release(d, mc: int, h: int, g: int) -> None:
     check("cuMulticastUnbind", d.cuMulticastUnbind(mc, 0, 0, g))
     check("cuMemRelease", d.cuMemRelease(h))
     check("cuMemRelease", d.cuMemRelease(mc))
-    return res
 
 
 @case("MC3/W4", "a container without /dev/nvidia-caps: cuMulticastCreate INVALID_VALUE",
@@ -1192,19 +1198,13 @@ def _(rig):
       "PTX ISA 'only multimem.* on multimem addresses' (NVIDIA/nccl#1230); row MC7",
       "hgx-h100-8", [(0, 0)], expect=E.cudaSuccess, sim_only=True)
 def _(rig):
-    d = rig[0]
-    g = 2 * MIB
-    mc = check("cuMulticastCreate", d.cuMulticastCreate(multicast_prop(1, g, 0)))
-    check("cuMulticastAddDevice", d.cuMulticastAddDevice(mc, 0))
-    h = create(d, g)
-    check("cuMulticastBindMem", d.cuMulticastBindMem(mc, 0, h, 0, g, 0))
+    d, g = rig[0], 2 * MIB
+    mc, h = _bound_team_of_one(d, g)
     va = map_rw(d, mc, g)
     res = rig.kernel_read(0, va, 64)
     assert rig.flagged("MC7", 0)
     unmap_free(d, va, g)
-    check("cuMulticastUnbind", d.cuMulticastUnbind(mc, 0, 0, g))
-    check("cuMemRelease", d.cuMemRelease(h))
-    check("cuMemRelease", d.cuMemRelease(mc))
+    _unbind_release(d, mc, h, g)
     return res
 
 
