@@ -15,11 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..discovery import GroupView
-from ..driver import CudaError, alloc_prop, check
-from ..sim import collective_kernels as K
-from ..sim.driver import FABRIC
+from ..driver import FABRIC, CudaError, alloc_prop, check
+from ..kernels import workspace as W
 from ..topology.model import FabricState
+from ..topology.truth import FABRIC as FABRIC_HANDLE, GroupFacts
 from .base import Eligibility, Mi, probe_verdict
+from .registry import register_backend
 from .vmm import VmmPeerBackend
 
 
@@ -27,8 +28,28 @@ def round_up(n: int, g: int) -> int:
     return (n + g - 1) // g * g
 
 
+@register_backend
 class FabricBackend(VmmPeerBackend):
     name = "fabric"
+    order, colour = 20, "#59a14f"
+    algorithms, cost_family = ("one-shot", "two-shot"), "lamport"
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        if facts.ws < 2:
+            return "a group of one rank"
+        bad = facts.first_pair_without(FABRIC_HANDLE)
+        if bad:
+            return f"{bad[0]} cannot import a FABRIC handle of {bad[1]}"
+        if facts.unreal:        # same-host FABRIC mappings ride the path the probe disproves
+            return (f"the functional P2P probe {facts.unreal[0]} -> {facts.unreal[1]} fails "
+                    f"(rows P1-P4): same-host FABRIC mappings ride that path")
+        return None
+
+    @classmethod
+    def setup_fails(cls, facts: GroupFacts) -> str | None:
+        """IMEX domain membership is reported by no query (row I3): the import fails at set-up."""
+        return facts.imex_split
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -70,7 +91,7 @@ class FabricBackend(VmmPeerBackend):
         err, blob = None, None
         try:
             gran = check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
-            self.slot = round_up(K.workspace_bytes(self.capacity), gran)
+            self.slot = round_up(W.workspace_bytes(self.capacity), gran)
             self.own_handle = check("cuMemCreate", d.cuMemCreate(self.slot, prop, 0))
             blob = check("cuMemExportToShareableHandle",
                          d.cuMemExportToShareableHandle(self.own_handle, FABRIC, 0))

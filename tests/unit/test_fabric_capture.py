@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from commsim.topology.fabric_capture import (
+from commsim.topology.importers.nvml_fabric_capture import (
     FabricInfoError, load_fabric_file, parse_fabric_json, parse_fabric_xml,
 )
-from commsim.topology.import_nvml_fabric import merge_fabric
+from commsim.topology.importers.nvml_fabric import merge_fabric
 from commsim.topology.model import FabricState
 from commsim.topology.presets import build
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from commsim.topology import presets, render
-from commsim.topology.import_nvidia_smi import build_cluster, parse_topo_matrix, switch_shape
+from commsim.topology.importers.nvidia_smi import build_cluster, parse_topo_matrix, switch_shape
 from commsim.topology.model import TopologyError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "topo"
