@@ -93,7 +93,7 @@ def test_replay_of_a_planted_failure_exits_1(capsys, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("argv, words", [
-    (("sweep", "--count", "5", "--filter", "gb300"), "--filter 'gb300' matches no machine shape"),
+    (("sweep", "--count", "5", "--filter", "gb900"), "--filter 'gb900' matches no machine shape"),
     (("sweep", "--count", "5", "--filter", ""), "--filter: empty substring"),
     (("sweep", "--count", "-1"), "--count must be >= 0"),
     (("sweep", "--count", "5", "--jobs", "0"), "--jobs must be >= 1"),
