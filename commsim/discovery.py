@@ -36,9 +36,30 @@ class RankInfo:
     fabric_state: int
     fabric_status: int
     nvlinks_up: bool
-    # over the GPUs of this rank's host, by NVML index: P2P allowed / NVLink P2P status OK
-    p2p: tuple[bool, ...]
+    # over the GPUs of this rank's host, by NVML index: P2P allowed (None: not visible to this
+    # process, so not askable) / NVLink P2P status OK
+    p2p: tuple[bool | None, ...]
     nvlink: tuple[bool, ...]
+    # The functional probe towards each GPU the rank reports P2P to (row P4): "" = the IPC
+    # round trip kept its bytes, text = what failed, None = not probed / probe unavailable.
+    p2p_probe: tuple[str | None, ...] = ()
+    gpu_index: int = -1             # NVML index on its host (-1: same as `device`)
+
+    @property
+    def gpu(self) -> int:
+        return self.device if self.gpu_index < 0 else self.gpu_index
+
+    def can_access(self, other: "RankInfo") -> bool:
+        """P2P towards `other` (same host) as this rank knows it: cuDeviceCanAccessPeer where
+        the peer is visible; where it is not (row W1), the functional probe's verdict."""
+        if other.host != self.host:
+            return False
+        k = other.gpu
+        known = self.p2p[k] if k < len(self.p2p) else None
+        if known is None:
+            why = self.p2p_probe[k] if k < len(self.p2p_probe) else None
+            return why == ""
+        return known
 
     @property
     def mnnvl_capable(self) -> bool:
@@ -48,23 +69,47 @@ class RankInfo:
                 and self.fabric_state == FabricState.COMPLETED and self.fabric_status == 0)
 
 
+def _nvml_index(driver: Driver, ordinal: int) -> int:
+    """The NVML index (host-wide, not remapped by CUDA_VISIBLE_DEVICES) of a CUDA ordinal; a
+    driver that cannot say is taken to see every GPU in NVML order (row W1)."""
+    f = getattr(driver, "nvml_index", None)
+    return ordinal if f is None else f(ordinal)
+
+
 def probe(driver: Driver, rank: int) -> RankInfo:
-    """The rank-local probe. Uses only Driver calls."""
+    """The rank-local probe. Uses only Driver calls.
+
+    Per-GPU facts are indexed by NVML index over every GPU of the host: CUDA ordinals are
+    remapped per process by CUDA_VISIBLE_DEVICES (row W1), so a process that sees one GPU
+    cannot ask cuDeviceCanAccessPeer about the others (None there) and relies on NVML and on
+    the functional probe, which runs in helper processes of its own (row W2)."""
     dev = check("cudaGetDevice", driver.cudaGetDevice())
 
     def attr(a) -> int:
         return check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(a, dev))
 
     n = check("cudaGetDeviceCount", driver.cudaGetDeviceCount())
-    p2p = tuple(True if j == dev else
-                bool(check("cuDeviceCanAccessPeer", driver.cuDeviceCanAccessPeer(dev, j)))
-                for j in range(n))
+    me = _nvml_index(driver, dev)
+    count = getattr(driver, "nvmlDeviceGetCount", None)
+    host_gpus = count()[1] if count is not None else n
+    ordinal_of = {_nvml_index(driver, o): o for o in range(n)}
+    p2p = tuple(True if k == me else
+                (bool(check("cuDeviceCanAccessPeer", driver.cuDeviceCanAccessPeer(dev, ordinal_of[k])))
+                 if k in ordinal_of else None)
+                for k in range(host_gpus))
     nvl = []
-    for j in range(n):
-        err, status = driver.nvmlDeviceGetP2PStatus(dev, j)
+    for k in range(host_gpus):
+        err, status = driver.nvmlDeviceGetP2PStatus(me, k)
         nvl.append(err == 0 and status == NVML_P2P_STATUS_OK)   # any NVML error: not connected
-    err, fab = driver.nvmlDeviceGetGpuFabricInfo(dev)
-    err2, links_up = driver.nvmlDeviceGetNvLinkState(dev)
+    # What serving stacks do before trusting the flag (vLLM gpu_p2p_access_check): a real IPC
+    # round trip with a check of the bytes, in helper processes, towards every peer the
+    # driver reports P2P to (or cannot be asked about). A driver without the capability
+    # leaves it None (the flag is trusted).
+    run_probe = getattr(driver, "p2p_probe", None)
+    probed = tuple(run_probe(me, k) if run_probe is not None and k != me and p2p[k] is not False
+                   else None for k in range(host_gpus))
+    err, fab = driver.nvmlDeviceGetGpuFabricInfo(me)
+    err2, links_up = driver.nvmlDeviceGetNvLinkState(me)
     major = attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
     minor = attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
     return RankInfo(
@@ -80,7 +125,7 @@ def probe(driver: Driver, rank: int) -> RankInfo:
         fabric_state=fab.state if err == 0 else 0,
         fabric_status=fab.status if err == 0 else -1,
         nvlinks_up=bool(links_up) if err2 == 0 else False,
-        p2p=p2p, nvlink=tuple(nvl))
+        p2p=p2p, nvlink=tuple(nvl), p2p_probe=probed, gpu_index=me)
 
 
 @dataclass(frozen=True)
@@ -113,11 +158,21 @@ class GroupView:
                     yield a, b
 
     def p2p_all(self) -> bool:
-        return all(a.host == b.host and a.p2p[b.device] for a, b in self.pairs())
+        return all(a.can_access(b) for a, b in self.pairs())
+
+    def p2p_unreal(self) -> str:
+        """The first pair whose reported P2P the functional probe disproved (rows P1-P4),
+        as a sentence; "" when none did."""
+        for a, b in self.pairs():
+            why = a.p2p_probe[b.gpu] if a.host == b.host and b.gpu < len(a.p2p_probe) else None
+            if why:
+                return (f"functional P2P probe, rank {a.rank} -> rank {b.rank}: {why}; the probe is "
+                        f"trusted over cuDeviceCanAccessPeer")
+        return ""
 
     def nvlink_all(self) -> bool:
         """vLLM `is_fully_connected`: NVML NVLink P2P status OK for every pair (§6.1.1)."""
-        return all(a.host == b.host and a.nvlink[b.device] for a, b in self.pairs())
+        return all(a.host == b.host and a.nvlink[b.gpu] for a, b in self.pairs())
 
     def same_fabric_domain(self) -> bool:
         """NCCL's domain test: one non-zero cluster UUID over the group (§4.2)."""

@@ -56,6 +56,10 @@ class Capture:
     # ops recorded into the graph, replayed after registration: (backend, op, input, output)
     pending: list[tuple["Backend", str, Any, Any]] = field(default_factory=list)
     opened: list[int] = field(default_factory=list)        # peer IPC mappings from registration
+    # graph_pool_segment: the cudaMalloc blocks the recorded buffers are carved from (as the
+    # caching allocator's graph pool does): (base, size, next free offset)
+    segments: list[list[int]] = field(default_factory=list)
+    peer_ptrs: list[int] = field(default_factory=list)     # peers' buffers: mapped base + offset
     registered: bool = False
     released: bool = False
     error: Exception | None = None      # a rank-local failure while recording, voted at exit
@@ -88,6 +92,13 @@ class Backend(ABC):
         (commsim.topology.truth.GroupFacts), or None when it does. Restated from the sources,
         never derived from `eligibility`, so that a wrong eligibility rule shows."""
         return "declares no oracle rule"
+
+    @classmethod
+    def setup_fails(cls, facts: "GroupFacts") -> str | None:
+        """Why this backend's set-up must fail on this machine although every query a process
+        can make says it is fine (a container without /dev/nvidia-caps, hosts in different
+        IMEX domains), or None. The oracle then accepts admitting it and falling back."""
+        return None
 
     @classmethod
     def limit(cls, params: dict[str, Any]) -> int | None:
@@ -227,3 +238,12 @@ class PeerBackend(Backend):
         kern = K.one_shot_all_reduce if self.algorithm(op, nbytes) == "one-shot" else K.two_shot_all_reduce
         self._launch(kern, self.ptrs, me, n, dtype, self.capacity, self.round + 1)
         return self._result(nbytes, x, tuple(x.shape))
+
+
+def probe_verdict(view: GroupView, params: dict[str, Any]) -> str:
+    """Why the functional P2P probe rules peer memory out for this group ("" = it does not).
+    The default trusts the probe over cuDeviceCanAccessPeer (row P4); a policy reproducing a
+    stack that skips the probe sets `p2p_check = "flag"`."""
+    if params.get("p2p_check", "probe") == "flag":
+        return ""
+    return view.p2p_unreal()

@@ -19,7 +19,7 @@ from ..driver import FABRIC, CudaError, alloc_prop, check
 from ..kernels import workspace as W
 from ..topology.model import FabricState
 from ..topology.truth import FABRIC as FABRIC_HANDLE, GroupFacts
-from .base import Eligibility, Mi
+from .base import Eligibility, Mi, probe_verdict
 from .registry import register_backend
 from .vmm import VmmPeerBackend
 
@@ -39,7 +39,17 @@ class FabricBackend(VmmPeerBackend):
         if facts.ws < 2:
             return "a group of one rank"
         bad = facts.first_pair_without(FABRIC_HANDLE)
-        return f"{bad[0]} cannot import a FABRIC handle of {bad[1]}" if bad else None
+        if bad:
+            return f"{bad[0]} cannot import a FABRIC handle of {bad[1]}"
+        if facts.unreal:        # same-host FABRIC mappings ride the path the probe disproves
+            return (f"the functional P2P probe {facts.unreal[0]} -> {facts.unreal[1]} fails "
+                    f"(rows P1-P4): same-host FABRIC mappings ride that path")
+        return None
+
+    @classmethod
+    def setup_fails(cls, facts: GroupFacts) -> str | None:
+        """IMEX domain membership is reported by no query (row I3): the import fails at set-up."""
+        return facts.imex_split
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -48,6 +58,9 @@ class FabricBackend(VmmPeerBackend):
             return ", ".join(map(str, bad[:6])) + (" ..." if len(bad) > 6 else "")
 
         rs = view.ranks
+        # Ranks of one host map each other's FABRIC memory over the same peer path a legacy
+        # IPC mapping takes: where the functional probe finds it losing bytes, so do these.
+        unreal = probe_verdict(view, params)
         return Eligibility.check([
             (view.size > 1, "a group of one rank needs no all-reduce"),
             (all(r.vmm for r in rs), f"rank(s) {who(lambda r: not r.vmm)} lack VMM support (cuMem*)"),
@@ -63,6 +76,7 @@ class FabricBackend(VmmPeerBackend):
              "ranks do not share one non-zero NVML cluster UUID: not one NVLink domain (rows F2, V7)"),
             (all(r.nvlinks_up for r in rs),
              f"rank(s) {who(lambda r: not r.nvlinks_up)} have NVLinks down (§4.2)"),
+            (not unreal, unreal),
         ])
 
     def algorithm(self, op: str, nbytes: int) -> str:

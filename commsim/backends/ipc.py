@@ -16,10 +16,11 @@ from ..discovery import GroupView
 from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
 from ..kernels import workspace as W
 from ..topology.truth import IPC, GroupFacts
-from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes
+from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes, probe_verdict
 from .registry import register_backend
 
 WORLD_SIZES = (2, 4, 6, 8)
+GRAPH_SEGMENT = 2 << 20     # graph-pool block the caching allocator carves captures from
 
 
 @register_backend
@@ -37,6 +38,8 @@ class IpcBackend(PeerBackend):
         bad = facts.first_pair_without(IPC)
         if bad:
             return f"{bad[0]} cannot open a legacy IPC handle of {bad[1]}"
+        if facts.unreal:                            # rows P1-P4: the probe disproves the flag
+            return f"the functional P2P probe {facts.unreal[0]} -> {facts.unreal[1]} fails (rows P1-P4)"
         if ws not in WORLD_SIZES:                   # the compiled kernels (row B2)
             return f"world size {ws} not in {WORLD_SIZES}"
         if ws > 2 and not facts.nvl_all:            # row B3
@@ -47,6 +50,7 @@ class IpcBackend(PeerBackend):
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
         ws = view.size
         hosts = view.hosts
+        unreal = probe_verdict(view, params)
         return Eligibility.check([
             (ws > 1, "a group of one rank needs no all-reduce"),
             (len(hosts) == 1, f"ranks are on {len(hosts)} hosts ({', '.join(hosts[:3])}"
@@ -55,6 +59,7 @@ class IpcBackend(PeerBackend):
             (ws in WORLD_SIZES, f"world size {ws} not in {WORLD_SIZES} (compiled kernels, row B2)"),
             (len(hosts) != 1 or view.p2p_all(),
              "some pair of GPUs has no P2P access (row L10: peer access is not supported)"),
+            (not unreal, unreal),
             (len(hosts) != 1 or ws <= 2 or view.nvlink_all(),
              f"{ws} GPUs are not fully NVLink-connected (row B3: more than two PCIe-only GPUs)"),
         ])
@@ -119,11 +124,32 @@ class IpcBackend(PeerBackend):
         if cap.error is not None:
             return
         try:
-            p = check("cudaMalloc", self.driver.cudaMalloc(max(x.numel() * x.element_size(), 16)))
+            n = max(x.numel() * x.element_size(), 16)
+            if self.params.get("graph_pool_segment", True):
+                p = self._carve(cap, n)
+            else:
+                p = check("cudaMalloc", self.driver.cudaMalloc(n))
             cap.buffers.append(p)
             check("cudaMemcpy", self.driver.memcpy_htod(p, as_bytes(x)))
         except CudaError as e:
             cap.error = e
+
+    def _carve(self, cap: Capture, n: int) -> int:
+        """A sub-allocation (512-byte aligned) of the capture's current graph-pool segment;
+        a new segment when it does not fit."""
+        step = (n + 511) // 512 * 512
+        if not cap.segments or cap.segments[-1][2] + step > cap.segments[-1][1]:
+            size = max(GRAPH_SEGMENT, step)
+            cap.segments.append([check("cudaMalloc", self.driver.cudaMalloc(size)), size, 0])
+        seg = cap.segments[-1]
+        p = seg[0] + seg[2]
+        seg[2] += step
+        return p
+
+    def _offset(self, cap: Capture, p: int) -> int:
+        """What vLLM reads with cuPointerGetAttribute(RANGE_START_ADDR): p's offset in its
+        allocation (0 for a buffer that is its own cudaMalloc)."""
+        return next((p - base for base, size, _ in cap.segments if base <= p < base + size), 0)
 
     def register_graph_buffers(self, cap: Capture) -> None:
         """Collective at capture exit: export every recorded buffer, broadcast, open (§7.1)."""
@@ -131,7 +157,10 @@ class IpcBackend(PeerBackend):
         self.captures.append(cap)      # owned from here on, so close() frees it even on failure
         self.vote("register: record graph buffers", cap.error)
         try:
-            mine = [check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(p)) for p in cap.buffers]
+            # Row H3: a sub-allocation's handle is its base allocation's; the offset travels
+            # beside it and the importer adds it.
+            mine = [(check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(p)), self._offset(cap, p))
+                    for p in cap.buffers]
         except CudaError as e:
             err = e
         self.vote("register: export graph buffers", err)
@@ -141,12 +170,26 @@ class IpcBackend(PeerBackend):
                                f"ranks recorded different numbers of graph buffers "
                                f"{[len(v) for v in every]} (row G1)")
         err = None
+        # vLLM keeps a map of opened handles and opens each once (ipc_open_cache); a stack
+        # that opens every buffer's handle opens one handle several times when buffers share
+        # a segment: the same pointer on current drivers (H1), cudaErrorAlreadyMapped on
+        # older ones (row H2).
+        cache: dict[bytes, int] = {}
+        use_cache = self.params.get("ipc_open_cache", True)
+        cap.peer_ptrs = []
         try:
             for j, hs in enumerate(every):
                 if j != self.rank:
-                    for h in hs:
-                        cap.opened.append(check("cudaIpcOpenMemHandle",
-                                                d.cudaIpcOpenMemHandle(h, LAZY_ENABLE_PEER_ACCESS)))
+                    for h, off in hs:
+                        key = bytes(h) if isinstance(h, (bytes, bytearray)) else bytes(memoryview(h))
+                        if use_cache and key in cache:
+                            base = cache[key]
+                        else:
+                            base = check("cudaIpcOpenMemHandle",
+                                         d.cudaIpcOpenMemHandle(h, LAZY_ENABLE_PEER_ACCESS))
+                            cap.opened.append(base)
+                            cache[key] = base
+                        cap.peer_ptrs.append(base + off)
         except CudaError as e:
             err = self._context(e, j, "graph buffer")
         self.vote("register: open graph handles", err)
@@ -163,8 +206,11 @@ class IpcBackend(PeerBackend):
                 self.driver.cudaIpcCloseMemHandle(p)
             cap.opened.clear()
         self.close_barrier("ipc.release_capture: importers closed")
-        for p in cap.buffers:
+        for p in ([] if cap.segments else cap.buffers):
             self.driver.cudaFree(p)
+        for base, _, _ in cap.segments:
+            self.driver.cudaFree(base)
+        cap.segments.clear()
         cap.buffers.clear()
         cap.released = True
         if cap in self.captures and not cap.opened:

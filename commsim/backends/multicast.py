@@ -47,14 +47,23 @@ class MulticastBackend(Backend):
             # Row M3: binding fails SYSTEM_NOT_READY while the fabric manager is not done.
             return "some GPU's fabric state is not COMPLETED (row M3)"
         if facts.single_host:
-            if not facts.nvl_all:
-                return "not every pair is NVLink + P2P"
+            if not facts.nvl_all:       # the links, not the P2P fact (rows N1/N2)
+                return "not every pair is NVLink-connected with its links up"
             if not facts.all_pairs_import(POSIX_FD):
                 return "POSIX-fd handles unavailable"
             return None
         if not facts.all_pairs_import(FABRIC_HANDLE):
             return "across hosts the multicast handle must be FABRIC (row M7)"
         return None
+
+    @classmethod
+    def setup_fails(cls, facts: GroupFacts) -> str | None:
+        """Failures no query reveals before set-up: a container without /dev/nvidia-caps
+        refuses the object (row MC3); across hosts, hosts in different IMEX domains refuse the
+        FABRIC-shared multicast handle (row I3)."""
+        if facts.caps_missing:
+            return facts.caps_missing
+        return None if facts.single_host else facts.imex_split
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -72,7 +81,8 @@ class MulticastBackend(Backend):
             conds.append((view.nvlink_all(), "GPUs are not all on one NVSwitch (not fully NVLink-connected)"))
             conds.append((all(r.posix_fd for r in view.ranks), "some rank lacks POSIX-fd handles"))
         else:
-            fab = FabricBackend.eligibility(view, params)
+            # Multimem goes through the switch, not the peer path the functional probe tests.
+            fab = FabricBackend.eligibility(view, {**params, "p2p_check": "flag"})
             conds += [(False, f"across hosts the multicast handle must be FABRIC (row M7): {why}")
                       for why in fab.reasons]
         return Eligibility.check(conds)

@@ -38,7 +38,7 @@ from ..discovery import GroupView, RankInfo
 from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
 from ..kernels import collectives as K, workspace as W
 from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
-from .base import Eligibility, Mi
+from .base import Eligibility, Mi, SetupFailed, probe_verdict
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
 from .registry import register_backend
@@ -84,9 +84,25 @@ class SymmBackend(VmmPeerBackend):
             bad = facts.first_pair_without(POSIX_FD)
             if bad:
                 return f"{bad[0]} cannot import a POSIX-fd handle of {bad[1]}"
-            return None if facts.nvl_all else "not every pair is NVLink + P2P"
+            if not facts.p2p_all:
+                return "not every pair has P2P (row L10)"
+            if facts.unreal:
+                return (f"the functional P2P probe {facts.unreal[0]} -> {facts.unreal[1]} fails "
+                        f"(rows P1-P4)")
+            return None if facts.nvl_all else "not every pair is NVLink-connected (row B3)"
         bad = facts.first_pair_without(FABRIC_HANDLE)
-        return f"across hosts: {bad[0]} cannot import a FABRIC handle of {bad[1]}" if bad else None
+        if bad:
+            return f"across hosts: {bad[0]} cannot import a FABRIC handle of {bad[1]}"
+        if facts.unreal:
+            return (f"the functional P2P probe {facts.unreal[0]} -> {facts.unreal[1]} fails (rows "
+                    f"P1-P4): same-host peer mappings ride that path")
+        return None
+
+    @classmethod
+    def setup_fails(cls, facts: GroupFacts) -> str | None:
+        """Across hosts the buffers travel as FABRIC handles: hosts in different IMEX domains
+        refuse the import at set-up, and no query reveals it beforehand (row I3)."""
+        return None if facts.one_shm_namespace else facts.imex_split
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -100,11 +116,15 @@ class SymmBackend(VmmPeerBackend):
             # PCIe P2P the kernels would crawl, so NVLink is required as for custom all-reduce
             # beyond two GPUs (row B3); vLLM enables torch symm-mem only on SM 9.0 / 10.x NVLink
             # parts (§8).
-            bad = next(((a.rank, b.rank) for a, b in view.pairs() if not a.p2p[b.device]), None)
+            bad = next(((a.rank, b.rank) for a, b in view.pairs() if not a.can_access(b)), None)
             conds.append((bad is None, f"no P2P from rank {bad[0]} to rank {bad[1]}: peer loads "
                                        f"and stores of mapped symmetric memory need P2P (row L10)"
                           if bad else ""))
             if bad is None:
+                # Peer loads and stores ride the same path a legacy IPC mapping does: where
+                # the functional probe finds it refused or losing bytes, so do these (P1-P4).
+                unreal = probe_verdict(view, params)
+                conds.append((not unreal, unreal))
                 conds.append((view.nvlink_all(), "GPUs are not all NVLink-connected: symmetric-"
                                                  "memory kernels over PCIe P2P are not used (row B3)"))
         else:
@@ -122,6 +142,7 @@ class SymmBackend(VmmPeerBackend):
         self.mc = 0                 # the multicast address; 0 without multicast (row M8)
         self.mc_mapped = False
         self.bound = False
+        self.mc_note = ""           # why multicast was dropped after a failed set-up (row S1)
 
     def _handle_type(self) -> int:
         how = self.params.get("symm_handle_type", "group")
@@ -174,7 +195,17 @@ class SymmBackend(VmmPeerBackend):
             err = e
         self.vote("init: rendezvous and map peers", err)
         if self.want_multicast:
-            self._setup_multicast(me)
+            try:
+                self._setup_multicast(me)
+            except SetupFailed as e:
+                # Row S1: PyTorch's rendezvous carries on without multicast when set-up fails
+                # on GPUs whose attribute says it is supported (pytorch/pytorch#136577): the
+                # address stays 0, the backend stays up, and it says so. Every rank got the
+                # same voted failure, so every rank drops the multicast part together.
+                self._drop_multicast()
+                self.want_multicast = False
+                self.mc_note = (f"multicast set-up failed ({e.step}: rank {e.rank}: {e.error}); "
+                                f"carrying on with multicast address 0 (row S1)")
         # PyTorch's rendezvous ends in a store barrier: no peer signals a flag before every
         # rank has zeroed its own.
         self.group.barrier(tag="symm.init: rendezvous done")
@@ -193,6 +224,8 @@ class SymmBackend(VmmPeerBackend):
                 self.imported.append(h)
                 out.append(h)
             return out
+        if self.params.get("symm_fd_exchange") == "pidfd":
+            return self._rendezvous_pidfd(mine)
         # POSIX fd (PyTorch IpcChannel, §2.5): pids meet in the store, then each rank sends its
         # fd to every peer's socket and receives every peer's fd.
         pids = self.group.exchange(self._key(kind), d.getpid(), tag="symm.init: exchange pids")
@@ -206,14 +239,18 @@ class SymmBackend(VmmPeerBackend):
         out[self.rank] = self.own_handle
         for j in range(1, self.ws):
             src = (self.rank - j) % self.ws
-            fd = d.fd_channel().receive(pids[src], timeout=FD_EXCHANGE_TIMEOUT)
-            try:
-                h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
-            finally:
-                d.close_fd(fd)
-            self.imported.append(h)
-            out[src] = h
+            out[src] = self._import_fd(d.fd_channel().receive(pids[src], timeout=FD_EXCHANGE_TIMEOUT))
         return out
+
+    def _import_fd(self, fd: int) -> int:
+        """Import a peer's buffer from a received fd, then close the fd (the handle keeps it)."""
+        d = self.driver
+        try:
+            h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+        finally:
+            d.close_fd(fd)
+        self.imported.append(h)
+        return h
 
     def _setup_multicast(self, me: int) -> None:
         """FlashInfer SymmDeviceMemory._setup_multicast (§3.2): rank 0 creates and shares the
@@ -251,6 +288,52 @@ class SymmBackend(VmmPeerBackend):
             err = e
         self.vote("init: bind and map multicast", err)
 
+    def _rendezvous_pidfd(self, mine: int) -> list[int]:
+        """The pidfd_getfd exchange (row W7): (pid, fd) pairs meet in the store, every rank
+        pulls each peer's fd, and the owners close theirs only after everyone pulled."""
+        d = self.driver
+        pairs = self.group.exchange(self._key("pidfd"), (d.getpid(), mine),
+                                    tag="symm.init: exchange pids and fds")
+        out = [0] * self.ws
+        out[self.rank] = self.own_handle
+        err = None
+        try:
+            for j, (pid, fd) in enumerate(pairs):
+                if j == self.rank:
+                    continue
+                pull = getattr(d.fd_channel(), "pull", None)
+                if pull is None:
+                    raise FdTransportError(95, "EOPNOTSUPP: this driver's fd channel has no "
+                                               "pidfd_getfd")
+                out[j] = self._import_fd(pull(pid, fd))
+        except (CudaError, FdTransportError) as e:
+            err = e
+        self.group.barrier(tag="symm.init: every peer pulled the fds")
+        d.close_fd(mine)
+        self.own_fd = None
+        if err is not None:
+            raise err
+        return out
+
+    def _drop_multicast(self) -> None:
+        """Undo a partial multicast set-up on this rank (unbind, unmap, free, release)."""
+        self._unbind_unmap_multicast()
+        if self.mc_handle:
+            self.driver.cuMemRelease(self.mc_handle)
+            self.mc_handle = 0
+
+    def _unbind_unmap_multicast(self) -> None:
+        d = self.driver
+        if self.bound:
+            d.cuMulticastUnbind(self.mc_handle, check("cudaGetDevice", d.cudaGetDevice()), 0, self.slot)
+            self.bound = False
+        if self.mc:
+            if self.mc_mapped:
+                d.cuMemUnmap(self.mc, self.slot)
+                self.mc_mapped = False
+            d.cuMemAddressFree(self.mc, self.slot)
+            self.mc = 0
+
     def _share_multicast(self, blob: Any) -> None:
         """Rank 0's exported multicast handle to every other rank: a fabric blob through the
         store, or an fd over each peer's Unix socket after the pids meet in the store."""
@@ -279,12 +362,16 @@ class SymmBackend(VmmPeerBackend):
 
     def describe(self) -> str:
         mc = ("multicast object bound, multimem all-reduce" if self.mc else
-              "multicast address 0: no multicast for this group (row M8)")
+              self.mc_note or "multicast address 0: no multicast for this group (row M8)")
         return f"{HANDLE_NAMES[self.htype]} handles, {mc}"
 
     # -- the op ----------------------------------------------------------------------------
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
-        if op in ("all_reduce", "all_reduce_rmsnorm") and self.mc:
+        # Row S2: code that needs multimem must check the multicast address; a policy with
+        # `symm_multimem_unchecked` reproduces one that does not, and its kernel then runs over
+        # address 0 (row MC6: illegal address, sticky).
+        unchecked = self.params.get("symm_multimem_unchecked") and self.mc_note
+        if op in ("all_reduce", "all_reduce_rmsnorm") and (self.mc or unchecked):
             dtype = str(x.dtype).removeprefix("torch.")
             nbytes = x.numel() * x.element_size()
             self._stage(x)
@@ -308,14 +395,7 @@ class SymmBackend(VmmPeerBackend):
         if self.own_fd is not None:       # set-up stopped between export and rendezvous
             d.close_fd(self.own_fd)
             self.own_fd = None
-        if self.bound:
-            d.cuMulticastUnbind(self.mc_handle, check("cudaGetDevice", d.cudaGetDevice()), 0, self.slot)
-            self.bound = False
-        if self.mc:
-            if self.mc_mapped:
-                d.cuMemUnmap(self.mc, self.slot)
-            d.cuMemAddressFree(self.mc, self.slot)
-            self.mc = 0
+        self._unbind_unmap_multicast()
         self.unmap_peers()
         if self.mc_handle:
             d.cuMemRelease(self.mc_handle)

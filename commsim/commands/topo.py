@@ -61,7 +61,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp = sub.add_parser(
         "import", help="import `nvidia-smi topo -m` output or an NCCL topology XML",
         description="Read `nvidia-smi topo -m` output (prose before the matrix, NIC rows and "
-                    "columns, affinity columns and the legend are skipped), repeat that host "
+                    "columns, affinity columns and the legend are skipped; `nvidia-smi topo -p2p "
+                    "r|w` blocks pasted after it set P2P per pair and keep the cause (CNS, GNS, "
+                    "TNS ...); a matrix cut short imports what is there, with a warning; whether "
+                    "all-NVLink GPUs sit on an NVSwitch or form a direct mesh is inferred from "
+                    "the link counts and said), repeat that host "
                     "--hosts times, print the assumptions made as warnings on stderr and the "
                     "resulting topology on stdout. With --output, write a scenario file whose "
                     "[topology] table holds the explicit topology. A FILE.xml (or text starting "
@@ -88,7 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "Default: inferred from the matrix, with a warning")
     imp.add_argument("--p2p", metavar="FILE", default=None,
                      help="`nvidia-smi topo -p2p r` output of the same machine: only OK "
-                          "allows P2P. Without it PCIe pairs are assumed to allow P2P")
+                          "allows P2P (blocks pasted after the matrix are read without it). "
+                          "Without either, PCIe pairs are assumed to allow P2P")
     imp.add_argument("--host-prefix", default="node", metavar="PREFIX",
                      help="host names are PREFIX-0 .. PREFIX-(N-1) (default: node)")
     imp.add_argument("--name", default=None,
@@ -101,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="XML only: the file lists no NVLinks (a flattened VM topology) but "
                           "each host is an NVSwitch board; model every GPU pair as NVLink")
     imp.add_argument("--fabric-info", action="append", default=[], metavar="[HOST=]FILE",
-                     help="merge NVML fabric info (`nvidia-smi -q` or JSON, see `commsim topo "
+                     help="merge NVML fabric info (`nvidia-smi -q`, -q -x XML or JSON, see `commsim topo "
                           "fabric --help`); repeat once per host")
     # A missing --hosts for `topo -m` text stays a usage error (exit 2 with usage), as when
     # argparse itself required it; it is optional only because an XML names its hosts.
@@ -116,9 +121,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "the legal backends for a group of every GPU, and warnings for the traps "
                     "(zero UUID, differing cliques, states other than Completed, failed "
                     "status, no IMEX). Each --info FILE is one host's `nvidia-smi -q` output "
-                    "(its Fabric sections, one per GPU in index order), or JSON: a list of "
-                    "{\"state\", \"status\", \"clique_id\", \"cluster_uuid\"} objects for one "
-                    "host, or an object of host name -> such a list.",
+                    "(its Fabric sections, one per GPU in index order), its `nvidia-smi -q -x` "
+                    "XML (the <fabric> of each <gpu>), or JSON: a list of objects with NVML's "
+                    "field names {\"state\", \"status\", \"cliqueId\", \"clusterUuid\"} "
+                    "(snake_case too; nested under \"fabric\" or \"gpuFabricInfo\" is fine) for "
+                    "one host, or an object of host name -> such a list. A partial capture (fewer "
+                    "GPUs, missing fields) merges over the topology's values with a warning.",
         epilog="example: commsim topo fabric gb200-nvl72:4 --info tray0.txt --info tray1.txt "
                "--info tray2.txt --info tray3.txt")
     fab.add_argument("spec", metavar="TOPOLOGY",

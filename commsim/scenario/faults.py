@@ -208,7 +208,9 @@ for _k in (
               apply=lambda c, f: modify.with_zero_cluster_uuid(c, f.gpu), weight=10),
     FaultKind("p2p_disabled", ("host", "gpus"), MACHINE,
               "`cuDeviceCanAccessPeer` answers 0 between two GPUs of the host; `gpus = [i, j]`, two "
-              "distinct local indices. Legacy IPC opens fail `cudaErrorPeerAccessUnsupported`.", "L10",
+              "distinct local indices. Legacy IPC opens fail `cudaErrorPeerAccessUnsupported`. "
+              "NVLinks stay up: NVML's NVLink state and P2P-over-NVLink status keep following the "
+              "links.", "L10, N1",
               apply=lambda c, f: modify.without_p2p(c, f.host, *f.gpus), weight=10, draw=_draw_p2p_pair,
               label=lambda f: f"p2p_disabled({f.host} {f.gpus[0]}-{f.gpus[1]})"),
     FaultKind("no_multicast", ("gpu",), MACHINE,
@@ -217,7 +219,8 @@ for _k in (
               apply=lambda c, f: modify.without_multicast(c, f.gpu), weight=10),
     FaultKind("nvlinks_down", ("gpu",), MACHINE,
               "some P2P-capable NVLink of the GPU is inactive (what FlashInfer / TRT-LLM check before "
-              "MNNVL).", "§4.2, B22",
+              "MNNVL); NVML's NVLink P2P status to its peers reads not supported, while "
+              "`cuDeviceCanAccessPeer` keeps the P2P fact (PCIe P2P).", "§4.2, B22, N2",
               apply=lambda c, f: modify.with_nvlinks_down(c, f.gpu), weight=8),
     FaultKind("oom", ("rank", "at_allocation"), DRIVER,
               "driver fault: the rank's `at_allocation`-th allocation (1 = the first) fails out of "
@@ -231,3 +234,7 @@ for _k in (
               label=lambda f: f"call_fails(rank {f.rank}, {f.api} #{f.nth} -> {f.code})"),
 ):
     register_fault(_k)
+
+# Issue 17's kinds (docs/fidelity-rules.md) are declared in their own module and register
+# themselves here, after the built-in ones (they build on this module).
+from . import fidelity_faults  # noqa: E402,F401

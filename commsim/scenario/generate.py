@@ -41,6 +41,10 @@ MAX_WORLD = 16
 # -- machine shapes -------------------------------------------------------------------------
 SINGLE_HOST = ("hgx-h100-8", "hgx-h200-8", "dgx-b200-8", "l40s-8-pcie", "rtx4090-8",
                "a100-pcie-bridge-8", "dgx1-v100")
+# Issue 17 machines (docs/fidelity-rules.md G): bridges and meshes without NVSwitch, PCIe and
+# consumer boards, Blackwell Ultra.
+MORE_SINGLE_HOST = ("hgx-b300-8", "h200-nvl-2way-8", "h200-nvl-4way-8", "rtx-pro-6000-4",
+                    "rtx5090-2", "rtx3090-2-nvlink")
 # Two boxes joined by a network (InfiniBand / Ethernet): each box is its own NVLink domain,
 # with its own cluster UUID, so nothing but NCCL may span them.
 JOINED = ("hgx-h100-8*2", "gb200-nvl72:2*2", "gh200-nvl32:2*2")
@@ -53,6 +57,8 @@ def _default_shapes() -> tuple[tuple[str, float], ...]:
     out += [(f"gb200-nvl36x2:{h}", 0.5) for h in (1, 2, 4)]
     out += [(f"gh200-nvl32:{h}", 0.6) for h in (1, 2, 4, 8)]
     out += [(s, 0.8) for s in JOINED]
+    out += [(s, 0.6) for s in MORE_SINGLE_HOST]
+    out += [(f"gb300-nvl72:{h}", 0.5) for h in (1, 2)] + [("dgx-spark-2", 0.4)]
     return tuple(out)
 
 

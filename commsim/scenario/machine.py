@@ -16,6 +16,7 @@ from .fields import (
     ScenarioError, Table, check_choice, check_cuda_error, check_host, describe, parse_gpu,
 )
 from . import faults as F
+from . import fidelity_faults   # the accepted causes of its kinds
 from .model import Fault
 
 PRESET_KEYS = ("preset", "hosts")
@@ -150,7 +151,28 @@ def _fault(source: str, n: int, data: Mapping[str, Any], cluster: Cluster,
         f["code"] = check_cuda_error(t, "code", data["code"])
     if "nth" in data:
         f["nth"] = t.check_int(data["nth"], "nth", 1, what="call number", note=" (1 = the first)")
+    if "cause" in data:
+        choices = fidelity_faults.CAUSES.get(kind, ())
+        f["cause"] = check_choice(t, "cause", data["cause"], choices, what=f"{kind} cause")
+    if "hosts" in data:
+        f["hosts"] = _host_list(t, data["hosts"], cluster)
+    if "version" in data:
+        f["version"] = t.string("version", pattern=r"\d+(\.\d+)*",
+                                shape='a driver version such as "450.80.02"')
     return Fault(**f), t
+
+
+def _host_list(t: Table, value: Any, cluster: Cluster) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise t.error(f'expected a non-empty array of host names, e.g. hosts = ["{cluster.hosts[0].name}"]; '
+                      f"got {describe(value)}", "hosts")
+    out = []
+    for v in value:
+        h = check_host(t, "hosts", v, cluster)
+        if h in out:
+            raise t.error(f"host {h!r} is listed twice", "hosts")
+        out.append(h)
+    return tuple(out)
 
 
 _FAULT_EXAMPLES = {
@@ -162,6 +184,9 @@ _FAULT_EXAMPLES = {
     "at_allocation": "at_allocation = 1",
     "api": 'api = "cudaIpcOpenMemHandle"',
     "code": 'code = "cudaErrorInvalidValue"',
+    "cause": 'cause = "acs"',
+    "hosts": 'hosts = ["<host name>"]',
+    "version": 'version = "450.80.02"',
 }
 
 

@@ -34,6 +34,9 @@ class Fault:
     api: str | None = None            # Driver method name, e.g. "cudaIpcOpenMemHandle"
     code: str | None = None           # cudaError_t / CUresult name, e.g. "cudaErrorInvalidValue"
     nth: int = 1                      # which call of `api` fails (1-based)
+    cause: str | None = None          # issue 17 kinds: how P2P fails (acs, iommu, dropped, corrupt)
+    hosts: tuple[str, ...] | None = None  # imex_split: the hosts of the new IMEX domain
+    version: str | None = None        # driver_version: the kernel driver, e.g. "450.80.02"
 
 
 @dataclass(frozen=True)

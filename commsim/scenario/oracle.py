@@ -39,6 +39,10 @@ class GroupTruth:
     gpus: tuple[GpuRef, ...]
     legal: tuple[str, ...]                     # group-level, in policy order
     why_not: dict[str, str] = field(default_factory=dict)
+    # Legal by every query a process can make, but their set-up must fail on this machine
+    # (`Backend.setup_fails`: a container without /dev/nvidia-caps, hosts in different IMEX
+    # domains): admitting them is right, and so is falling back from them.
+    setup_fails: dict[str, str] = field(default_factory=dict)
 
 
 def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
@@ -54,7 +58,8 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
             why[b] = reason
     legal = tuple(b for b in (default_order() if order is None else order) if b not in why)
     legal += tuple(b for b in fallbacks() if b not in legal)
-    return GroupTruth(name, ranks, gpus, legal, why)
+    fails = {b: r for b in legal if (r := backends()[b].setup_fails(facts))}
+    return GroupTruth(name, ranks, gpus, legal, why, fails)
 
 
 def op_nbytes(op: str, size: int, dtype: str, ws: int) -> int:
@@ -171,6 +176,8 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     oom = [f for f in sc.faults if get_fault(f.kind).injects is not None]
     oom_ranks = {f.rank for f in oom if f.rank is not None}
     errored = bool(res.errors)
+    must_fail = {g.name: set(group_truth(sc, g.ranks, g.name, tuple(pol.order)).setup_fails)
+                 for g in sc.groups}
     for key, ok_set in legal.items():
         chosen = res.backends.get(key)
         if chosen is None:
@@ -185,7 +192,8 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
             # Under an oom fault a better backend may have lost its set-up to the injected
             # failure; only those (as the decision record says) may be skipped.
             skipped = ok_set[:ok_set.index(chosen)]
-            demoted = set(_setup_failed(res.explain.get(key[0], ""))) if oom else set()
+            failed = set(_setup_failed(res.explain.get(key[0], "")))
+            demoted = failed if oom else failed & must_fail.get(key[0], set())
             if not set(skipped) <= demoted:
                 v.add("not-best", f"{key[0]} {key[1]} {key[2]} B {key[3]}: chose {chosen}, best legal is "
                                   f"{ok_set[0]} (legal: {', '.join(ok_set)})")

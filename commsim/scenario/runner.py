@@ -261,7 +261,11 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
     set_torch_threads()
     seed, pol, res = prepare(sc, policy, seed)
     fabric = SimFabric(sc.cluster, seed, disabled_rules=disabled_rules)
-    drivers = [spawn_driver(fabric, g, faults_for(sc, r)) for r, g in enumerate(sc.placement)]
+    # A host whose container shows each process its own GPU only (row W1): CUDA_VISIBLE_DEVICES.
+    drivers = [spawn_driver(fabric, g, faults_for(sc, r),
+                            visible=[g.index] if sc.cluster.host(g.host).container.one_gpu_per_process
+                            else None)
+               for r, g in enumerate(sc.placement)]
     world = LocalWorld(sc.world_size, seed)
     inputs = Inputs(seed)
     outcomes = world.run(lambda wg: run_rank(sc, pol, wg, drivers[wg.rank], inputs, disabled_rules))

@@ -16,12 +16,18 @@ def set_torch_threads() -> None:
     torch.set_num_threads(int(os.environ.get("COMMSIM_TORCH_THREADS", "1")))
 
 
-def spawn_driver(fabric: SimFabric, gpu, faults: ProcessFaults | None = None) -> SimDriver:
-    """A process on `gpu`'s host that sees every GPU of that host, current device = `gpu`
-    (how vLLM/sglang workers run: all GPUs visible, torch.cuda.set_device(local_rank))."""
+def spawn_driver(fabric: SimFabric, gpu, faults: ProcessFaults | None = None,
+                 visible=None) -> SimDriver:
+    """A process on `gpu`'s host, current device = `gpu`. By default it sees every GPU of that
+    host (how vLLM/sglang workers run: all GPUs visible, torch.cuda.set_device(local_rank));
+    `visible` is its CUDA_VISIBLE_DEVICES as host GPU indices, in order: ordinals are
+    remapped to that list (row W1; e.g. one GPU per process as Ray places trays)."""
     host = fabric.cluster.host(gpu.host)
-    proc = fabric.spawn(gpu.host, [type(gpu)(gpu.host, g.index) for g in host.gpus], faults)
-    proc.current = gpu.index
+    order = [g.index for g in host.gpus] if visible is None else list(visible)
+    if gpu.index not in order:
+        raise ValueError(f"{gpu} is not among the visible devices {order}")
+    proc = fabric.spawn(gpu.host, [type(gpu)(gpu.host, i) for i in order], faults)
+    proc.current = order.index(gpu.index)
     return SimDriver(fabric, proc)
 
 

@@ -54,6 +54,9 @@ def api(nvals: int, runtime: bool):
             args = binding_args.convert(name, args)
             if not self.proc.alive:
                 return (E.cudaErrorCudartUnloading if runtime else R.CUDA_ERROR_DEINITIALIZED,) + (None,) * nvals
+            if self.proc.sticky is not None:
+                # A sticky error (row MC6) answers every later call of the context with itself.
+                return (self.proc.sticky if runtime else R.CUDA_ERROR_ILLEGAL_ADDRESS,) + (None,) * nvals
             forced = self.proc.faults.before(name)
             if forced is not None:
                 return (forced,) + (None,) * nvals
@@ -134,6 +137,7 @@ class SimDriver:
         self._ipc_open: dict[int, int] = {}           # aid -> base of our import
         self._peer_maps = 0
         fabric.exit_hooks[proc.pid] = self._exit_release
+        fabric.drivers[proc.pid] = self
 
     def _exit_release(self) -> None:
         """The OS ends this process: its VMM and multicast mappings and its multicast
@@ -177,7 +181,9 @@ class SimDriver:
         return self.proc.pid
 
     def imex_channels(self) -> tuple[int, ...]:
-        return self.cluster.host(self.proc.host).imex_channels
+        """IMEX channels this process can open: configured on its host and the device node
+        present in its container (rows I1, W5)."""
+        return self.cluster.host(self.proc.host).usable_imex_channels
 
     def shm_namespace(self) -> str:
         """What vLLM's same-node test observes: hosts that share /dev/shm (reference §4.3)."""
@@ -227,6 +233,29 @@ class SimDriver:
 
     def _can_access(self, a: GpuRef, b: GpuRef) -> bool:
         return self.cluster.p2p(a, b)
+
+    def p2p_probe(self, gpu: int, peer: int) -> str | None:
+        """The functional P2P probe (row P4, sim/p2p_probe.py) between two GPUs of this host
+        by NVML index (helper processes choose their own visible devices, as vLLM's do): ""
+        when an IPC round trip from `gpu` into `peer` keeps its bytes, else what failed; None
+        where helper processes cannot be started (process mode: one OS process per rank)."""
+        if type(self.fabric) is not SimFabric:
+            return None
+        h = self.cluster.host(self.proc.host)
+        if not (0 <= gpu < len(h.gpus) and 0 <= peer < len(h.gpus)):
+            return None
+        from .p2p_probe import probe_pair
+        return probe_pair(self.fabric, GpuRef(h.name, gpu), GpuRef(h.name, peer))
+
+    def nvml_index(self, ordinal: int) -> int:
+        """The NVML index of a CUDA ordinal (what nvmlDeviceGetHandleByPciBusId of the
+        device's bus id gives): the GPU's index on its host, whatever CUDA_VISIBLE_DEVICES
+        remapped (row W1)."""
+        return self.proc.gpus[ordinal].index
+
+    def nvmlDeviceGetCount(self) -> tuple:
+        """NVML sees every GPU of the host; CUDA_VISIBLE_DEVICES does not apply (row W1)."""
+        return (0, len(self.cluster.host(self.proc.host).gpus))
 
     @api(1, False)
     def cuDeviceCanAccessPeer(self, dev: int, peer_dev: int) -> int:
@@ -278,15 +307,56 @@ class SimDriver:
         """Raw bytes behind a unicast device range (for simulated kernels and memcpy)."""
         m, off = self.resolve(ptr, nbytes)
         if m.kind == "mc":
-            raise Fail(E.cudaErrorIllegalAddress)   # multicast VA only through multimem ops
+            # Row MC7: only multimem.* is valid on a multicast address (PTX ISA); a plain
+            # load/store is undefined, not an error code: flagged, and it reaches no memory.
+            self.fabric.flag(f"pid {self.proc.pid}: plain load/store through multicast address "
+                             f"{hex(_attr_int(ptr))}: undefined result (row MC7)")
+            return np.zeros(nbytes, dtype=np.uint8)
         a = m.target
         start = m.offset + off
         if start + nbytes > a.data.size:
             raise Fail(E.cudaErrorIllegalAddress)   # past the bytes behind it (0-byte malloc)
-        return a.data[start:start + nbytes]
+        live = a.data[start:start + nbytes]
+        bad = self._bad_peer_path(a)
+        if bad:
+            return self._unreal_p2p(live, bad)
+        return live
+
+    def _bad_peer_path(self, a: PhysicalAlloc) -> str:
+        """How peer accesses to `a` from this process's device fail when P2P is reported but
+        not real (row P3): "dropped", "corrupt", or "" for a sound path."""
+        me = self.device
+        if not self.fabric.unreal_p2p or a.gpu == me or a.gpu.host != me.host:
+            return ""
+        lk = self.cluster.host(me.host).link(me.index, a.gpu.index)
+        return "" if lk.peer_writes == "ok" else lk.peer_writes
+
+    @staticmethod
+    def _unreal_p2p(live: np.ndarray, how: str) -> np.ndarray:
+        """Row P3 (patched P2P on consumer boards): every call succeeds, but what is written
+        through the peer mapping never lands ("dropped": reads see the real bytes) or lands
+        garbled ("corrupt": data-sized accesses see and leave garbage, while 4-byte flag
+        accesses still arrive, as the reports show wrong data rather than hangs). The access
+        granularity of the corruption is UNCONFIRMED."""
+        if how == "corrupt" and live.size <= 4:
+            return live
+        copy = live.copy()
+        if how == "corrupt":
+            copy ^= 0x5A
+        return copy
 
     def multimem_views(self, ptr: int, nbytes: int) -> list[np.ndarray]:
-        """The bound unicast bytes behind a multicast range, one per team device, in join order."""
+        """The bound unicast bytes behind a multicast range, one per team device, in join order.
+        Row MC6: multimem over an address that is 0, not a multicast mapping or not bound is an
+        illegal address, and it is sticky: the context is unusable from then on."""
+        try:
+            return self._multimem_views(ptr, nbytes)
+        except Fail as f:
+            if f.code == E.cudaErrorIllegalAddress:
+                self.proc.sticky = E.cudaErrorIllegalAddress
+            raise
+
+    def _multimem_views(self, ptr: int, nbytes: int) -> list[np.ndarray]:
         m, off = self.resolve(ptr, nbytes)
         if m.kind != "mc":
             raise Fail(E.cudaErrorIllegalAddress)
@@ -397,9 +467,9 @@ class SimDriver:
             raise Fail(E.cudaErrorInvalidValue)
         m, off = hit
         if m.kind != "malloc":
-            raise Fail(E.cudaErrorInvalidValue)        # row L2: VMM memory is rejected
-        if off != 0:
-            raise Fail(unconfirmed.code("L3"))               # row L3: only allocation bases
+            raise Fail(E.cudaErrorInvalidValue)        # rows L2, H4: VMM memory has no legacy handle
+        # Rows L3/H3: a pointer inside the allocation gives the handle of its base (identical
+        # bytes, openucx/ucx#11724); the importer adds the offset itself (RANGE_START_ADDR).
         return self.fabric.ipc_handle_for(m.target, self.proc.pid)   # rows L1, L4
 
     @api(1, True)
@@ -409,12 +479,12 @@ class SimDriver:
         key = _handle_bytes(handle, "reserved")
         entry = self.fabric.resolve_ipc_handle(key) if key is not None else None
         if entry is None:
-            raise Fail(E.cudaErrorInvalidResourceHandle)   # unknown or freed allocation
+            raise Fail(unconfirmed.code("H5"))   # unknown, or its memory was freed (row H5)
         aid, exporter = entry
         a = self.fabric.allocs.get(aid)
         exp = self.fabric.processes.get(exporter)
         if a is None or exp is None or a.freed:
-            raise Fail(E.cudaErrorInvalidResourceHandle)
+            raise Fail(unconfirmed.code("H5"))
         cross_host = exp.host != self.proc.host
         if cross_host and self.fabric.rule_on("L8"):
             # Row L8: a legacy handle names OS-local driver state; on another host, even in
@@ -425,7 +495,19 @@ class SimDriver:
         me = self.device
         if not cross_host and me != a.gpu and not self._can_access(me, a.gpu):
             raise Fail(E.cudaErrorPeerAccessUnsupported)    # row L10 (sglang#4814)
-        if aid in self._ipc_open:                            # row L6: same pointer, refcount
+        if not cross_host and me != a.gpu:
+            refused = self.cluster.host(me.host).link(me.index, a.gpu.index).ipc_refused
+            if refused == "acs":
+                # Row P1: ACS redirects peer TLPs although P2P is reported (NCCL p2p.cc
+                # "failed to open CUDA IPC handle : 217", ray-project/ray#16979).
+                raise Fail(E.cudaErrorPeerAccessUnsupported)
+            if refused == "iommu":
+                # Row P2: IOMMU translation on; the open answers 101 while
+                # cudaDeviceCanAccessPeer says 1 (NVIDIA/TensorRT-LLM#17034).
+                raise Fail(E.cudaErrorInvalidDevice)
+        if aid in self._ipc_open and self.cluster.host(me.host).driver_major < unconfirmed.IPC_REOPEN_REFCOUNT_SINCE:
+            raise Fail(E.cudaErrorAlreadyMapped)             # row H2 (older drivers)
+        if aid in self._ipc_open:                            # rows L6/H1: same pointer, refcount
             base = self._ipc_open[aid]
             self._maps[base].refs += 1
             self.ledger.add("ipc_mapping", ("aid", aid), "")
@@ -603,12 +685,17 @@ class SimDriver:
             obj = self._obj(target)
             src = obj.gpu if isinstance(obj, PhysicalAlloc) else obj.creator
             src_host = self.cluster.host(src.host)
-            if not set(src_host.imex_channels) & set(self.imex_channels()) and self.fabric.rule_on("V5"):
+            if not set(src_host.usable_imex_channels) & set(self.imex_channels()) and self.fabric.rule_on("V5"):
                 raise Fail(R.CUDA_ERROR_NOT_PERMITTED)           # same channel needed (§2.3)
             if src != me and not self.cluster.same_domain(src, me):
                 self.fabric.flag(f"pid {self.proc.pid}: FABRIC import from {src} outside its "
                                  f"NVLink domain (row V7, UNCONFIRMED code)")
                 raise Fail(unconfirmed.code("V7"))
+            if not self.cluster.same_imex_domain(self.proc.host, src.host) and self.fabric.rule_on("I3"):
+                # Rows I2/I3: a node-local channel lets a process re-import its own handle, but
+                # a host in another IMEX domain cannot (meta-pytorch/torchcomms#3517); the code
+                # is V5's by analogy (UNCONFIRMED).
+                raise Fail(unconfirmed.code("I3"))
         else:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         obj = self._obj(target)
@@ -734,7 +821,11 @@ class SimDriver:
         except (AttributeError, TypeError, ValueError, OverflowError):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # a duck-typed prop with inf or garbage
         if not self.cluster.gpu(g).multicast or self.cluster.domain_of(g) is None:
-            raise Fail(unconfirmed.code("M1"))                          # row M1
+            raise Fail(unconfirmed.code("M1"))                          # rows M1, MC1
+        if not self.cluster.host(self.proc.host).container.nvidia_caps:
+            # Row MC3: a container without /dev/nvidia-caps: NCCL nvls.cc:251 "Cuda failure 1
+            # 'invalid argument'" at cuMulticastCreate (pie-project/pie#500, NVIDIA/nccl#1672).
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         if n < 1 or size <= 0 or size % unconfirmed.MULTICAST_GRANULARITY_MIN:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         if n > self.cluster.num_gpus:
@@ -742,7 +833,7 @@ class SimDriver:
             # driver's code for an impossible numDevices; INVALID_VALUE like the other props).
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         if types & FABRIC and not self.imex_channels():
-            raise Fail(R.CUDA_ERROR_NOT_PERMITTED)
+            raise Fail(unconfirmed.code("MC4"))                         # row MC4 (UNCONFIRMED)
         m = self.fabric.new_multicast(g, n, size, types)
         h = self._new_handle(("mc", m.mid))
         self.ledger.add("multicast", ("mc", m.mid, h), f"cuMulticastCreate({n} devices, {size} B)")
@@ -758,14 +849,18 @@ class SimDriver:
     def cuMulticastAddDevice(self, mc_handle: int, dev: int) -> None:
         mc = self._mc(mc_handle)
         g = self._dev(dev)
+        if not self.cluster.host(self.proc.host).container.nvidia_caps:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # row MC3: no /dev/nvidia-caps here either
         if not self.cluster.gpu(g).multicast:
             raise Fail(unconfirmed.code("M1"))
         if g != mc.creator and not self.cluster.same_domain(g, mc.creator):
             raise Fail(unconfirmed.code("X3"))
+        if mc.bindings:
+            # Row MC2: every device joins before any bind; a late AddDevice answers 401 "the
+            # operation cannot be performed in the present state" (NVIDIA/nccl#1788).
+            raise Fail(R.CUDA_ERROR_ILLEGAL_STATE)
         if g in mc.devices or len(mc.devices) >= mc.num_devices:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-        if mc.bindings:
-            raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # §3.1: all devices before any bind
         mc.devices.append(g)
 
     @api(0, False)
@@ -840,7 +935,10 @@ class SimDriver:
         if a.index == b.index:
             return (0, NVML_P2P_STATUS_OK)
         lk = h.link(a.index, b.index)
-        return (0, NVML_P2P_STATUS_OK if lk.is_nvlink and lk.p2p else NVML_P2P_STATUS_NOT_SUPPORTED)
+        # Rows N1/N2: NVML's NVLink P2P capability stays true to the links (P2P disabled with
+        # links up still reads OK); links down read NOT_SUPPORTED even where PCIe P2P works.
+        up = lk.is_nvlink and a.nvlinks_up and b.nvlinks_up
+        return (0, NVML_P2P_STATUS_OK if up else NVML_P2P_STATUS_NOT_SUPPORTED)
 
     def nvmlDeviceGetNvLinkState(self, index: int) -> tuple:
         """Whether every P2P-capable NVLink of the GPU is active (FlashInfer / TRT-LLM, §4.2)."""

@@ -80,6 +80,7 @@ class SimProcess:
     faults: ProcessFaults
     current: int = 0
     alive: bool = True
+    sticky: object = None           # a sticky CUDA error (row MC6): every later call returns it
 
 
 class SimFabric:
@@ -102,10 +103,16 @@ class SimFabric:
         self.flags: list[str] = []   # undefined-behaviour events the run must report (L15, M6, V7)
         # pid -> what the process's driver must drop when the OS ends it (its mappings)
         self.exit_hooks: dict[int, Callable[[], None]] = {}
+        # pid -> its SimDriver (the per-process fd table pidfd_getfd reads, row W7)
+        self.drivers: dict[int, object] = {}
         self._next_aid = 1
         self._next_mid = 1
         self._next_pid = 1000
         self._host_of: dict[str, str] = {h.name: h.name for h in cluster.hosts}
+        # Whether any pair has P2P that is reported but loses writes (row P3): the hot path of
+        # SimDriver.view checks links only then.
+        self.unreal_p2p = any(lk is not None and lk.peer_writes != "ok"
+                              for h in cluster.hosts for row in h.links for lk in row)
 
     # -- processes ------------------------------------------------------------------------
     def spawn(self, host: str, gpus: Iterable[GpuRef], faults: ProcessFaults | None = None) -> SimProcess:

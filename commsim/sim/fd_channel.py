@@ -53,6 +53,28 @@ class SimFdChannel:
         return dst.receive_fd(box[key].pop(0))
 
 
+    def pull(self, src_pid: int, fd: int) -> int:
+        """pidfd_open(src_pid) + pidfd_getfd(fd): pull a copy of another process's fd (the fd
+        exchange some symmetric-memory stacks use instead of SCM_RIGHTS). The pid must be in
+        this host's pid namespace, and the caller needs ptrace access
+        (PTRACE_MODE_ATTACH_REALCREDS): containers without CAP_SYS_PTRACE, or Yama
+        ptrace_scope >= 1, answer EPERM (row W7; moby/moby#45622, man 2 pidfd_getfd)."""
+        dst = self.driver
+        src = dst.fabric.processes.get(src_pid)
+        if src is None or not src.alive or dst.cluster.host(src.host).shm_namespace != dst.shm_namespace():
+            raise FdTransportError(3, f"ESRCH: pidfd_open({src_pid}): no such process in the pid "
+                                      f"namespace of host {dst.gethostname()}")
+        if not dst.cluster.host(dst.proc.host).container.pidfd_getfd:
+            raise FdTransportError(1, f"EPERM: pidfd_getfd(pid {src_pid}, fd {fd}): Operation not "
+                                      f"permitted: no ptrace access to the peer (container without "
+                                      f"CAP_SYS_PTRACE or Yama ptrace_scope >= 1; row W7)")
+        holder = dst.fabric.drivers.get(src_pid)
+        target = holder.fd_target(fd) if holder is not None else None
+        if target is None:
+            raise FdTransportError(9, f"EBADF: fd {fd} is not open in pid {src_pid}")
+        return dst.receive_fd(target)
+
+
 def pass_fd(src: "SimDriver", fd: int, dst: "SimDriver") -> int:
     """Send `fd` from `src` to `dst` at once, both drivers in hand (the conformance rig);
     returns the fd number in the receiver."""

@@ -17,7 +17,6 @@ R = cu.CUresult
 
 # row -> (chosen code, why this one)
 UNCONFIRMED: dict[str, tuple[object, str]] = {
-    "L3": (E.cudaErrorInvalidValue, "cudaIpcGetMemHandle on a non-base pointer: argument error"),
     "L7": (E.cudaErrorInvalidResourceHandle, "second context opening the same exporter's handle"),
     "L13": (E.cudaErrorInvalidValue, "flags != cudaIpcMemLazyEnablePeerAccess: docs require it"),
     "V1": (R.CUDA_ERROR_INVALID_VALUE, "cuMemCreate size not a multiple of MINIMUM granularity"),
@@ -35,6 +34,10 @@ UNCONFIRMED: dict[str, tuple[object, str]] = {
     "X3": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMulticastAddDevice of a GPU outside the creator's "
            "NVSwitch domain"),
     "X4": (R.CUDA_ERROR_INVALID_VALUE, "POSIX-fd import of a descriptor this process does not hold"),
+    # issue 17, docs/fidelity-rules.md
+    "I3": (R.CUDA_ERROR_NOT_PERMITTED, "FABRIC import from a host in another IMEX domain (V5's code)"),
+    "MC4": (R.CUDA_ERROR_NOT_PERMITTED, "cuMulticastCreate(FABRIC) without a usable IMEX channel"),
+    "H5": (E.cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle of memory its exporter freed"),
 }
 
 
@@ -52,3 +55,7 @@ HOST_PAGE = 4096
 # Peer mappings one importer may hold before cudaErrorTooManyPeers (row L12); the real limit
 # is per GPU generation and not documented, so it is set high enough never to bite by accident.
 MAX_PEER_MAPPINGS = 4096
+# Row H2: drivers before this branch answer a second open of one handle in one context with
+# cudaErrorAlreadyMapped; later ones return the same pointer (the refcount sentence of the
+# current cuIpcOpenMemHandle docs). The branch where it changed is UNCONFIRMED.
+IPC_REOPEN_REFCOUNT_SINCE = 470

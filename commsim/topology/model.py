@@ -45,6 +45,11 @@ ZERO_UUID = bytes(16)
 # `nvidia-smi topo -m` link names (the legend printed under the matrix, see seeds/000).
 PCIE_LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 _NV_RE = re.compile(r"^NV(\d+)$")
+# `nvidia-smi topo -p2p` cells other than OK: why the pair has no P2P (docs/fidelity-rules.md T4).
+P2P_REASONS = ("NS", "CNS", "GNS", "TNS", "U", "disabled")
+# How a reported-but-not-real P2P pair fails (docs/fidelity-rules.md P1-P3).
+IPC_REFUSALS = ("", "acs", "iommu")
+PEER_WRITES = ("ok", "dropped", "corrupt")
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,23 @@ class Link:
     kind: str
     nvlinks: int = 0
     p2p: bool = True
+    # Why p2p is False, as `topo -p2p` prints it ("" = not given). Kept for `explain` only.
+    p2p_reason: str = ""
+    # P2P reported but not real (rows P1-P3): a legacy IPC open between the pair is refused
+    # ("acs": PeerAccessUnsupported, "iommu": InvalidDevice), or peer writes are lost.
+    ipc_refused: str = ""
+    peer_writes: str = "ok"
 
     def __post_init__(self) -> None:
+        if self.p2p_reason and self.p2p_reason not in P2P_REASONS:
+            raise TopologyError(f"link p2p_reason {self.p2p_reason!r}; accepted: "
+                                f"{', '.join(P2P_REASONS)}")
+        if self.ipc_refused not in IPC_REFUSALS:
+            raise TopologyError(f"link ipc_refused {self.ipc_refused!r}; accepted: acs, iommu "
+                                f"(or empty)")
+        if self.peer_writes not in PEER_WRITES:
+            raise TopologyError(f"link peer_writes {self.peer_writes!r}; accepted: "
+                                f"{', '.join(PEER_WRITES)}")
         if self.kind == "NV":
             if self.nvlinks < 1:
                 raise TopologyError(f"link NV needs nvlinks >= 1, got {self.nvlinks}")
@@ -79,6 +99,11 @@ class Link:
     def label(self) -> str:
         """The `topo -m` cell text, e.g. `NV18` or `SYS`."""
         return f"NV{self.nvlinks}" if self.is_nvlink else self.kind
+
+    @property
+    def p2p_real(self) -> bool:
+        """P2P as a functional probe finds it: reported, IPC opens, and writes arrive (P4)."""
+        return self.p2p and not self.ipc_refused and self.peer_writes == "ok"
 
     @classmethod
     def parse(cls, text: str, p2p: bool | None = None) -> "Link":
@@ -143,6 +168,17 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class ContainerCaps:
+    """What the processes of a host can reach when they run in a container (rows W4-W7).
+    The defaults are a bare-metal host: every device node present, every syscall allowed."""
+
+    nvidia_caps: bool = True        # /dev/nvidia-caps mounted: multicast objects (row MC3)
+    imex_channel_dev: bool = True   # /dev/nvidia-caps-imex-channels mounted (rows I1, W5)
+    pidfd_getfd: bool = True        # CAP_SYS_PTRACE / ptrace scope lets fds be pulled (row W7)
+    one_gpu_per_process: bool = False  # CUDA_VISIBLE_DEVICES = the process's own GPU (W1, W2)
+
+
+@dataclass(frozen=True)
 class Host:
     """One OS instance with its GPUs and the link matrix between them."""
 
@@ -154,6 +190,7 @@ class Host:
     driver_version: str = "580.82.07"
     shm_namespace: str = ""               # hosts sharing a namespace share /dev/shm (reference §4.3)
     arch: str = "x86_64"
+    container: ContainerCaps = field(default_factory=ContainerCaps)
 
     def __post_init__(self) -> None:
         if not self.name or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", self.name):
@@ -187,6 +224,20 @@ class Host:
             raise TopologyError(f"host {self.name}: arch must be x86_64 or aarch64, got {self.arch!r}")
         if not self.shm_namespace:
             object.__setattr__(self, "shm_namespace", self.name)
+        if not re.match(r"^\d+(\.\d+)*$", self.driver_version):
+            raise TopologyError(f"host {self.name}: driver_version {self.driver_version!r} is not "
+                                f"a version such as 580.82.07")
+
+    @property
+    def driver_major(self) -> int:
+        """The branch of the kernel driver (580 for 580.82.07): some answers changed by it (H2)."""
+        return int(self.driver_version.split(".")[0])
+
+    @property
+    def usable_imex_channels(self) -> tuple[int, ...]:
+        """IMEX channels a process here can open: configured, and the device node present in
+        its container (rows I1, W5)."""
+        return self.imex_channels if self.container.imex_channel_dev else ()
 
     def link(self, i: int, j: int) -> Link:
         lk = self.links[i][j]
@@ -232,13 +283,26 @@ class NvlinkDomain:
 
 
 @dataclass(frozen=True)
+class ImexDomain:
+    """Hosts whose IMEX daemons trust each other (one nodes_config): FABRIC handles move only
+    between them. It need not equal an NVLink domain or clique (row I2)."""
+
+    name: str
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Cluster:
-    """Hosts plus the NVLink domains over them. `source` says where the shape comes from."""
+    """Hosts plus the NVLink domains over them. `source` says where the shape comes from.
+
+    `imex_domains` empty means the default: the hosts of each multi-node NVLink domain form one
+    IMEX domain (how NVL72 racks are set up)."""
 
     name: str
     hosts: tuple[Host, ...]
     domains: tuple[NvlinkDomain, ...] = ()
     source: str = ""
+    imex_domains: tuple[ImexDomain, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -258,6 +322,16 @@ class Cluster:
                 if m in owner:
                     raise TopologyError(f"{m} is in two NVLink domains ({owner[m]}, {d.name})")
                 owner[m] = d.name
+        imex_owner: dict[str, str] = {}
+        for d in self.imex_domains:
+            for h in d.hosts:
+                if h not in by_name:
+                    raise TopologyError(f"IMEX domain {d.name}: unknown host {h!r}; hosts: "
+                                        f"{', '.join(names)}")
+                if h in imex_owner:
+                    raise TopologyError(f"host {h} is in two IMEX domains ({imex_owner[h]}, "
+                                        f"{d.name}); an IMEX daemon has one nodes_config")
+                imex_owner[h] = d.name
 
     # -- lookups ------------------------------------------------------------------------
     def host(self, name: str) -> Host:
@@ -290,6 +364,25 @@ class Cluster:
     def same_domain(self, a: GpuRef, b: GpuRef) -> bool:
         da = self.domain_of(a)
         return da is not None and da is self.domain_of(b)
+
+    def imex_domain_of(self, host: str) -> ImexDomain | None:
+        """The IMEX domain of `host`: the declared one, else the hosts of its multi-node NVLink
+        domain (the default), else None (a node-local channel only reaches its own host)."""
+        self.host(host)
+        if self.imex_domains:
+            return next((d for d in self.imex_domains if host in d.hosts), None)
+        for d in self.domains:
+            if d.multi_node and host in d.hosts:
+                return ImexDomain(f"imex-{d.name}", d.hosts)
+        return None
+
+    def same_imex_domain(self, a: str, b: str) -> bool:
+        """Whether a FABRIC handle exported on host `b` can be imported on host `a` as far as
+        IMEX goes (row I2): same host always; else both in one IMEX domain."""
+        if a == b:
+            return True
+        da = self.imex_domain_of(a)
+        return da is not None and b in da.hosts
 
     def p2p(self, a: GpuRef, b: GpuRef) -> bool:
         """`cuDeviceCanAccessPeer` between two GPUs of one host (False across hosts)."""

@@ -7,36 +7,18 @@ Reference tags ([CUDA13-h], §5 ...) point into `shared/reference/domain.md`.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
 from typing import Callable
 
 from .model import (
-    Cluster, FabricInfo, FabricState, Gpu, GpuRef, Host, Link, NvlinkDomain, TopologyError,
+    Cluster, FabricInfo, FabricState, GpuRef, Host, Link, NvlinkDomain, TopologyError,
     full_matrix, matrix_from,
 )
 
-GiB = 1 << 30
-
-
-def _uuid(host: str, index: int) -> str:
-    h = hashlib.sha256(f"{host}/{index}".encode()).hexdigest()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
-def _cluster_uuid(name: str) -> bytes:
-    return hashlib.sha256(f"cluster:{name}".encode()).digest()[:16]
-
-
-# NVSwitch boards outside MNNVL report a COMPLETED fabric with an all-zero cluster UUID; NCCL
-# and NVSHMEM read the zero UUID as "no MNNVL" (reference §4.2, row F2).
-_SINGLE_NODE_FABRIC = FabricInfo(state=FabricState.COMPLETED)
-# PCIe cards and NVLink-bridge pairs have no fabric manager: NVML state NOT_SUPPORTED (§4.1).
-_NO_FABRIC = FabricInfo()
-
-
-def _gpus(host: str, n: int, **attrs: object) -> tuple[Gpu, ...]:
-    return tuple(Gpu(index=i, uuid=_uuid(host, i), **attrs) for i in range(n))
+from .presets_pcie import PCIE_PRESETS
+from .preset_parts import (  # noqa: F401  (_uuid, _cluster_uuid: importers derive the same)
+    GiB, Preset, NO_FABRIC as _NO_FABRIC, SINGLE_NODE_FABRIC as _SINGLE_NODE_FABRIC, cluster_uuid as
+    _cluster_uuid, gpus as _gpus, gpu_uuid as _uuid, two_socket_pcie as _two_socket_pcie,
+)
 
 
 def _nvswitch_box(name: str, host: str, model: str, cc: tuple[int, int], mem: int, nvlinks: int,
@@ -72,7 +54,9 @@ def dgx_b200_8() -> Cluster:
         "attribute 1 but no IMEX (reference §5, DeepEP#487)")
 
 
-def _gb200_rack(name: str, trays: int, cliques: Callable[[int], int], source: str) -> Cluster:
+def _gb200_rack(name: str, trays: int, cliques: Callable[[int], int], source: str,
+                model: str = "NVIDIA GB200", cc: tuple[int, int] = (10, 0),
+                mem: int = 186 * GiB) -> Cluster:
     # One GB200 compute tray = one OS instance with 4 GPUs (2 superchips), NV18 between them as
     # `nvidia-smi topo -m` prints it (seeds/000); aarch64 Grace CPUs. Every tray has IMEX
     # channel 0 and NVML reports one cluster UUID for the rack, state COMPLETED (§4-§5).
@@ -81,8 +65,8 @@ def _gb200_rack(name: str, trays: int, cliques: Callable[[int], int], source: st
     for t in range(trays):
         hn = f"{name}-tray{t:02d}"
         fab = FabricInfo(cluster_uuid=uuid, clique_id=cliques(t), state=FabricState.COMPLETED)
-        gpus = _gpus(hn, 4, model="NVIDIA GB200", compute_capability=(10, 0),
-                     memory_bytes=186 * GiB, fabric_handle=True, multicast=True, fabric=fab)
+        gpus = _gpus(hn, 4, model=model, compute_capability=cc,
+                     memory_bytes=mem, fabric_handle=True, multicast=True, fabric=fab)
         hosts.append(Host(name=hn, gpus=gpus, links=full_matrix(4, Link("NV", 18)),
                           imex_channels=(0,), arch="aarch64"))
         members += [GpuRef(hn, i) for i in range(4)]
@@ -95,6 +79,23 @@ def gb200_nvl72() -> Cluster:
         "gb200-nvl72", 18, lambda t: 1,
         "GB200 NVL72: 18 x 1RU compute trays of 4 GPUs, each tray its own OS image, 72 GPUs in "
         "one NVLink domain (NVIDIA Multi-Node Tuning Guide, reference §5)")
+
+
+def gb300_nvl72() -> Cluster:
+    # Same rack shape as GB200 NVL72 (18 trays x 4 GPUs, one NVLink domain, IMEX per tray);
+    # Blackwell Ultra GPUs, compute capability 10.3 (docs/fidelity-rules.md G).
+    return _gb200_rack(
+        "gb300-nvl72", 18, lambda t: 1,
+        "GB300 NVL72: 18 compute trays x 4 Blackwell Ultra GPUs (CC 10.3, 288 GB HBM3e), one "
+        "NVLink domain (NVIDIA GB300 NVL72 product page; vllm-project/vllm#42324 SM 10.3)",
+        model="NVIDIA GB300", cc=(10, 3), mem=288 * GiB)
+
+
+def hgx_b300_8() -> Cluster:
+    return _nvswitch_box(
+        "hgx-b300-8", "hgx-b300-0", "NVIDIA B300", (10, 3), 288 * GiB, 18,
+        "HGX B300: 8 Blackwell Ultra GPUs (CC 10.3) over NVSwitch, fabric attribute 1 but no "
+        "IMEX by default (NVIDIA HGX B300 page; vllm-project/vllm#42324)")
 
 
 def gb200_nvl36x2() -> Cluster:
@@ -126,18 +127,6 @@ def gh200_nvl32() -> Cluster:
                    domains=(NvlinkDomain(f"{name}-domain", tuple(members), uuid),),
                    source="GH200 NVL32: 32 Grace Hopper superchips, 16 nodes, one NVLink domain "
                           "(NVIDIA GH200 NVL32 announcement; node split UNCONFIRMED)")
-
-
-def _two_socket_pcie(i: int, j: int, per_socket: int, p2p_same_socket: bool,
-                     p2p_cross_socket: bool) -> Link:
-    # GPUs 0..per_socket-1 on socket 0, the rest on socket 1; pairs (0,1), (2,3) share a PCIe
-    # switch (PIX), other same-socket pairs cross host bridges (NODE), cross-socket pairs SYS.
-    si, sj = i // per_socket, j // per_socket
-    if si != sj:
-        return Link("SYS", p2p=p2p_cross_socket)
-    if i // 2 == j // 2:
-        return Link("PIX", p2p=p2p_same_socket)
-    return Link("NODE", p2p=p2p_same_socket)
 
 
 def l40s_8_pcie() -> Cluster:
@@ -206,11 +195,6 @@ def dgx1_v100() -> Cluster:
                           "the same mesh, shared/data/nccl-topologies/azure_ndv2-topo.xml)")
 
 
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    build: Callable[[], Cluster]
-    summary: str
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
@@ -224,6 +208,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("rtx4090-8", rtx4090_8, "8 x RTX 4090 PCIe, P2P not supported"),
     Preset("a100-pcie-bridge-8", a100_pcie_bridge_8, "8 x A100 PCIe, NVLink-bridge pairs"),
     Preset("dgx1-v100", dgx1_v100, "DGX-1 V100, 8 GPUs, hybrid cube-mesh NVLink"),
+    Preset("gb300-nvl72", gb300_nvl72, "GB300 NVL72 rack, 18 trays x 4 GPUs (CC 10.3), one NVLink domain"),
+    Preset("hgx-b300-8", hgx_b300_8, "HGX B300, 8 GPUs (CC 10.3) on NVSwitch, one host, no IMEX"),
+    *PCIE_PRESETS,
 )}
 
 

@@ -19,9 +19,16 @@ def topo_matrix(host: Host) -> str:
     rows.append("P2P (cuDeviceCanAccessPeer):")
     rows.append(head)
     for i in range(n):
-        cells = [" X " if i == j else ("OK" if host.link(i, j).p2p else "NS") for j in range(n)]
+        cells = [" X " if i == j else _p2p_cell(host.link(i, j)) for j in range(n)]
         rows.append(f"GPU{i}\t" + "\t".join(cells))
     return "\n".join(rows)
+
+
+def _p2p_cell(link) -> str:
+    """The `topo -p2p r` cell: OK, or the refusal's cause when the topology knows it (T4)."""
+    if link.p2p:
+        return "OK"
+    return link.p2p_reason if link.p2p_reason not in ("", "disabled") else "NS"
 
 
 def domain_map(cluster: Cluster) -> str:

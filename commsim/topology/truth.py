@@ -27,13 +27,24 @@ def fabric_ready(cluster: Cluster, ref: GpuRef) -> bool:
 
 
 def nvlink_p2p(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
-    """Same host, and the link between them is NVLink with P2P allowed (or the same GPU)."""
+    """Same host, and the pair is NVLink-connected with its links up (what NVML's NVLink P2P
+    status reports, rows N1/N2 of docs/fidelity-rules.md: true to the links whatever the P2P
+    fact says), or the same GPU."""
     if a.host != b.host:
         return False
     if a.index == b.index:
         return True
     lk = cluster.host(a.host).link(a.index, b.index)
-    return lk.is_nvlink and lk.p2p
+    return lk.is_nvlink and cluster.gpu(a).nvlinks_up and cluster.gpu(b).nvlinks_up
+
+
+def p2p_unreal(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
+    """P2P reported between two GPUs of one host that the functional probe disproves: the
+    IPC open is refused or writes do not arrive intact (rows P1-P4)."""
+    if a == b or a.host != b.host:
+        return False
+    lk = cluster.host(a.host).link(a.index, b.index)
+    return lk.p2p and not lk.p2p_real
 
 
 def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
@@ -41,7 +52,9 @@ def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
     out = set()
     same_host = a.host == b.host
     # Legacy IPC: host-local (row L8), and the importer needs P2P to the exporter (row L10).
-    if same_host and (a.index == b.index or cluster.host(a.host).link(a.index, b.index).p2p):
+    # An open refused although P2P is reported (rows P1, P2) is no import either.
+    lk = cluster.host(a.host).link(a.index, b.index) if same_host and a.index != b.index else None
+    if same_host and (lk is None or (lk.p2p and not lk.ipc_refused)):
         out.add(IPC)
     # POSIX fd: travels over AF_UNIX, so one shm / socket namespace (row V9, §4.3).
     ga, gb = cluster.gpu(a), cluster.gpu(b)
@@ -51,7 +64,7 @@ def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
     # FABRIC: both MNNVL-ready, one IMEX channel in common (rows V3, V5), one domain (V7).
     ha, hb = cluster.host(a.host), cluster.host(b.host)
     if (fabric_ready(cluster, a) and fabric_ready(cluster, b)
-            and set(ha.imex_channels) & set(hb.imex_channels)
+            and set(ha.usable_imex_channels) & set(hb.usable_imex_channels)
             and cluster.same_domain(a, b)
             and ga.fabric.cluster_uuid == gb.fabric.cluster_uuid):
         out.add(FABRIC)
@@ -66,15 +79,28 @@ class GroupFacts:
     gpus: tuple[GpuRef, ...]
     pairs: tuple[tuple[GpuRef, GpuRef], ...]
     imp: dict[tuple[GpuRef, GpuRef], frozenset[str]]
-    nvl_all: bool               # every pair NVLink + P2P on one host
+    nvl_all: bool               # every pair NVLink-connected, links up, on one host
     single_host: bool
+    p2p_all: bool = True        # every pair reports P2P (cuDeviceCanAccessPeer)
+    # The first pair whose reported P2P the functional probe disproves (rows P1-P4), or None.
+    unreal: tuple[GpuRef, GpuRef] | None = None
+    # Why set-ups no query can foresee must fail (docs/fidelity-rules.md): "" when none.
+    caps_missing: str = ""      # a container without /dev/nvidia-caps (row MC3)
+    imex_split: str = ""        # two hosts in different IMEX domains (row I3)
 
     @classmethod
     def of(cls, cluster: Cluster, gpus: tuple[GpuRef, ...]) -> "GroupFacts":
         pairs = tuple((a, b) for i, a in enumerate(gpus) for j, b in enumerate(gpus) if i != j)
+        caps = next((g.host for g in gpus if not cluster.host(g.host).container.nvidia_caps), None)
+        split = next(((a, b) for a, b in pairs if not cluster.same_imex_domain(a.host, b.host)), None)
         return cls(cluster, gpus, pairs, {(a, b): importable(cluster, a, b) for a, b in pairs},
                    all(nvlink_p2p(cluster, a, b) for a, b in pairs),
-                   len({g.host for g in gpus}) == 1)
+                   len({g.host for g in gpus}) == 1,
+                   all(cluster.p2p(a, b) for a, b in pairs),
+                   next(((a, b) for a, b in pairs if p2p_unreal(cluster, a, b)), None),
+                   f"host {caps} runs in a container without /dev/nvidia-caps (row MC3)" if caps else "",
+                   (f"{split[0].host} and {split[1].host} are in different IMEX domains (row I3)"
+                    if split else ""))
 
     @property
     def ws(self) -> int:

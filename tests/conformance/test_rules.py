@@ -29,7 +29,7 @@ from commsim.runtime.scheduler import wait_until
 from commsim.sim import unconfirmed
 from commsim.driver import FdTransportError
 from commsim.topology import modify
-from commsim.topology.model import FabricState, GpuRef, NvlinkDomain
+from commsim.topology.model import ContainerCaps, FabricState, GpuRef, ImexDomain, NvlinkDomain
 from commsim.topology.presets import build
 
 E = cudaError_t
@@ -150,13 +150,20 @@ def _(rig):
     return res
 
 
-@case("L3", "cudaIpcGetMemHandle on a non-base pointer of a cudaMalloc block", "§1.3",
-      "hgx-h100-8", [(0, 0)], expect=U("L3"))
+@case("L3/H3", "cudaIpcGetMemHandle inside a cudaMalloc block gives the base allocation's handle",
+      "openucx/ucx#11724 (base and base+offset give identical handles); rows L3, H3",
+      "hgx-h100-8", [(0, 0), (0, 1)], expect=E.cudaSuccess)
 def _(rig):
-    d = rig[0]
-    p = check("cudaMalloc", d.cudaMalloc(MIB))
-    res = d.cudaIpcGetMemHandle(p + 256)
-    check("cudaFree", d.cudaFree(p))
+    exp, imp = rig[0], rig[1]
+    p = check("cudaMalloc", exp.cudaMalloc(MIB))
+    check("write", rig.write(0, p, pattern(MIB, 11)))
+    res = exp.cudaIpcGetMemHandle(p + 256 * 1024)
+    assert check("cudaIpcGetMemHandle", res) == check("base", exp.cudaIpcGetMemHandle(p))
+    # The importer maps the base; the sub-allocation is at the offset it adds itself.
+    q = check("cudaIpcOpenMemHandle", imp.cudaIpcOpenMemHandle(res[1], LAZY))
+    assert check("read", rig.read(1, q + 256 * 1024, 64)) == pattern(MIB, 11)[256 * 1024:256 * 1024 + 64]
+    check("cudaIpcCloseMemHandle", imp.cudaIpcCloseMemHandle(q))
+    check("cudaFree", exp.cudaFree(p))
     return res
 
 
@@ -443,7 +450,8 @@ def _teardown_export(rig, i, h, ptr, g):
       "§2.3 [CUDA13-h] cuMemImportFromShareableHandle; row V5", lambda: modify.without_imex(
           build("gb200-nvl72:2"), "gb200-nvl72-tray01"), [(0, 0), (1, 0)],
       expect=R.CUDA_ERROR_NOT_PERMITTED)
-def _(rig):
+def _import_refused(rig):
+    """Process 0 exports FABRIC memory, process 1's import is refused and holds nothing."""
     h, ptr, blob, g = _export_fabric(rig)
     res = rig[1].cuMemImportFromShareableHandle(blob, FABRIC)
     assert rig.held(1) == {}
@@ -990,6 +998,300 @@ def _(rig):
     check("cudaFree", exp.cudaFree(p))
     assert rig.exit_process(0) == []                         # the exporter exits clean
     return (0,)
+
+
+# ================================ issue 17: docs/fidelity-rules.md ==========================
+
+def _pair_link(preset: str, i: int, j: int, **facts):
+    """`preset` with the link GPU i-GPU j of its first host changed (both directions)."""
+    def build_it():
+        c = build(preset)
+        h = c.hosts[0]
+        rows = [list(r) for r in h.links]
+        rows[i][j] = dataclasses.replace(h.link(i, j), **facts)
+        rows[j][i] = dataclasses.replace(h.link(j, i), **facts)
+        return c.replace_host(h.name, links=tuple(tuple(r) for r in rows))
+    return build_it
+
+
+def _ipc_round_trip(rig, n: int = 4096):
+    """Process 0 exports a buffer, process 1 opens it: the open's result, and the handle."""
+    p = check("cudaMalloc", rig[0].cudaMalloc(n))
+    h = check("cudaIpcGetMemHandle", rig[0].cudaIpcGetMemHandle(p))
+    return p, h, rig[1].cudaIpcOpenMemHandle(h, LAZY)
+
+
+def _p2p_reported(rig) -> None:
+    assert check("cuDeviceCanAccessPeer", rig[1].cuDeviceCanAccessPeer(1, 0)) == 1
+
+
+@case("P1", "ACS redirect: P2P reported, IPC open refused with PeerAccessUnsupported",
+      "ray-project/ray#16979 (NCCL p2p.cc 'failed to open CUDA IPC handle : 217'); NCCL "
+      "troubleshooting 'PCI Access Control Services'; row P1",
+      _pair_link("rtx-pro-6000-4", 0, 1, ipc_refused="acs"), [(0, 0), (0, 1)],
+      expect=E.cudaErrorPeerAccessUnsupported)
+def _(rig):
+    _p2p_reported(rig)
+    p, _, res = _ipc_round_trip(rig)
+    assert rig.held(1) == {}
+    check("cudaFree", rig[0].cudaFree(p))
+    return res
+
+
+@case("P2", "IOMMU translation: P2P reported, IPC open answers InvalidDevice",
+      "NVIDIA/TensorRT-LLM#17034 (101 from cudaIpcOpenMemHandle, can_access_peer True); row P2",
+      _pair_link("rtx-pro-6000-4", 0, 1, ipc_refused="iommu"), [(0, 0), (0, 1)],
+      expect=E.cudaErrorInvalidDevice)
+def _(rig):
+    _p2p_reported(rig)
+    p, _, res = _ipc_round_trip(rig)
+    check("cudaFree", rig[0].cudaFree(p))
+    return res
+
+
+def _p3(rig):
+    """The functional probe serving stacks run: the importer writes a pattern through the
+    peer mapping, the owner reads its own memory (vLLM gpu_p2p_access_check)."""
+    _p2p_reported(rig)
+    p, _, res = _ipc_round_trip(rig)
+    q = check("cudaIpcOpenMemHandle", res)
+    check("write", rig.write(1, q, pattern(4096, 21)))          # every call succeeds
+    got = check("read", rig.read(0, p, 4096))
+    check("cudaIpcCloseMemHandle", rig[1].cudaIpcCloseMemHandle(q))
+    check("cudaFree", rig[0].cudaFree(p))
+    return res, got
+
+
+@case("P3/dropped", "patched P2P: peer writes silently dropped; the probe's bytes differ",
+      "aikitoria/open-gpu-kernel-modules#8 (simpleP2P verification fails); row P3",
+      _pair_link("rtx5090-2", 0, 1, p2p=True, peer_writes="dropped"), [(0, 0), (0, 1)],
+      expect=E.cudaSuccess, sim_only=True)
+def _(rig):
+    res, got = _p3(rig)
+    assert got != pattern(4096, 21) and got == bytes(4096)
+    return res
+
+
+@case("P3/corrupt", "patched P2P: peer writes land corrupted, no error code",
+      "noonghunna/club-3090#922; NVIDIA/open-gpu-kernel-modules#1257; row P3",
+      _pair_link("rtx3090-2-nvlink", 0, 1, peer_writes="corrupt"), [(0, 0), (0, 1)],
+      expect=E.cudaSuccess, sim_only=True)
+def _(rig):
+    res, got = _p3(rig)
+    assert got != pattern(4096, 21)
+    return res
+
+
+@case("N1", "P2P disabled with NVLinks up: CanAccessPeer 0, NVML NVLink status still OK",
+      "NVIDIA/TensorRT-LLM#1374; row N1",
+      lambda: build("hgx-h100-8").set_p2p("hgx-h100-0", 0, 1, False), [(0, 0)],
+      expect=E.cudaSuccess)
+def _(rig):
+    d = rig[0]
+    assert check("cuDeviceCanAccessPeer", d.cuDeviceCanAccessPeer(0, 1)) == 0
+    assert check("nvml", d.nvmlDeviceGetP2PStatus(0, 1)) == NVML_P2P_STATUS_OK
+    assert check("nvml", d.nvmlDeviceGetNvLinkState(0)) is True
+    return (E.cudaSuccess,)
+
+
+@case("N2", "NVLinks down with PCIe P2P: CanAccessPeer 1, NVML NVLink status NOT_SUPPORTED",
+      "reference §4.2 (FlashInfer/TRT-LLM read nvmlDeviceGetNvLinkState); row N2",
+      lambda: modify.with_nvlinks_down(build("hgx-h100-8"), GpuRef("hgx-h100-0", 1)), [(0, 0)],
+      expect=E.cudaSuccess)
+def _(rig):
+    d = rig[0]
+    assert check("cuDeviceCanAccessPeer", d.cuDeviceCanAccessPeer(0, 1)) == 1
+    assert check("nvml", d.nvmlDeviceGetP2PStatus(0, 1)) == NVML_P2P_STATUS_NOT_SUPPORTED
+    assert check("nvml", d.nvmlDeviceGetP2PStatus(0, 2)) == NVML_P2P_STATUS_OK
+    assert check("nvml", d.nvmlDeviceGetNvLinkState(1)) is False
+    return (E.cudaSuccess,)
+
+
+@case("T2", "a four-GPU NV6 mesh (H200 NVL 4-way bridge) has no multicast",
+      "NVIDIA/nccl#1617 (4 GPUs NV6 all pairs); rows T2, MC1", "h200-nvl-4way-8", [(0, 0)],
+      expect=U("M1"))
+def _(rig):
+    return _m1(rig)
+
+
+def _split_imex():
+    """gb200-nvl72:2 as one NVLink domain whose trays are two IMEX domains (row I2)."""
+    c = build("gb200-nvl72:2")
+    return dataclasses.replace(c, imex_domains=(ImexDomain("imex-a", ("gb200-nvl72-tray00",)),
+                                                ImexDomain("imex-b", ("gb200-nvl72-tray01",))))
+
+
+@case("I2", "a node-local IMEX channel: a process re-imports its own FABRIC handle",
+      "meta-pytorch/torchcomms#3517 (the self-trial succeeds); row I2", _split_imex, [(0, 0)],
+      expect=R.CUDA_SUCCESS)
+def _(rig):
+    h, ptr, blob, g = _export_fabric(rig)
+    res = rig[0].cuMemImportFromShareableHandle(blob, FABRIC)
+    check("cuMemRelease", rig[0].cuMemRelease(check("import", res)))
+    _teardown_export(rig, 0, h, ptr, g)
+    return res
+
+
+@case("I3", "FABRIC import from a tray in another IMEX domain, same NVLink domain",
+      "meta-pytorch/torchcomms#3517; kubernetes-sigs/dra-driver-nvidia-gpu#294; row I3",
+      _split_imex, [(0, 0), (1, 0)], expect=U("I3"))
+def _(rig):
+    assert (check("nvml", rig[0].nvmlDeviceGetGpuFabricInfo(0)).cluster_uuid ==
+            check("nvml", rig[1].nvmlDeviceGetGpuFabricInfo(0)).cluster_uuid)
+    return _import_refused(rig)
+
+
+@case("I1/W5", "a container without the IMEX channel device: cuMemCreate(FABRIC) NOT_PERMITTED",
+      "CUDA driver API VA docs (IMEX channel files), microsoft/mscclpp#467; rows I1, W5",
+      lambda: build("gb200-nvl72:1").replace_host(
+          "gb200-nvl72-tray00", container=ContainerCaps(imex_channel_dev=False)),
+      [(0, 0)], expect=R.CUDA_ERROR_NOT_PERMITTED)
+def _(rig):
+    d = rig[0]
+    return d.cuMemCreate(gran(d, 0, FABRIC), alloc_prop(0, int(FABRIC)), 0)
+
+
+@case("MC2", "cuMulticastAddDevice after a bind: ILLEGAL_STATE",
+      "CUDA driver API (all devices before any bind); NVIDIA/nccl#1788 (401); row MC2",
+      "hgx-h100-8", [(0, 0)], expect=R.CUDA_ERROR_ILLEGAL_STATE)
+def _(rig):
+    d, g = rig[0], 2 * MIB
+    mc, h = _bound_team_of_one(d, g)
+    res = d.cuMulticastAddDevice(mc, 1)
+    _unbind_release(d, mc, h, g)
+    return res
+
+
+def _bound_team_of_one(d, g: int):
+    """A multicast object for one device, that device added and `g` bytes bound."""
+    mc = check("cuMulticastCreate", d.cuMulticastCreate(multicast_prop(1, g, 0)))
+    check("cuMulticastAddDevice", d.cuMulticastAddDevice(mc, 0))
+    h = create(d, g)
+    check("cuMulticastBindMem", d.cuMulticastBindMem(mc, 0, h, 0, g, 0))
+    return mc, h
+
+
+def _unbind_release(d, mc: int, h: int, g: int) -> None:
+    check("cuMulticastUnbind", d.cuMulticastUnbind(mc, 0, 0, g))
+    check("cuMemRelease", d.cuMemRelease(h))
+    check("cuMemRelease", d.cuMemRelease(mc))
+
+
+@case("MC3/W4", "a container without /dev/nvidia-caps: cuMulticastCreate INVALID_VALUE",
+      "pie-project/pie#500; NVIDIA/nccl#1672 (nvls.cc:251 'invalid argument'); rows MC3, W4",
+      lambda: build("hgx-h200-8").replace_host("hgx-h200-0", container=ContainerCaps(nvidia_caps=False)),
+      [(0, 0)], expect=R.CUDA_ERROR_INVALID_VALUE)
+def _(rig):
+    d = rig[0]
+    assert check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0)) == 1
+    return d.cuMulticastCreate(multicast_prop(2, 2 * MIB, int(FD)))
+
+
+@case("MC4", "fabric multicast (FABRIC handle type) without an IMEX channel",
+      "NVIDIA/nvbandwidth#35 (multicast tests need IMEX); row MC4", "hgx-h100-8", [(0, 0)],
+      expect=U("MC4"))
+def _(rig):
+    return rig[0].cuMulticastCreate(multicast_prop(2, 2 * MIB, int(FABRIC)))
+
+
+@case("MC7", "plain load through a multicast address: undefined, flagged, no error code",
+      "PTX ISA 'only multimem.* on multimem addresses' (NVIDIA/nccl#1230); row MC7",
+      "hgx-h100-8", [(0, 0)], expect=E.cudaSuccess, sim_only=True)
+def _(rig):
+    d, g = rig[0], 2 * MIB
+    mc, h = _bound_team_of_one(d, g)
+    va = map_rw(d, mc, g)
+    res = rig.kernel_read(0, va, 64)
+    assert rig.flagged("MC7", 0)
+    unmap_free(d, va, g)
+    _unbind_release(d, mc, h, g)
+    return res
+
+
+@case("MC6", "a multimem kernel over multicast address 0: illegal address, sticky",
+      "CUDA runtime docs (700 leaves the context unusable); pytorch/pytorch#195596; row MC6",
+      "hgx-h100-8", [(0, 0)], expect=E.cudaErrorIllegalAddress, sim_only=True)
+def _(rig):
+    res = rig.multimem_read(0, 0, np.float32, 16)
+    later = rig[0].cudaMalloc(4096)                       # every later call: the same error
+    assert code_of(later) == int(E.cudaErrorIllegalAddress)
+    return res
+
+
+def _model_row(rig, cc: tuple[int, int], multicast: int, fabric: int):
+    d = rig[0]
+    got = (check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0)),
+           check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0)))
+    assert got == cc, got
+    assert check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0)) == multicast
+    assert check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0)) == fabric
+    return (E.cudaSuccess,)
+
+
+for _row, _preset, _cc, _mc, _fab, _src in (
+        ("G/gb300", "gb300-nvl72:1", (10, 3), 1, 1, "vllm-project/vllm#42324 (SM 10.3); GB300 NVL72 page"),
+        ("G/b300", "hgx-b300-8", (10, 3), 1, 1, "vllm-project/vllm#42324 (SM 10.3); HGX B300 page"),
+        ("G/gb10", "dgx-spark-2:1", (12, 1), 0, 0, "NVIDIA/dgx-spark-playbooks#22 (sm_121)"),
+        ("G/h200nvl", "h200-nvl-4way-8", (9, 0), 0, 0, "H200 NVL product brief (PCIe, bridges)"),
+        ("G/rtxpro6000", "rtx-pro-6000-4", (12, 0), 0, 0, "vllm-project/vllm#56128 (sm_120, PCIe)"),
+        ("G/rtx5090", "rtx5090-2", (12, 0), 0, 0, "aikitoria/open-gpu-kernel-modules#21"),
+        ("G/rtx3090", "rtx3090-2-nvlink", (8, 6), 0, 0, "noonghunna/club-3090#922")):
+    case(_row, f"{_preset}: compute capability {_cc[0]}.{_cc[1]}, multicast {_mc}, fabric {_fab}",
+         f"{_src}; docs/fidelity-rules.md §9", _preset, [(0, 0)], expect=E.cudaSuccess)(
+        lambda rig, cc=_cc, mc=_mc, fab=_fab: _model_row(rig, cc, mc, fab))
+
+
+@case("G/p2p", "GeForce: RTX 5090 pair no P2P (stock driver); RTX 3090 pair P2P over its NV4 bridge",
+      "sgl-project/sglang#4814; noonghunna/club-3090#922; docs/fidelity-rules.md §9",
+      "rtx3090-2-nvlink", [(0, 0)], expect=E.cudaSuccess)
+def _(rig):
+    assert check("peer", rig[0].cuDeviceCanAccessPeer(0, 1)) == 1
+    assert check("nvml", rig[0].nvmlDeviceGetP2PStatus(0, 1)) == NVML_P2P_STATUS_OK
+    return (E.cudaSuccess,)
+
+
+def _old_driver():
+    c = build("hgx-h100-8")
+    return c.replace_host("hgx-h100-0", driver_version="450.80.02")
+
+
+@case("H2", "second open of one handle in one context on an older driver: AlreadyMapped",
+      "microsoft/mscclpp#165; openucx/ucx#4599, #11216 ('resource already mapped'); row H2",
+      _old_driver, [(0, 0), (0, 1)], expect=E.cudaErrorAlreadyMapped)
+def _(rig):
+    p, h, first = _ipc_round_trip(rig)
+    q = check("cudaIpcOpenMemHandle", first)
+    res = rig[1].cudaIpcOpenMemHandle(h, LAZY)
+    assert rig.held(1) == {"ipc_mapping": 1}
+    check("cudaIpcCloseMemHandle", rig[1].cudaIpcCloseMemHandle(q))
+    check("cudaFree", rig[0].cudaFree(p))
+    return res
+
+
+@case("H4", "cudaIpcGetMemHandle of cuMemCreate memory (expandable segments): InvalidValue",
+      "vllm-project/vllm#42609 (custom_all_reduce.cuh 'invalid argument'); rows L2, H4",
+      "hgx-h100-8", [(0, 0)], expect=E.cudaErrorInvalidValue)
+def _(rig):
+    d = rig[0]
+    g = gran(d, 0, FD)
+    h = create(d, g, FD)
+    ptr = map_rw(d, h, g)
+    res = d.cudaIpcGetMemHandle(ptr + 4096)
+    unmap_free(d, ptr, g)
+    check("cuMemRelease", d.cuMemRelease(h))
+    return res
+
+
+@case("H5", "opening the handle of memory its exporter already freed",
+      "CUDA docs (a re-allocation gets a new handle, L4); row H5", "hgx-h100-8",
+      [(0, 0), (0, 1)], expect=U("H5"))
+def _(rig):
+    p = check("cudaMalloc", rig[0].cudaMalloc(4096))
+    h = check("cudaIpcGetMemHandle", rig[0].cudaIpcGetMemHandle(p))
+    check("cudaFree", rig[0].cudaFree(p))
+    res = rig[1].cudaIpcOpenMemHandle(h, LAZY)
+    assert rig.held(1) == {}
+    return res
 
 
 # ---- the runner ---------------------------------------------------------------------------

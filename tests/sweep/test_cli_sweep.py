@@ -96,7 +96,7 @@ def test_replay_of_a_planted_failure_exits_1(capsys, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("argv, words", [
-    (("sweep", "--count", "5", "--filter", "gb300"), "--filter 'gb300' matches no machine shape"),
+    (("sweep", "--count", "5", "--filter", "gb900"), "--filter 'gb900' matches no machine shape"),
     (("sweep", "--count", "5", "--filter", ""), "--filter: empty substring"),
     (("sweep", "--count", "-1"), "argument --count: -1 is negative"),
     (("sweep", "--count", "5", "--jobs", "0"), "argument --jobs: 0 is outside 1..256"),

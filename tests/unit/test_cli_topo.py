@@ -131,7 +131,7 @@ def test_import_with_p2p_file(capsys: pytest.CaptureFixture[str]) -> None:
                        "--hosts", "1", "--gpu-model", "A100",
                        "--p2p", str(DATA / "a100_pcie_bridge_pairs_p2p.txt"))
     assert rc == 0
-    assert "GPU0\t X \tOK\tOK\tOK\tNS" in out
+    assert "GPU0\t X \tOK\tOK\tOK\tCNS" in out   # the cause letter is kept (T4)
     assert "assumed" not in err
 
 

@@ -107,7 +107,12 @@ def test_p2p_disabled_on_hgx_pair_declines_ipc():
     c = modify.without_p2p(build_preset("hgx-h100-8"), "hgx-h100-0", 2, 5)
     res = run_scenario(scenario("hgx-h100-8", cluster=c))
     assert_clean(res)
-    assert chosen(res) == {4 * KiB: "nccl"}
+    # Rows N1/N3: the NVLinks stay up, so NVML still reports the NVSwitch board and the
+    # multicast object (no peer access needed) is used; ipc is declined for the P2P fact,
+    # not misnamed as "not fully NVLink-connected".
+    assert chosen(res) == {4 * KiB: "multicast"}
+    assert "some pair of GPUs has no P2P access" in res.explain["tp"]
+    assert "not fully NVLink-connected" not in res.explain["tp"]
 
 
 def test_oom_during_ipc_workspace_falls_back_without_leak():

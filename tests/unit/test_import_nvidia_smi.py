@@ -241,7 +241,7 @@ def test_nvlink_domain_needs_all_pairs_nvlink(domain: str) -> None:
 
 
 def test_unknown_gpu_model_rejected() -> None:
-    with pytest.raises(TopologyError, match=r"unknown GPU model 'MI300X'; known: GB200.*V100"):
+    with pytest.raises(TopologyError, match=r"unknown GPU model 'MI300X'; known: GB300.*V100"):
         build_cluster(parse("gb200_tray.txt"), 1, gpu_model="MI300X")
 
 
@@ -326,9 +326,12 @@ def test_error_empty_input() -> None:
         parse_topo_matrix("")
 
 
-def test_error_missing_row() -> None:
-    assert err("bad_missing_row.txt").startswith(
-        "bad_missing_row.txt line 1: header has 4 GPU columns but no row for GPU3")
+def test_error_missing_row_in_the_middle() -> None:
+    lines = (DATA / "bad_missing_row.txt").read_text().splitlines()
+    del lines[2]                       # GPU1's row gone, GPU2's still there: not a truncation
+    with pytest.raises(TopologyError, match=r"^gap.txt line 1: header has 4 GPU columns but no "
+                                            r"row for GPU1; paste the whole matrix"):
+        parse_topo_matrix("\n".join(lines), "gap.txt")
 
 
 def test_error_x_off_diagonal() -> None:

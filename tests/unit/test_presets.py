@@ -23,6 +23,15 @@ FACTS = {
     "rtx4090-8": (1, 8, 89, False, False, False, False, False, False, "x86_64"),
     "a100-pcie-bridge-8": (1, 8, 80, False, False, False, False, False, False, "x86_64"),
     "dgx1-v100": (1, 8, 70, False, False, False, False, False, False, "x86_64"),
+    # issue 17 (docs/fidelity-rules.md rows G)
+    "gb300-nvl72": (18, 4, 103, True, True, True, True, True, True, "aarch64"),
+    "hgx-b300-8": (1, 8, 103, True, True, True, True, False, False, "x86_64"),
+    "h200-nvl-2way-8": (1, 8, 90, False, False, False, False, False, False, "x86_64"),
+    "h200-nvl-4way-8": (1, 8, 90, False, False, False, False, False, False, "x86_64"),
+    "rtx-pro-6000-4": (1, 4, 120, False, True, False, False, False, False, "x86_64"),
+    "rtx5090-2": (1, 2, 120, False, False, False, False, False, False, "x86_64"),
+    "rtx3090-2-nvlink": (1, 2, 86, True, True, False, False, False, False, "x86_64"),
+    "dgx-spark-2": (2, 1, 121, True, True, False, False, False, False, "aarch64"),
 }
 
 

@@ -25,8 +25,8 @@ KiB, MiB = 1 << 10, 1 << 20
 
 def run_group(preset: str, gpus: list[GpuRef] | None = None, n: int | None = None,
               faults: dict[int, ProcessFaults] | None = None, sizes=(16 * KiB, 512 * KiB),
-              capture: bool = True):
-    cluster = build_preset(preset)
+              capture: bool = True, cluster=None, policy: Policy = POLICY):
+    cluster = cluster or build_preset(preset)
     refs = gpus or list(cluster.gpu_refs())[:n]
     fabric = SimFabric(cluster, seed=0)
     drivers = [spawn_driver(fabric, g, (faults or {}).get(r)) for r, g in enumerate(refs)]
@@ -43,7 +43,7 @@ def run_group(preset: str, gpus: list[GpuRef] | None = None, n: int | None = Non
         return total.chunk(ws)[r] if op == "reduce_scatter" else total
 
     def rank(group):
-        comm = Communicator(group, drivers[group.rank], POLICY)
+        comm = Communicator(group, drivers[group.rank], policy)
         got = {}
         for mode in (("capture",) if capture else ()) + ("eager",):
             outs = []
@@ -121,10 +121,7 @@ CUDA_OOM = cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
     ("hgx-h100-8", "cuMemExportToShareableHandle", 0),
     ("hgx-h100-8", "cuMemImportFromShareableHandle", 5),
     ("hgx-h100-8", "cuMemMap", 7),
-    ("hgx-h100-8", "cuMulticastCreate", 0),
-    ("hgx-h100-8", "cuMulticastBindMem", 2),
     ("gb200-nvl72:2", "cuMemImportFromShareableHandle", 6),
-    ("gb200-nvl72:2", "cuMulticastAddDevice", 4),
     ("gb200-nvl72:2", "cuMemSetAccess", 1),
 ])
 def test_a_failure_on_one_rank_is_voted_and_leaves_nothing(preset, api, rank):
@@ -153,3 +150,62 @@ def test_rendezvous_keys_are_per_group():
 
     outs = LocalWorld(4, seed=0).run(rank)
     assert [o.value for o in outs] == [4.0] * 4, [o.error for o in outs]
+
+
+@pytest.mark.parametrize("preset,api,rank", [
+    ("hgx-h100-8", "cuMulticastCreate", 0),
+    ("hgx-h100-8", "cuMulticastBindMem", 2),
+    ("gb200-nvl72:2", "cuMulticastAddDevice", 4),
+])
+def test_a_multicast_failure_carries_on_with_address_zero(preset, api, rank):
+    """Row S1 (pytorch/pytorch#136577): multicast set-up failing on GPUs whose attribute says
+    it is supported leaves the backend up with multicast address 0, and it says so."""
+    faults = {rank: ProcessFaults(calls=[CallFault(api, CUDA_OOM, 1)])}
+    chosen, text = run_group(preset, n=8, faults=faults, capture=False, sizes=(16 * KiB,))
+    assert "symm: admitted" in text and "declined after set-up failure" not in text
+    assert "carrying on with multicast address 0 (row S1)" in text and f"rank {rank}" in text
+    assert set(chosen.values()) == {"symm"}
+    assert "all_reduce 16384 B -> symm one-shot" in text
+
+
+def test_container_without_nvidia_caps_keeps_symm_without_multicast():
+    """Rows MC3/S1: the attribute says multicast, the container refuses the object."""
+    from commsim.topology.model import ContainerCaps
+    c = build_preset("hgx-h200-8").replace_host("hgx-h200-0", container=ContainerCaps(nvidia_caps=False))
+    chosen, text = run_group("hgx-h200-8", n=4, cluster=c, capture=False, sizes=(16 * KiB,))
+    assert "CUDA_ERROR_INVALID_VALUE" in text and "multicast address 0 (row S1)" in text
+    assert set(chosen.values()) == {"symm"}
+
+
+def test_multimem_without_checking_the_address_is_a_sticky_illegal_address():
+    """Rows S2/MC6: a caller that runs multimem although the address is 0 (the set-up fell
+    back, S1) gets cudaErrorIllegalAddress, and the context stays broken."""
+    from commsim.driver import CudaError
+    from commsim.topology.model import ContainerCaps
+    cluster = build_preset("hgx-h200-8").replace_host("hgx-h200-0", container=ContainerCaps(nvidia_caps=False))
+    fabric = SimFabric(cluster, seed=0)
+    drivers = [spawn_driver(fabric, GpuRef("hgx-h200-0", i)) for i in range(2)]
+    pol = Policy(order=("symm", "nccl"), params={"symm_multimem_unchecked": True})
+
+    def rank(group):
+        comm = Communicator(group, drivers[group.rank], pol)
+        try:
+            comm.all_reduce(torch.ones(1024, dtype=torch.bfloat16))
+        except CudaError as e:
+            return int(e.code), int(drivers[group.rank].cudaMalloc(16)[0])
+        return None
+
+    outs = LocalWorld(2, seed=0).run(rank)
+    assert [o.value for o in outs] == [(700, 700), (700, 700)], [(o.value, o.error) for o in outs]
+
+
+def test_pidfd_exchange_works_and_is_refused_without_ptrace():
+    """Row W7: the pidfd_getfd fd exchange maps peers like SCM_RIGHTS does, and a container
+    without CAP_SYS_PTRACE refuses it with EPERM (voted: every rank falls back)."""
+    from commsim.topology.model import ContainerCaps
+    pol = Policy(order=("symm", "nccl"), params={"symm_fd_exchange": "pidfd"})
+    chosen, text = run_group("hgx-h100-8", n=4, capture=False, sizes=(16 * KiB,), policy=pol)
+    assert set(chosen.values()) == {"symm"}
+    c = build_preset("hgx-h100-8").replace_host("hgx-h100-0", container=ContainerCaps(pidfd_getfd=False))
+    chosen, text = run_group("hgx-h100-8", n=4, cluster=c, capture=False, sizes=(16 * KiB,), policy=pol)
+    assert set(chosen.values()) == {"nccl"} and "EPERM: pidfd_getfd" in text

@@ -11,6 +11,7 @@ scenario test the wrong machine.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,12 +24,13 @@ from ..model import (
 )
 from ..presets import _cluster_uuid, _uuid  # same derivations as the presets, so shapes compare
 from ..render import topo_matrix
+from ..shape import nvswitch_shape
 from .nvidia_smi_parse import (  # re-exported: this module is the importer's public face
     P2P_CELLS, ParsedHost, is_gpu_row, looks_like_header, parse_p2p_matrix, parse_topo_matrix,
 )
 
 __all__ = [
-    "DOMAINS", "P2P_CELLS", "ParsedHost", "TABLE_KEYS", "build_cluster",
+    "DOMAINS", "P2P_CELLS", "ParsedHost", "TABLE_KEYS", "build_cluster", "switch_shape",
     "cluster_from_matrix_table", "matrix_table", "parse_p2p_matrix", "parse_topo_matrix",
 ]
 
@@ -44,11 +46,17 @@ def _first_non_nvlink(parsed: ParsedHost) -> str:
     return ""
 
 
+def switch_shape(parsed: ParsedHost, spec: GpuSpec | None) -> tuple[bool, str]:
+    """Whether the pasted matrix is an NVSwitch board, and why (rows T1-T3, shape.py)."""
+    return nvswitch_shape(parsed.gpu_count, [(i, j, parsed.link(i, j)) for i, j in parsed.pairs()],
+                          spec)
+
+
 def _resolve_domain(parsed: ParsedHost, hosts: int, domain: str | None,
                     spec: GpuSpec | None, warnings: list[str]) -> str:
     n = parsed.gpu_count
-    nvswitch = parsed.all_nvlink and n >= 4
-    tray = parsed.all_nvlink and n == 4 and parsed.nvlink_counts() == {18}
+    nvswitch, why = switch_shape(parsed, spec)
+    tray = nvswitch and n == 4 and parsed.nvlink_counts() == {18}
     if domain is not None:
         if domain not in DOMAINS:
             raise TopologyError(f"unknown NVLink domain {domain!r}; accepted: {', '.join(DOMAINS)}")
@@ -56,6 +64,9 @@ def _resolve_domain(parsed: ParsedHost, hosts: int, domain: str | None,
             raise TopologyError(
                 f"domain {domain!r} needs NVLink between every GPU pair (an NVSwitch fabric), but "
                 f"{_first_non_nvlink(parsed)} in {parsed.source}; use domain 'none'")
+        if domain != "none" and not nvswitch:
+            warnings.append(f"domain {domain!r} kept as given, but the matrix reads as no NVSwitch: "
+                            f"{why}")
         return domain
     if hosts > 1 and tray:
         warnings.append(
@@ -66,20 +77,22 @@ def _resolve_domain(parsed: ParsedHost, hosts: int, domain: str | None,
         return "rack"
     if nvswitch:
         warnings.append(
-            f"NVLink domain inferred as 'node': NVLink between every pair of {n} GPUs is read as "
-            f"one NVSwitch board per host (single-node domain, zero cluster UUID); pass "
-            f"--domain rack if the hosts share one multi-node NVLink fabric, or --domain none")
-        if spec is not None and spec.key in ("GB200", "GH200"):
+            f"NVLink domain inferred as 'node': {why} (single-node domain, zero cluster UUID); "
+            f"pass --domain rack if the hosts share one multi-node NVLink fabric, or --domain none")
+        if spec is not None and spec.key in ("GB200", "GB300", "GH200"):
             warnings.append(f"{spec.model} hosts are normally part of a rack NVLink domain; "
                             f"pass --domain rack to model that")
         return "node"
+    if parsed.all_nvlink and n >= 2:
+        warnings.append(f"NVLink domain inferred as 'none': {why}; pass --domain node to "
+                        f"override")
     return "none"
 
 
 def _infer_spec(parsed: ParsedHost, domain: str, warnings: list[str]) -> GpuSpec:
     counts = parsed.nvlink_counts()
     # The shape decides, not the domain: `--domain none` on an NVSwitch board is still that board.
-    board = parsed.all_nvlink and (parsed.gpu_count >= 4 or domain != "none")
+    board = switch_shape(parsed, None)[0]
     if domain == "rack" and parsed.gpu_count == 4 and counts == {18}:
         spec, why = gpu_models.GB200, "4 GPUs per host with NV18 all pairs in a rack domain"
     elif board and counts == {12}:
@@ -108,9 +121,15 @@ def _links(parsed: ParsedHost, spec: GpuSpec, model: str,
         if off:
             warnings.append(f"P2P matrix {parsed.p2p_source} says NVLink pair(s) {', '.join(off)} "
                             f"have no P2P; kept as given")
-        table = parsed.p2p
-        return matrix_from(parsed.gpu_count, lambda i, j: Link.parse(parsed.cells[i][j] or "",
-                                                                     p2p=bool(table[i][j])))
+        table, codes = parsed.p2p, parsed.p2p_codes
+
+        def given(i: int, j: int) -> Link:
+            lk = Link.parse(parsed.cells[i][j] or "", p2p=bool(table[i][j]))
+            why = codes[i][j] if codes is not None else None
+            # NS ("not supported") is what a bare refusal reads as; the others name a cause.
+            keep = why and why != "NS" and not lk.p2p
+            return dataclasses.replace(lk, p2p_reason=why) if keep else lk
+        return matrix_from(parsed.gpu_count, given)
     pcie_p2p = spec.pcie_p2p is not False
     if pcie and pcie_p2p:
         warnings.append("P2P for PCIe pairs was assumed allowed (no p2p matrix given); pass "
@@ -136,7 +155,7 @@ def build_cluster(parsed: ParsedHost, hosts: int, domain: str | None = None,
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", host_prefix or ""):
         raise TopologyError(f"host prefix {host_prefix!r} is not a hostname start; use letters, "
                             f"digits, '.', '_', '-'")
-    warnings: list[str] = []
+    warnings: list[str] = list(parsed.notes)
     given = gpu_models.resolve(gpu_model) if gpu_model else None
     dom = _resolve_domain(parsed, hosts, domain, given[0] if given else None, warnings)
     nvswitch = dom != "none"

@@ -35,6 +35,9 @@ class ParsedHost:
     nic_count: int = 0                                 # NIC columns seen (ignored)
     p2p: tuple[tuple[bool | None, ...], ...] | None = None  # None: no P2P matrix given
     p2p_source: str | None = None
+    # The `topo -p2p` cell per pair (OK, NS, CNS ...) when given: why a pair has no P2P (T4).
+    p2p_codes: tuple[tuple[str | None, ...], ...] | None = None
+    notes: tuple[str, ...] = ()                        # what the parser assumed (truncation)
 
     @property
     def gpu_count(self) -> int:
@@ -60,8 +63,9 @@ class _Block:
     header_line: int
     gpus: int
     devices: tuple[str, ...]
-    rows: dict[int, tuple[int, list[str]]]  # GPU index -> (line number, cells)
+    rows: dict[int, tuple[int, list[str]]]  # GPU index -> (line number, GPU cells, maybe short)
     end: int                                # index of the first line after the block
+    truncated: str = ""                     # how the table was cut short ("" = complete)
 
 
 def _err(source: str, line: int | None, msg: str) -> TopologyError:
@@ -127,18 +131,75 @@ def _read_rows(lines: list[str], idx: int, head: tuple[int, tuple[str, ...]],
             if _AFFINITY_CELL.match(t):
                 break
             cells.append(t.upper())
-        if len(cells) != width:
+        if len(cells) > width or (len(cells) < width and not _last_gpu_row(lines, k)):
             cols = f"{n} GPU columns" + (f" and {len(devices)} NIC columns" if devices else "")
             what = "GPU cells" if not devices else "cells"
             raise _err(source, ln, f"GPU{i} row has {len(cells)} {what}, header has {cols} "
                                    f"(line {idx + 1}); every row needs one cell per column")
+        if len(cells) < width and cells and not _whole_cell(cells[-1]):
+            cells.pop()         # the paste ends inside a cell ("NV" of "NV18")
         rows[i] = (ln, cells[:n])
         k += 1
+    cut = []
+    if rows:
+        last = max(rows)
+        if len(rows[last][1]) < n:
+            cut.append(f"the GPU{last} row (line {rows[last][0]}) stops after "
+                       f"{len(rows[last][1])} of {n} GPU cells")
     missing = [i for i in range(n) if i not in rows]
-    if missing:
+    gaps = [i for i in missing if rows and i < max(rows)]
+    if gaps or len(rows) < 2 and missing:
         raise _err(source, idx + 1, f"header has {n} GPU columns but no row for "
-                                    f"{', '.join(f'GPU{i}' for i in missing)}; paste the whole matrix")
-    return _Block(idx + 1, n, devices, rows, k)
+                                    f"{', '.join(f'GPU{i}' for i in gaps or missing)}; paste the "
+                                    f"whole matrix")
+    if missing:
+        cut.append(f"no row for {', '.join(f'GPU{i}' for i in missing)}")
+    return _Block(idx + 1, n, devices, rows, k, "; ".join(cut))
+
+
+def _whole_cell(c: str) -> bool:
+    if c == "X" or c in P2P_CELLS:
+        return True
+    try:
+        Link.parse(c)
+        return True
+    except TopologyError:
+        return False
+
+
+def _last_gpu_row(lines: list[str], k: int) -> bool:
+    """Whether line k is the last GPU row of its block (a paste cut there is a truncation)."""
+    nxt = next((ln.split() for ln in lines[k + 1:] if ln.strip()), None)
+    return nxt is None or _GPU.match(nxt[0].upper()) is None
+
+
+def _complete(block: _Block, source: str, what: str) -> tuple[list[list[str | None]], int, str]:
+    """The GPU cells as an n x n grid with gaps of a truncated table filled from the mirror
+    cell, and how many leading GPUs are fully known (all of them for a complete table). A
+    truncation is reported in the note, never silently (row T5)."""
+    n = block.gpus
+    grid: list[list[str | None]] = [[None] * n for _ in range(n)]
+    for i, (_, cells) in block.rows.items():
+        for j, c in enumerate(cells):
+            grid[i][j] = c
+    for i in range(n):
+        for j in range(n):
+            if i != j and grid[i][j] is None:
+                grid[i][j] = grid[j][i]
+    keep = n
+    for m in range(2, n + 1):
+        if any(grid[i][j] is None for i in range(m) for j in range(m) if i != j):
+            keep = m - 1
+            break
+    if not block.truncated:
+        return grid, keep, ""
+    if keep < 2:
+        raise _err(source, block.header_line, f"the {what} is cut short ({block.truncated}) "
+                                              f"before two GPUs are complete; paste the whole matrix")
+    kept = f"all {n} GPUs, the missing cells read from their mirror cells" if keep == n else \
+        f"GPU0..GPU{keep - 1} only (the cells between the later GPUs are not in the paste)"
+    return grid, keep, (f"{source}: the {what} is cut short ({block.truncated}); imported {kept}; "
+                        f"paste the whole matrix to import it as the machine is")
 
 
 def _no_header(source: str, what: str) -> TopologyError:
@@ -147,34 +208,37 @@ def _no_header(source: str, what: str) -> TopologyError:
                 f"GPU0 (e.g. '\\tGPU0\\tGPU1\\tNIC0\\tCPU Affinity'), followed by one row per GPU")
 
 
-def _link_cells(block: _Block, source: str) -> tuple[tuple[str | None, ...], ...]:
+def _link_cells(block: _Block, source: str) -> tuple[tuple[tuple[str | None, ...], ...], str]:
     n = block.gpus
-    out: list[list[str | None]] = [[None] * n for _ in range(n)]
-    for i in range(n):
-        ln, cells = block.rows[i]
-        for j, c in enumerate(cells):
+    grid, keep, note = _complete(block, source, "`topo -m` matrix")
+    out: list[list[str | None]] = [[None] * keep for _ in range(keep)]
+    for i in range(keep):
+        ln = block.rows[i][0] if i in block.rows else block.header_line
+        for j in range(keep):
+            c = grid[i][j]
             where = f"GPU{i} row, column GPU{j}"
             if i == j:
-                if c != "X":
+                if c is not None and c != "X":
                     raise _err(source, ln, f"{where}: the diagonal cell must be X (self), got {c!r}")
                 continue
             if c == "X":
                 raise _err(source, ln, f"{where}: X (self) is only allowed on the diagonal; "
                                        f"accepted: {ACCEPTED_LINKS}")
             try:
-                out[i][j] = Link.parse(c).label
+                out[i][j] = Link.parse(c or "").label
             except TopologyError:
                 hint = ("; this looks like `nvidia-smi topo -p2p r` output, give it as the P2P "
                         "matrix (--p2p FILE)") if c in P2P_CELLS else ""
                 raise _err(source, ln, f"{where}: unknown cell {c!r}; accepted: "
                                        f"{ACCEPTED_LINKS}{hint}") from None
+    del n
     _check_symmetric(block, out, source, "link")
-    return tuple(tuple(r) for r in out)
+    return tuple(tuple(r) for r in out), note
 
 
 def _check_symmetric(block: _Block, m: Sequence[Sequence[object]], source: str, what: str) -> None:
-    for i in range(block.gpus):
-        for j in range(i + 1, block.gpus):
+    for i in range(len(m)):
+        for j in range(i + 1, len(m)):
             if m[i][j] != m[j][i]:
                 a, b = block.rows[i][1][j], block.rows[j][1][i]
                 raise _err(source, block.rows[j][0],
@@ -183,13 +247,16 @@ def _check_symmetric(block: _Block, m: Sequence[Sequence[object]], source: str, 
                            f"fix one of the two cells")
 
 
-def _p2p_cells(block: _Block, source: str) -> tuple[tuple[bool | None, ...], ...]:
-    n = block.gpus
-    out: list[list[bool | None]] = [[None] * n for _ in range(n)]
-    for i in range(n):
-        ln, cells = block.rows[i]
-        for j, c in enumerate(cells):
-            if (c == "X") != (i == j):
+def _p2p_cells(block: _Block, source: str
+               ) -> tuple[tuple[tuple[bool | None, ...], ...], tuple[tuple[str | None, ...], ...], str]:
+    grid, keep, note = _complete(block, source, "P2P matrix")
+    out: list[list[bool | None]] = [[None] * keep for _ in range(keep)]
+    codes: list[list[str | None]] = [[None] * keep for _ in range(keep)]
+    for i in range(keep):
+        ln = block.rows[i][0] if i in block.rows else block.header_line
+        for j in range(keep):
+            c = grid[i][j]
+            if c is not None and (c == "X") != (i == j):
                 raise _err(source, ln, f"GPU{i} row, column GPU{j}: X (self) belongs on the "
                                        f"diagonal only, got {c!r}")
             if i == j:
@@ -197,9 +264,9 @@ def _p2p_cells(block: _Block, source: str) -> tuple[tuple[bool | None, ...], ...
             if c not in P2P_CELLS:
                 raise _err(source, ln, f"GPU{i} row, column GPU{j}: unknown P2P cell {c!r}; "
                                        f"accepted: {', '.join(P2P_CELLS)} (only OK means P2P allowed)")
-            out[i][j] = c == P2P_OK
+            out[i][j], codes[i][j] = c == P2P_OK, c
     _check_symmetric(block, out, source, "P2P answer (the model keeps one per pair)")
-    return tuple(tuple(r) for r in out)
+    return tuple(tuple(r) for r in out), tuple(tuple(r) for r in codes), note
 
 
 def parse_p2p_matrix(text: str, source: str = "<p2p>") -> tuple[tuple[bool | None, ...], ...]:
@@ -207,7 +274,7 @@ def parse_p2p_matrix(text: str, source: str = "<p2p>") -> tuple[tuple[bool | Non
     block = _find_block(text.splitlines(), 0, source)
     if block is None:
         raise _no_header(source, "`nvidia-smi topo -p2p r` output")
-    return _p2p_cells(block, source)
+    return _p2p_cells(block, source)[0]
 
 
 def _embedded_p2p(lines: list[str], start: int, source: str) -> _Block | None:
@@ -225,33 +292,94 @@ def _embedded_p2p(lines: list[str], start: int, source: str) -> _Block | None:
     return None
 
 
+# `nvidia-smi topo -p2p <mode>`: r = read, w = write (the P2P fact), n = over NVLink,
+# a = atomics, p = prop (informational here).
+_P2P_MODE = re.compile(r"topo\s+-p2p\s+([rwnap])\b", re.IGNORECASE)
+_P2P_FACT_MODES = ("r", "w", "")
+
+
+def _is_p2p_block(block: _Block) -> bool:
+    cells = [c for i, (_, row) in block.rows.items() for j, c in enumerate(row) if i != j]
+    return bool(cells) and all(c in P2P_CELLS for c in cells)
+
+
+def _following_p2p(lines: list[str], start: int, source: str,
+                   notes: list[str]) -> list[tuple[_Block, str]]:
+    """`topo -p2p` blocks pasted after the matrix (OK, NS, CNS, GNS, TNS, U cells), each with
+    its mode letter when the command line was pasted too ("" when not)."""
+    out: list[tuple[_Block, str]] = []
+    pos = start
+    while True:
+        titled = _embedded_p2p(lines, pos, source) if not out else None
+        block = titled or _find_block(lines, pos, source)
+        if block is None or not _is_p2p_block(block):
+            return out
+        between = "\n".join(lines[pos:block.header_line - 1])
+        modes = _P2P_MODE.findall(between)
+        mode = modes[-1].lower() if modes else ""
+        if mode not in _P2P_FACT_MODES:
+            notes.append(f"{source} line {block.header_line}: `topo -p2p {mode}` block read for "
+                         f"reference only; the P2P fact comes from the r/w blocks")
+        out.append((block, mode))
+        pos = block.end
+
+
 def parse_topo_matrix(text: str, source: str = "<input>", p2p_text: str | None = None,
                       p2p_source: str = "<p2p>") -> ParsedHost:
     """Parse `nvidia-smi topo -m` output; `p2p_text` is optional `topo -p2p r` output.
 
-    A P2P section following the matrix, as `commsim topo show` prints it, is read too when no
-    separate `p2p_text` is given, so a rendered topology imports back unchanged.
+    `topo -p2p r|w` blocks following the matrix (as pasted in bug reports, or the "P2P"
+    section `commsim topo show` prints) are read too when no separate `p2p_text` is given;
+    several are ANDed (a pair has P2P when every read/write block says OK). A table cut short
+    imports what is there, with a note (ParsedHost.notes).
     """
     lines = text.splitlines()
     block = _find_block(lines, 0, source)
     if block is None:
         raise _no_header(source, "`nvidia-smi topo -m` output")
-    cells = _link_cells(block, source)
-    p2p, psrc = None, None
+    cells, note = _link_cells(block, source)
+    notes = [note] if note else []
+    p2p_blocks: list[tuple[_Block, str, str]] = []
     if p2p_text is not None:
         pb = _find_block(p2p_text.splitlines(), 0, p2p_source)
         if pb is None:
             raise _no_header(p2p_source, "`nvidia-smi topo -p2p r` output")
-        p2p, psrc = _p2p_cells(pb, p2p_source), p2p_source
+        p2p_blocks.append((pb, "", p2p_source))
     else:
-        pb = _embedded_p2p(lines, block.end, source)
-        if pb is not None:
-            p2p, psrc = _p2p_cells(pb, source), source
-    if p2p is not None and len(p2p) != len(cells):
-        raise _err(psrc or p2p_source, None,
-                   f"P2P matrix has {len(p2p)} GPUs but the topo matrix ({source}) has "
-                   f"{len(cells)}; give both from the same machine")
-    return ParsedHost(source, cells, len(block.devices), p2p, psrc)
+        p2p_blocks += [(b, m, source) for b, m in _following_p2p(lines, block.end, source, notes)]
+    p2p, codes, psrc = None, None, None
+    for pb, mode, src in p2p_blocks:
+        if mode not in _P2P_FACT_MODES:
+            continue
+        m, c, pnote = _p2p_cells(pb, src)
+        if pnote:
+            notes.append(pnote)
+        if pb.gpus != block.gpus:
+            raise _err(src, None,
+                       f"P2P matrix has {pb.gpus} GPUs but the topo matrix ({source}) has "
+                       f"{block.gpus}; give both from the same machine")
+        p2p, codes = _and_p2p(p2p, codes, m, c)
+        psrc = psrc or src
+    n = len(cells)
+    if p2p is not None and len(p2p) != n:
+        # One of the two was cut short: keep the GPUs both know.
+        n = min(n, len(p2p))
+        cells = tuple(r[:n] for r in cells[:n])
+        p2p = tuple(r[:n] for r in p2p[:n])
+        codes = tuple(r[:n] for r in codes[:n])
+    return ParsedHost(source, cells, len(block.devices), p2p, psrc, codes, tuple(notes))
+
+
+def _and_p2p(p2p, codes, m, c):
+    """Combine two P2P blocks: allowed only where both say OK; the first refusal's code kept."""
+    if p2p is None:
+        return m, c
+    n = min(len(p2p), len(m))
+    out = tuple(tuple(None if i == j else bool(p2p[i][j] and m[i][j]) for j in range(n))
+                for i in range(n))
+    why = tuple(tuple(None if i == j else (codes[i][j] if codes[i][j] != P2P_OK else c[i][j])
+                      for j in range(n)) for i in range(n))
+    return out, why
 
 
 def looks_like_header(line: str) -> bool:

@@ -22,197 +22,20 @@ status (row F4), a multi-node domain on hosts without IMEX (row V3).
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
-import uuid as uuidlib
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
+from ..shape import host_shape
+from .nvml_fabric_capture import (  # re-exported: this module is the importer's public face
+    FabricInfoError, FabricRecord, load_fabric_file, parse_fabric_json, parse_fabric_text,
+    parse_fabric_xml,
+)
 from ..model import (
     Cluster, FabricInfo, FabricState, GpuRef, Host, NVML_ERROR_UNKNOWN, NVML_SUCCESS,
     NvlinkDomain, TopologyError, ZERO_UUID,
 )
 
 __all__ = ["FabricRecord", "FabricInfoError", "load_fabric_file", "merge_fabric",
-           "parse_fabric_json", "parse_fabric_text"]
-
-# How nvidia-smi prints nvmlGpuFabricState_t; "N/A" is what a GPU without fabric shows.
-_STATES = {"completed": FabricState.COMPLETED, "in progress": FabricState.IN_PROGRESS,
-           "not started": FabricState.NOT_STARTED, "not supported": FabricState.NOT_SUPPORTED,
-           "n/a": FabricState.NOT_SUPPORTED}
-STATE_WORDS = "Completed, In Progress, Not Started, N/A (or the NVML values 3, 2, 1, 0)"
-_GPU_HEADER = re.compile(r"^GPU\s+[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]\s*$")
-
-
-class FabricInfoError(TopologyError):
-    """Fabric info that cannot be read or does not fit the topology."""
-
-
-@dataclass(frozen=True)
-class FabricRecord:
-    """One GPU's fabric info and where it was read (for messages)."""
-
-    info: FabricInfo
-    status_text: str = "Success"
-    where: str = ""
-
-
-# -- parsing ----------------------------------------------------------------------------
-
-
-def _state(value: Any, where: str) -> FabricState:
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 3:
-        return FabricState(value)
-    if isinstance(value, str):
-        key = value.strip().lower().replace("_", " ")
-        key = key.removeprefix("nvml gpu fabric state ")
-        if key in _STATES:
-            return _STATES[key]
-    raise FabricInfoError(f"{where}: fabric State {value!r} is not one of {STATE_WORDS}")
-
-
-def _status(value: Any, where: str) -> tuple[int, str]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (NVML_SUCCESS, "Success") if value == 0 else (value, f"NVML error {value}")
-    if isinstance(value, str):
-        text = value.strip()
-        if text.lower() in ("success", "nvml_success", "n/a", ""):
-            return NVML_SUCCESS, text or "Success"
-        return NVML_ERROR_UNKNOWN, text
-    raise FabricInfoError(f"{where}: fabric Status {value!r} is not a string or an NVML code")
-
-
-def _clique(value: Any, where: str) -> int:
-    if value is None or (isinstance(value, str) and value.strip().upper() in ("N/A", "")):
-        return 0
-    try:
-        n = int(str(value).strip(), 0)
-    except ValueError:
-        raise FabricInfoError(f"{where}: CliqueId {value!r} is not an integer") from None
-    if not 0 <= n < 1 << 32:
-        raise FabricInfoError(f"{where}: CliqueId {n} is outside 0..2^32-1 (an unsigned int)")
-    return n
-
-
-def _uuid(value: Any, where: str) -> bytes:
-    if value is None:
-        return ZERO_UUID
-    text = str(value).strip()
-    if text.upper() in ("N/A", ""):
-        return ZERO_UUID
-    try:
-        return uuidlib.UUID(text).bytes
-    except ValueError:
-        raise FabricInfoError(f"{where}: ClusterUUID {text!r} is not a UUID (16 bytes as "
-                              f"8-4-4-4-12 hex digits, e.g. "
-                              f"00000000-0000-0000-0000-000000000000)") from None
-
-
-def _record(fields: Mapping[str, Any], where: str) -> FabricRecord:
-    if "state" not in fields:
-        raise FabricInfoError(f"{where}: fabric info without State; accepted: {STATE_WORDS}")
-    status, text = _status(fields.get("status", "Success"), where)
-    info = FabricInfo(cluster_uuid=_uuid(fields.get("cluster_uuid"), where),
-                      clique_id=_clique(fields.get("clique_id"), where),
-                      state=_state(fields["state"], where), status=status)
-    return FabricRecord(info, text, where)
-
-
-_TEXT_KEYS = {"state": "state", "status": "status", "cliqueid": "clique_id",
-              "clusteruuid": "cluster_uuid"}
-
-
-def parse_fabric_text(text: str, source: str = "<nvidia-smi -q>") -> list[FabricRecord]:
-    """The Fabric sections of `nvidia-smi -q` output, one record per GPU in file order (the
-    tool lists GPUs by PCI bus id, which is the index order). Fabric blocks pasted without
-    their GPU headers count one GPU each."""
-    lines = text.splitlines()
-    out: list[FabricRecord] = []
-    seen_gpu_header = False
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if _GPU_HEADER.match(line.strip()):
-            seen_gpu_header = True
-        if line.strip() == "Fabric":
-            indent = len(line) - len(line.lstrip())
-            fields: dict[str, str] = {}
-            j = i + 1
-            while j < len(lines) and lines[j].strip():
-                sub = lines[j]
-                if len(sub) - len(sub.lstrip()) <= indent:
-                    break
-                key, sep, value = sub.partition(":")
-                norm = re.sub(r"\s+", "", key).lower()
-                if sep and norm in _TEXT_KEYS and _TEXT_KEYS[norm] not in fields:
-                    fields[_TEXT_KEYS[norm]] = value.strip()
-                j += 1
-            out.append(_record(fields, f"{source} line {i + 1}"))
-            i = j
-            continue
-        i += 1
-    if not out:
-        hint = (" (the GPU sections have none: the driver predates fabric info, or the output "
-                "was cut)") if seen_gpu_header else ""
-        raise FabricInfoError(f"{source}: no 'Fabric' section found{hint}; expected "
-                              f"`nvidia-smi -q` output whose GPU sections hold 'Fabric' with "
-                              f"State, Status, CliqueId and ClusterUUID lines")
-    return out
-
-
-_JSON_KEYS = {"state": "state", "status": "status", "clique_id": "clique_id",
-              "cliqueid": "clique_id", "cluster_uuid": "cluster_uuid",
-              "clusteruuid": "cluster_uuid"}
-
-
-def _json_gpu(obj: Any, where: str) -> FabricRecord:
-    if not isinstance(obj, dict):
-        raise FabricInfoError(f"{where}: expected an object with state, status, clique_id, "
-                              f"cluster_uuid; got {obj!r}")
-    fields = {}
-    for k, v in obj.items():
-        norm = _JSON_KEYS.get(k.lower())
-        if norm is None:
-            raise FabricInfoError(f"{where}: unknown key {k!r}; accepted: state, status, "
-                                  f"clique_id, cluster_uuid")
-        fields[norm] = v
-    return _record(fields, where)
-
-
-def parse_fabric_json(text: str, source: str = "<json>") -> dict[str | None, list[FabricRecord]]:
-    """A list of per-GPU objects (one host, key None) or an object of host name -> list."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FabricInfoError(f"{source} line {e.lineno} column {e.colno}: malformed JSON "
-                              f"({e.msg}); expected a list of per-GPU fabric objects or an "
-                              f"object of host name -> list") from None
-    if isinstance(data, dict) and set(data) == {"hosts"} and isinstance(data["hosts"], dict):
-        data = data["hosts"]
-    if isinstance(data, list):
-        return {None: [_json_gpu(g, f"{source} [{i}]") for i, g in enumerate(data)]}
-    if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
-        return {h: [_json_gpu(g, f"{source} {h}[{i}]") for i, g in enumerate(v)]
-                for h, v in data.items()}
-    raise FabricInfoError(f"{source}: expected a list of per-GPU fabric objects or an object "
-                          f"of host name -> list of them")
-
-
-def load_fabric_file(path: str | Path) -> dict[str | None, list[FabricRecord]]:
-    """One file: JSON (by content) or `nvidia-smi -q` text. Host key None = not named."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig", errors="replace")
-    except FileNotFoundError:
-        raise FabricInfoError(f"{p}: no such file; give `nvidia-smi -q` output or a JSON "
-                              f"fabric-info file") from None
-    except IsADirectoryError:
-        raise FabricInfoError(f"{p}: is a directory; give a file") from None
-    if text.lstrip().startswith(("{", "[")):
-        return parse_fabric_json(text, str(p))
-    return {None: parse_fabric_text(text, str(p))}
-
+           "parse_fabric_json", "parse_fabric_text", "parse_fabric_xml"]
 
 # -- merging ----------------------------------------------------------------------------
 
@@ -242,11 +65,18 @@ def _assign(cluster: Cluster, infos: Sequence[tuple[str | None, list[FabricRecor
         out[name] = recs
     for name, recs in out.items():
         n = len(cluster.host(name).gpus)
-        if len(recs) != n:
+        if len(recs) > n or not recs:
             where = recs[0].where.rsplit(" line", 1)[0] if recs else "fabric info"
             raise FabricInfoError(f"{where}: {len(recs)} GPU fabric section(s) for host {name}, "
                                   f"which has {n} GPUs; give one per GPU, in index order")
     return out
+
+
+def _over(old: FabricInfo, rec: FabricRecord) -> FabricInfo:
+    """The captured fields over the topology's; the ones the capture lacked stay (row T6)."""
+    if not rec.missing:
+        return rec.info
+    return dataclasses.replace(rec.info, **{f: getattr(old, f) for f in rec.missing})
 
 
 def _describe(recs: Sequence[tuple[GpuRef, FabricRecord]]) -> str:
@@ -269,10 +99,10 @@ def _domains(cluster: Cluster) -> tuple[NvlinkDomain, ...]:
         if h.name not in zero_hosts:
             continue
         refs = [r for r in zero if r.host == h.name]
-        switch = all(l is None or l.is_nvlink for row in h.links for l in row)
-        if switch and len(refs) == len(h.gpus) and len(h.gpus) > 1:
-            # A zero UUID with the whole host on NVLink: an NVSwitch board that is its own
-            # single-node domain (multicast within the host), as the HGX presets are.
+        switch = host_shape(h)[0]
+        if switch and len(refs) == len(h.gpus):
+            # A zero UUID on an NVSwitch board: its own single-node domain (multicast within
+            # the host), as the HGX presets are. An NV# mesh is no switch (row T2).
             domains.append(NvlinkDomain(f"{h.name}-nvswitch", tuple(refs)))
     return tuple(domains)
 
@@ -293,10 +123,17 @@ def merge_fabric(cluster: Cluster, infos: Sequence[tuple[str | None, list[Fabric
                 warnings.append(f"host {h.name}: no fabric info given; kept the topology's")
             hosts.append(h)
             continue
-        gpus = tuple(dataclasses.replace(g, fabric=r.info) for g, r in zip(h.gpus, recs))
+        if len(recs) < len(h.gpus):
+            warnings.append(f"host {h.name}: fabric info for {len(recs)} of {len(h.gpus)} GPUs "
+                            f"(a partial capture); GPU{len(recs)}.. keep the topology's")
+        for r in recs:
+            warnings.extend(r.notes)
+        gpus = tuple(dataclasses.replace(g, fabric=_over(g.fabric, recs[g.index]))
+                     if g.index < len(recs) else g for g in h.gpus)
         hosts.append(dataclasses.replace(h, gpus=gpus))
     merged = dataclasses.replace(cluster, hosts=tuple(hosts), domains=())
-    recs = [(GpuRef(h.name, g.index), r) for h in merged.hosts if h.name in assigned
+    recs = [(GpuRef(h.name, g.index), dataclasses.replace(r, info=g.fabric))
+            for h in merged.hosts if h.name in assigned
             for g, r in zip(h.gpus, assigned[h.name])]
     _warn_states(recs, warnings)
     domains = _domains(merged)

@@ -1,0 +1,61 @@
+"""What a process can see (rows W1, W2 of docs/fidelity-rules.md): CUDA_VISIBLE_DEVICES per
+process remaps ordinals; NVML still sees the whole host; discovery indexes peers by NVML
+index and, where cuDeviceCanAccessPeer cannot be asked, trusts the functional probe."""
+
+from __future__ import annotations
+
+import torch
+
+from commsim.communicator import Communicator
+from commsim.discovery import probe
+from commsim.driver import LAZY_ENABLE_PEER_ACCESS, check
+from commsim.group import LocalWorld
+from commsim.policy import Policy
+from commsim.sim import SimFabric, spawn_driver
+from commsim.topology import build_preset
+from commsim.topology.model import GpuRef
+
+
+def test_one_visible_gpu_per_process_remaps_ordinals_but_not_nvml() -> None:
+    fabric = SimFabric(build_preset("hgx-h100-8"))
+    d = spawn_driver(fabric, GpuRef("hgx-h100-0", 5), visible=[5])
+    assert check("count", d.cudaGetDeviceCount()) == 1 and check("dev", d.cudaGetDevice()) == 0
+    assert d.nvmlDeviceGetCount() == (0, 8) and d.nvml_index(0) == 5
+    info = probe(d, 0)
+    assert info.gpu == 5 and info.p2p[5] is True
+    assert info.p2p[0] is None                   # not visible: cuDeviceCanAccessPeer cannot say
+    assert info.p2p_probe[0] == ""               # the probe's helper processes can
+
+
+def test_legacy_ipc_between_single_gpu_processes_still_works() -> None:
+    """Row W2: the driver maps a peer that has no ordinal in the importer."""
+    fabric = SimFabric(build_preset("hgx-h100-8"))
+    a = spawn_driver(fabric, GpuRef("hgx-h100-0", 2), visible=[2])
+    b = spawn_driver(fabric, GpuRef("hgx-h100-0", 6), visible=[6])
+    p = check("cudaMalloc", a.cudaMalloc(4096))
+    h = check("handle", a.cudaIpcGetMemHandle(p))
+    q = check("open", b.cudaIpcOpenMemHandle(h, LAZY_ENABLE_PEER_ACCESS))
+    check("close", b.cudaIpcCloseMemHandle(q))
+    check("free", a.cudaFree(p))
+
+
+def test_a_tp4_group_of_single_gpu_processes_chooses_ipc_for_the_right_reason() -> None:
+    cluster = build_preset("hgx-h100-8")
+    fabric = SimFabric(cluster)
+    gpus = [GpuRef("hgx-h100-0", i) for i in (1, 3, 5, 7)]
+    drivers = [spawn_driver(fabric, g, visible=[g.index]) for g in gpus]
+    x = [torch.full((2048,), float(r + 1), dtype=torch.bfloat16) for r in range(4)]
+
+    def rank(group):
+        comm = Communicator(group, drivers[group.rank], Policy(order=("ipc", "nccl")))
+        y = comm.all_reduce(x[group.rank])
+        text = comm.explain()
+        comm.close()
+        return y, text
+
+    outs = LocalWorld(4, seed=0).run(rank)
+    assert all(o.ok for o in outs), [o.error for o in outs]
+    y, text = outs[0].value
+    assert torch.equal(y, torch.full((2048,), 10.0, dtype=torch.bfloat16))
+    assert "ipc: admitted" in text
+    assert not any(fabric.exit_process(d.proc.pid) for d in drivers)
