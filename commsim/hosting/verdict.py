@@ -48,7 +48,7 @@ class ProcResult:
         """What must agree between modes (no pids, no timings)."""
         err = self.first_cuda_error or {}
         return (self.rank, self.host, self.status, self.exit_code, self.exception,
-                err.get("api"), err.get("name"), len(self.residue))
+                err.get("api"), err.get("name"), bool(self.residue))
 
 
 @dataclass
