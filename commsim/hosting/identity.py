@@ -19,6 +19,7 @@ import errno
 import os
 import platform
 import socket
+import sys
 from typing import Any
 
 from .session import hosted
@@ -56,7 +57,10 @@ def _platform_node() -> str:
 def _getpid() -> int:
     r = hosted()
     if r is not None and r.mode == "inproc" and r.pid:
-        return r.pid
+        # multiprocessing keeps its books (children, finalizers) by the real pid
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not caller.startswith(("multiprocessing", "concurrent", "torch.multiprocessing")):
+            return r.pid
     return _real["getpid"]()
 
 

@@ -1,6 +1,6 @@
 """inproc mode: every rank a greenlet of this interpreter under commsim's seeded scheduler.
 
-The program runs once per rank (runpy, as `__main__`, its own globals) with the rank bound:
+The program runs once per rank (in a `__main__` module of its own) with the rank bound:
 its own os.environ (torchrun's variables), hostname, /dev/shm, CUDA_VISIBLE_DEVICES view, a
 SimDriver over one SimFabric shared by the run, and torch.distributed answered over a
 LocalGroup. A blocking collective or a sleep is a switch to another rank chosen by the seed,
@@ -15,11 +15,12 @@ in-process fabric's, so IPC handles do not cross between it and the ranks.
 
 from __future__ import annotations
 
-import _thread
+import signal
 import contextlib
 import io
 import os
-import runpy
+import importlib.util
+import types
 import sys
 import threading
 import traceback
@@ -94,11 +95,28 @@ def _streams(out: TextIO, err: TextIO, echo: bool) -> Iterator[tuple[RankStream,
         sys.stdout, sys.stderr = so, se
 
 
-def _run_program(command: list[str]) -> None:
+def main_module(command: list[str]) -> tuple[types.ModuleType, Any]:
+    """A fresh `__main__` for one rank and the code to run in it (the program's file, or the
+    module of `-m`), as `python prog.py` / `python -m mod` would set them up."""
+    mod = types.ModuleType("__main__")
     if command[0] == "-m":
-        runpy.run_module(command[1], run_name="__main__", alter_sys=False)
+        spec = importlib.util.find_spec(command[1])
+        if spec is None or spec.loader is None:
+            raise ModuleNotFoundError(f"No module named {command[1]!r}")
+        if spec.submodule_search_locations is not None:      # a package: its __main__
+            spec = importlib.util.find_spec(command[1] + ".__main__")
+        code = spec.loader.get_code(spec.name)
+        mod.__file__ = spec.origin
+        mod.__spec__ = spec
+        mod.__package__ = spec.parent
     else:
-        runpy.run_path(command[0], run_name="__main__")
+        path = os.path.abspath(command[0])
+        with open(path, "rb") as f:
+            code = compile(f.read(), path, "exec")
+        mod.__file__ = path
+        mod.__spec__ = None
+    mod.__builtins__ = __builtins__
+    return mod, code
 
 
 def print_user_traceback(exc: BaseException) -> None:
@@ -140,6 +158,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         proc = fabric.spawn(host, refs, cfg.driver_faults(r))
         events = RankEvents()
         env = rank_env(cfg, r, cluster, base, boot_dir, port)
+        env["COMMSIM_HOSTING_SLOT"] = ""   # a process a rank spawns takes a slot of its own
         lr, lws = cfg.local_rank(r)
         ranks.append(HostedRank(r, cfg.world_size, lr, lws, host,
                                 HostedDriver(SimDriver(fabric, proc), events), cluster, refs,
@@ -153,7 +172,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         with bound(hr):
             rankview.refresh()
             try:
-                _run_program(cfg.command)
+                exec(program, hr.state["__main__"].__dict__)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
                 if e.code is not None and not isinstance(e.code, int):
@@ -181,10 +200,16 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
 
     def _expire() -> None:
         timed_out.set()
-        _thread.interrupt_main()
+        # A signal, not _thread.interrupt_main(): it also ends a blocking system call.
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     install_all()
-    argv = sys.argv
+    main_was = sys.modules.get("__main__")
+    for hr in ranks:
+        hr.state["__main__"], program = main_module(cfg.command)
+    argv, path0 = sys.argv, list(sys.path)
+    if cfg.command[0] != "-m":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(cfg.command[0])))
     sys.argv = [cfg.command[1] if cfg.command[0] == "-m" else cfg.command[0]] + \
         list(cfg.command[2 if cfg.command[0] == "-m" else 1:])
     watchdog = threading.Timer(cfg.timeout, _expire)
@@ -201,6 +226,9 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
                 watchdog.cancel()
     finally:
         sys.argv = argv
+        sys.path[:] = path0
+        if main_was is not None:
+            sys.modules["__main__"] = main_was
     if timed_out.is_set():
         for res in results:
             if res.exit_code is None:

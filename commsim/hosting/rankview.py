@@ -5,6 +5,9 @@
   `os.environ` on every switch into another rank (one dict assignment), and re-exports the
   few per-rank variables to the C environment so a process the rank spawns inherits its
   rank's values.
+- `sys.modules["__main__"]`: each rank runs the program in its own `__main__` module, so
+  pickling a function of the program (multiprocessing spawn, torch.multiprocessing.spawn)
+  finds that rank's function.
 - `time.sleep` in a rank is a sleep in the scheduler's virtual time: a polling loop yields to
   the other ranks instead of stopping them all, and a run stays a function of the seed.
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from typing import Any, Iterator
 
@@ -30,6 +34,7 @@ PER_RANK = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE",
 
 _base: dict | None = None       # the process's own environ mapping (outside ranks)
 _active: Any = None             # the HostedRank whose view is in place (None: the base)
+_base_main: Any = None          # sys.modules["__main__"] outside ranks
 _real_sleep = time.sleep
 
 
@@ -44,6 +49,7 @@ def _apply(rank: Any) -> None:
         return
     data = _base if rank is None else rank.env
     os.environ._data = data   # type: ignore[attr-defined]
+    sys.modules["__main__"] = _base_main if rank is None else rank.state.get("__main__", _base_main)
     for k in PER_RANK:
         bk = os.environ.encodekey(k)
         v = data.get(bk)
@@ -89,8 +95,9 @@ def _sleep(seconds: float) -> None:
 @contextlib.contextmanager
 def installed() -> Iterator[None]:
     """Per-rank environ views and virtual sleep for the block (the inproc runner's run)."""
-    global _base, _active
+    global _base, _active, _base_main
     _base = os.environ._data   # type: ignore[attr-defined]
+    _base_main = sys.modules.get("__main__")
     _active = None
     prev = greenlet.settrace(_trace)
     time.sleep = _sleep
