@@ -24,6 +24,7 @@ class RunConfig:
     machine: str = ""                 # preset spec ("gb200-nvl72:2") when no scenario is given
     scenario: str = ""                # scenario .toml path (topology, placement, faults, seed)
     nproc_per_host: int = 0           # 0: one rank per GPU of each host
+    ranks: int = 0                    # total ranks (0: nproc_per_host on every host)
     mode: str = "procs"
     seed: int = 0
     visible: str = "all"              # "all": every GPU of the host; "one": CUDA_VISIBLE_DEVICES=<its GPU>
@@ -75,6 +76,12 @@ class RunConfig:
             self.nproc_per_host = max(counts.values())
             return self
         if not self.placement:
+            if self.ranks and not self.nproc_per_host:
+                if self.ranks % len(cluster.hosts):
+                    raise UserError(f"ranks={self.ranks} do not spread evenly over the "
+                                    f"{len(cluster.hosts)} host(s) of {self.machine}; give "
+                                    f"nproc_per_host as well")
+                self.nproc_per_host = self.ranks // len(cluster.hosts)
             per = self.nproc_per_host or len(cluster.hosts[0].gpus)
             for h in cluster.hosts:
                 if per > len(h.gpus):
@@ -82,6 +89,11 @@ class RunConfig:
                                     f"only {len(h.gpus)} GPU(s); use at most {len(h.gpus)}")
             self.nproc_per_host = per
             self.placement = [(h.name, i) for h in cluster.hosts for i in range(per)]
+            if self.ranks:
+                if self.ranks > len(self.placement):
+                    raise UserError(f"ranks={self.ranks}: {self.machine} with {per} per host "
+                                    f"places at most {len(self.placement)}")
+                self.placement = self.placement[:self.ranks]
         return self
 
     @property

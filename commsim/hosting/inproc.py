@@ -24,7 +24,7 @@ import types
 import sys
 import threading
 import traceback
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from ..group.errors import HangDetected
 from ..group.local import LocalWorld
@@ -144,7 +144,10 @@ def _hang_of(exc: BaseException | None) -> HangDetected | None:
     return None
 
 
-def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: bool) -> Verdict:
+def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: bool,
+               target: Callable[[], Any] | None = None) -> Verdict:
+    """Run cfg's program (or `target()`, a callable: the pytest plugin's test function) as
+    every rank."""
     cluster = cfg.cluster()
     fabric = SimFabric(cluster, cfg.seed)
     world = LocalWorld(cfg.world_size, cfg.seed)
@@ -172,7 +175,10 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         with bound(hr):
             rankview.refresh()
             try:
-                exec(program, hr.state["__main__"].__dict__)
+                if target is not None:
+                    target()
+                else:
+                    exec(program, hr.state["__main__"].__dict__)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
                 if e.code is not None and not isinstance(e.code, int):
@@ -205,10 +211,12 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
 
     install_all()
     main_was = sys.modules.get("__main__")
+    program = None
     for hr in ranks:
-        hr.state["__main__"], program = main_module(cfg.command)
+        if target is None:
+            hr.state["__main__"], program = main_module(cfg.command)
     argv, path0 = sys.argv, list(sys.path)
-    if cfg.command[0] != "-m":
+    if target is None and cfg.command[0] != "-m":
         sys.path.insert(0, os.path.dirname(os.path.abspath(cfg.command[0])))
     sys.argv = [cfg.command[1] if cfg.command[0] == "-m" else cfg.command[0]] + \
         list(cfg.command[2 if cfg.command[0] == "-m" else 1:])

@@ -101,9 +101,10 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
 
 
 def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = None,
-            echo: bool = True) -> Verdict:
+            echo: bool = True, target: Any = None) -> Verdict:
     """Run cfg's program as every rank of its machine; the verdict. Nothing of the run is
-    left behind (processes, segments, files)."""
+    left behind (processes, segments, files). `target`: a callable run as every rank instead
+    of the program (inproc mode only)."""
     cfg.resolve()
     t0 = time.monotonic()
     run_dir = tempfile.mkdtemp(prefix="commsim-exec-")
@@ -118,7 +119,8 @@ def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = N
             v = run_procs(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo)
         else:
             from .inproc import run_inproc
-            v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo)
+            v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo,
+                           target=target)
     finally:
         shm.sweep(cfg.shm_prefix)
         shutil.rmtree(run_dir, ignore_errors=True)
