@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from ..errors import UserError
 from .session import current
 
 
@@ -103,7 +104,10 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> Any:
         cfg.command = [str(pyfuncitem.path)]
     else:
         cfg.command = cfg.command[:-1] + [str(pyfuncitem.path) + "::" + pyfuncitem.name]
-    v = execute(cfg, out=out, err=out, echo=True, target=target)
+    try:
+        v = execute(cfg, out=out, err=out, echo=True, target=target)
+    except UserError as e:
+        pytest.fail(f"commsim: {e}", pytrace=False)
     print(out.getvalue(), end="")
     if not v.ok:
         pytest.fail(v.format(), pytrace=False)
