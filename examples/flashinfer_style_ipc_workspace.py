@@ -9,8 +9,9 @@ every peer's handle with cudaIpcOpenMemHandle. On one host that works. On two GB
 and the open fails: `RuntimeError: CUDART error: invalid resource handle`.
 
     commsim exec --machine gb200-nvl72:2 --nproc-per-host 4 -- python examples/flashinfer_style_ipc_workspace.py
-    ... --fix   declines the IPC workspace when the group spans hosts (what sglang does after
-                flashinfer#2006: no legacy-IPC fusion across nodes), so the run is clean.
+    ... --fix   declines the IPC workspace unless every peer is on this host with peer access
+                (what sglang does after flashinfer#2006: no legacy-IPC fusion across nodes),
+                so the run is clean.
 
 Run it directly on a real multi-GPU host under torchrun: it uses only ctypes, torch.distributed
 and the environment torchrun sets.
@@ -60,6 +61,8 @@ class CudaRuntime:
         Exported("cudaSetDevice", cudaError_t, [ctypes.c_int]),
         Exported("cudaGetDeviceCount", cudaError_t, [ctypes.POINTER(ctypes.c_int)]),
         Exported("cudaDeviceSynchronize", cudaError_t, []),
+        Exported("cudaDeviceCanAccessPeer", cudaError_t,
+                 [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]),
         Exported("cudaGetErrorString", ctypes.c_char_p, [cudaError_t]),
         Exported("cudaMalloc", cudaError_t, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]),
         Exported("cudaFree", cudaError_t, [ctypes.c_void_p]),
@@ -94,6 +97,11 @@ class CudaRuntime:
         n = ctypes.c_int()
         self.check(self.fn["cudaGetDeviceCount"](ctypes.byref(n)))
         return n.value
+
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        ok = ctypes.c_int()
+        self.check(self.fn["cudaDeviceCanAccessPeer"](ctypes.byref(ok), device, peer))
+        return bool(ok.value)
 
     def malloc(self, size: int) -> ctypes.c_void_p:
         ptr = ctypes.c_void_p()
@@ -150,24 +158,32 @@ def free_shared_buffer(pointers: list[int], group: Any = None) -> None:
     cudart.free(ctypes.c_void_p(pointers[rank]))
 
 
-def group_spans_hosts(group: Any = None) -> bool:
-    names: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(names, socket.gethostname(), group=group)
-    return len(set(names)) > 1
+def ipc_reaches_every_peer(device: int, group: Any = None) -> bool:
+    """The fix: legacy IPC needs every peer on this host (handles do not cross OS instances)
+    and peer access to its GPU; all ranks vote, so all take the same path."""
+    where: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(where, (socket.gethostname(), device), group=group)
+    me = where[dist.get_rank(group)]
+    ok = all(host == me[0] and (dev == device or cudart.can_access_peer(device, dev))
+             for host, dev in where)
+    votes: list[Any] = [None] * len(where)
+    dist.all_gather_object(votes, ok, group=group)
+    return all(votes)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fix", action="store_true",
-                    help="decline the legacy-IPC workspace when the group spans hosts")
+                    help="decline the legacy-IPC workspace unless IPC reaches every peer")
     ap.add_argument("--size", type=int, default=1 << 20, help="bytes per workspace buffer")
     args = ap.parse_args()
     dist.init_process_group(backend="nccl")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cudart.set_device(local_rank % cudart.device_count())
-    if args.fix and group_spans_hosts():
-        print(f"rank {dist.get_rank()}: allreduce fusion disabled (group spans hosts; "
-              f"legacy IPC handles do not cross nodes)")
+    device = local_rank % cudart.device_count()
+    cudart.set_device(device)
+    if args.fix and not ipc_reaches_every_peer(device):
+        print(f"rank {dist.get_rank()}: allreduce fusion disabled (a peer is on another host "
+              f"or without peer access: legacy IPC cannot reach it)")
     else:
         # A fusion workspace: the data buffer, the barrier flags and the lamport buffer.
         workspace = [create_shared_buffer(args.size), create_shared_buffer(4096),

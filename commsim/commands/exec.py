@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--machine", default="", metavar="PRESET[:HOSTS]",
                    help="preset, optionally its first HOSTS hosts: gb200-nvl72:2, hgx-h100-8")
     p.add_argument("--scenario", default="", metavar="FILE",
-                   help="scenario .toml: topology, placement of the ranks, faults and seed")
+                   help="scenario .toml, or a generated scenario id from `commsim sweep --exec` "
+                        "(s<seed>-<index>): topology, placement of the ranks, faults and seed")
     p.add_argument("--nproc-per-host", type=int, default=0, metavar="N",
                    help="ranks per host (default: one per GPU)")
     p.add_argument("--mode", default="procs", choices=("procs", "inproc"),

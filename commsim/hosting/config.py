@@ -7,6 +7,7 @@ through COMMSIM_HOSTING. JSON, not pickle: nothing of a run is unpickled from di
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -19,10 +20,20 @@ MODES = ("procs", "inproc")
 VISIBLE = ("all", "one")
 
 
+@functools.lru_cache(maxsize=8)
+def load_scenario(spec: str) -> Any:
+    """A scenario file, or a scenario the sweep generator makes from its id (s<seed>-<i>, e<i>)."""
+    from ..scenario.generate import _ID, scenario_from_id
+    if not os.path.exists(spec) and _ID.match(spec.strip()):
+        return scenario_from_id(spec)
+    from ..scenario.schema import load
+    return load(spec)
+
+
 @dataclass
 class RunConfig:
     machine: str = ""                 # preset spec ("gb200-nvl72:2") when no scenario is given
-    scenario: str = ""                # scenario .toml path (topology, placement, faults, seed)
+    scenario: str = ""                # scenario .toml, or a generated id (s0-17, e42): topology, placement, faults, seed
     nproc_per_host: int = 0           # 0: one rank per GPU of each host
     ranks: int = 0                    # total ranks (0: nproc_per_host on every host)
     mode: str = "procs"
@@ -42,8 +53,7 @@ class RunConfig:
         return build(self.machine)
 
     def _scenario(self) -> Any:
-        from ..scenario.schema import load
-        return load(self.scenario)
+        return load_scenario(self.scenario)
 
     def driver_faults(self, rank: int) -> Any:
         """The scenario's driver faults for `rank` (none without a scenario)."""

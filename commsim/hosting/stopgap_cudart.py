@@ -101,6 +101,13 @@ def cudaGetDevice(pdev: Any) -> int:
     return _err(res)
 
 
+def cudaDeviceCanAccessPeer(pcan: Any, device: Any, peer: Any) -> int:
+    res = _drv().cudaDeviceCanAccessPeer(_value(device), _value(peer))
+    if _err(res) == 0:
+        _store(pcan, int(res[1]))
+    return _err(res)
+
+
 def cudaDeviceSynchronize() -> int:
     return _err(_drv().cudaDeviceSynchronize())
 
@@ -146,7 +153,7 @@ def cudaIpcCloseMemHandle(ptr: Any) -> int:
 
 SERVED = {f.__name__: f for f in (
     cudaGetErrorString, cudaGetErrorName, cudaGetDeviceCount, cudaSetDevice, cudaGetDevice,
-    cudaDeviceSynchronize, cudaMalloc, cudaFree, cudaMemset, cudaMemcpy, cudaIpcGetMemHandle,
+    cudaDeviceCanAccessPeer, cudaDeviceSynchronize, cudaMalloc, cudaFree, cudaMemset, cudaMemcpy, cudaIpcGetMemHandle,
     cudaIpcOpenMemHandle, cudaIpcCloseMemHandle)}
 
 

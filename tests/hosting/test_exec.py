@@ -39,6 +39,7 @@ def test_flashinfer_style_fix_is_clean_on_two_trays():
     v, _, out = hosted(FLASHINFER, "gb200-nvl72:2", "--fix", nproc_per_host=4)
     assert v.ok, v.format()
     assert out.count("allreduce fusion disabled") == 8
+    assert v.residue == 0
 
 
 def test_leaked_mapping_is_residue():
