@@ -71,6 +71,15 @@ def classify(sc: Any, v: Verdict) -> str:
     return "crash"
 
 
+def _telling(v: Verdict) -> ProcResult | None:
+    """The failed process that best shows the cause: one whose own CUDA error is not the
+    'invalid resource handle' of a peer that had already died, when there is one."""
+    bad = [p for p in v.procs if not p.ok]
+    with_err = [p for p in bad if p.first_cuda_error]
+    own = [p for p in with_err if p.first_cuda_error["code"] != 400]
+    return (own or with_err or bad or [None])[0]
+
+
 @dataclass
 class ExecSweep:
     program: list[str]
@@ -117,7 +126,7 @@ def run_exec_sweep(program: list[str], ids: list[str], *, mode: str = "inproc",
         sink = io.StringIO()
         v = execute(cfg, out=sink, err=sink, echo=False)
         kind = classify(sc, v)
-        worst = v.first_error()
+        worst = _telling(v)
         what = "ok"
         if worst is not None:
             e = worst.first_cuda_error
