@@ -53,7 +53,7 @@ def test_inproc_mismatch_names_both_calls():
 
 def test_procs_hang_shows_where_each_rank_waits():
     v, _, out = hosted(PROGRAMS / "lonely_barrier.py", "hgx-h100-8", mode="procs",
-                       nproc_per_host=2, timeout=8)
+                       nproc_per_host=2, timeout=20)
     assert not v.ok
     assert [p.status for p in v.ranks] == ["hang", "hang"], v.format()
     assert "lonely_barrier.py\", line 9" in v.ranks[0].hang, v.format()   # time.sleep

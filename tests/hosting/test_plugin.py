@@ -35,21 +35,25 @@ def open_peers():
     dist.destroy_process_group()
 
 
-@pytest.mark.commsim(ranks=4)
+@pytest.mark.commsim(ranks=RANKS)
 def test_open_peers(commsim_rank):
     assert socket.gethostname() == commsim_rank.host
     open_peers()
 '''
 
 
+def _file(pytester, ranks=4):
+    pytester.makepyfile(test_downstream=DOWNSTREAM.replace("RANKS", str(ranks)))
+
+
 def test_plugin_passes_on_one_tray(pytester):
-    pytester.makepyfile(test_downstream=DOWNSTREAM)
+    _file(pytester)
     r = pytester.runpytest_subprocess("--commsim-machine", "gb200-nvl72:1", "-p", "no:xdist")
     r.assert_outcomes(passed=1)
 
 
 def test_plugin_fails_across_trays_with_the_verdict(pytester):
-    pytester.makepyfile(test_downstream=DOWNSTREAM)
+    _file(pytester)
     r = pytester.runpytest_subprocess("--commsim-machine", "gb200-nvl72:2", "-p", "no:xdist")
     r.assert_outcomes(failed=1)
     text = r.stdout.str()
@@ -59,13 +63,13 @@ def test_plugin_fails_across_trays_with_the_verdict(pytester):
 
 
 def test_plugin_procs_mode(pytester):
-    pytester.makepyfile(test_downstream=DOWNSTREAM)
+    _file(pytester, ranks=2)
     r = pytester.runpytest_subprocess("--commsim-machine", "gb200-nvl72:1",
                                       "--commsim-mode", "procs", "-p", "no:xdist")
     r.assert_outcomes(passed=1)
 
 
 def test_plugin_skips_without_a_machine(pytester):
-    pytester.makepyfile(test_downstream=DOWNSTREAM)
+    _file(pytester)
     r = pytester.runpytest_subprocess("-p", "no:xdist")
     r.assert_outcomes(skipped=1)

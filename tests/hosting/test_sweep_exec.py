@@ -10,7 +10,7 @@ from commsim.hosting.sweep_exec import run_exec_sweep
 from commsim.scenario.generate import sample_ids
 
 PROG = str(EXAMPLES / "flashinfer_style_ipc_workspace.py")
-IDS = sample_ids(0, 24)
+IDS = sample_ids(0, 16)
 
 
 def test_shapes_that_break_the_program_are_named():
@@ -20,7 +20,7 @@ def test_shapes_that_break_the_program_are_named():
     assert multihost and all(kinds[r["id"]] == "ipc-across-hosts" for r in multihost)
     assert any(r["kind"] == "ok" for r in rep.records if r["hosts"] == 1)
     text = rep.summary()
-    assert "machine shapes that break it:" in text and "gb200-nvl72:2*2" in text
+    assert "machine shapes that break it:" in text and "gh200-nvl32:2*2" in text
     assert "replay: commsim exec --scenario s0-" in text
 
 
