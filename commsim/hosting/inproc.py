@@ -26,7 +26,7 @@ import threading
 import traceback
 from typing import Any, Callable, Iterator, TextIO
 
-from ..group.errors import HangDetected
+from ..runtime.diagnosis import HangDetected
 from ..group.local import LocalWorld
 from ..sim import SimDriver, SimFabric
 from ..topology.model import GpuRef

@@ -84,7 +84,7 @@ def refresh() -> None:
 def _sleep(seconds: float) -> None:
     r = hosted()
     if r is not None and r.mode == "inproc":
-        from ..group.scheduler import current_scheduler
+        from ..runtime.scheduler import current_scheduler
         sched = current_scheduler()
         if sched is not None and sched.current_rank is not None:
             sched.sleep(seconds)
