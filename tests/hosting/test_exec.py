@@ -50,12 +50,17 @@ def test_leaked_mapping_is_residue():
     assert "ipc_mapping" in v.ranks[0].residue[0] and "leak_mapping.py" in v.ranks[0].residue[0]
 
 
+# Both modes must give this verdict, field for field (pids and timings aside).
+VLLM_TWO_TRAYS = [(r, f"gb200-nvl72-tray0{r}", "failed", 1, INVALID, "cudaIpcOpenMemHandle",
+                   "cudaErrorInvalidResourceHandle", True) for r in (0, 1)]
+
+
 @pytest.mark.parametrize("mode", ["inproc", "procs"])
 def test_vllm_style_dies_in_graph_registration_across_trays(mode):
     v, _, out = hosted(VLLM, "gb200-nvl72:2", mode=mode, nproc_per_host=1, visible="one")
     assert v.exit_code == 1
+    assert [p.signature() for p in v.ranks] == VLLM_TWO_TRAYS, v.format()
     for p in v.ranks:
-        assert p.exception == INVALID, v.format()
         assert "register_graph_buffers" in p.first_cuda_error["site"]
     fixed, _, out = hosted(VLLM, "gb200-nvl72:2", "--fix", mode=mode, nproc_per_host=1,
                            visible="one")
@@ -67,12 +72,6 @@ def test_vllm_style_same_tray_pair_registers():
     v, _, out = hosted(VLLM, "gb200-nvl72:1", nproc_per_host=2, visible="one")
     assert v.ok, v.format()
     assert out.count("custom all-reduce with 2 peer graph buffers") == 2
-
-
-def test_modes_agree_on_the_verdict():
-    a = hosted(VLLM, "gb200-nvl72:2", mode="inproc", nproc_per_host=1, visible="one")[0]
-    b = hosted(VLLM, "gb200-nvl72:2", mode="procs", nproc_per_host=1, visible="one")[0]
-    assert [p.signature() for p in a.ranks] == [p.signature() for p in b.ranks]
 
 
 def _cli(*args):
@@ -96,7 +95,8 @@ def test_cli_exit_status_and_verdict():
     (["--machine", "gb200-nvl72:1", "--", "python", "/no/such/prog.py"], "no such file"),
     (["--machine", "gb200-nvl72:1", "--", "ls", "-l"], "hosts Python programs"),
 ])
-def test_cli_bad_input_is_a_clear_error(args, words):
-    r = _cli(*args)
-    assert r.returncode == 2
-    assert words in r.stderr and "Traceback" not in r.stderr
+def test_cli_bad_input_is_a_clear_error(args, words, capsys):
+    from commsim.cli import main
+    assert main(["exec", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("commsim: error: ") and words in err

@@ -10,7 +10,7 @@ from commsim.hosting.sweep_exec import run_exec_sweep
 from commsim.scenario.generate import sample_ids
 
 PROG = str(EXAMPLES / "flashinfer_style_ipc_workspace.py")
-IDS = sample_ids(0, 16)
+IDS = sample_ids(0, 10)
 
 
 def test_shapes_that_break_the_program_are_named():
@@ -20,7 +20,7 @@ def test_shapes_that_break_the_program_are_named():
     assert multihost and all(kinds[r["id"]] == "ipc-across-hosts" for r in multihost)
     assert any(r["kind"] == "ok" for r in rep.records if r["hosts"] == 1)
     text = rep.summary()
-    assert "machine shapes that break it:" in text and "gh200-nvl32:2*2" in text
+    assert "machine shapes that break it:" in text and "gh200-nvl32:2*2" in text and "gb200-nvl72:2*2" in text
     assert "replay: commsim exec --scenario s0-" in text
 
 
@@ -41,5 +41,5 @@ def test_replay_command_reproduces_a_failure():
 
 def test_cli_exit_status():
     r = subprocess.run([sys.executable, "-m", "commsim.cli", "sweep", "--exec", PROG,
-                        "--count", "6", "--quiet"], capture_output=True, text=True, timeout=300)
+                        "--count", "3", "--quiet"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "ipc-across-hosts" in r.stdout
