@@ -21,7 +21,7 @@ def version() -> str:
         return __version__
 
 # Verb modules, in the order `commsim --help` lists them.
-VERBS = ("topo", "scenario", "run", "sweep", "replay", "probe", "clean")  # run.py also registers explain
+VERBS = ("topo", "scenario", "run", "sweep", "replay", "probe", "exec", "clean")  # run.py also registers explain
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,9 @@ KINDS = ("allocation", "vmm_handle", "imported_handle", "ipc_mapping", "vmm_mapp
          "reservation", "exported_fd", "multicast", "multicast_binding", "graph_buffer")
 
 _SKIP = (os.sep + os.path.join("commsim", "sim") + os.sep, os.sep + "commsim" + os.sep + "driver.py",
-         os.sep + "commsim" + os.sep + "facade.py")
+         os.sep + "commsim" + os.sep + "facade.py",
+         # hosting surfaces stand in for CUDA libraries: the site is the hosted program's
+         os.sep + os.path.join("commsim", "hosting") + os.sep, os.sep + "ctypes" + os.sep)
 
 
 def call_site(depth: int = 2) -> str:
