@@ -1,0 +1,185 @@
+"""The two POSIX-fd exchange styles the libraries implement, as named transports over a
+process's fd channel (sendmsg / recvmsg with SCM_RIGHTS). Rules FX1-FX6 of
+docs/lifecycle-rules.md.
+
+- `pytorch_ring` (PyTorch symmetric memory's IpcChannel): all-gather around a ring. Each rank
+  sends to its successor, then blocks in `recvmsg` (no timeout) for its predecessor's fd, and
+  forwards it. Across hosts the successor's socket path does not exist on the sender's host:
+  that rank fails at once with `Failed to send fd: No such file or directory`; every other
+  rank waits forever on its predecessor, which the runtime diagnoses as a hang naming who
+  waits on whom.
+- `flashinfer_mesh` (FlashInfer's fd_exchange): every rank connects to every peer's socket,
+  retrying for 30 s. A peer on another host never appears: every rank with such a peer fails
+  after 30 s with `[fd_exchange] timed out connecting to <path>`.
+
+Both return fds[r] = rank r's fd in this process (own fd at the own rank). On failure every
+fd this call received is closed; the caller still owns (and closes) its own fd.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from .group.errors import HangDetected
+from .group.scheduler import now, sleep
+from .sim.unix_socket import FdTransportError
+
+ENOENT = 2
+ETIMEDOUT = 110
+FLASHINFER_TIMEOUT = 30.0          # flashinfer/comm/fd_exchange.py _TIMEOUT_S
+
+
+class Channel(Protocol):
+    def send(self, fd: int, dst_pid: int) -> None: ...
+    def receive(self, src_pid: int, timeout: float | None = None) -> int: ...
+
+
+class _SocketChannel:
+    """The fd passing of commsim.sim.unix_socket behind the channel shape the driver will
+    declare (issue 14 moves it to `driver.fd_channel()`)."""
+
+    def __init__(self, driver: Any):
+        self.driver = driver
+
+    def send(self, fd: int, dst_pid: int) -> None:
+        from .sim.unix_socket import send_fd
+        send_fd(self.driver, fd, dst_pid)
+
+    def receive(self, src_pid: int, timeout: float | None = None) -> int:
+        from .sim.unix_socket import recv_fd
+        return recv_fd(self.driver, src_pid, timeout=timeout)
+
+
+def channel_of(driver: Any) -> Channel:
+    ch = getattr(driver, "fd_channel", None)
+    return ch() if ch is not None else _SocketChannel(driver)
+
+
+def _close_received(driver: Any, fds: Sequence[int | None], own: int) -> None:
+    for fd in fds:
+        if fd is not None and fd != own:
+            driver.close_fd(fd)
+
+
+class PyTorchRing:
+    """PyTorch `IpcChannel::all_gather_fds` / `broadcast_fds` (FX1-FX3)."""
+
+    name = "pytorch_ring"
+
+    @staticmethod
+    def socket(pid: int) -> str:
+        return f"/tmp/symm_mem-{pid}"
+
+    def _send(self, ch: Channel, fd: int, rank: int, dst: int, pids: Sequence[int], hosts: Sequence[str]) -> None:
+        try:
+            ch.send(fd, pids[dst])
+        except FdTransportError as e:
+            # sendmsg on the datagram socket to a path absent on this host: ENOENT at once.
+            raise FdTransportError(
+                ENOENT, f"Failed to send fd: No such file or directory (rank {rank} on host "
+                        f"{hosts[rank]} sending to rank {dst}'s socket {self.socket(pids[dst])} on "
+                        f"host {hosts[dst]}; PyTorch IpcChannel, rule FX2)") from e
+
+    def _recv(self, ch: Channel, rank: int, src: int, whose: int, pids: Sequence[int]) -> int:
+        try:
+            return ch.receive(pids[src])           # recvmsg: no timeout (FX3)
+        except HangDetected as e:
+            raise type(e)(f"rank {rank} waits in recvmsg on {self.socket(pids[rank])} for rank "
+                          f"{whose}'s fd from rank {src}, its predecessor in PyTorch's fd ring, "
+                          f"which will never send it (rule FX3)\n{e}", e.diagnosis) from e
+
+    def all_gather(self, driver: Any, rank: int, pids: Sequence[int], hosts: Sequence[str], fd: int) -> list[int]:
+        n, ch = len(pids), channel_of(driver)
+        fds: list[int | None] = [None] * n
+        fds[rank] = fd
+        nxt, prev = (rank + 1) % n, (rank - 1) % n
+        cur = fd
+        try:
+            for step in range(1, n):
+                self._send(ch, cur, rank, nxt, pids, hosts)
+                src = (rank - step) % n
+                cur = self._recv(ch, rank, prev, src, pids)
+                fds[src] = cur
+        except BaseException:
+            _close_received(driver, fds, fd)
+            raise
+        return fds  # type: ignore[return-value]
+
+    def broadcast(self, driver: Any, rank: int, root: int, pids: Sequence[int], hosts: Sequence[str],
+                  fd: int | None) -> int:
+        ch = channel_of(driver)
+        if rank == root:
+            for dst in range(len(pids)):
+                if dst != root:
+                    self._send(ch, fd, rank, dst, pids, hosts)
+            return fd  # type: ignore[return-value]
+        return self._recv(ch, rank, root, root, pids)
+
+
+class FlashInferMesh:
+    """FlashInfer `fd_exchange.exchange_fds` / `broadcast_fd` (FX4, FX5)."""
+
+    name = "flashinfer_mesh"
+
+    @staticmethod
+    def socket(pid: int, rank: int) -> str:
+        return f"/tmp/cuda_fd_xchg_{pid}_{rank}_/fd.sock"   # a private temp dir per rank
+
+    def _connect_send(self, ch: Channel, fd: int, rank: int, dst: int, pids: Sequence[int]) -> None:
+        start = now()
+        try:
+            ch.send(fd, pids[dst])
+        except FdTransportError as e:
+            # _connect_with_retry: connect fails (no such path on this host) and is retried
+            # every 10 ms until 30 s have passed, then raises.
+            sleep(max(0.0, FLASHINFER_TIMEOUT - (now() - start)))
+            raise FdTransportError(ETIMEDOUT, f"[fd_exchange] timed out connecting to "
+                                              f"{self.socket(pids[dst], dst)} (rank {rank} to rank "
+                                              f"{dst}; rule FX4)") from e
+
+    def all_gather(self, driver: Any, rank: int, pids: Sequence[int], hosts: Sequence[str], fd: int) -> list[int]:
+        n, ch = len(pids), channel_of(driver)
+        fds: list[int | None] = [None] * n
+        fds[rank] = fd
+        try:
+            for dst in range(n):
+                if dst != rank:
+                    self._connect_send(ch, fd, rank, dst, pids)
+            for src in range(n):
+                if src != rank:
+                    fds[src] = ch.receive(pids[src], timeout=FLASHINFER_TIMEOUT)
+        except HangDetected as e:      # the accept thread's 30 s: ranks that never sent
+            _close_received(driver, fds, fd)
+            missing = [r for r in range(n) if fds[r] is None]
+            raise FdTransportError(ETIMEDOUT, f"[fd_exchange] did not receive file descriptors from "
+                                              f"ranks: {missing} (rule FX4)") from e
+        except BaseException:
+            _close_received(driver, fds, fd)
+            raise
+        return fds  # type: ignore[return-value]
+
+    def broadcast(self, driver: Any, rank: int, root: int, pids: Sequence[int], hosts: Sequence[str],
+                  fd: int | None) -> int:
+        ch = channel_of(driver)
+        if rank == root:
+            for dst in range(len(pids)):
+                if dst != root:
+                    self._connect_send(ch, fd, rank, dst, pids)
+            return fd  # type: ignore[return-value]
+        try:
+            return ch.receive(pids[root], timeout=FLASHINFER_TIMEOUT)
+        except HangDetected as e:
+            raise FdTransportError(ETIMEDOUT, f"[fd_exchange] rank {rank} received no fd from root "
+                                              f"{root} (accept timed out after 30 s; rule FX5)") from e
+
+
+# The registry: a transport is declared once, here; policies name it by `fd_transport`.
+TRANSPORTS: dict[str, PyTorchRing | FlashInferMesh] = {t.name: t for t in (PyTorchRing(), FlashInferMesh())}
+DEFAULT = "pytorch_ring"
+
+
+def transport(name: str) -> PyTorchRing | FlashInferMesh:
+    t = TRANSPORTS.get(name)
+    if t is None:
+        raise ValueError(f"unknown fd transport {name!r}; known: {', '.join(TRANSPORTS)}")
+    return t
