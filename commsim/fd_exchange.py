@@ -61,7 +61,28 @@ def _close_received(driver: Any, fds: Sequence[int | None], own: int) -> None:
             driver.close_fd(fd)
 
 
-class PyTorchRing:
+class _Transport:
+    """Broadcast is the same shape in both libraries: the root sends to every other rank,
+    the others receive from the root; the styles differ in `_send` and `_recv_root`."""
+
+    def _send(self, ch: Channel, fd: int, rank: int, dst: int, pids: Sequence[int], hosts: Sequence[str]) -> None:
+        raise NotImplementedError
+
+    def _recv_root(self, ch: Channel, rank: int, root: int, pids: Sequence[int]) -> int:
+        raise NotImplementedError
+
+    def broadcast(self, driver: Any, rank: int, root: int, pids: Sequence[int], hosts: Sequence[str],
+                  fd: int | None) -> int:
+        ch = channel_of(driver)
+        if rank != root:
+            return self._recv_root(ch, rank, root, pids)
+        for dst in range(len(pids)):
+            if dst != root:
+                self._send(ch, fd, rank, dst, pids, hosts)  # type: ignore[arg-type]
+        return fd  # type: ignore[return-value]
+
+
+class PyTorchRing(_Transport):
     """PyTorch `IpcChannel::all_gather_fds` / `broadcast_fds` (FX1-FX3)."""
 
     name = "pytorch_ring"
@@ -105,18 +126,11 @@ class PyTorchRing:
             raise
         return fds  # type: ignore[return-value]
 
-    def broadcast(self, driver: Any, rank: int, root: int, pids: Sequence[int], hosts: Sequence[str],
-                  fd: int | None) -> int:
-        ch = channel_of(driver)
-        if rank == root:
-            for dst in range(len(pids)):
-                if dst != root:
-                    self._send(ch, fd, rank, dst, pids, hosts)
-            return fd  # type: ignore[return-value]
+    def _recv_root(self, ch: Channel, rank: int, root: int, pids: Sequence[int]) -> int:
         return self._recv(ch, rank, root, root, pids)
 
 
-class FlashInferMesh:
+class FlashInferMesh(_Transport):
     """FlashInfer `fd_exchange.exchange_fds` / `broadcast_fd` (FX4, FX5)."""
 
     name = "flashinfer_mesh"
@@ -125,7 +139,7 @@ class FlashInferMesh:
     def socket(pid: int, rank: int) -> str:
         return f"/tmp/cuda_fd_xchg_{pid}_{rank}_/fd.sock"   # a private temp dir per rank
 
-    def _connect_send(self, ch: Channel, fd: int, rank: int, dst: int, pids: Sequence[int]) -> None:
+    def _send(self, ch: Channel, fd: int, rank: int, dst: int, pids: Sequence[int], hosts: Sequence[str]) -> None:
         start = now()
         try:
             ch.send(fd, pids[dst])
@@ -144,7 +158,7 @@ class FlashInferMesh:
         try:
             for dst in range(n):
                 if dst != rank:
-                    self._connect_send(ch, fd, rank, dst, pids)
+                    self._send(ch, fd, rank, dst, pids, hosts)
             for src in range(n):
                 if src != rank:
                     fds[src] = ch.receive(pids[src], timeout=FLASHINFER_TIMEOUT)
@@ -158,14 +172,7 @@ class FlashInferMesh:
             raise
         return fds  # type: ignore[return-value]
 
-    def broadcast(self, driver: Any, rank: int, root: int, pids: Sequence[int], hosts: Sequence[str],
-                  fd: int | None) -> int:
-        ch = channel_of(driver)
-        if rank == root:
-            for dst in range(len(pids)):
-                if dst != root:
-                    self._connect_send(ch, fd, rank, dst, pids)
-            return fd  # type: ignore[return-value]
+    def _recv_root(self, ch: Channel, rank: int, root: int, pids: Sequence[int]) -> int:
         try:
             return ch.receive(pids[root], timeout=FLASHINFER_TIMEOUT)
         except HangDetected as e:
@@ -174,11 +181,11 @@ class FlashInferMesh:
 
 
 # The registry: a transport is declared once, here; policies name it by `fd_transport`.
-TRANSPORTS: dict[str, PyTorchRing | FlashInferMesh] = {t.name: t for t in (PyTorchRing(), FlashInferMesh())}
+TRANSPORTS: dict[str, _Transport] = {t.name: t for t in (PyTorchRing(), FlashInferMesh())}
 DEFAULT = "pytorch_ring"
 
 
-def transport(name: str) -> PyTorchRing | FlashInferMesh:
+def transport(name: str) -> _Transport:
     t = TRANSPORTS.get(name)
     if t is None:
         raise ValueError(f"unknown fd transport {name!r}; known: {', '.join(TRANSPORTS)}")
