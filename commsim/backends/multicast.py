@@ -18,7 +18,8 @@ from ..discovery import GroupView
 from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
 from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC, FD
-from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
+from ..fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_transport
+from ..sim.unix_socket import FdTransportError
 from .base import Backend, Eligibility, Mi, as_bytes
 from ..topology.model import FabricState
 from .fabric import FabricBackend, round_up
@@ -96,18 +97,19 @@ class MulticastBackend(Backend):
                     self.mc_handle = check("cuMemImportFromShareableHandle",
                                            d.cuMemImportFromShareableHandle(blob, FABRIC))
             else:
-                # POSIX fd over AF_UNIX to every peer of this host (PyTorch IpcChannel, §2.5).
-                if self.rank == 0:
-                    fd = check("cuMemExportToShareableHandle", d.cuMemExportToShareableHandle(self.mc_handle, FD, 0))
-                    for p in pids[1:]:
-                        send_fd(d, fd, p)
-                    d.close_fd(fd)
-                else:
-                    fd = recv_fd(d, pids[0])
-                    try:
+                # POSIX fd over AF_UNIX to every peer of this host, by the policy's fd
+                # transport (commsim/fd_exchange.py, rules FX1-FX5).
+                hosts = [r.host for r in self.view.ranks]
+                t = fd_transport(self.params.get("fd_transport", DEFAULT_FD_TRANSPORT))
+                fd = check("cuMemExportToShareableHandle",
+                           d.cuMemExportToShareableHandle(self.mc_handle, FD, 0)) if self.rank == 0 else None
+                try:
+                    fd = t.broadcast(d, self.rank, 0, pids, hosts, fd)
+                    if self.rank != 0:
                         self.mc_handle = check("cuMemImportFromShareableHandle",
                                                d.cuMemImportFromShareableHandle(fd, FD))
-                    finally:        # a failed import must not keep the received fd open
+                finally:        # sent, or received and imported (or not): never kept open
+                    if fd is not None:
                         d.close_fd(fd)
             check("cuMulticastAddDevice", d.cuMulticastAddDevice(self.mc_handle, me))
         except (CudaError, FdTransportError) as e:

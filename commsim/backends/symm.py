@@ -25,6 +25,7 @@ Three knobs reproduce field bugs of this class (scenarios/policies/):
   symm_handle_type="fd"    POSIX fd forced, also across hosts (sglang on GB200, row B20)
   symm_rendezvous_counter="process"  one rendezvous counter per process instead of per group,
                            so a subgroup rendezvous shifts the world's keys on its members only
+  fd_transport="pytorch_ring" | "flashinfer_mesh"  how POSIX fds travel (commsim/fd_exchange.py)
 """
 
 from __future__ import annotations
@@ -38,14 +39,13 @@ from ..discovery import GroupView, RankInfo
 from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
 from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC, FD
-from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
+from ..fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_transport
+from ..sim.unix_socket import FdTransportError
 from .base import Eligibility, Mi
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
 from .vmm import VmmPeerBackend
 
-# FlashInfer's fd_exchange gives up connecting or receiving after 30 s (§2.5).
-FD_EXCHANGE_TIMEOUT = 30.0
 # vLLM SYMM_MEM_ALL_REDUCE_MAX_SIZES: 64 MiB for SM 9.0 at world sizes 2, 6 and 8 (§8).
 DEFAULT_MAX_SIZE = 64 * Mi
 HANDLE_NAMES = {FD: "fd", FABRIC: "fabric"}
@@ -176,27 +176,33 @@ class SymmBackend(VmmPeerBackend):
                 self.imported.append(h)
                 out.append(h)
             return out
-        # POSIX fd (PyTorch IpcChannel, §2.5): pids meet in the store, then each rank sends its
-        # fd to every peer's socket and receives every peer's fd.
+        # POSIX fd (§2.5): pids meet in the store, then the fds travel by the policy's fd
+        # transport: PyTorch's ring (default) or FlashInfer's mesh (rules FX1-FX5).
         pids = self.group.exchange(self._key(kind), d.getpid(), tag="symm.init: exchange pids")
         try:
-            for j in range(1, self.ws):
-                send_fd(d, mine, pids[(self.rank + j) % self.ws])
+            fds = self._fd_transport().all_gather(d, self.rank, pids, self._hosts(), mine)
         finally:
             d.close_fd(mine)
             self.own_fd = None
         out = [0] * self.ws
         out[self.rank] = self.own_handle
-        for j in range(1, self.ws):
-            src = (self.rank - j) % self.ws
-            fd = recv_fd(d, pids[src], timeout=FD_EXCHANGE_TIMEOUT)
-            try:
-                h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
-            finally:
-                d.close_fd(fd)
-            self.imported.append(h)
-            out[src] = h
+        try:
+            for j, fd in enumerate(fds):
+                if j != self.rank:
+                    h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+                    self.imported.append(h)
+                    out[j] = h
+        finally:
+            for j, fd in enumerate(fds):
+                if j != self.rank:
+                    d.close_fd(fd)
         return out
+
+    def _fd_transport(self):
+        return fd_transport(self.params.get("fd_transport", DEFAULT_FD_TRANSPORT))
+
+    def _hosts(self) -> list[str]:
+        return [r.host for r in self.view.ranks]
 
     def _setup_multicast(self, me: int) -> None:
         """FlashInfer SymmDeviceMemory._setup_multicast (§3.2): rank 0 creates and shares the
@@ -247,18 +253,17 @@ class SymmBackend(VmmPeerBackend):
             return
         pids = self.group.exchange(self._key("multicast"), d.getpid(),
                                    tag="symm.init: share multicast handle")
-        if self.rank == 0:
-            try:
-                for p in pids[1:]:
-                    send_fd(d, blob, p)
-            finally:
-                d.close_fd(blob)
-            return
-        fd = recv_fd(d, pids[0], timeout=FD_EXCHANGE_TIMEOUT)
         try:
-            self.mc_handle = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+            fd = self._fd_transport().broadcast(d, self.rank, 0, pids, self._hosts(),
+                                                blob if self.rank == 0 else None)
         finally:
-            d.close_fd(fd)
+            if self.rank == 0:
+                d.close_fd(blob)
+        if self.rank != 0:
+            try:
+                self.mc_handle = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+            finally:
+                d.close_fd(fd)
 
     def describe(self) -> str:
         mc = ("multicast object bound, multimem all-reduce" if self.mc else
