@@ -24,8 +24,9 @@ allocation a pointer belongs to.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 from .driver import Driver, access_desc, alloc_prop, check
 
@@ -106,13 +107,16 @@ class CachingAllocator:
         self._next_pool = 1
 
     # -- allocation ------------------------------------------------------------------------
-    def malloc(self, size: int) -> int:
-        """A device pointer for `size` bytes; raises CudaError when the driver refuses."""
+    def malloc(self, size: int, pool: GraphPool | None = None) -> int:
+        """A device pointer for `size` bytes, from `pool` when given, else from the capture
+        in progress, else from the default pool; raises CudaError when the driver refuses."""
         if size < 0:
             raise ValueError(f"malloc size must be >= 0, got {size}")
         size = round_size(size)
         small = size <= SMALL_SIZE
-        pool = self._capturing
+        pool = pool or self._capturing
+        if pool is not None and pool.released:
+            raise RuntimeError(f"graph pool {pool.pool_id} was released: its graph is gone")
         block = self._best_fit(size, small, pool)
         if block is None:
             block = self._grow(size, small, pool)
@@ -220,13 +224,18 @@ class CachingAllocator:
         to that pool, where the capture reuses them (rule AL5)."""
         if self._capturing is not None:
             raise RuntimeError("a capture is already in progress on this allocator")
-        pool = GraphPool(self._next_pool)
-        self._next_pool += 1
-        self._capturing = pool
+        pool = self._capturing = self.new_graph_pool()
         try:
             yield pool
         finally:
             self._capturing = None
+
+    def new_graph_pool(self) -> GraphPool:
+        """A private pool for one graph (what `capture()` opens; also for callers that hold
+        the pool across calls, as a communicator's capture does)."""
+        pool = GraphPool(self._next_pool)
+        self._next_pool += 1
+        return pool
 
     def release_graph_pool(self, pool: GraphPool) -> None:
         """The graph was destroyed: its idle segments go back to the driver now, the others
@@ -252,3 +261,19 @@ class CachingAllocator:
         self._blocks.clear()
         for seg in list(self.segments):
             self._release(seg)
+
+
+# The allocator of each simulated process (the Driver stands for the process), as torch has
+# one per process: set by the runner from `[workload] allocator`, else a plain one on first use.
+_PROCESS: "weakref.WeakKeyDictionary[Any, CachingAllocator]" = weakref.WeakKeyDictionary()
+
+
+def install(driver: Driver, allocator: CachingAllocator) -> None:
+    _PROCESS[driver] = allocator
+
+
+def for_process(driver: Driver) -> CachingAllocator:
+    alloc = _PROCESS.get(driver)
+    if alloc is None:
+        alloc = _PROCESS[driver] = CachingAllocator(driver)
+    return alloc

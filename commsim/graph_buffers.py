@@ -40,6 +40,23 @@ def range_start(driver: Driver, ptr: int) -> int:
     return hit[0].base
 
 
+# CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (cuda.h; reference §1.3).
+IS_LEGACY_CUDA_IPC_CAPABLE = 10
+
+
+def legacy_ipc_capable(driver: Driver, ptr: int) -> bool:
+    """`cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)`: 1 only for `cudaMalloc` memory
+    (vllm-project/vllm#51903 proposes checking it before registering). Like `range_start`,
+    answered from the simulator's mapping table until the Driver protocol declares the call."""
+    get = getattr(driver, "cuPointerGetAttribute", None)
+    if get is not None:
+        from cuda.bindings import driver as cu
+        return bool(check("cuPointerGetAttribute", get(cu.CUpointer_attribute(IS_LEGACY_CUDA_IPC_CAPABLE), ptr)))
+    find = getattr(driver, "_find", None)
+    hit = find(int(ptr)) if find is not None else None
+    return hit is not None and hit[0].kind == "malloc"
+
+
 def export_buffers(driver: Driver, ptrs: Sequence[int]) -> list[tuple[bytes, int]]:
     """Per recorded pointer: (IPC handle of its allocation base, offset into it)."""
     out = []

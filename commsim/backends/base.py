@@ -49,7 +49,8 @@ class SetupFailed(Exception):
 class Capture:
     """Buffers one `comm.capture()` recorded, per backend that needs registration."""
 
-    buffers: list[int] = field(default_factory=list)       # graph-pool pointers (cudaMalloc)
+    buffers: list[int] = field(default_factory=list)       # graph-pool pointers (caching allocator)
+    pool: Any = None                                       # the graph's private allocator pool
     # ops recorded into the graph, replayed after registration: (backend, op, input, output)
     pending: list[tuple["Backend", str, Any, Any]] = field(default_factory=list)
     opened: list[int] = field(default_factory=list)        # peer IPC mappings from registration

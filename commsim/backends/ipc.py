@@ -15,6 +15,8 @@ from typing import Any
 from ..discovery import GroupView
 from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
 from ..sim import collective_kernels as K
+from .. import caching_allocator as allocators
+from ..graph_buffers import OpenedBases, export_buffers, legacy_ipc_capable
 from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes
 
 WORLD_SIZES = (2, 4, 6, 8)
@@ -94,42 +96,59 @@ class IpcBackend(PeerBackend):
         return e
 
     def record(self, cap: Capture, x: Any) -> None:
-        """In capture: the input lives in the graph's memory pool; keep its pointer. A failure
-        here is rank-local, so it is kept and voted at registration: raising now would leave
-        this rank out of step with its peers (found by the sweep)."""
+        """In capture: the input lives in the graph's private pool of the process's caching
+        allocator, usually inside a block shared with other captured tensors (rules AL1,
+        AL5). A failure here is rank-local, so it is kept and voted at registration: raising
+        now would leave this rank out of step with its peers (found by the sweep)."""
         if cap.error is not None:
             return
         try:
-            p = check("cudaMalloc", self.driver.cudaMalloc(max(x.numel() * x.element_size(), 16)))
+            alloc = allocators.for_process(self.driver)
+            if cap.pool is None:
+                cap.pool = alloc.new_graph_pool()
+            p = alloc.malloc(max(x.numel() * x.element_size(), 16), cap.pool)
             cap.buffers.append(p)
             check("cudaMemcpy", self.driver.memcpy_htod(p, as_bytes(x)))
         except CudaError as e:
             cap.error = e
 
     def register_graph_buffers(self, cap: Capture) -> None:
-        """Collective at capture exit: export every recorded buffer, broadcast, open (§7.1)."""
+        """Collective at capture exit (§7.1): per recorded pointer, the IPC handle of its
+        allocation base plus the offset; peers open each base once (rule AL3).
+        `graph_buffers="auto"` (default) first asks every rank whether its buffers are
+        legacy-IPC capable (cudaMalloc memory, not expandable segments) and, if any is not,
+        registers nothing: the graph's inputs are copied into the registered workspace
+        instead (vllm-project/vllm#51903). `"register"` always registers (vLLM before it):
+        over expandable segments the export answers cudaErrorInvalidValue (rule AL4)."""
         d, err, mine = self.driver, None, []
         self.captures.append(cap)      # owned from here on, so close() frees it even on failure
         self.vote("register: record graph buffers", cap.error)
+        auto = self.params.get("graph_buffers", "auto") == "auto"
+        ok = not auto or all(legacy_ipc_capable(d, p) for p in cap.buffers)
         try:
-            mine = [check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(p)) for p in cap.buffers]
+            mine = export_buffers(d, cap.buffers) if ok else []
         except CudaError as e:
             err = e
         self.vote("register: export graph buffers", err)
-        every = self.group.all_gather_object(mine, tag="ipc.register: exchange graph handles")
+        shared = self.group.all_gather_object((ok, mine), tag="ipc.register: exchange graph handles")
+        if not all(o for o, _ in shared):
+            cap.registered = True      # nothing to open: replays copy into the workspace
+            return
+        every = [m for _, m in shared]
         if len({len(v) for v in every}) != 1:
             raise SetupFailed(self.name, "register", self.rank,
                                f"ranks recorded different numbers of graph buffers "
                                f"{[len(v) for v in every]} (row G1)")
-        err = None
+        err, opened = None, OpenedBases(d)
         try:
-            for j, hs in enumerate(every):
+            for j, metas in enumerate(every):
                 if j != self.rank:
-                    for h in hs:
-                        cap.opened.append(check("cudaIpcOpenMemHandle",
-                                                d.cudaIpcOpenMemHandle(h, LAZY_ENABLE_PEER_ACCESS)))
+                    for h, off in metas:
+                        opened.pointer(h, off)
         except CudaError as e:
             err = self._context(e, j, "graph buffer")
+        finally:
+            cap.opened = list(opened.by_handle.values())
         self.vote("register: open graph handles", err)
         cap.registered = True
 
@@ -144,9 +163,12 @@ class IpcBackend(PeerBackend):
                 self.driver.cudaIpcCloseMemHandle(p)
             cap.opened.clear()
         self.close_barrier("ipc.release_capture: importers closed")
+        alloc = allocators.for_process(self.driver)
         for p in cap.buffers:
-            self.driver.cudaFree(p)
+            alloc.free(p)
         cap.buffers.clear()
+        if cap.pool is not None:
+            alloc.release_graph_pool(cap.pool)      # the graph is destroyed (rule AL5)
         cap.released = True
         if cap in self.captures and not cap.opened:
             self.captures.remove(cap)

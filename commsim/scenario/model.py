@@ -66,6 +66,12 @@ class Workload:
     graph_capture: bool = False               # also run each op inside `comm.capture()`
     discard_capture: bool = False             # capture then discard (the profiling pattern)
     iterations: int = 1
+    # The process's caching allocator (PyTorch's PYTORCH_CUDA_ALLOC_CONF): "caching" (cudaMalloc
+    # segments) or "expandable_segments" (cuMem-backed, no legacy IPC handle; rule AL4).
+    allocator: str = "caching"
+
+
+ALLOCATORS = ("caching", "expandable_segments")
 
 
 @dataclass(frozen=True)

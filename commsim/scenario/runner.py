@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
+from .. import caching_allocator as allocators
 from ..backends.base import SetupFailed
+from ..caching_allocator import CachingAllocator
 from ..communicator import Communicator
 from ..driver import CudaError
 from ..group import LocalWorld
@@ -151,6 +153,19 @@ def run_rank(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
     """One rank's whole scenario: its groups, a communicator per group, the workload checked
     against the reference, close. Runs the same as a greenlet (thread mode) or as the body
     of a rank process (process mode)."""
+    alloc = CachingAllocator(driver, expandable_segments=sc.workload.allocator == "expandable_segments")
+    allocators.install(driver, alloc)
+    try:
+        return _run_groups(sc, pol, wg, driver, inputs, disabled_rules)
+    finally:
+        try:
+            alloc.close()  # the process's allocator exits with it: every segment returns
+        except CudaError:
+            pass           # after a failure: what could not return shows as ledger residue
+
+
+def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
+                disabled_rules: frozenset[str]) -> dict:
     r = wg.rank
     wl = sc.workload
     mine: dict = {"backends": {}, "mismatch": [], "explain": {}, "leaks": []}

@@ -149,3 +149,58 @@ def test_range_start_outside_any_allocation_is_invalid_value():
     _, (d,) = drivers(1)
     with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
         range_start(d, 0x10)
+
+
+def _capture_run(expandable: bool, graph_buffers: str, nops: int = 4):
+    import torch
+
+    from commsim import caching_allocator as allocators
+    from commsim.communicator import Communicator
+    from commsim.group import LocalWorld
+    from commsim.policy import Policy
+    fabric, ds = drivers(2)
+    pol = Policy(order=("ipc", "nccl"), params={"max_size": 8 * MiB, "graph_buffers": graph_buffers},
+                 fallback_on_setup_error=False)
+
+    def rank(g):
+        d = ds[g.rank]
+        allocators.install(d, CachingAllocator(d, expandable_segments=expandable))
+        comm = Communicator(g, d, pol)
+        try:
+            xs = [torch.full((2048,), float(g.rank + i), dtype=torch.bfloat16) for i in range(nops)]
+            with comm.capture():
+                ys = [comm.all_reduce(x) for x in xs]
+            opened = d.ledger.count("ipc_mapping")
+            return opened, [y[0].item() for y in ys]
+        finally:
+            comm.close()
+            allocators.for_process(d).close()
+
+    outs = LocalWorld(2, seed=0).run(rank)
+    return outs, ds
+
+
+def test_captured_sub_allocations_are_opened_once_per_base():
+    outs, ds = _capture_run(False, "register")
+    assert all(o.ok for o in outs), [o.error for o in outs]
+    for o in outs:
+        opened, vals = o.value
+        assert opened == 2                      # the workspace + one graph-pool block, not 1 + 4
+        assert vals == [1.0, 3.0, 5.0, 7.0]     # (0+i) + (1+i)
+    assert all(d.ledger.count() == 0 for d in ds)
+
+
+def test_captured_expandable_segments_fail_registration_with_the_driver_code():
+    outs, ds = _capture_run(True, "register")
+    from commsim.backends.base import SetupFailed
+    errs = [o.error for o in outs]
+    assert all(isinstance(e, SetupFailed) and e.step == "register: export graph buffers" for e in errs), errs
+    assert all(e.error.name == "cudaErrorInvalidValue" and e.error.api == "cudaIpcGetMemHandle" for e in errs)
+    assert all(d.ledger.count() == 0 for d in ds)
+
+
+def test_default_copies_instead_of_registering_expandable_buffers():
+    outs, ds = _capture_run(True, "auto")
+    assert all(o.ok for o in outs), [o.error for o in outs]
+    assert all(o.value == (1, [1.0, 3.0, 5.0, 7.0]) for o in outs)   # only the workspace is open
+    assert all(d.ledger.count() == 0 for d in ds)
