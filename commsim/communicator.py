@@ -50,10 +50,23 @@ class Choice:
     declined: list[str] = field(default_factory=list)
 
 
+SETUP_MODES = ("init", "lazy")
+
+
 class Communicator:
-    def __init__(self, group: Any, driver: Driver, policy: Policy | None = None):
+    """`setup="lazy"` defers the backends' set-up to the first op, as serving stacks that
+    build workspaces on first use do (rules LC1, LC2 of docs/lifecycle-rules.md): a set-up
+    failure then surfaces at step `op`, or `capture` when the first op is captured. Without
+    it the policy's `setup` parameter decides (default "init": eager)."""
+
+    def __init__(self, group: Any, driver: Driver, policy: Policy | None = None,
+                 setup: str | None = None):
         self.group, self.driver = group, driver
         self.policy = policy or Policy()
+        self.setup_mode = setup or self.policy.params.get("setup", "init")
+        if self.setup_mode not in SETUP_MODES:
+            raise ValueError(f"setup {self.setup_mode!r}: accepted {', '.join(SETUP_MODES)}")
+        self._setup_pending = False
         self.rank, self.size = group.rank, group.size
         self.decisions: list[Decision] = []
         self.backends: dict[str, Backend] = {}
@@ -68,7 +81,12 @@ class Communicator:
             # discovery found; a fixed-order policy returns itself.
             self.policy = self.policy.for_group(self.view)
             self.step = "init"
-            self._init_backends()
+            if self.setup_mode == "lazy":
+                self._setup_pending = True
+                self.decisions.append(Decision("set-up", "deferred to the first op (lazy workspaces, "
+                                                         "rules LC1-LC2)"))
+            else:
+                self._init_backends()
         except BaseException as e:
             e.commsim_step = self.step
             e.commsim_trace = "\n".join(f"  {d.what}: {d.detail}" for d in self.decisions)
@@ -133,6 +151,17 @@ class Communicator:
         if op == "reduce_scatter" and x.numel() % self.size:
             raise ValueError(f"reduce_scatter needs numel divisible by {self.size}, got {x.numel()}")
         self.step = "op" if self._capture is None else "capture"
+        if self._setup_pending:
+            self._setup_pending = False
+            try:
+                self._init_backends()
+            except BaseException as e:
+                e.commsim_step = self.step
+                e.commsim_trace = "\n".join(f"  {d.what}: {d.detail}" for d in self.decisions)
+                raise
+            i = next(i for i, d in enumerate(self.decisions) if d.what == "set-up")
+            self.decisions[i] = Decision("set-up", f"deferred to the first op, which ran at step "
+                                                   f"{self.step} (lazy workspaces, rules LC1-LC2)")
         b = self._pick(op, x)
         kind = "all_reduce" if op == "all_reduce_rmsnorm" else op
         if self._capture is not None and b.needs_graph_registration:

@@ -69,9 +69,13 @@ class Workload:
     # The process's caching allocator (PyTorch's PYTORCH_CUDA_ALLOC_CONF): "caching" (cudaMalloc
     # segments) or "expandable_segments" (cuMem-backed, no legacy IPC handle; rule AL4).
     allocator: str = "caching"
+    # When the communicator sets its backends up: "init" (eager) or "lazy" (at the first op,
+    # inside a capture when the first op is captured; rules LC1-LC2).
+    setup: str = "init"
 
 
 ALLOCATORS = ("caching", "expandable_segments")
+SETUPS = ("init", "lazy")
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,7 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
         state = {"step": "discover"}
         comm = None
         try:
-            comm = Communicator(sub, driver, pol)
+            comm = Communicator(sub, driver, pol, setup=wl.setup if wl.setup != "init" else None)
             mine["explain"][g.name] = comm.explain()
             before = driver.ledger.count("ipc_mapping")
             checks: list = []

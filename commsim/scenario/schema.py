@@ -21,7 +21,8 @@ from .fields import (
     ScenarioError, Table, check_choice, check_cuda_error, check_policy, describe, did_you_mean,
     parse_ranks, parse_size,
 )
-from .model import ALLOCATORS, BACKENDS, DTYPES, OPS, STEPS, Expectation, Group, Scenario, Workload
+from .model import (ALLOCATORS, BACKENDS, DTYPES, OPS, SETUPS, STEPS, Expectation, Group, Scenario,
+                    Workload)
 
 __all__ = ["ScenarioError", "load", "loads", "write_scenario", "SECTIONS"]
 
@@ -33,7 +34,7 @@ SECTIONS: dict[str, bool] = {
 SCENARIO_KEYS = ("name", "description", "seed", "policy")
 GROUP_KEYS = ("name", "ranks")
 WORKLOAD_KEYS = ("ops", "sizes", "dtypes", "graph_capture", "discard_capture", "iterations",
-                 "allocator")
+                 "allocator", "setup")
 EXPECT_KEYS = ("group", "op", "size", "backend", "error", "step", "rank", "leak", "message")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _NAME_SHAPE = "a name of letters, digits, '.', '_' and '-' (starting with a letter or digit)"
@@ -192,7 +193,8 @@ def _workload(source: str, data: Mapping[str, Any]) -> Workload:
                     graph_capture=t.boolean("graph_capture", d.graph_capture),
                     discard_capture=t.boolean("discard_capture", d.discard_capture),
                     iterations=t.integer("iterations", d.iterations, minimum=1, what="iterations"),
-                    allocator=_choice(t, "allocator", ALLOCATORS, d.allocator))
+                    allocator=_choice(t, "allocator", ALLOCATORS, d.allocator),
+                    setup=_choice(t, "setup", SETUPS, d.setup))
 
 
 def _choice(t: Table, key: str, accepted: Sequence[str], default: str) -> str:
