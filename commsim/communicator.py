@@ -23,7 +23,7 @@ from .backends.multicast import MulticastBackend
 from .backends.nccl import NcclBackend
 from .backends.symm import SymmBackend
 from .discovery import GroupView, discover
-from .driver import Driver
+from .driver import Driver, check
 from .policy import Policy
 
 BACKENDS: dict[str, type[Backend]] = {"ipc": IpcBackend, "fabric": FabricBackend,
@@ -67,6 +67,8 @@ class Communicator:
         if self.setup_mode not in SETUP_MODES:
             raise ValueError(f"setup {self.setup_mode!r}: accepted {', '.join(SETUP_MODES)}")
         self._setup_pending = False
+        self.abandoned: list[Backend] = []          # set-up failed, not rolled back (FH1)
+        self.silent_fallbacks: list[tuple[str, str]] = []   # (step, what) under FH3
         self.rank, self.size = group.rank, group.size
         self.decisions: list[Decision] = []
         self.backends: dict[str, Backend] = {}
@@ -76,6 +78,10 @@ class Communicator:
         self.closed = False
         self.step = "discover"
         try:
+            if self.policy.params.get("device_ordinal") == "group_rank":
+                # Rule RN4: the rank number taken for a device ordinal (TRT-LLM#1494,
+                # flashinfer#2662); the right one is the device the launcher gave the process.
+                check("cudaSetDevice", driver.cudaSetDevice(group.rank))
             self.view: GroupView = discover(driver, group)
             # A policy whose order depends on the group (the "model" preset) binds to what
             # discovery found; a fixed-order policy returns itself.
@@ -95,6 +101,7 @@ class Communicator:
 
     # -- set-up ----------------------------------------------------------------------------
     def _init_backends(self) -> None:
+        failed: list[str] = []
         for name in self.policy.order:
             cls = BACKENDS.get(name)
             if cls is None:
@@ -108,12 +115,18 @@ class Communicator:
             try:
                 b.setup()
             except SetupFailed as e:
-                b.close()
+                if self.policy.params.get("rollback", True):
+                    b.close()
+                else:               # rule FH1: what set-up allocated stays allocated
+                    self.abandoned.append(b)
                 if not self.policy.fallback_on_setup_error:
                     self.decisions.append(Decision(name, f"admitted ({'; '.join(verdict.reasons) or 'eligible'}); "
                                                          f"set-up failed, policy allows no fallback: {e}"))
                     raise
-                self.decisions.append(Decision(name, f"declined after set-up failure: {e}"))
+                if self.policy.params.get("report_fallback", True):
+                    self.decisions.append(Decision(name, f"declined after set-up failure: {e}"))
+                else:               # rule FH3: nothing in the explanation says so
+                    failed.append(f"{name} set-up failed: {e}")
                 continue
             except BaseException:
                 b.close()       # a hang or peer failure mid set-up: release what this rank holds
@@ -122,6 +135,10 @@ class Communicator:
             desc = b.describe()
             self.decisions.append(Decision(name, "admitted: every requirement holds for every rank"
                                                  + (f" ({desc})" if desc else "")))
+        if failed:
+            # The simulator's audit, not the communicator's report: what a silent fallback hid.
+            to = next(iter(self.backends), "nothing")
+            self.silent_fallbacks.append((self.step, f"silently fell back to {to} ({'; '.join(failed)})"))
 
     # -- dispatch --------------------------------------------------------------------------
     def _pick(self, op: str, x: torch.Tensor) -> Backend:

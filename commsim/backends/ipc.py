@@ -30,11 +30,20 @@ class IpcBackend(PeerBackend):
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
         ws = view.size
         hosts = view.hosts
+        gpn = params.get("gpus_per_node")
+        if gpn is None:
+            one_node = len(hosts) == 1
+        else:
+            # Rules RN2, RN3: Mapping-style arithmetic (is_multi_node = world > gpus_per_node)
+            # with a configured count, or the device count this process sees, instead of
+            # asking which host each rank is on: two GB200 trays of 4 become "one node".
+            per_node = len(view.ranks[0].p2p) if gpn == "device_count" else int(gpn)
+            one_node = ws <= per_node
         return Eligibility.check([
             (ws > 1, "a group of one rank needs no all-reduce"),
-            (len(hosts) == 1, f"ranks are on {len(hosts)} hosts ({', '.join(hosts[:3])}"
-                              f"{', ...' if len(hosts) > 3 else ''}); legacy IPC handles are host-local "
-                              f"(row L8: cudaIpcOpenMemHandle -> invalid resource handle)"),
+            (one_node, f"ranks are on {len(hosts)} hosts ({', '.join(hosts[:3])}"
+                       f"{', ...' if len(hosts) > 3 else ''}); legacy IPC handles are host-local "
+                       f"(row L8: cudaIpcOpenMemHandle -> invalid resource handle)"),
             (ws in WORLD_SIZES, f"world size {ws} not in {WORLD_SIZES} (compiled kernels, row B2)"),
             (len(hosts) != 1 or view.p2p_all(),
              "some pair of GPUs has no P2P access (row L10: peer access is not supported)"),

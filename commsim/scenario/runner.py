@@ -232,6 +232,7 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
                             f"{driver.ledger.count('ipc_mapping') - before} IPC mapping(s) open "
                             f"(vLLM#46515, row G5)")
             mine["explain"][g.name] = comm.explain()
+            mine.setdefault("silent", []).extend(comm.silent_fallbacks)
         except BaseException as e:
             e.commsim_group = g.ranks             # to map a group rank back to a world rank
             if not hasattr(e, "commsim_step"):   # Communicator.__init__ tags its own
@@ -267,6 +268,8 @@ def collect(res: RunResult, values: list[dict | None], errors: list[RankError | 
                 if prev != b:
                     res.failures.append(f"ranks disagree on the backend for {k}: {prev} vs {b}")
             res.mismatches += v["mismatch"]
+            for step, what in v.get("silent", ()):     # rule FH3: a fallback nobody reported
+                res.errors.append(RankError(r, step, "SilentFallback", what, r))
             res.leaks += v["leaks"]
             for gname, text in v["explain"].items():
                 res.explain.setdefault(gname, text)
