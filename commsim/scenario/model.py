@@ -72,6 +72,9 @@ class Workload:
     # When the communicator sets its backends up: "init" (eager) or "lazy" (at the first op,
     # inside a capture when the first op is captured; rules LC1-LC2).
     setup: str = "init"
+    # NCCL_* environment variables of every rank (commsim/nccl_rules.py ENV_VARS), as
+    # (name, value) pairs: what NCCL may use, and what `commsim explain` reports.
+    nccl_env: tuple[tuple[str, str], ...] = ()
 
 
 ALLOCATORS = ("caching", "expandable_segments")

@@ -49,3 +49,32 @@ def test_lazy_set_up_under_the_default_policy_is_clean(capture):
 def test_unknown_setup_value_is_refused():
     with pytest.raises(ScenarioError, match=r"\[workload\] setup: unknown setup 'later'.*accepted: init, lazy"):
         loads(toml("later", False))
+
+
+@pytest.mark.parametrize("line, words", [
+    ('allocator = "slab"', "[workload] allocator: unknown allocator 'slab'"),
+    ('nccl_env = { NCCL_NVLS_ENABLE = "maybe" }', "NCCL_NVLS_ENABLE='maybe': accepted values are 0, 1, 2"),
+    ('nccl_env = { NCCL_FOO = "1" }', "NCCL_FOO: not an NCCL variable commsim models"),
+    ('nccl_env = "NCCL_P2P_DISABLE=1"', "expected a table of NCCL_* ="),
+])
+def test_workload_knob_errors_name_the_field(line, words):
+    text = toml("init", False, policy="default").replace('setup = "init"', line)
+    with pytest.raises(ScenarioError) as ei:
+        loads(text)
+    assert words in str(ei.value)
+
+
+def test_workload_knobs_parse():
+    text = toml("init", False, policy="default").replace(
+        'setup = "init"', 'allocator = "expandable_segments"\nnccl_env = { NCCL_P2P_LEVEL = "NVL", NCCL_ALGO = "Ring" }')
+    wl = loads(text).workload
+    assert wl.allocator == "expandable_segments"
+    assert wl.nccl_env == (("NCCL_ALGO", "Ring"), ("NCCL_P2P_LEVEL", "NVL"))
+
+
+def test_generator_samples_the_knobs_from_their_own_stream():
+    from commsim.scenario.generate import sample
+    wls = [sc.workload for sc in sample(0, 200)]
+    assert {w.setup for w in wls} == {"init", "lazy"}
+    assert {w.allocator for w in wls} == {"caching", "expandable_segments"}
+    assert any(w.nccl_env for w in wls)
