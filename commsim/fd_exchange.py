@@ -99,7 +99,7 @@ class PyTorchRing(_Transport):
             raise FdTransportError(
                 ENOENT, f"Failed to send fd: No such file or directory (rank {rank} on host "
                         f"{hosts[rank]} sending to rank {dst}'s socket {self.socket(pids[dst])} on "
-                        f"host {hosts[dst]}; PyTorch IpcChannel, rule FX2)") from e
+                        f"host {hosts[dst]}; PyTorch IpcChannel, rule FX2): {e.strerror or e}") from e
 
     def _recv(self, ch: Channel, rank: int, src: int, whose: int, pids: Sequence[int]) -> int:
         try:
@@ -149,7 +149,7 @@ class FlashInferMesh(_Transport):
             sleep(max(0.0, FLASHINFER_TIMEOUT - (now() - start)))
             raise FdTransportError(ETIMEDOUT, f"[fd_exchange] timed out connecting to "
                                               f"{self.socket(pids[dst], dst)} (rank {rank} to rank "
-                                              f"{dst}; rule FX4)") from e
+                                              f"{dst}; rule FX4): {e.strerror or e}") from e
 
     def all_gather(self, driver: Any, rank: int, pids: Sequence[int], hosts: Sequence[str], fd: int) -> list[int]:
         n, ch = len(pids), channel_of(driver)

@@ -22,17 +22,6 @@ def run(name: str, **params):
     return sc, run_scenario(sc, pol)
 
 
-@pytest.mark.parametrize("name", ["local-rank-workspace-index", "trtllm-mapping-two-trays-one-node",
-                                  "device-ordinal-from-rank", "trtllm-forced-oneshot-workspace",
-                                  "silent-leaky-fallback"])
-def test_each_regression_fails_as_filed_and_passes_under_the_default(name):
-    sc = load(REG + name + ".toml")
-    shortcut = run_scenario(sc)
-    assert shortcut.expects_failure and shortcut.ok, shortcut.failures
-    default = run_scenario(sc, "default")
-    assert default.ok and not default.errors, default.failures
-
-
 def test_local_rank_index_is_harmless_for_the_first_group_only():
     _, res = run("local-rank-workspace-index", workspace_index="local_rank")
     assert sorted(e.rank for e in res.errors) == [4, 5, 6, 7]
