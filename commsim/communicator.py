@@ -60,13 +60,15 @@ class Communicator:
     it the policy's `setup` parameter decides (default "init": eager)."""
 
     def __init__(self, group: Any, driver: Driver, policy: Policy | None = None,
-                 setup: str | None = None):
+                 setup: str | None = None, nccl_env: Any = ()):
         self.group, self.driver = group, driver
         self.policy = policy or Policy()
         self.setup_mode = setup or self.policy.params.get("setup", "init")
         if self.setup_mode not in SETUP_MODES:
             raise ValueError(f"setup {self.setup_mode!r}: accepted {', '.join(SETUP_MODES)}")
         self._setup_pending = False
+        # NCCL_* variables of the process (the workload's) over the policy's own `nccl_env`
+        self.nccl_env = {**dict(self.policy.params.get("nccl_env", ())), **dict(nccl_env)}
         self.abandoned: list[Backend] = []          # set-up failed, not rolled back (FH1)
         self.silent_fallbacks: list[tuple[str, str]] = []   # (step, what) under FH3
         self.rank, self.size = group.rank, group.size
@@ -111,7 +113,7 @@ class Communicator:
             if not verdict.ok:
                 self.decisions.append(Decision(name, "declined: " + "; ".join(verdict.reasons)))
                 continue
-            b = cls(self.driver, self.group, self.view, dict(self.policy.params))
+            b = cls(self.driver, self.group, self.view, {**self.policy.params, "nccl_env": self.nccl_env})
             try:
                 b.setup()
             except SetupFailed as e:

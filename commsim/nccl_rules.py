@@ -271,7 +271,7 @@ def _mnnvl(m: NcclMachine, env: NcclEnv, cumem: bool, hosts: int) -> tuple[bool,
         return False, "MNNVL self-test failed", (
             "ncclSystemError", f"MNNVL (cluster UUID + clique) looks available but is not working: a FABRIC "
             f"handle could not be created or imported on rank {bad.rank} (host {bad.host}). Check the IMEX "
-            f"channel configuration (nvidia-imex-ctl -N) or set NCCL_MNNVL_ENABLE=0")
+            f"channel configuration (nvidia-imex-ctl -N). Set NCCL_MNNVL_ENABLE=0 to disable MNNVL")
     return True, "MNNVL on: FABRIC handles across hosts of one NVLink domain", None
 
 
@@ -371,3 +371,29 @@ def env_sensitivity(m: NcclMachine, env: Mapping[str, str] | None = None,
         if changes:
             out.append((f"{k}={v}", "; ".join(changes)))
     return out
+
+
+def report(m: NcclMachine, env: Mapping[str, str] | None = None,
+           ops: Sequence[str] = ("all_reduce", "all_gather", "reduce_scatter")) -> list[str]:
+    """What NCCL would use for this group and why, and which variables would change it: the
+    lines `commsim explain` prints (indented by the caller)."""
+    env = dict(env or {})
+    d = decide(m, parse_env(env))
+    shown = " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "none set"
+    lines = [f"NCCL (environment: {shown}; machine from {m.source})"]
+    if d.init_error is not None:
+        lines.append(f"  init fails: {d.init_error[0]}: {d.init_error[1]}")
+    else:
+        lines += [f"  {n}" for n in d.notes]
+        lines.append(f"  transports: {d.transport_summary()}")
+        whys = sorted({t.why for t in d.transports if t.why})
+        lines += [f"    because: {w}" for w in whys]
+        for op in ops:
+            lines.append(f"  {op}: algorithm classes {', '.join(d.algorithms(op)) or 'none'}")
+    sens = env_sensitivity(m, env, ops)
+    if sens:
+        lines.append("  variables that change this:")
+        lines += [f"    {k}: {what}" for k, what in sens]
+    else:
+        lines.append("  no modelled variable changes this")
+    return lines

@@ -16,6 +16,7 @@ import torch
 
 from .. import caching_allocator as allocators
 from ..backends.base import SetupFailed
+from ..backends.nccl import NcclError
 from ..caching_allocator import CachingAllocator
 from ..communicator import Communicator
 from ..driver import CudaError
@@ -106,7 +107,7 @@ def make_input(seed: int, group: str, rank: int, op: str, numel: int, dtype: str
 def _error_name(e: BaseException) -> tuple[str, str]:
     if isinstance(e, SetupFailed):
         inner = e.error
-        return (inner.name if isinstance(inner, CudaError) else type(inner).__name__), str(e)
+        return (inner.name if isinstance(inner, (CudaError, NcclError)) else type(inner).__name__), str(e)
     if isinstance(e, CudaError):
         return e.name, str(e)
     if isinstance(e, HangDetected):
@@ -178,7 +179,8 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
         state = {"step": "discover"}
         comm = None
         try:
-            comm = Communicator(sub, driver, pol, setup=wl.setup if wl.setup != "init" else None)
+            comm = Communicator(sub, driver, pol, setup=wl.setup if wl.setup != "init" else None,
+                                nccl_env=wl.nccl_env)
             mine["explain"][g.name] = comm.explain()
             checks: list = []
 

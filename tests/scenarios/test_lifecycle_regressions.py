@@ -28,6 +28,9 @@ LIFECYCLE = {
     "trtllm-forced-oneshot-workspace.toml": (
         "WorkspaceTooSmall", "op", 0, "needs 33554432 B of Lamport workspace; the workspace holds "
         "16777216 B", False, "ipc"),
+    "nccl-mnnvl-imex-missing.toml": (
+        "ncclSystemError", "init", 0, "a FABRIC handle could not be created or imported on rank 4 "
+        "(host gb200-nvl72-tray01)", False, "nccl"),
     "silent-leaky-fallback.toml": (
         "SilentFallback", "init", 0, "silently fell back to multicast (ipc set-up failed", True, "multicast"),
 }
