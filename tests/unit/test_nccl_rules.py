@@ -160,3 +160,17 @@ def test_machine_from_view_agrees_on_shipped_shapes():
         got, want = decide(machine_from_view(views[0].value)), decide(machine_from_cluster(c, refs))
         assert got.transport_summary() == want.transport_summary(), preset
         assert got.algorithms("all_reduce") == want.algorithms("all_reduce"), preset
+
+
+def test_the_cost_model_sees_nccls_nvls_eligibility():
+    from commsim import model
+    from commsim.policy import ModelPolicy
+    c = build_preset("hgx-h100-8")
+    refs = list(c.gpu_refs())
+    on = ModelPolicy().for_truth(c, refs).fabric
+    off = ModelPolicy(params={"nccl_env": {"NCCL_NVLS_ENABLE": "0"}}).for_truth(c, refs).fabric
+    assert on.nccl_nvls is True and off.nccl_nvls is False
+    big = 64 << 20
+    assert model.best("nccl", big, on)[0] == "multicast"
+    assert model.best("nccl", big, off)[0] == "ring"
+    assert model.predict("multicast", "multicast", big, off) < float("inf")   # not NCCL's switch
