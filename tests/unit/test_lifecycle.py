@@ -78,3 +78,15 @@ def test_generator_samples_the_knobs_from_their_own_stream():
     assert {w.setup for w in wls} == {"init", "lazy"}
     assert {w.allocator for w in wls} == {"caching", "expandable_segments"}
     assert any(w.nccl_env for w in wls)
+
+
+def test_a_policy_can_set_up_lazily_too():
+    from commsim.policy import resolve
+    shortcut = resolve(SHORTCUT)
+    import dataclasses
+    lazy = dataclasses.replace(shortcut, params={**shortcut.params, "setup": "lazy"})
+    res = run_scenario(loads(toml("init", False)), lazy)
+    assert {e.step for e in res.errors} == {"op"}
+    bad = dataclasses.replace(shortcut, params={**shortcut.params, "setup": "soon"})
+    res = run_scenario(loads(toml("init", False)), bad)
+    assert {e.name for e in res.errors} == {"ValueError"} and "setup 'soon'" in res.errors[0].message
