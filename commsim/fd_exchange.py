@@ -2,6 +2,8 @@
 process's fd channel (sendmsg / recvmsg with SCM_RIGHTS). Rules FX1-FX6 of
 docs/lifecycle-rules.md.
 
+Both run over the driver's `FdChannel` (send to a pid, receive from a pid).
+
 - `pytorch_ring` (PyTorch symmetric memory's IpcChannel): all-gather around a ring. Each rank
   sends to its successor, then blocks in `recvmsg` (no timeout) for its predecessor's fd, and
   forwards it. Across hosts the successor's socket path does not exist on the sender's host:
@@ -18,41 +20,20 @@ fd this call received is closed; the caller still owns (and closes) its own fd.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
-from .group.errors import HangDetected
-from .group.scheduler import now, sleep
-from .sim.unix_socket import FdTransportError
+from .driver import FdChannel, FdTransportError
+from .runtime.diagnosis import HangDetected
+from .runtime.scheduler import now, sleep
 
 ENOENT = 2
 ETIMEDOUT = 110
 FLASHINFER_TIMEOUT = 30.0          # flashinfer/comm/fd_exchange.py _TIMEOUT_S
 
 
-class Channel(Protocol):
-    def send(self, fd: int, dst_pid: int) -> None: ...
-    def receive(self, src_pid: int, timeout: float | None = None) -> int: ...
-
-
-class _SocketChannel:
-    """The fd passing of commsim.sim.unix_socket behind the channel shape the driver will
-    declare (issue 14 moves it to `driver.fd_channel()`)."""
-
-    def __init__(self, driver: Any):
-        self.driver = driver
-
-    def send(self, fd: int, dst_pid: int) -> None:
-        from .sim.unix_socket import send_fd
-        send_fd(self.driver, fd, dst_pid)
-
-    def receive(self, src_pid: int, timeout: float | None = None) -> int:
-        from .sim.unix_socket import recv_fd
-        return recv_fd(self.driver, src_pid, timeout=timeout)
-
-
-def channel_of(driver: Any) -> Channel:
-    ch = getattr(driver, "fd_channel", None)
-    return ch() if ch is not None else _SocketChannel(driver)
+def channel_of(driver: Any) -> FdChannel:
+    """The process's fd channel (the driver declares it: SCM_RIGHTS over a Unix socket)."""
+    return driver.fd_channel()
 
 
 def _close_received(driver: Any, fds: Sequence[int | None], own: int) -> None:
@@ -65,10 +46,10 @@ class _Transport:
     """Broadcast is the same shape in both libraries: the root sends to every other rank,
     the others receive from the root; the styles differ in `_send` and `_recv_root`."""
 
-    def _send(self, ch: Channel, fd: int, rank: int, dst: int, pids: Sequence[int], hosts: Sequence[str]) -> None:
+    def _send(self, ch: FdChannel, fd: int, rank: int, dst: int, pids: Sequence[int], hosts: Sequence[str]) -> None:
         raise NotImplementedError
 
-    def _recv_root(self, ch: Channel, rank: int, root: int, pids: Sequence[int]) -> int:
+    def _recv_root(self, ch: FdChannel, rank: int, root: int, pids: Sequence[int]) -> int:
         raise NotImplementedError
 
     def broadcast(self, driver: Any, rank: int, root: int, pids: Sequence[int], hosts: Sequence[str],
@@ -91,7 +72,7 @@ class PyTorchRing(_Transport):
     def socket(pid: int) -> str:
         return f"/tmp/symm_mem-{pid}"
 
-    def _send(self, ch: Channel, fd: int, rank: int, dst: int, pids: Sequence[int], hosts: Sequence[str]) -> None:
+    def _send(self, ch: FdChannel, fd: int, rank: int, dst: int, pids: Sequence[int], hosts: Sequence[str]) -> None:
         try:
             ch.send(fd, pids[dst])
         except FdTransportError as e:
@@ -101,7 +82,7 @@ class PyTorchRing(_Transport):
                         f"{hosts[rank]} sending to rank {dst}'s socket {self.socket(pids[dst])} on "
                         f"host {hosts[dst]}; PyTorch IpcChannel, rule FX2): {e.strerror or e}") from e
 
-    def _recv(self, ch: Channel, rank: int, src: int, whose: int, pids: Sequence[int]) -> int:
+    def _recv(self, ch: FdChannel, rank: int, src: int, whose: int, pids: Sequence[int]) -> int:
         try:
             return ch.receive(pids[src])           # recvmsg: no timeout (FX3)
         except HangDetected as e:
@@ -126,7 +107,7 @@ class PyTorchRing(_Transport):
             raise
         return fds  # type: ignore[return-value]
 
-    def _recv_root(self, ch: Channel, rank: int, root: int, pids: Sequence[int]) -> int:
+    def _recv_root(self, ch: FdChannel, rank: int, root: int, pids: Sequence[int]) -> int:
         return self._recv(ch, rank, root, root, pids)
 
 
@@ -139,7 +120,7 @@ class FlashInferMesh(_Transport):
     def socket(pid: int, rank: int) -> str:
         return f"/tmp/cuda_fd_xchg_{pid}_{rank}_/fd.sock"   # a private temp dir per rank
 
-    def _send(self, ch: Channel, fd: int, rank: int, dst: int, pids: Sequence[int], hosts: Sequence[str]) -> None:
+    def _send(self, ch: FdChannel, fd: int, rank: int, dst: int, pids: Sequence[int], hosts: Sequence[str]) -> None:
         start = now()
         try:
             ch.send(fd, pids[dst])
@@ -172,7 +153,7 @@ class FlashInferMesh(_Transport):
             raise
         return fds  # type: ignore[return-value]
 
-    def _recv_root(self, ch: Channel, rank: int, root: int, pids: Sequence[int]) -> int:
+    def _recv_root(self, ch: FdChannel, rank: int, root: int, pids: Sequence[int]) -> int:
         try:
             return ch.receive(pids[root], timeout=FLASHINFER_TIMEOUT)
         except HangDetected as e:

@@ -17,7 +17,9 @@ import torch
 
 from ..discovery import GroupView
 from ..nccl_rules import NcclDecision, decide, machine_from_view, parse_env
+from ..topology.truth import GroupFacts
 from .base import Backend, Eligibility, SetupFailed
+from .registry import register_backend
 
 
 class NcclError(RuntimeError):
@@ -28,8 +30,19 @@ class NcclError(RuntimeError):
         self.name = name
 
 
+@register_backend
 class NcclBackend(Backend):
+    """The fallback: a ring over the group's object exchange, with NCCL's own choices
+    (transports, algorithm classes, init failures) from commsim/nccl_rules.py."""
+
     name = "nccl"
+    order, colour = 100, "#9d9d9d"
+    algorithms, cost_family = ("ring", "multicast"), "nccl"   # multicast: NVLS
+    fallback = True
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        return None                 # the network reaches everything
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -60,11 +73,11 @@ class NcclBackend(Backend):
         return f"{d.transport_summary()}; {algos}" + (f"; {self.adjusted}" if self.adjusted else "")
 
     def algorithm(self, op: str, nbytes: int) -> str:
-        """The class the cost model knows it by: NVLS (multicast) where NCCL may use it, else
-        its ring / tree family."""
+        """The class the cost model knows it by (`algorithms`): "multicast" (NVLS) where NCCL
+        may use it, else "ring" (its ring / tree family)."""
         d = self.decision
         if d is not None and ({"NVLS", "NVLSTree"} & set(d.algorithms(op))):
-            return "nvls"
+            return "multicast"
         return "ring"
 
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,7 @@ def test_nccl_backend_describes_its_choice_and_honours_the_workload_env():
     hgx = run_scenario(load(NCCL / "hgx-h100-nccl.toml"), Policy(order=("nccl",)))
     assert "all_reduce 65536 B -> nccl ring" in hgx.explain["world"]     # NVLS switched off
     on = run_scenario(load(NCCL / "gb200-two-trays-nccl.toml"), Policy(order=("nccl",)))
-    assert "all_reduce 65536 B -> nccl nvls" in on.explain["world"]
+    assert "all_reduce 65536 B -> nccl multicast" in on.explain["world"]
 
 
 def test_default_policy_follows_nccls_advice_when_imex_is_missing():

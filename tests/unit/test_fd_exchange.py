@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from commsim.driver import alloc_prop, check
+from commsim.driver import FD, FdTransportError, alloc_prop, check
 from commsim.fd_exchange import TRANSPORTS, transport
 from commsim.group import LocalWorld
-from commsim.group.errors import HangDetected
+from commsim.runtime import HangDetected
 from commsim.sim import SimFabric, spawn_driver
-from commsim.sim.driver import FD
-from commsim.sim.unix_socket import FdTransportError
 from commsim.topology import build_preset
 
 SLOT = 2 << 20

@@ -163,7 +163,7 @@ def test_machine_from_view_agrees_on_shipped_shapes():
 
 
 def test_the_cost_model_sees_nccls_nvls_eligibility():
-    from commsim import model
+    from commsim import cost_model as model
     from commsim.policy import ModelPolicy
     c = build_preset("hgx-h100-8")
     refs = list(c.gpu_refs())
