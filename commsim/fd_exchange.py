@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .driver import FdChannel, FdTransportError
-from .runtime.diagnosis import HangDetected
+from .runtime.diagnosis import HangDetected, RankFailed
 from .runtime.scheduler import now, sleep
 
 ENOENT = 2
@@ -85,10 +85,12 @@ class PyTorchRing(_Transport):
     def _recv(self, ch: FdChannel, rank: int, src: int, whose: int, pids: Sequence[int]) -> int:
         try:
             return ch.receive(pids[src])           # recvmsg: no timeout (FX3)
-        except HangDetected as e:
-            raise type(e)(f"rank {rank} waits in recvmsg on {self.socket(pids[rank])} for rank "
-                          f"{whose}'s fd from rank {src}, its predecessor in PyTorch's fd ring, "
-                          f"which will never send it (rule FX3)\n{e}", e.diagnosis) from e
+        except (HangDetected, RankFailed) as e:
+            # recvmsg blocks on whatever happens to the peers: a peer's death (which process
+            # mode notices) does not end it either, so both read as the hang it is.
+            raise HangDetected(f"rank {rank} waits in recvmsg on {self.socket(pids[rank])} for rank "
+                               f"{whose}'s fd from rank {src}, its predecessor in PyTorch's fd ring, "
+                               f"which will never send it (rule FX3)\n{e}", e.diagnosis) from e
 
     def all_gather(self, driver: Any, rank: int, pids: Sequence[int], hosts: Sequence[str], fd: int) -> list[int]:
         n, ch = len(pids), channel_of(driver)
