@@ -47,7 +47,7 @@ class Communicator:
     it the policy's `setup` parameter decides (default "init": eager)."""
 
     def __init__(self, group: Any, driver: Driver, policy: Policy | None = None,
-                 setup: str | None = None, nccl_env: Any = ()):
+                 setup: str | None = None, nccl_env: Any = (), fd_transport: str = ""):
         self.group, self.driver = group, driver
         self.policy = policy or Policy()
         self.setup_mode = setup or self.policy.params.get("setup", "init")
@@ -56,6 +56,7 @@ class Communicator:
         self._setup_pending = False
         # NCCL_* variables of the process (the workload's) over the policy's own `nccl_env`
         self.nccl_env = {**dict(self.policy.params.get("nccl_env", ())), **dict(nccl_env)}
+        self.fd_transport = fd_transport     # "" : the policy's (commsim/fd_exchange.py)
         self.abandoned: list[Backend] = []          # set-up failed, not rolled back (FH1)
         self.silent_fallbacks: list[tuple[str, str]] = []   # (step, what) under FH3
         self.rank, self.size = group.rank, group.size
@@ -100,7 +101,10 @@ class Communicator:
             if not verdict.ok:
                 self.decisions.append(Decision(name, "declined: " + "; ".join(verdict.reasons)))
                 continue
-            b = cls(self.driver, self.group, self.view, {**self.policy.params, "nccl_env": self.nccl_env})
+            params = {**self.policy.params, "nccl_env": self.nccl_env}
+            if self.fd_transport:
+                params["fd_transport"] = self.fd_transport
+            b = cls(self.driver, self.group, self.view, params)
             try:
                 b.setup()
             except SetupFailed as e:

@@ -157,6 +157,7 @@ class Plan:
     setup: str = "init"
     allocator: str = "caching"
     nccl_env: tuple[tuple[str, str], ...] = ()
+    fd_transport: str = ""
 
     @property
     def world(self) -> int:
@@ -210,14 +211,16 @@ def build(plan: Plan) -> Scenario:
     groups = _groups(plan.tp, plan.dp, plan.dp_groups)
     wl = Workload(ops=plan.ops, sizes=plan.sizes, dtypes=plan.dtypes,
                   graph_capture=plan.graph_capture, discard_capture=plan.graph_capture and plan.discard,
-                  setup=plan.setup, allocator=plan.allocator, nccl_env=plan.nccl_env)
+                  setup=plan.setup, allocator=plan.allocator, nccl_env=plan.nccl_env,
+                  fd_transport=plan.fd_transport)
     desc = (f"{plan.shape}, {plan.layout}, {plan.placement} placement, "
             f"{','.join(plan.ops)} at {','.join(map(str, plan.sizes))} B {','.join(plan.dtypes)}"
             f"{', graph capture' if plan.graph_capture else ''}{' + discard' if wl.discard_capture else ''}"
             f"{', faults: ' + ', '.join(fault_label(f) for f in faults) if faults else ''}"
             f"{', lazy set-up' if plan.setup == 'lazy' else ''}"
             f"{', expandable segments' if plan.allocator != 'caching' else ''}"
-            f"{', ' + ' '.join(f'{k}={v}' for k, v in plan.nccl_env) if plan.nccl_env else ''}")
+            f"{', ' + ' '.join(f'{k}={v}' for k, v in plan.nccl_env) if plan.nccl_env else ''}"
+            f"{', fds by ' + plan.fd_transport if plan.fd_transport else ''}")
     return Scenario(name=plan.id, cluster=cluster, placement=placement, groups=groups, workload=wl,
                     faults=faults, policy="default", seed=plan.seed, description=desc,
                     topology_spec=plan.shape,
@@ -236,7 +239,7 @@ def plan_tags(plan: Plan, placement: tuple[GpuRef, ...] | None = None) -> str:
             "discard" if plan.graph_capture and plan.discard else "",
             "faults" if plan.faults else "clean",
             "lazy" if plan.setup == "lazy" else "", "expandable" if plan.allocator != "caching" else "",
-            "nccl_env" if plan.nccl_env else "",
+            "nccl_env" if plan.nccl_env else "", plan.fd_transport,
             "multihost" if len({g.host for g in placement}) > 1 else "onehost"]
     return " ".join(t for t in tags if t)
 
@@ -306,13 +309,14 @@ NCCL_ENV_CHOICES = ((("NCCL_NVLS_ENABLE", "0"),), (("NCCL_P2P_DISABLE", "1"),),
                     (("NCCL_MNNVL_ENABLE", "0"),), (("NCCL_SHM_DISABLE", "1"),))
 
 
-def _knobs(pid: str) -> tuple[str, str, tuple[tuple[str, str], ...]]:
-    """(setup, allocator, nccl_env) of a plan, from a stream seeded by its id alone."""
+def _knobs(pid: str) -> tuple[str, str, tuple[tuple[str, str], ...], str]:
+    """(setup, allocator, nccl_env, fd_transport) of a plan, from a stream seeded by its id."""
     rng = random.Random(_seed_of("knobs", pid))
     setup = "lazy" if rng.random() < 0.15 else "init"
     allocator = "expandable_segments" if rng.random() < 0.15 else "caching"
     env = rng.choice(NCCL_ENV_CHOICES) if rng.random() < 0.15 else ()
-    return setup, allocator, env
+    fd = "flashinfer_mesh" if rng.random() < 0.2 else ""
+    return setup, allocator, env, fd
 
 
 def sample(seed: int, count: int, start: int = 0) -> Iterator[Scenario]:
@@ -421,6 +425,6 @@ def vocabulary() -> dict[str, tuple[str, ...]]:
         "dtype": DTYPES,
         "fault": F.kind_names() + ("faults", "clean"),
         "mode": ("capture", "eager", "discard", "multihost", "onehost", "lazy", "expandable",
-                 "nccl_env"),
+                 "nccl_env", "flashinfer_mesh"),
         "id": ("s<seed>-<index>", "e<index>"),
     }

@@ -56,6 +56,9 @@ class Workload:
     # NCCL_* environment variables of every rank (commsim/nccl_rules.py ENV_VARS), as
     # (name, value) pairs: what NCCL may use, and what `commsim explain` reports.
     nccl_env: tuple[tuple[str, str], ...] = ()
+    # How POSIX fds travel between the ranks of one host (commsim/fd_exchange.py): "" keeps
+    # the policy's choice; "pytorch_ring" or "flashinfer_mesh" says which library does it.
+    fd_transport: str = ""
 
 
 ALLOCATORS = ("caching", "expandable_segments")

@@ -173,7 +173,7 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
         comm = None
         try:
             comm = Communicator(sub, driver, pol, setup=wl.setup if wl.setup != "init" else None,
-                                nccl_env=wl.nccl_env)
+                                nccl_env=wl.nccl_env, fd_transport=wl.fd_transport)
             mine["explain"][g.name] = comm.explain()
             checks: list = []
 

@@ -22,6 +22,7 @@ from .fields import (
     parse_ranks, parse_size,
 )
 from ..backends import backend_names
+from ..fd_exchange import TRANSPORTS
 from .model import ALLOCATORS, DTYPES, OPS, SETUPS, STEPS, Expectation, Group, Scenario, Workload
 
 __all__ = ["ScenarioError", "load", "loads", "write_scenario", "SECTIONS"]
@@ -34,7 +35,7 @@ SECTIONS: dict[str, bool] = {
 SCENARIO_KEYS = ("name", "description", "seed", "policy")
 GROUP_KEYS = ("name", "ranks")
 WORKLOAD_KEYS = ("ops", "sizes", "dtypes", "graph_capture", "discard_capture", "iterations",
-                 "allocator", "setup", "nccl_env")
+                 "allocator", "setup", "nccl_env", "fd_transport")
 EXPECT_KEYS = ("group", "op", "size", "backend", "error", "step", "rank", "leak", "message")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _NAME_SHAPE = "a name of letters, digits, '.', '_' and '-' (starting with a letter or digit)"
@@ -195,7 +196,8 @@ def _workload(source: str, data: Mapping[str, Any]) -> Workload:
                     iterations=t.integer("iterations", d.iterations, minimum=1, what="iterations"),
                     allocator=_choice(t, "allocator", ALLOCATORS, d.allocator),
                     setup=_choice(t, "setup", SETUPS, d.setup),
-                    nccl_env=_nccl_env(t))
+                    nccl_env=_nccl_env(t),
+                    fd_transport=_choice(t, "fd_transport", tuple(TRANSPORTS), d.fd_transport))
 
 
 def _nccl_env(t: Table) -> tuple[tuple[str, str], ...]:

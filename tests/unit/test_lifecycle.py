@@ -90,3 +90,23 @@ def test_a_policy_can_set_up_lazily_too():
     bad = dataclasses.replace(shortcut, params={**shortcut.params, "setup": "soon"})
     res = run_scenario(loads(toml("init", False)), bad)
     assert {e.name for e in res.errors} == {"ValueError"} and "setup 'soon'" in res.errors[0].message
+
+
+def test_workload_fd_transport_reaches_the_symm_backend():
+    text = """
+[scenario]
+name = "fd"
+policy = "scenarios/policies/symm_ring_fd_across_hosts.py:POLICY"
+[topology]
+preset = "gb200-nvl72"
+hosts = 2
+[workload]
+ops = ["all_gather"]
+sizes = ["1MiB"]
+fd_transport = "flashinfer_mesh"
+"""
+    res = run_scenario(loads(text))
+    assert {e.name for e in res.errors} == {"FdTransportError"} and len(res.errors) == 8
+    assert all("[fd_exchange] timed out connecting to" in e.message for e in res.errors)
+    with pytest.raises(ScenarioError, match="fd_transport: unknown fd_transport 'carrier_pigeon'"):
+        loads(text.replace("flashinfer_mesh", "carrier_pigeon"))
