@@ -19,7 +19,7 @@ import torch
 from .backends import get_backend
 from .backends.base import Backend, Capture, SetupFailed
 from .discovery import GroupView, discover
-from .driver import Driver
+from .driver import Driver, check
 from .policy import Policy
 
 @dataclass
@@ -37,10 +37,28 @@ class Choice:
     declined: list[str] = field(default_factory=list)
 
 
+SETUP_MODES = ("init", "lazy")
+
+
 class Communicator:
-    def __init__(self, group: Any, driver: Driver, policy: Policy | None = None):
+    """`setup="lazy"` defers the backends' set-up to the first op, as serving stacks that
+    build workspaces on first use do (rules LC1, LC2 of docs/lifecycle-rules.md): a set-up
+    failure then surfaces at step `op`, or `capture` when the first op is captured. Without
+    it the policy's `setup` parameter decides (default "init": eager)."""
+
+    def __init__(self, group: Any, driver: Driver, policy: Policy | None = None,
+                 setup: str | None = None, nccl_env: Any = (), fd_transport: str = ""):
         self.group, self.driver = group, driver
         self.policy = policy or Policy()
+        self.setup_mode = setup or self.policy.params.get("setup", "init")
+        if self.setup_mode not in SETUP_MODES:
+            raise ValueError(f"setup {self.setup_mode!r}: accepted {', '.join(SETUP_MODES)}")
+        self._setup_pending = False
+        # NCCL_* variables of the process (the workload's) over the policy's own `nccl_env`
+        self.nccl_env = {**dict(self.policy.params.get("nccl_env", ())), **dict(nccl_env)}
+        self.fd_transport = fd_transport     # "" : the policy's (commsim/fd_exchange.py)
+        self.abandoned: list[Backend] = []          # set-up failed, not rolled back (FH1)
+        self.silent_fallbacks: list[tuple[str, str]] = []   # (step, what) under FH3
         self.rank, self.size = group.rank, group.size
         self.decisions: list[Decision] = []
         self.backends: dict[str, Backend] = {}
@@ -50,12 +68,21 @@ class Communicator:
         self.closed = False
         self.step = "discover"
         try:
+            if self.policy.params.get("device_ordinal") == "group_rank":
+                # Rule RN4: the rank number taken for a device ordinal (TRT-LLM#1494,
+                # flashinfer#2662); the right one is the device the launcher gave the process.
+                check("cudaSetDevice", driver.cudaSetDevice(group.rank))
             self.view: GroupView = discover(driver, group)
             # A policy whose order depends on the group (the "model" preset) binds to what
             # discovery found; a fixed-order policy returns itself.
             self.policy = self.policy.for_group(self.view)
             self.step = "init"
-            self._init_backends()
+            if self.setup_mode == "lazy":
+                self._setup_pending = True
+                self.decisions.append(Decision("set-up", "deferred to the first op (lazy workspaces, "
+                                                         "rules LC1-LC2)"))
+            else:
+                self._init_backends()
         except BaseException as e:
             e.commsim_step = self.step
             e.commsim_trace = "\n".join(f"  {d.what}: {d.detail}" for d in self.decisions)
@@ -64,6 +91,7 @@ class Communicator:
 
     # -- set-up ----------------------------------------------------------------------------
     def _init_backends(self) -> None:
+        failed: list[str] = []
         for name in self.policy.order:
             cls = get_backend(name)
             if cls is None:
@@ -73,16 +101,25 @@ class Communicator:
             if not verdict.ok:
                 self.decisions.append(Decision(name, "declined: " + "; ".join(verdict.reasons)))
                 continue
-            b = cls(self.driver, self.group, self.view, dict(self.policy.params))
+            params = {**self.policy.params, "nccl_env": self.nccl_env}
+            if self.fd_transport:
+                params["fd_transport"] = self.fd_transport
+            b = cls(self.driver, self.group, self.view, params)
             try:
                 b.setup()
             except SetupFailed as e:
-                b.close()
+                if self.policy.params.get("rollback", True):
+                    b.close()
+                else:               # rule FH1: what set-up allocated stays allocated
+                    self.abandoned.append(b)
                 if not self.policy.fallback_on_setup_error:
                     self.decisions.append(Decision(name, f"admitted ({'; '.join(verdict.reasons) or 'eligible'}); "
                                                          f"set-up failed, policy allows no fallback: {e}"))
                     raise
-                self.decisions.append(Decision(name, f"declined after set-up failure: {e}"))
+                if self.policy.params.get("report_fallback", True):
+                    self.decisions.append(Decision(name, f"declined after set-up failure: {e}"))
+                else:               # rule FH3: nothing in the explanation says so
+                    failed.append(f"{name} set-up failed: {e}")
                 continue
             except BaseException:
                 b.close()       # a hang or peer failure mid set-up: release what this rank holds
@@ -91,6 +128,10 @@ class Communicator:
             desc = b.describe()
             self.decisions.append(Decision(name, "admitted: every requirement holds for every rank"
                                                  + (f" ({desc})" if desc else "")))
+        if failed:
+            # The simulator's audit, not the communicator's report: what a silent fallback hid.
+            to = next(iter(self.backends), "nothing")
+            self.silent_fallbacks.append((self.step, f"silently fell back to {to} ({'; '.join(failed)})"))
 
     # -- dispatch --------------------------------------------------------------------------
     def _pick(self, op: str, x: torch.Tensor) -> Backend:
@@ -120,6 +161,17 @@ class Communicator:
         if op == "reduce_scatter" and x.numel() % self.size:
             raise ValueError(f"reduce_scatter needs numel divisible by {self.size}, got {x.numel()}")
         self.step = "op" if self._capture is None else "capture"
+        if self._setup_pending:
+            self._setup_pending = False
+            try:
+                self._init_backends()
+            except BaseException as e:
+                e.commsim_step = self.step
+                e.commsim_trace = "\n".join(f"  {d.what}: {d.detail}" for d in self.decisions)
+                raise
+            i = next(i for i, d in enumerate(self.decisions) if d.what == "set-up")
+            self.decisions[i] = Decision("set-up", f"deferred to the first op, which ran at step "
+                                                   f"{self.step} (lazy workspaces, rules LC1-LC2)")
         b = self._pick(op, x)
         kind = "all_reduce" if op == "all_reduce_rmsnorm" else op
         if self._capture is not None and b.needs_graph_registration:

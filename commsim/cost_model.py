@@ -23,7 +23,7 @@ does not use the model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from .topology.model import Cluster, FabricState, GpuRef
@@ -201,6 +201,9 @@ class GroupFabric:
     aggregate: bool          # one port carries every peer's traffic (switch, PCIe) vs a link each
     multicast: bool          # every rank can join one multicast object (NVSwitch domain)
     nic_gbps: float = 0.0    # per GPU between hosts (path "net")
+    # NCCL's own NVLS eligibility (commsim/nccl_rules.py: cuMem, NCCL_NVLS_ENABLE, GPUs per
+    # node), when known; None: NCCL may use NVLS wherever multicast is possible.
+    nccl_nvls: bool | None = None
 
     @property
     def hop(self) -> str:
@@ -336,7 +339,7 @@ def predict(backend: str, algorithm: str, nbytes: float, fabric: GroupFabric) ->
     if p == 1:
         return 0.0
     if algorithm == "multicast":
-        if not f.multicast:
+        if not f.multicast or (backend == "nccl" and f.nccl_nvls is False):
             return math.inf
         if family == "nccl":
             # NCCL's NVLS reaches its large-message bandwidth only past a knee.
@@ -430,3 +433,8 @@ def ordered_by_model(backends: Iterable[str], nbytes: float, fabric: GroupFabric
 def parameter_table() -> list[tuple[str, float, str, str, bool]]:
     """PARAMS as rows (name, value, unit, source, estimate), for documentation and tests."""
     return [(k, v.value, v.unit, v.source, v.estimate) for k, v in PARAMS.items()]
+
+
+def with_nccl(fabric: GroupFabric, nvls: bool) -> GroupFabric:
+    """The fabric with NCCL's NVLS eligibility as NCCL's rules decide it (nccl_rules.decide)."""
+    return replace(fabric, nccl_nvls=nvls)

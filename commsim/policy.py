@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import cost_model
+from . import cost_model, nccl_rules
 from .backends import default_order
 from .backends.base import Backend, Eligibility, Mi
 from .discovery import GroupView
@@ -68,10 +68,16 @@ class ModelPolicy(Policy):
     fabric: cost_model.GroupFabric | None = None
 
     def for_group(self, view: GroupView) -> "ModelPolicy":
-        return replace(self, fabric=cost_model.fabric_from_view(view))
+        return replace(self, fabric=cost_model.with_nccl(cost_model.fabric_from_view(view),
+                                                    self._nccl_nvls(nccl_rules.machine_from_view(view))))
 
     def for_truth(self, cluster: Cluster, placement: Sequence[GpuRef]) -> "ModelPolicy":
-        return replace(self, fabric=cost_model.group_fabric(cluster, placement))
+        return replace(self, fabric=cost_model.with_nccl(cost_model.group_fabric(cluster, placement), self._nccl_nvls(
+            nccl_rules.machine_from_cluster(cluster, placement))))
+
+    def _nccl_nvls(self, machine: "nccl_rules.NcclMachine") -> bool:
+        """Whether NCCL may use NVLS here under the policy's NCCL_* variables (NC7)."""
+        return nccl_rules.decide(machine, nccl_rules.parse_env(dict(self.params.get("nccl_env", ())))).nvls
 
     def candidates(self, op: str, nbytes: int) -> tuple[str, ...]:
         if self.fabric is None or op not in _MODELLED_OPS:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Sequence
 
-from . import cost_model
+from . import cost_model, nccl_rules
 from .backends import backends
 from .backends.base import Backend
 from .discovery import GroupView, discover
@@ -166,7 +166,9 @@ def size_table(cluster: Cluster, placement: Sequence[GpuRef], group: str, sizes:
                seed: int = 0) -> SizeTable:
     pol = policy or Policy()
     legality = legal_backends(cluster, placement, pol, seed)
-    fab = cost_model.group_fabric(cluster, placement)
+    fab = cost_model.with_nccl(cost_model.group_fabric(cluster, placement), nccl_rules.decide(
+        nccl_rules.machine_from_cluster(cluster, placement),
+        nccl_rules.parse_env(dict(pol.params.get("nccl_env", ())))).nvls)
     inst = _instances(legality, pol)
     bound = pol.for_group(legality.view)       # as the communicator binds it after discovery
     rows = []

@@ -48,17 +48,20 @@ class SetupFailed(Exception):
         super().__init__(f"{backend} {step}: rank {rank}: {error}" + (f" [{ctx}]" if ctx else ""))
 
 
+class WorkspaceTooSmall(RuntimeError):
+    """The library's refusal of a forced algorithm whose workspace was sized for its own
+    choice (rule AW1 of docs/lifecycle-rules.md; the exact text is UNCONFIRMED)."""
+
+
 @dataclass
 class Capture:
     """Buffers one `comm.capture()` recorded, per backend that needs registration."""
 
-    buffers: list[int] = field(default_factory=list)       # graph-pool pointers (cudaMalloc)
+    buffers: list[int] = field(default_factory=list)       # graph-pool pointers (caching allocator)
+    pool: Any = None                                       # the graph's private allocator pool
     # ops recorded into the graph, replayed after registration: (backend, op, input, output)
     pending: list[tuple["Backend", str, Any, Any]] = field(default_factory=list)
     opened: list[int] = field(default_factory=list)        # peer IPC mappings from registration
-    # graph_pool_segment: the cudaMalloc blocks the recorded buffers are carved from (as the
-    # caching allocator's graph pool does): (base, size, next free offset)
-    segments: list[list[int]] = field(default_factory=list)
     peer_ptrs: list[int] = field(default_factory=list)     # peers' buffers: mapped base + offset
     registered: bool = False
     released: bool = False
@@ -217,26 +220,62 @@ class PeerBackend(Backend):
         self.round += 1
         check(kernel.__name__, self.driver.launch_kernel(kernel, *args))
 
+    # -- rank numbering (rule RN1) -----------------------------------------------------------
+    def _slot(self) -> int:
+        """Which entry of the workspace list this rank takes for its own. The group rank is
+        right; `workspace_index="local_rank"` takes LOCAL_RANK (the rank's device ordinal
+        on its host), the mistake of code written for a group that starts at local rank 0."""
+        if self.params.get("workspace_index", "group_rank") == "local_rank":
+            return self.view.ranks[self.rank].device
+        return self.rank
+
+    def _ptrs(self) -> list[int]:
+        """The pointer array the kernel gets; an index past it reads garbage (a 0 here),
+        which faults at the first access, as an out-of-range entry of the device array would."""
+        me = self._slot()
+        return list(self.ptrs) + [0] * max(0, me + 1 - len(self.ptrs))
+
     def _stage(self, x: torch.Tensor) -> None:
-        check("cudaMemcpy", self.driver.memcpy_htod(self.ptrs[self.rank] + W.DATA, as_bytes(x)))
+        check("cudaMemcpy", self.driver.memcpy_htod(self._ptrs()[self._slot()] + W.DATA, as_bytes(x)))
 
     def _result(self, nbytes: int, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.ptrs[self.rank] + W.DATA + self.capacity, nbytes))
+        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self._ptrs()[self._slot()] + W.DATA + self.capacity, nbytes))
         return torch.from_numpy(raw).view(like.dtype).reshape(shape).clone()
+
+    # -- algorithm and workspace agreement (rules AW1, AW2) ---------------------------------
+    def _agreed_algorithm(self, op: str, nbytes: int) -> str:
+        """The library's own choice, or the caller's `force_algorithm`. A forced one-shot in
+        the Lamport layout stores every rank's input in every rank's buffer (ws x bytes); the
+        workspace was sized for the library's own choice (2 x capacity after the flags).
+        `workspace_check="refuse"` (default) raises the library's refusal; `"none"` launches
+        the stores, which leave the allocation on the ranks whose slot does not fit."""
+        forced = self.params.get("force_algorithm")
+        if not forced:
+            return self.algorithm(op, nbytes)
+        need, have = self.ws * nbytes, 2 * self.capacity
+        if forced == "one-shot" and need > have:
+            if self.params.get("workspace_check", "refuse") == "refuse":
+                raise WorkspaceTooSmall(
+                    f"{self.name}: one-shot all-reduce of {nbytes} B on {self.ws} ranks needs {need} B "
+                    f"of Lamport workspace; the workspace holds {have} B, sized for the library's own "
+                    f"choice at this size ({self.algorithm(op, nbytes)}) (rule AW1)")
+            self._launch(lamport_push, self._ptrs(), self._slot(), nbytes, W.workspace_bytes(self.capacity))
+        return forced
 
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
         dtype = str(x.dtype).removeprefix("torch.")
-        n, nbytes, me = x.numel(), x.numel() * x.element_size(), self.rank
+        n, nbytes, me, ptrs = x.numel(), x.numel() * x.element_size(), self._slot(), self._ptrs()
         self._stage(x)
         if op == "all_gather":
-            self._launch(K.all_gather, self.ptrs, me, nbytes, self.capacity, self.round + 1)
+            self._launch(K.all_gather, ptrs, me, nbytes, self.capacity, self.round + 1)
             return self._result(nbytes * self.ws, x, (self.ws * x.shape[0],) + tuple(x.shape[1:]))
         if op == "reduce_scatter":
-            self._launch(K.reduce_scatter, self.ptrs, me, n, dtype, self.capacity, self.round + 1)
+            self._launch(K.reduce_scatter, ptrs, me, n, dtype, self.capacity, self.round + 1)
             per = n // self.ws
             return self._result(per * x.element_size(), x, (per,))
-        kern = K.one_shot_all_reduce if self.algorithm(op, nbytes) == "one-shot" else K.two_shot_all_reduce
-        self._launch(kern, self.ptrs, me, n, dtype, self.capacity, self.round + 1)
+        alg = self._agreed_algorithm(op, nbytes)
+        kern = K.one_shot_all_reduce if alg == "one-shot" else K.two_shot_all_reduce
+        self._launch(kern, ptrs, me, n, dtype, self.capacity, self.round + 1)
         return self._result(nbytes, x, tuple(x.shape))
 
 
@@ -247,3 +286,15 @@ def probe_verdict(view: GroupView, params: dict[str, Any]) -> str:
     if params.get("p2p_check", "probe") == "flag":
         return ""
     return view.p2p_unreal()
+
+
+def lamport_push(ctx: Any, ptrs: list[int], me: int, nbytes: int, alloc_bytes: int) -> None:
+    """The stores of a Lamport one-shot (FlashInfer / TRT-LLM): this rank's input goes to slot
+    `me` of every rank's buffer, at DATA + me * nbytes. Only their reach is modelled: a store
+    whose range crosses the end of the workspace allocation touches the first byte past it,
+    which in the simulator is an unmapped guard gap (rule AW2); in-bounds data stays with the
+    pull kernels of the data path."""
+    last = W.DATA + (me + 1) * nbytes - 1
+    reach = alloc_bytes if last >= alloc_bytes else last
+    for p in ptrs:
+        ctx.array(p + reach, np.uint8, 1)

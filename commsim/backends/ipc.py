@@ -14,13 +14,14 @@ from typing import Any
 
 from ..discovery import GroupView
 from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
+from .. import caching_allocator as allocators
+from ..graph_buffers import OpenedBases, export_buffers, legacy_ipc_capable
 from ..kernels import workspace as W
 from ..topology.truth import IPC, GroupFacts
 from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes, probe_verdict
 from .registry import register_backend
 
 WORLD_SIZES = (2, 4, 6, 8)
-GRAPH_SEGMENT = 2 << 20     # graph-pool block the caching allocator carves captures from
 
 
 @register_backend
@@ -51,11 +52,20 @@ class IpcBackend(PeerBackend):
         ws = view.size
         hosts = view.hosts
         unreal = probe_verdict(view, params)
+        gpn = params.get("gpus_per_node")
+        if gpn is None:
+            one_node = len(hosts) == 1
+        else:
+            # Rules RN2, RN3: Mapping-style arithmetic (is_multi_node = world > gpus_per_node)
+            # with a configured count, or the device count this process sees, instead of
+            # asking which host each rank is on: two GB200 trays of 4 become "one node".
+            per_node = len(view.ranks[0].p2p) if gpn == "device_count" else int(gpn)
+            one_node = ws <= per_node
         return Eligibility.check([
             (ws > 1, "a group of one rank needs no all-reduce"),
-            (len(hosts) == 1, f"ranks are on {len(hosts)} hosts ({', '.join(hosts[:3])}"
-                              f"{', ...' if len(hosts) > 3 else ''}); legacy IPC handles are host-local "
-                              f"(row L8: cudaIpcOpenMemHandle -> invalid resource handle)"),
+            (one_node, f"ranks are on {len(hosts)} hosts ({', '.join(hosts[:3])}"
+                       f"{', ...' if len(hosts) > 3 else ''}); legacy IPC handles are host-local "
+                       f"(row L8: cudaIpcOpenMemHandle -> invalid resource handle)"),
             (ws in WORLD_SIZES, f"world size {ws} not in {WORLD_SIZES} (compiled kernels, row B2)"),
             (len(hosts) != 1 or view.p2p_all(),
              "some pair of GPUs has no P2P access (row L10: peer access is not supported)"),
@@ -118,80 +128,67 @@ class IpcBackend(PeerBackend):
         return e
 
     def record(self, cap: Capture, x: Any) -> None:
-        """In capture: the input lives in the graph's memory pool; keep its pointer. A failure
-        here is rank-local, so it is kept and voted at registration: raising now would leave
-        this rank out of step with its peers (found by the sweep)."""
+        """In capture: the input lives in the graph's private pool of the process's caching
+        allocator, usually inside a block shared with other captured tensors (rules AL1,
+        AL5). A failure here is rank-local, so it is kept and voted at registration: raising
+        now would leave this rank out of step with its peers (found by the sweep)."""
         if cap.error is not None:
             return
         try:
-            n = max(x.numel() * x.element_size(), 16)
-            if self.params.get("graph_pool_segment", True):
-                p = self._carve(cap, n)
-            else:
-                p = check("cudaMalloc", self.driver.cudaMalloc(n))
+            alloc = allocators.for_process(self.driver)
+            if cap.pool is None:
+                cap.pool = alloc.new_graph_pool()
+            p = alloc.malloc(max(x.numel() * x.element_size(), 16), cap.pool)
             cap.buffers.append(p)
             check("cudaMemcpy", self.driver.memcpy_htod(p, as_bytes(x)))
         except CudaError as e:
             cap.error = e
 
-    def _carve(self, cap: Capture, n: int) -> int:
-        """A sub-allocation (512-byte aligned) of the capture's current graph-pool segment;
-        a new segment when it does not fit."""
-        step = (n + 511) // 512 * 512
-        if not cap.segments or cap.segments[-1][2] + step > cap.segments[-1][1]:
-            size = max(GRAPH_SEGMENT, step)
-            cap.segments.append([check("cudaMalloc", self.driver.cudaMalloc(size)), size, 0])
-        seg = cap.segments[-1]
-        p = seg[0] + seg[2]
-        seg[2] += step
-        return p
-
-    def _offset(self, cap: Capture, p: int) -> int:
-        """What vLLM reads with cuPointerGetAttribute(RANGE_START_ADDR): p's offset in its
-        allocation (0 for a buffer that is its own cudaMalloc)."""
-        return next((p - base for base, size, _ in cap.segments if base <= p < base + size), 0)
-
     def register_graph_buffers(self, cap: Capture) -> None:
-        """Collective at capture exit: export every recorded buffer, broadcast, open (§7.1)."""
+        """Collective at capture exit (§7.1): per recorded pointer, the IPC handle of its
+        allocation base plus the offset; peers open each base once (rule AL3).
+        `graph_buffers="auto"` (default) first asks every rank whether its buffers are
+        legacy-IPC capable (cudaMalloc memory, not expandable segments) and, if any is not,
+        registers nothing: the graph's inputs are copied into the registered workspace
+        instead (vllm-project/vllm#51903). `"register"` always registers (vLLM before it):
+        over expandable segments the export answers cudaErrorInvalidValue (rule AL4)."""
         d, err, mine = self.driver, None, []
         self.captures.append(cap)      # owned from here on, so close() frees it even on failure
         self.vote("register: record graph buffers", cap.error)
+        auto = self.params.get("graph_buffers", "auto") == "auto"
+        ok = not auto or all(legacy_ipc_capable(d, p) for p in cap.buffers)
         try:
             # Row H3: a sub-allocation's handle is its base allocation's; the offset travels
             # beside it and the importer adds it.
-            mine = [(check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(p)), self._offset(cap, p))
-                    for p in cap.buffers]
+            mine = export_buffers(d, cap.buffers) if ok else []
         except CudaError as e:
             err = e
         self.vote("register: export graph buffers", err)
-        every = self.group.all_gather_object(mine, tag="ipc.register: exchange graph handles")
+        shared = self.group.all_gather_object((ok, mine), tag="ipc.register: exchange graph handles")
+        if not all(o for o, _ in shared):
+            cap.registered = True      # nothing to open: replays copy into the workspace
+            return
+        every = [m for _, m in shared]
         if len({len(v) for v in every}) != 1:
             raise SetupFailed(self.name, "register", self.rank,
                                f"ranks recorded different numbers of graph buffers "
                                f"{[len(v) for v in every]} (row G1)")
+        # vLLM keeps a map of opened handles and opens each once (ipc_open_cache, default); a
+        # stack that opens every buffer's handle opens one handle several times when buffers
+        # share an allocator block: the same pointer on current drivers (H1),
+        # cudaErrorAlreadyMapped on older ones (row H2).
         err = None
-        # vLLM keeps a map of opened handles and opens each once (ipc_open_cache); a stack
-        # that opens every buffer's handle opens one handle several times when buffers share
-        # a segment: the same pointer on current drivers (H1), cudaErrorAlreadyMapped on
-        # older ones (row H2).
-        cache: dict[bytes, int] = {}
-        use_cache = self.params.get("ipc_open_cache", True)
+        opened = OpenedBases(d, cache=self.params.get("ipc_open_cache", True))
         cap.peer_ptrs = []
         try:
-            for j, hs in enumerate(every):
+            for j, metas in enumerate(every):
                 if j != self.rank:
-                    for h, off in hs:
-                        key = bytes(h) if isinstance(h, (bytes, bytearray)) else bytes(memoryview(h))
-                        if use_cache and key in cache:
-                            base = cache[key]
-                        else:
-                            base = check("cudaIpcOpenMemHandle",
-                                         d.cudaIpcOpenMemHandle(h, LAZY_ENABLE_PEER_ACCESS))
-                            cap.opened.append(base)
-                            cache[key] = base
-                        cap.peer_ptrs.append(base + off)
+                    for h, off in metas:
+                        cap.peer_ptrs.append(opened.pointer(h, off))
         except CudaError as e:
             err = self._context(e, j, "graph buffer")
+        finally:
+            cap.opened = list(opened.mappings)
         self.vote("register: open graph handles", err)
         cap.registered = True
 
@@ -206,12 +203,12 @@ class IpcBackend(PeerBackend):
                 self.driver.cudaIpcCloseMemHandle(p)
             cap.opened.clear()
         self.close_barrier("ipc.release_capture: importers closed")
-        for p in ([] if cap.segments else cap.buffers):
-            self.driver.cudaFree(p)
-        for base, _, _ in cap.segments:
-            self.driver.cudaFree(base)
-        cap.segments.clear()
+        alloc = allocators.for_process(self.driver)
+        for p in cap.buffers:
+            alloc.free(p)
         cap.buffers.clear()
+        if cap.pool is not None:
+            alloc.release_graph_pool(cap.pool)      # the graph is destroyed (rule AL5)
         cap.released = True
         if cap in self.captures and not cap.opened:
             self.captures.remove(cap)

@@ -16,6 +16,7 @@ import torch
 
 from ..discovery import GroupView
 from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
+from ..fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_transport
 from ..kernels import collectives as K, workspace as W
 from ..topology.model import FabricState
 from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
@@ -134,18 +135,19 @@ class MulticastBackend(Backend):
                     self.mc_handle = check("cuMemImportFromShareableHandle",
                                            d.cuMemImportFromShareableHandle(blob, FABRIC))
             else:
-                # POSIX fd over AF_UNIX to every peer of this host (PyTorch IpcChannel, §2.5).
-                if self.rank == 0:
-                    fd = check("cuMemExportToShareableHandle", d.cuMemExportToShareableHandle(self.mc_handle, FD, 0))
-                    for p in pids[1:]:
-                        d.fd_channel().send(fd, p)
-                    d.close_fd(fd)
-                else:
-                    fd = d.fd_channel().receive(pids[0])
-                    try:
+                # POSIX fd over AF_UNIX to every peer of this host, by the policy's fd
+                # transport (commsim/fd_exchange.py, rules FX1-FX5).
+                hosts = [r.host for r in self.view.ranks]
+                t = fd_transport(self.params.get("fd_transport", DEFAULT_FD_TRANSPORT))
+                fd = check("cuMemExportToShareableHandle",
+                           d.cuMemExportToShareableHandle(self.mc_handle, FD, 0)) if self.rank == 0 else None
+                try:
+                    fd = t.broadcast(d, self.rank, 0, pids, hosts, fd)
+                    if self.rank != 0:
                         self.mc_handle = check("cuMemImportFromShareableHandle",
                                                d.cuMemImportFromShareableHandle(fd, FD))
-                    finally:        # a failed import must not keep the received fd open
+                finally:        # sent, or received and imported (or not): never kept open
+                    if fd is not None:
                         d.close_fd(fd)
             check("cuMulticastAddDevice", d.cuMulticastAddDevice(self.mc_handle, me))
         except (CudaError, FdTransportError) as e:

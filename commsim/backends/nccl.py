@@ -1,6 +1,13 @@
-"""`nccl`: the fallback that always works. On the simulator the ring is carried by the group
-layer (each rank's contribution travels by value, summed in float32 in rank order), which is
-what NCCL's network path guarantees semantically: any placement, any size."""
+"""`nccl`: the fallback. On the simulator the data is carried by the group layer (each rank's
+contribution travels by value, summed in float32 in rank order), which is what NCCL's
+collectives guarantee semantically: any placement, any size.
+
+What NCCL itself would choose is modelled by commsim/nccl_rules.py (docs/lifecycle-rules.md
+NC1-NC12): at set-up the backend decides, from the discovery view and the NCCL_* variables
+(`nccl_env`), each pair's transport and each collective's algorithm classes, and fails init
+where NCCL does (a duplicate GPU: ncclInvalidUsage; MNNVL that looks available but whose
+FABRIC self-test fails: ncclSystemError). With `nccl_auto_env` (default) the policy follows
+NCCL's own advice for the latter and sets NCCL_MNNVL_ENABLE=0 before init."""
 
 from __future__ import annotations
 
@@ -9,14 +16,24 @@ from typing import Any
 import torch
 
 from ..discovery import GroupView
+from ..nccl_rules import NcclDecision, decide, machine_from_view, parse_env
 from ..topology.truth import GroupFacts
-from .base import Backend, Eligibility
+from .base import Backend, Eligibility, SetupFailed
 from .registry import register_backend
+
+
+class NcclError(RuntimeError):
+    """An NCCL init failure; `name` is the ncclResult_t (ncclInvalidUsage, ncclSystemError)."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(f"{name}: {message}")
+        self.name = name
 
 
 @register_backend
 class NcclBackend(Backend):
-    """The fallback: a ring over the group's object exchange."""
+    """The fallback: a ring over the group's object exchange, with NCCL's own choices
+    (transports, algorithm classes, init failures) from commsim/nccl_rules.py."""
 
     name = "nccl"
     order, colour = 100, "#9d9d9d"
@@ -31,7 +48,36 @@ class NcclBackend(Backend):
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
         return Eligibility(True)
 
+    decision: NcclDecision | None = None
+
+    def setup(self) -> None:
+        """ncclCommInitRank as the rules decide it. Every rank computes the same decision
+        from the same view, so every rank fails init together (no vote needed)."""
+        env = dict(self.params.get("nccl_env", ()))
+        machine = machine_from_view(self.view)
+        d = decide(machine, parse_env(env))
+        self.adjusted = ""
+        if (d.init_error is not None and d.init_error[0] == "ncclSystemError"
+                and self.params.get("nccl_auto_env", True) and env.get("NCCL_MNNVL_ENABLE") != "1"):
+            d = decide(machine, parse_env({**env, "NCCL_MNNVL_ENABLE": "0"}))
+            self.adjusted = "NCCL_MNNVL_ENABLE=0 set: MNNVL looks available but IMEX is missing (NC8)"
+        self.decision = d
+        if d.init_error is not None:
+            raise SetupFailed(self.name, "init: ncclCommInitRank", self.rank, NcclError(*d.init_error))
+
+    def describe(self) -> str:
+        d = self.decision
+        if d is None:
+            return ""
+        algos = "; ".join(f"{op} {'/'.join(d.algorithms(op))}" for op in ("all_reduce", "all_gather"))
+        return f"{d.transport_summary()}; {algos}" + (f"; {self.adjusted}" if self.adjusted else "")
+
     def algorithm(self, op: str, nbytes: int) -> str:
+        """The class the cost model knows it by (`algorithms`): "multicast" (NVLS) where NCCL
+        may use it, else "ring" (its ring / tree family)."""
+        d = self.decision
+        if d is not None and ({"NVLS", "NVLSTree"} & set(d.algorithms(op))):
+            return "multicast"
         return "ring"
 
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:

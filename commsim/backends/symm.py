@@ -25,6 +25,7 @@ Three knobs reproduce field bugs of this class (scenarios/policies/):
   symm_handle_type="fd"    POSIX fd forced, also across hosts (sglang on GB200, row B20)
   symm_rendezvous_counter="process"  one rendezvous counter per process instead of per group,
                            so a subgroup rendezvous shifts the world's keys on its members only
+  fd_transport="pytorch_ring" | "flashinfer_mesh"  how POSIX fds travel (commsim/fd_exchange.py)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 
 from ..discovery import GroupView, RankInfo
 from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
+from ..fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_transport
 from ..kernels import collectives as K, workspace as W
 from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
 from .base import Eligibility, Mi, SetupFailed, probe_verdict
@@ -44,8 +46,6 @@ from .multicast import MulticastBackend
 from .registry import register_backend
 from .vmm import VmmPeerBackend
 
-# FlashInfer's fd_exchange gives up connecting or receiving after 30 s (§2.5).
-FD_EXCHANGE_TIMEOUT = 30.0
 # vLLM SYMM_MEM_ALL_REDUCE_MAX_SIZES: 64 MiB for SM 9.0 at world sizes 2, 6 and 8 (§8).
 DEFAULT_MAX_SIZE = 64 * Mi
 HANDLE_NAMES = {FD: "fd", FABRIC: "fabric"}
@@ -225,22 +225,36 @@ class SymmBackend(VmmPeerBackend):
                 out.append(h)
             return out
         if self.params.get("symm_fd_exchange") == "pidfd":
+            # Row W7: the fds are pulled with pidfd_getfd, not passed over sockets; this
+            # choice is the exchange mechanism itself, so it comes before the socket transport.
             return self._rendezvous_pidfd(mine)
-        # POSIX fd (PyTorch IpcChannel, §2.5): pids meet in the store, then each rank sends its
-        # fd to every peer's socket and receives every peer's fd.
+        # POSIX fd (§2.5): pids meet in the store, then the fds travel by the policy's fd
+        # transport: PyTorch's ring (default) or FlashInfer's mesh (rules FX1-FX5).
         pids = self.group.exchange(self._key(kind), d.getpid(), tag="symm.init: exchange pids")
         try:
-            for j in range(1, self.ws):
-                d.fd_channel().send(mine, pids[(self.rank + j) % self.ws])
+            fds = self._fd_transport().all_gather(d, self.rank, pids, self._hosts(), mine)
         finally:
             d.close_fd(mine)
             self.own_fd = None
         out = [0] * self.ws
         out[self.rank] = self.own_handle
-        for j in range(1, self.ws):
-            src = (self.rank - j) % self.ws
-            out[src] = self._import_fd(d.fd_channel().receive(pids[src], timeout=FD_EXCHANGE_TIMEOUT))
+        try:
+            for j, fd in enumerate(fds):
+                if j != self.rank:
+                    h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+                    self.imported.append(h)
+                    out[j] = h
+        finally:
+            for j, fd in enumerate(fds):
+                if j != self.rank:
+                    d.close_fd(fd)
         return out
+
+    def _fd_transport(self):
+        return fd_transport(self.params.get("fd_transport", DEFAULT_FD_TRANSPORT))
+
+    def _hosts(self) -> list[str]:
+        return [r.host for r in self.view.ranks]
 
     def _import_fd(self, fd: int) -> int:
         """Import a peer's buffer from a received fd, then close the fd (the handle keeps it)."""
@@ -347,18 +361,17 @@ class SymmBackend(VmmPeerBackend):
             return
         pids = self.group.exchange(self._key("multicast"), d.getpid(),
                                    tag="symm.init: share multicast handle")
-        if self.rank == 0:
-            try:
-                for p in pids[1:]:
-                    d.fd_channel().send(blob, p)
-            finally:
-                d.close_fd(blob)
-            return
-        fd = d.fd_channel().receive(pids[0], timeout=FD_EXCHANGE_TIMEOUT)
         try:
-            self.mc_handle = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+            fd = self._fd_transport().broadcast(d, self.rank, 0, pids, self._hosts(),
+                                                blob if self.rank == 0 else None)
         finally:
-            d.close_fd(fd)
+            if self.rank == 0:
+                d.close_fd(blob)
+        if self.rank != 0:
+            try:
+                self.mc_handle = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
+            finally:
+                d.close_fd(fd)
 
     def describe(self) -> str:
         mc = ("multicast object bound, multimem all-reduce" if self.mc else

@@ -187,9 +187,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
             print(_table(rows, ("group", "op", "bytes", "dtype", "backend")))
         print(f"ledger after close: {'zero' if not res.leaks else f'{len(res.leaks)} item(s) leaked'}; "
               f"numerics: {'ok' if not res.mismatches else f'{len(res.mismatches)} mismatch(es)'}")
+        _explain_nccl(sc)
         if sizes is not None:
             _explain_sizes(sc, args, sizes)
     return 0
+
+
+def _explain_nccl(sc) -> None:
+    """Per group: the transports and algorithm classes NCCL would use on this machine under the
+    workload's NCCL_* variables, and the variables that would change them (nccl_rules)."""
+    from ..nccl_rules import machine_from_cluster, report
+    for g in sc.groups:
+        if len(g.ranks) < 2:
+            continue
+        m = machine_from_cluster(sc.cluster, [sc.placement[r] for r in g.ranks])
+        print(f"group {g.name}: " + "\n".join(report(m, dict(sc.workload.nccl_env), sc.workload.ops)))
 
 
 def _explain_sizes(sc, args: argparse.Namespace, sizes: list[int]) -> None:
@@ -218,7 +230,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name, fn, hlp in (
         ("run", cmd_run, "run scenario files (or folders of them) and print a summary table"),
         ("explain", cmd_explain, "run scenarios and print, per group, the backend chosen per op "
-                                 "and size with the reasons, the result check and the ledger"),
+                                 "and size with the reasons, the result check and the ledger, and "
+                                 "what NCCL would use there: its transport per pair and algorithm "
+                                 "classes per collective, with the NCCL_* variables that change them"),
     ):
         p = sub.add_parser(name, help=hlp, description=hlp)
         p.add_argument("paths", nargs="+", metavar="SCENARIO", help="scenario .toml file or folder")

@@ -280,8 +280,10 @@ def cuda_error_names() -> frozenset[str]:
 
 # Outcomes that are not CUDA codes: what the group layer diagnoses (a hang, also after a
 # timeout; ranks meeting at different collectives; a peer that died) and an fd that cannot be
-# passed to another host (row V9). Names as the runner reports them.
-RUN_OUTCOMES = ("hang", "CollectiveMismatch", "RankFailed", "FdTransportError")
+# passed to another host (row V9); a fallback nobody reported (FH3); a library refusing a
+# forced algorithm (AW1); NCCL's own init results (NC8, NC10). Names as the runner reports them.
+RUN_OUTCOMES = ("hang", "CollectiveMismatch", "RankFailed", "FdTransportError", "SilentFallback",
+                "WorkspaceTooSmall", "ncclInvalidUsage", "ncclSystemError")
 
 
 def check_cuda_error(table: Table, key: str, value: Any) -> str:

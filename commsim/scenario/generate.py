@@ -14,7 +14,8 @@ Dimensions: machine shape (every preset, sliced to 1..N hosts, plus two-box shap
 network whose boxes are separate NVLink domains), layout (TP 1/2/4/6/8/16 x DP, with DP groups
 sometimes), placement of ranks on GPUs (contiguous, strided, round-robin over hosts, random),
 faults (topology edits and out-of-memory at the k-th allocation of a rank), ops, sizes at the
-backends' cut-offs, dtypes, graph capture and discard. Cost is kept low on purpose: most
+backends' cut-offs, dtypes, graph capture and discard, and the workload knobs of lifecycle
+fidelity: lazy set-up, expandable segments, NCCL environment variables. Cost is kept low on purpose: most
 scenarios are one op at one small size on at most 8 ranks; large sizes come with two ranks.
 """
 
@@ -157,6 +158,12 @@ class Plan:
     graph_capture: bool
     discard: bool
     seed: int
+    # Issue 18's workload knobs, drawn from their own stream so the draws above stay as they
+    # were: lazy set-up, expandable segments, NCCL environment variables.
+    setup: str = "init"
+    allocator: str = "caching"
+    nccl_env: tuple[tuple[str, str], ...] = ()
+    fd_transport: str = ""
 
     @property
     def world(self) -> int:
@@ -209,11 +216,17 @@ def build(plan: Plan) -> Scenario:
             cluster = F.apply_machine_fault(cluster, f)
     groups = _groups(plan.tp, plan.dp, plan.dp_groups)
     wl = Workload(ops=plan.ops, sizes=plan.sizes, dtypes=plan.dtypes,
-                  graph_capture=plan.graph_capture, discard_capture=plan.graph_capture and plan.discard)
+                  graph_capture=plan.graph_capture, discard_capture=plan.graph_capture and plan.discard,
+                  setup=plan.setup, allocator=plan.allocator, nccl_env=plan.nccl_env,
+                  fd_transport=plan.fd_transport)
     desc = (f"{plan.shape}, {plan.layout}, {plan.placement} placement, "
             f"{','.join(plan.ops)} at {','.join(map(str, plan.sizes))} B {','.join(plan.dtypes)}"
             f"{', graph capture' if plan.graph_capture else ''}{' + discard' if wl.discard_capture else ''}"
-            f"{', faults: ' + ', '.join(fault_label(f) for f in faults) if faults else ''}")
+            f"{', faults: ' + ', '.join(fault_label(f) for f in faults) if faults else ''}"
+            f"{', lazy set-up' if plan.setup == 'lazy' else ''}"
+            f"{', expandable segments' if plan.allocator != 'caching' else ''}"
+            f"{', ' + ' '.join(f'{k}={v}' for k, v in plan.nccl_env) if plan.nccl_env else ''}"
+            f"{', fds by ' + plan.fd_transport if plan.fd_transport else ''}")
     return Scenario(name=plan.id, cluster=cluster, placement=placement, groups=groups, workload=wl,
                     faults=faults, policy="default", seed=plan.seed, description=desc,
                     topology_spec=plan.shape,
@@ -231,6 +244,8 @@ def plan_tags(plan: Plan, placement: tuple[GpuRef, ...] | None = None) -> str:
             *(f.kind for f in plan.faults), "capture" if plan.graph_capture else "eager",
             "discard" if plan.graph_capture and plan.discard else "",
             "faults" if plan.faults else "clean",
+            "lazy" if plan.setup == "lazy" else "", "expandable" if plan.allocator != "caching" else "",
+            "nccl_env" if plan.nccl_env else "", plan.fd_transport,
             "multihost" if len({g.host for g in placement}) > 1 else "onehost"]
     return " ".join(t for t in tags if t)
 
@@ -291,7 +306,23 @@ def sample_plan(seed: int, index: int) -> Plan:
     frng = random.Random(_seed_of("faults", pid))
     faults = tuple(_resolve_fault(k, cluster, placement_refs, frng) for k in kinds)
     return Plan(pid, shape, tp, dp, dp_groups, placement, faults, ops, sizes, dtypes,
-                capture, discard, sc_seed)
+                capture, discard, sc_seed, *_knobs(pid))
+
+
+# NCCL settings the generator tries; none of them makes NCCL's init fail by itself.
+NCCL_ENV_CHOICES = ((("NCCL_NVLS_ENABLE", "0"),), (("NCCL_P2P_DISABLE", "1"),),
+                    (("NCCL_CUMEM_ENABLE", "0"),), (("NCCL_ALGO", "Ring"),),
+                    (("NCCL_MNNVL_ENABLE", "0"),), (("NCCL_SHM_DISABLE", "1"),))
+
+
+def _knobs(pid: str) -> tuple[str, str, tuple[tuple[str, str], ...], str]:
+    """(setup, allocator, nccl_env, fd_transport) of a plan, from a stream seeded by its id."""
+    rng = random.Random(_seed_of("knobs", pid))
+    setup = "lazy" if rng.random() < 0.15 else "init"
+    allocator = "expandable_segments" if rng.random() < 0.15 else "caching"
+    env = rng.choice(NCCL_ENV_CHOICES) if rng.random() < 0.15 else ()
+    fd = "flashinfer_mesh" if rng.random() < 0.2 else ""
+    return setup, allocator, env, fd
 
 
 def sample(seed: int, count: int, start: int = 0) -> Iterator[Scenario]:
@@ -358,7 +389,7 @@ def enum_plan(index: int) -> Plan:
     faults = () if kind is None else (
         _resolve_fault(kind, cluster, placement_refs, random.Random(_seed_of("faults", pid))),)
     return Plan(pid, shape, tp, dp, dpg, placement, faults, (OPS[oi],), (size,), (DTYPES[di],),
-                capture, discard, rng.randrange(1 << 31))
+                capture, discard, rng.randrange(1 << 31), *_knobs(pid))
 
 
 def enumerate_scenarios(count: int, start: int = 0) -> Iterator[Scenario]:
@@ -399,6 +430,7 @@ def vocabulary() -> dict[str, tuple[str, ...]]:
         "op": OPS,
         "dtype": DTYPES,
         "fault": F.kind_names() + ("faults", "clean"),
-        "mode": ("capture", "eager", "discard", "multihost", "onehost"),
+        "mode": ("capture", "eager", "discard", "multihost", "onehost", "lazy", "expandable",
+                 "nccl_env", "flashinfer_mesh"),
         "id": ("s<seed>-<index>", "e<index>"),
     }

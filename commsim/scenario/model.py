@@ -53,6 +53,22 @@ class Workload:
     graph_capture: bool = False               # also run each op inside `comm.capture()`
     discard_capture: bool = False             # capture then discard (the profiling pattern)
     iterations: int = 1
+    # The process's caching allocator (PyTorch's PYTORCH_CUDA_ALLOC_CONF): "caching" (cudaMalloc
+    # segments) or "expandable_segments" (cuMem-backed, no legacy IPC handle; rule AL4).
+    allocator: str = "caching"
+    # When the communicator sets its backends up: "init" (eager) or "lazy" (at the first op,
+    # inside a capture when the first op is captured; rules LC1-LC2).
+    setup: str = "init"
+    # NCCL_* environment variables of every rank (commsim/nccl_rules.py ENV_VARS), as
+    # (name, value) pairs: what NCCL may use, and what `commsim explain` reports.
+    nccl_env: tuple[tuple[str, str], ...] = ()
+    # How POSIX fds travel between the ranks of one host (commsim/fd_exchange.py): "" keeps
+    # the policy's choice; "pytorch_ring" or "flashinfer_mesh" says which library does it.
+    fd_transport: str = ""
+
+
+ALLOCATORS = ("caching", "expandable_segments")
+SETUPS = ("init", "lazy")
 
 
 @dataclass(frozen=True)

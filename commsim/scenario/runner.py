@@ -14,7 +14,10 @@ from typing import Any
 
 import torch
 
+from .. import caching_allocator as allocators
 from ..backends.base import SetupFailed
+from ..backends.nccl import NcclError
+from ..caching_allocator import CachingAllocator
 from ..communicator import Communicator
 from ..driver import CudaError
 from ..group import LocalWorld
@@ -97,7 +100,7 @@ def make_input(seed: int, group: str, rank: int, op: str, numel: int, dtype: str
 def _error_name(e: BaseException) -> tuple[str, str]:
     if isinstance(e, SetupFailed):
         inner = e.error
-        return (inner.name if isinstance(inner, CudaError) else type(inner).__name__), str(e)
+        return (inner.name if isinstance(inner, (CudaError, NcclError)) else type(inner).__name__), str(e)
     if isinstance(e, CudaError):
         return e.name, str(e)
     if isinstance(e, HangDetected):
@@ -144,6 +147,19 @@ def run_rank(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
     """One rank's whole scenario: its groups, a communicator per group, the workload checked
     against the reference, close. Runs the same as a greenlet (thread mode) or as the body
     of a rank process (process mode)."""
+    alloc = CachingAllocator(driver, expandable_segments=sc.workload.allocator == "expandable_segments")
+    allocators.install(driver, alloc)
+    try:
+        return _run_groups(sc, pol, wg, driver, inputs, disabled_rules)
+    finally:
+        try:
+            alloc.close()  # the process's allocator exits with it: every segment returns
+        except CudaError:
+            pass           # after a failure: what could not return shows as ledger residue
+
+
+def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
+                disabled_rules: frozenset[str]) -> dict:
     r = wg.rank
     wl = sc.workload
     mine: dict = {"backends": {}, "mismatch": [], "explain": {}, "leaks": []}
@@ -156,9 +172,9 @@ def run_rank(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
         state = {"step": "discover"}
         comm = None
         try:
-            comm = Communicator(sub, driver, pol)
+            comm = Communicator(sub, driver, pol, setup=wl.setup if wl.setup != "init" else None,
+                                nccl_env=wl.nccl_env, fd_transport=wl.fd_transport)
             mine["explain"][g.name] = comm.explain()
-            before = driver.ledger.count("ipc_mapping")
             checks: list = []
 
             def verify() -> None:
@@ -201,6 +217,9 @@ def run_rank(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
                             mine["backends"][(g.name, op, size, dt)] = comm.chosen(op, numel * esz, dt)
                 if ctx is not None:
                     state["step"] = "register"
+                    # Counted after the ops: a lazy set-up inside the capture opened the
+                    # workspace's own mappings, which are not the capture's (row G5).
+                    before = driver.ledger.count("ipc_mapping")
                     ctx.__exit__(None, None, None)
                     verify()
                     if (wl.discard_capture and "G5" not in disabled_rules
@@ -210,6 +229,7 @@ def run_rank(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
                             f"{driver.ledger.count('ipc_mapping') - before} IPC mapping(s) open "
                             f"(vLLM#46515, row G5)")
             mine["explain"][g.name] = comm.explain()
+            mine.setdefault("silent", []).extend(comm.silent_fallbacks)
         except BaseException as e:
             e.commsim_group = g.ranks             # to map a group rank back to a world rank
             if not hasattr(e, "commsim_step"):   # Communicator.__init__ tags its own
@@ -245,6 +265,8 @@ def collect(res: RunResult, values: list[dict | None], errors: list[RankError | 
                 if prev != b:
                     res.failures.append(f"ranks disagree on the backend for {k}: {prev} vs {b}")
             res.mismatches += v["mismatch"]
+            for step, what in v.get("silent", ()):     # rule FH3: a fallback nobody reported
+                res.errors.append(RankError(r, step, "SilentFallback", what, r))
             res.leaks += v["leaks"]
             for gname, text in v["explain"].items():
                 res.explain.setdefault(gname, text)

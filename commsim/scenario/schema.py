@@ -22,7 +22,8 @@ from .fields import (
     parse_ranks, parse_size,
 )
 from ..backends import backend_names
-from .model import DTYPE_BYTES, DTYPES, OPS, STEPS, Expectation, Group, Scenario, Workload
+from ..fd_exchange import TRANSPORTS
+from .model import ALLOCATORS, DTYPE_BYTES, DTYPES, OPS, SETUPS, STEPS, Expectation, Group, Scenario, Workload
 
 __all__ = ["ScenarioError", "load", "loads", "write_scenario", "SECTIONS"]
 
@@ -33,7 +34,8 @@ SECTIONS: dict[str, bool] = {
 }
 SCENARIO_KEYS = ("name", "description", "seed", "policy")
 GROUP_KEYS = ("name", "ranks")
-WORKLOAD_KEYS = ("ops", "sizes", "dtypes", "graph_capture", "discard_capture", "iterations")
+WORKLOAD_KEYS = ("ops", "sizes", "dtypes", "graph_capture", "discard_capture", "iterations",
+                 "allocator", "setup", "nccl_env", "fd_transport")
 EXPECT_KEYS = ("group", "op", "size", "backend", "error", "step", "rank", "leak", "message")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _NAME_SHAPE = "a name of letters, digits, '.', '_' and '-' (starting with a letter or digit)"
@@ -198,7 +200,40 @@ def _workload(source: str, data: Mapping[str, Any]) -> Workload:
     return Workload(ops=ops, sizes=sizes, dtypes=dtypes,
                     graph_capture=t.boolean("graph_capture", d.graph_capture),
                     discard_capture=t.boolean("discard_capture", d.discard_capture),
-                    iterations=t.integer("iterations", d.iterations, minimum=1, what="iterations"))
+                    iterations=t.integer("iterations", d.iterations, minimum=1, what="iterations"),
+                    allocator=_choice(t, "allocator", ALLOCATORS, d.allocator),
+                    setup=_choice(t, "setup", SETUPS, d.setup),
+                    nccl_env=_nccl_env(t),
+                    fd_transport=_choice(t, "fd_transport", tuple(TRANSPORTS), d.fd_transport))
+
+
+def _nccl_env(t: Table) -> tuple[tuple[str, str], ...]:
+    """`nccl_env = { NCCL_NVLS_ENABLE = "0" }`: names and values as NCCL reads them, checked
+    against what commsim models (commsim/nccl_rules.py)."""
+    if "nccl_env" not in t:
+        return ()
+    raw = t.data["nccl_env"]
+    if not isinstance(raw, Mapping):
+        raise t.error(f"expected a table of NCCL_* = \"value\", got {describe(raw)}; e.g. "
+                      f'nccl_env = {{ NCCL_NVLS_ENABLE = "0" }}', "nccl_env")
+    from ..nccl_rules import parse_env
+    from ..errors import UserError
+    env = {}
+    for k, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise t.error(f"{k}: expected a string or integer, got {describe(v)}", "nccl_env")
+        env[k] = str(v)
+    try:
+        parse_env(env)
+    except UserError as e:
+        raise t.error(str(e), "nccl_env") from None
+    return tuple(sorted(env.items()))
+
+
+def _choice(t: Table, key: str, accepted: Sequence[str], default: str) -> str:
+    if key not in t:
+        return default
+    return check_choice(t, key, t.data[key], accepted)
 
 
 def _expectation(source: str, n: int, data: Mapping[str, Any], groups: Sequence[Group],

@@ -15,5 +15,6 @@ class PosixFdEverywhere(Policy):
 
 
 POLICY = PosixFdEverywhere(name="symm-posix-fd-everywhere", order=("symm", "nccl"),
-                           params={"max_size": 8 << 20, "symm_handle_type": "fd", "agree": False},
+                           params={"max_size": 8 << 20, "symm_handle_type": "fd", "agree": False,
+                                   "fd_transport": "flashinfer_mesh"},
                            fallback_on_setup_error=False)

@@ -33,8 +33,9 @@ CASES = {
 
 
 def test_every_regression_file_is_covered():
-    from test_rendezvous_hangs import HANGS   # beside this file (pytest puts its folder on sys.path)
-    assert sorted(p.name for p in REG.glob("*.toml")) == sorted({**CASES, **HANGS})
+    from test_lifecycle_regressions import LIFECYCLE   # beside this file (pytest puts its folder
+    from test_rendezvous_hangs import HANGS            # on sys.path)
+    assert sorted(p.name for p in REG.glob("*.toml")) == sorted({**CASES, **HANGS, **LIFECYCLE})
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from commsim.backends.symm import FD_EXCHANGE_TIMEOUT
+from commsim.fd_exchange import FLASHINFER_TIMEOUT as FD_EXCHANGE_TIMEOUT
 from commsim.policy import resolve
 from commsim.scenario.runner import run_scenario
 from commsim.scenario.schema import load
@@ -44,8 +44,16 @@ HANGS = {
         {"agree": True}, "multicast"),
     "symm-posix-fd-across-hosts.toml": (
         "FdTransportError", "init",
-        ["[fd_exchange] timed out connecting to /tmp/symm_mem-", "no such socket on host "
+        ["[fd_exchange] timed out connecting to /tmp/cuda_fd_xchg_", "no such socket on host "
          "gb200-nvl72-tray00", "POSIX fds reach only processes of one host (row V9)"],
+        {"symm_handle_type": "group"}, "symm"),
+    # PyTorch's IpcChannel ring (FX1-FX3): the boundary ranks fail at once, the others hang,
+    # each naming the predecessor it waits on.
+    "symm-ring-fd-across-hosts.toml": (
+        "hang", "init",
+        ["Failed to send fd: No such file or directory (rank 3 on host gb200-nvl72-tray00 sending "
+         "to rank 4's socket", "rank 4 waits in recvmsg on /tmp/symm_mem-",
+         "from rank 3, its predecessor in PyTorch's fd ring"],
         {"symm_handle_type": "group"}, "symm"),
 }
 

@@ -335,7 +335,7 @@ def test_model_policy_tries_admitted_backends_fastest_first() -> None:
     assert pol.candidates("all_reduce", 1 * MiB) == pol.order
     c = build_preset("hgx-h100-8")
     bound = pol.for_group(discovered_view(c, list(c.gpu_refs())))
-    assert bound.fabric == group_fabric(c, list(c.gpu_refs()))
+    assert bound.fabric == cost_model.with_nccl(group_fabric(c, list(c.gpu_refs())), True)   # NCCL may use NVLS
     # Candidates include backends the group did not admit (fabric here); dispatch skips them.
     legal = ("ipc", "multicast", "nccl")
     first = lambda n: next(b for b in bound.candidates("all_reduce", n) if b in legal)
