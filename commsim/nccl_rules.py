@@ -99,14 +99,20 @@ def machine_from_view(view: "GroupView") -> NcclMachine:
     ranks, paths, access = [], {}, set()
     for r in view.ranks:
         arch = "aarch64" if r.fabric_handle and any(r.fabric_uuid) else "x86_64"
-        ranks.append(NcclRank(r.rank, r.host, r.shm_namespace, (r.host, r.device), arch, r.vmm,
+        # The physical GPU is the NVML index (r.gpu), not the CUDA ordinal: with one GPU per
+        # process (CUDA_VISIBLE_DEVICES, row W1) every rank's ordinal is 0, and NCCL compares
+        # bus ids, so that is no duplicate.
+        ranks.append(NcclRank(r.rank, r.host, r.shm_namespace, (r.host, r.gpu), arch, r.vmm,
                               True, r.multicast, r.fabric_handle, r.imex, r.fabric_uuid,
                               r.fabric_clique, r.fabric_state))
     for a in view.ranks:
         for b in view.ranks:
-            if a.rank != b.rank and a.host == b.host and a.device != b.device:
-                paths[(a.rank, b.rank)] = "NVL" if a.nvlink[b.device] else "SYS"
-                if a.p2p[b.device]:
+            if a.rank != b.rank and a.host == b.host and a.gpu != b.gpu:
+                paths[(a.rank, b.rank)] = "NVL" if a.nvlink[b.gpu] else "SYS"
+                known = a.p2p[b.gpu] if b.gpu < len(a.p2p) else None
+                # A peer this process cannot see (None) is not asked: NCCL's p2p.cc
+                # ("CUDA 10.1 and later can use P2P with invisible devices") keeps P2P on.
+                if known is None or known:
                     access.add((a.rank, b.rank))
     return NcclMachine(tuple(ranks), paths, frozenset(access), "discovery")
 

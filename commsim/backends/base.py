@@ -223,10 +223,11 @@ class PeerBackend(Backend):
     # -- rank numbering (rule RN1) -----------------------------------------------------------
     def _slot(self) -> int:
         """Which entry of the workspace list this rank takes for its own. The group rank is
-        right; `workspace_index="local_rank"` takes LOCAL_RANK (the rank's device ordinal
-        on its host), the mistake of code written for a group that starts at local rank 0."""
+        right; `workspace_index="local_rank"` takes LOCAL_RANK (the rank's GPU index on its
+        host: the NVML index, which stays distinct when each process sees one GPU as ordinal
+        0, row W1), the mistake of code written for a group that starts at local rank 0."""
         if self.params.get("workspace_index", "group_rank") == "local_rank":
-            return self.view.ranks[self.rank].device
+            return self.view.ranks[self.rank].gpu
         return self.rank
 
     def _ptrs(self) -> list[int]:
