@@ -106,6 +106,7 @@ class SimFabric:
         self._next_mid = 1
         self._next_pid = 1000
         self._host_of: dict[str, str] = {h.name: h.name for h in cluster.hosts}
+        self._used: dict[GpuRef, int] = {}     # live allocation bytes per GPU
 
     # -- processes ------------------------------------------------------------------------
     def spawn(self, host: str, gpus: Iterable[GpuRef], faults: ProcessFaults | None = None) -> SimProcess:
@@ -154,11 +155,13 @@ class SimFabric:
         a = PhysicalAlloc(self._next_aid, gpu, size, data, legacy, owner, handle_types)
         self._next_aid += 1
         self.allocs[a.aid] = a
+        self._used[gpu] = self._used.get(gpu, 0) + size
         return a
 
     def free_alloc(self, a: PhysicalAlloc) -> None:
         a.freed = True
-        self.allocs.pop(a.aid, None)
+        if self.allocs.pop(a.aid, None) is not None:
+            self._used[a.gpu] -= a.size
         self.memory.release(a.data, f"a{a.aid}")
         for h, (aid, _) in list(self.ipc_handles.items()):
             if aid == a.aid:
@@ -173,7 +176,7 @@ class SimFabric:
             self.free_alloc(a)
 
     def device_bytes_used(self, gpu: GpuRef) -> int:
-        return sum(a.size for a in self.allocs.values() if a.gpu == gpu)
+        return self._used.get(gpu, 0)
 
     # -- handles as bytes -----------------------------------------------------------------
     def _blob(self, kind: bytes, *fields: int) -> bytes:

@@ -10,7 +10,7 @@ use the same flag protocol (DESIGN.md §5).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -39,6 +39,17 @@ class KernelContext:
     def signal(self, ptr: int, value: int) -> None:
         """Release-store of a 32-bit flag (st.release.sys on the GPU)."""
         self.array(ptr, FLAG_DTYPE, 1)[0] = value
+
+    def wait_all(self, flags: np.ndarray, value: int, what: Callable[[int], str]) -> None:
+        """Acquire-spin until every flag of `flags` (a view of consecutive 32-bit flags) is
+        >= value: a vectorised scan, and a wait only on the first flag still behind (named
+        by `what(j)` in a hang diagnosis), rescanning after each."""
+        while True:
+            behind = np.flatnonzero(flags < value)
+            if behind.size == 0:
+                return
+            j = int(behind[0])
+            wait_until(lambda: int(flags[j]) >= value, what(j))
 
     def wait(self, ptr: int, value: int, what: str) -> None:
         """Acquire-spin until the 32-bit flag at `ptr` is >= value (ld.acquire.sys loop)."""
