@@ -38,8 +38,7 @@ def _t(view: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _barrier(ctx: KernelContext, ptrs: Sequence[int], me: int, which: int, rnd: int, what: str) -> None:
-    for p in ptrs:
-        ctx.signal(p + which + 4 * me, rnd)
+    ctx.signal_all(ptrs, which + 4 * me, rnd)
     ctx.wait_all(ctx.array(ptrs[me] + which, np.uint32, len(ptrs)), rnd,
                  lambda j: f"{what}: flag of rank {j} (round {rnd})")
 

@@ -256,10 +256,15 @@ class SimDriver:
     def resolve(self, ptr: int, nbytes: int) -> tuple[Mapping, int]:
         """Mapping and offset for a device access of `nbytes` at `ptr`; Fail(700) when the
         range is unmapped, has no access (row V11) or its memory was freed (row L15)."""
-        hit = self._find(_attr_int(ptr))
-        if hit is None or hit[1] + nbytes > hit[0].size or nbytes < 0:
+        # _find inlined: kernels resolve every peer pointer of every round (the hot path).
+        ptr = ptr if type(ptr) is int else _attr_int(ptr)
+        i = bisect.bisect_right(self._bases, ptr) - 1
+        if i < 0 or nbytes < 0:
             raise Fail(E.cudaErrorIllegalAddress)
-        m, off = hit
+        m = self._maps[self._bases[i]]
+        off = ptr - m.base
+        if off + nbytes > m.size or off >= m.size:
+            raise Fail(E.cudaErrorIllegalAddress)
         if not m.access:
             raise Fail(E.cudaErrorIllegalAddress)
         if isinstance(m.target, PhysicalAlloc) and m.target.freed:

@@ -36,6 +36,13 @@ class KernelContext:
         dt = np.dtype(dtype)
         return [v.view(dt) for v in self.driver.multimem_views(ptr, dt.itemsize * count)]
 
+    def signal_all(self, ptrs: "list[int] | tuple[int, ...]", offset: int, value: int) -> None:
+        """signal(p + offset, value) for every p, in order (a barrier's stores to its peers)."""
+        word = np.array([value], FLAG_DTYPE).view(np.uint8)
+        view = self.driver.view
+        for p in ptrs:
+            view(p + offset, 4)[:] = word
+
     def signal(self, ptr: int, value: int) -> None:
         """Release-store of a 32-bit flag (st.release.sys on the GPU)."""
         self.array(ptr, FLAG_DTYPE, 1)[0] = value
