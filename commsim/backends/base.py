@@ -36,6 +36,17 @@ class Eligibility:
         return Eligibility(not bad, bad)
 
 
+def kernel_width(view: GroupView) -> tuple[bool, str]:
+    """Every backend with commsim's own kernels (ipc, fabric, multicast, symm) takes at most
+    K.MAX_RANKS ranks: a flag slot per rank in each flag array of the workspace, and the peer
+    table the CUDA kernels take by value (device/kernels/commsim_common.cuh). A larger group
+    falls back to nccl; before this condition, ranks past 128 wrote into the next flag array
+    and a 576-rank barrier hung."""
+    return (view.size <= K.MAX_RANKS,
+            f"{view.size} ranks > {K.MAX_RANKS}: the kernels hold one flag slot per rank for "
+            f"{K.MAX_RANKS} ranks")
+
+
 class SetupFailed(Exception):
     """A collective set-up step failed on some rank; every rank raises it together."""
 

@@ -19,7 +19,7 @@ from ..driver import CudaError, alloc_prop, check
 from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC
 from ..topology.model import FabricState
-from .base import Eligibility, Mi
+from .base import Eligibility, Mi, kernel_width
 from .vmm import VmmPeerBackend
 
 
@@ -39,6 +39,7 @@ class FabricBackend(VmmPeerBackend):
         rs = view.ranks
         return Eligibility.check([
             (view.size > 1, "a group of one rank needs no all-reduce"),
+            kernel_width(view),
             (all(r.vmm for r in rs), f"rank(s) {who(lambda r: not r.vmm)} lack VMM support (cuMem*)"),
             (all(r.fabric_handle for r in rs),
              f"rank(s) {who(lambda r: not r.fabric_handle)} lack HANDLE_TYPE_FABRIC_SUPPORTED (row V4)"),

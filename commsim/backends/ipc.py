@@ -15,7 +15,7 @@ from typing import Any
 from ..discovery import GroupView
 from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
 from ..sim import collective_kernels as K
-from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes
+from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes, kernel_width
 
 WORLD_SIZES = (2, 4, 6, 8)
 
@@ -30,6 +30,7 @@ class IpcBackend(PeerBackend):
         hosts = view.hosts
         return Eligibility.check([
             (ws > 1, "a group of one rank needs no all-reduce"),
+            kernel_width(view),
             (len(hosts) == 1, f"ranks are on {len(hosts)} hosts ({', '.join(hosts[:3])}"
                               f"{', ...' if len(hosts) > 3 else ''}); legacy IPC handles are host-local "
                               f"(row L8: cudaIpcOpenMemHandle -> invalid resource handle)"),

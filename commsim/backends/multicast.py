@@ -19,7 +19,7 @@ from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
 from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC, FD
 from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
-from .base import Backend, Eligibility, Mi, as_bytes
+from .base import Backend, Eligibility, Mi, as_bytes, kernel_width
 from ..topology.model import FabricState
 from .fabric import FabricBackend, round_up
 
@@ -32,6 +32,7 @@ class MulticastBackend(Backend):
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
         conds = [
             (view.size > 1, "a group of one rank needs no all-reduce"),
+            kernel_width(view),
             (all(r.multicast and r.vmm for r in view.ranks),
              "some rank lacks MULTICAST_SUPPORTED (row M1: no NVSwitch / fabric manager)"),
             # NVLS needs the fabric manager done: cuMulticastBindMem answers SYSTEM_NOT_READY

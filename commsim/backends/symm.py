@@ -39,7 +39,7 @@ from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
 from ..sim import collective_kernels as K
 from ..sim.driver import FABRIC, FD
 from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
-from .base import Eligibility, Mi
+from .base import Eligibility, Mi, kernel_width
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
 from .vmm import VmmPeerBackend
@@ -74,6 +74,7 @@ class SymmBackend(VmmPeerBackend):
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
         rs = view.ranks
         conds = [(view.size > 1, "a group of one rank needs no all-reduce"),
+                 kernel_width(view),
                  (all(r.vmm for r in rs), "some rank lacks VMM support (cuMem*)")]
         if group_handle_type(view) == FD:
             conds.append((all(r.posix_fd for r in rs), "some rank lacks POSIX-fd handles"))

@@ -23,6 +23,7 @@ from .model import Scenario
 # Handle types a rank may import from another.
 IPC, POSIX_FD, FABRIC = "ipc", "posix_fd", "fabric"
 KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic")
+KERNEL_MAX_RANKS = 128              # flag slots per array (restated, not imported: see above)
 IPC_WORLD_SIZES = (2, 4, 6, 8)       # the compiled custom all-reduce kernels (row B2)
 ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 OOM_ERRORS = ("cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY")
@@ -154,7 +155,10 @@ def op_nbytes(op: str, size: int, dtype: str, ws: int) -> int:
 
 def op_legal(backend: str, op: str, nbytes: int, ws: int, params: dict[str, Any]) -> bool:
     """Per-call limits: peer backends need 16-byte multiples and fit the workspace (row B5);
-    multicast does all-reduce only, within its own workspace."""
+    multicast does all-reduce only, within its own workspace. commsim's kernels take at most
+    128 ranks (one flag slot each: device/kernels/commsim_common.cuh); more go to nccl."""
+    if backend != "nccl" and ws > KERNEL_MAX_RANKS:
+        return False
     if backend in ("ipc", "fabric"):
         total = nbytes * ws if op == "all_gather" else nbytes
         return nbytes % 16 == 0 and total < int(params.get("max_size", 8 * Mi))
