@@ -141,7 +141,9 @@ def sweep_rate(count: int) -> None:
           f"({len(rep.failed)} failed); target >= 500/s")
 
 
-def datapath(reps: int = 3) -> None:
+def datapath(reps: int = 3, order: tuple[str, ...] = ("ipc", "nccl")) -> None:
+    """8 ranks on HGX, float32, 1-64 MiB, under the backend order `order`: the kernels' sum
+    (time inside the reduction) and the whole all-reduce, each against numpy's 8-way sum."""
     import numpy as np
     import torch
 
@@ -171,7 +173,8 @@ def datapath(reps: int = 3) -> None:
             c = build_preset("hgx-h100-8")
             fabric = SimFabric(c)
             drivers = [spawn_driver(fabric, g) for g in c.gpu_refs()]
-            pol = Policy(order=("ipc", "nccl"), params={"max_size": 128 * MiB})
+            pol = Policy(order=order, params={"max_size": 128 * MiB, "multicast_max_size": 128 * MiB,
+                                              "symm_max_size": 128 * MiB})
             times, names = [], []
 
             def rank(g):
