@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 
 from commsim.scenario.model import Group, Scenario, Workload
 from commsim.scenario.runner import run_scenario
