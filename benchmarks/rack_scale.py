@@ -7,7 +7,7 @@ run (prints; never asserts a speed).
    (target <= 2 s, <= 600 MB).
 2. A 72-rank 256 MiB bfloat16 all-reduce: peak RSS (target <= 3 GB).
 3. The scale ladder, 8 / 72 / 144 / 576 ranks (commsim/topology/scale.py), each: init, three
-   checked all-reduces (4 KiB, 64 KiB, 1 MiB bfloat16), graph capture, close: wall, peak RSS,
+   checked all-reduces (4, 16 and 64 KiB bfloat16), graph capture, close: wall, peak RSS,
    the memory estimate of `scenario check` and host bytes per simulated byte touched
    (target for 576: <= 30 s).
 4. Sweep, default mix, 2 worker processes: scenarios/s (target >= 500/s).
@@ -41,7 +41,7 @@ def _ladder_scenario(n: int):
     refs = tuple(c.gpu_refs())
     return Scenario(name=f"ladder-{n}", cluster=c, placement=refs,
                     groups=(Group("world", tuple(range(n))),),
-                    workload=Workload(ops=("all_reduce",), sizes=(4096, 65536, MiB),
+                    workload=Workload(ops=("all_reduce",), sizes=(4096, 16384, 65536),
                                       dtypes=("bfloat16",), graph_capture=True))
 
 

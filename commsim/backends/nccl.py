@@ -56,6 +56,9 @@ class NcclBackend(Backend):
         if hi > lo:
             acc = K._reduce([p.reshape(-1).view(np.uint8)[lo * esz:hi * esz] for p in parts], dtype)
             K._store(acc, mine, dtype)
+        # Drop the received copies before the next exchange: every rank parked in it would
+        # hold ranks x message (by value, a copy per receiver).
+        del parts
         if op == "reduce_scatter":
             return torch.from_numpy(mine).view(x.dtype)
         chunks = self.group.all_gather_object(mine, tag=f"nccl.{op}: ring all-gather {self.round}")

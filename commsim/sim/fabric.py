@@ -10,12 +10,12 @@ POSIX shared memory behind its allocations and resolves handle bytes against tha
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import mmap
+import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -28,31 +28,36 @@ MMAP_MIN = 1 << 20
 PAGE = mmap.PAGESIZE
 
 
-def _mincore() -> Callable[[int, int, Any], int] | None:
+def _pagemap() -> int | None:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        f = libc.mincore
-    except (OSError, AttributeError):
+        return os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
         return None
-    f.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    f.restype = ctypes.c_int
-    return f
 
 
-_MINCORE = _mincore()
+_PAGEMAP = _pagemap()
+_PRESENT, _EXCLUSIVE = np.uint64(1 << 63), np.uint64(1 << 56)
 
 
 def resident_bytes(array: np.ndarray) -> int:
-    """Host bytes behind `array` that the OS has committed: pages of an anonymous mapping
-    count once written (a read of an untouched page maps the shared zero page and is
-    counted too by mincore, an overestimate); other buffers count whole."""
-    if not isinstance(array.base, mmap.mmap) or _MINCORE is None or array.nbytes == 0:
+    """Host bytes the OS has committed behind `array`: for an anonymous mapping, its pages
+    present and mapped exclusively (written; an untouched page read maps the shared zero
+    page, which is not exclusive and costs nothing), from /proc/self/pagemap (Linux
+    Documentation/admin-guide/mm/pagemap.rst: bit 63 present, bit 56 exclusively mapped);
+    any other buffer counts whole."""
+    base = array.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or _PAGEMAP is None or array.nbytes == 0:
         return int(array.nbytes)
-    pages = (array.nbytes + PAGE - 1) // PAGE
-    vec = np.zeros(pages, np.uint8)
-    if _MINCORE(array.ctypes.data, array.nbytes, vec.ctypes.data) != 0:
+    first = array.ctypes.data // PAGE
+    pages = (array.ctypes.data + array.nbytes - 1) // PAGE - first + 1
+    try:
+        raw = os.pread(_PAGEMAP, 8 * pages, 8 * first)
+    except OSError:
         return int(array.nbytes)
-    return int(np.count_nonzero(vec & 1)) * PAGE
+    v = np.frombuffer(raw, np.uint64)
+    return int(np.count_nonzero((v & _PRESENT) & ((v & _EXCLUSIVE) << np.uint64(7)))) * PAGE
 
 
 class MemoryProvider:
@@ -71,7 +76,10 @@ class MemoryProvider:
         # touch, and cheaper to create and drop than numpy.zeros (30 % of a sweep's time).
         if size >= MMAP_MIN:
             try:
-                return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
+                # MAP_PRIVATE: a read of an untouched page maps the shared zero page (costs
+                # nothing); mmap's default MAP_SHARED backs it with shmem, committed on read too.
+                return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
+                                     dtype=np.uint8)
             except OSError as e:    # ENOMEM (an address-space limit): the GPU answers OOM
                 raise MemoryError(str(e)) from e
         return np.zeros(size, dtype=np.uint8)
