@@ -52,6 +52,8 @@ def datapath(order: tuple[str, ...] = ("ipc", "fabric", "multicast", "nccl")) ->
 
 
 if __name__ == "__main__":
+    from commsim.sim import set_torch_threads
+    set_torch_threads()   # as a run does
     rate("hgx-h100-8", 5)
     rate("gb200-nvl72", 1)
     datapath()

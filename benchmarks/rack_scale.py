@@ -151,7 +151,7 @@ def datapath(reps: int = 3, order: tuple[str, ...] = ("ipc", "nccl")) -> None:
     from commsim.group import LocalWorld
     from commsim.policy import Policy
     from commsim.sim import SimFabric, spawn_driver
-    from commsim.sim import collective_kernels as K
+    from commsim.kernels import collectives as K
     from commsim.topology import build_preset
 
     spent = [0.0, 0]

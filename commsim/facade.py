@@ -23,7 +23,7 @@ dispatchers and restored when the last active block exits.
 
 Greenlets and threads: the dispatchers look up the facade of the *running* greenlet (walking
 up its parents, so ranks of a Scheduler started inside a block see that block's facade), so
-ranks interleaved by `commsim.group.scheduler` may each sit in their own `patched(...)` at the
+ranks interleaved by `commsim.runtime.scheduler` may each sit in their own `patched(...)` at the
 same time, and other threads keep the real modules. Limitations:
 - a name bound from the module (`from cuda.bindings.runtime import cudaMalloc`, or `rt =
   cuda.bindings.runtime`) is bound to the facade current at that moment: a function object

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from commsim.sim.collective_kernels import _accumulate, _reduce, _store
+from commsim.kernels.collectives import _accumulate, _reduce, _store
 
 
 def _specials() -> np.ndarray:

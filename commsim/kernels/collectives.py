@@ -1,0 +1,155 @@
+"""Reference collective kernels over peer pointers and multicast addresses (DESIGN.md §5).
+
+The simulator runs them through `launch_kernel` with a KernelContext over simulated memory;
+device/kernels/*.cu are their CUDA twins, with the same workspace layout (`workspace`) and
+the same flag protocol. A round is one launch; flags carry the round number, so no flag is
+ever reset (the barrier pattern of vLLM's custom all-reduce: every rank stores `round` into
+its slot at every peer, then spins until every peer's slot in its own flags reaches `round`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .context import KernelContext
+from .workspace import DATA, END, MID, START, chunks as _chunks
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _t(view: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A torch view of raw bytes (for kernels written with torch, such as the planted defects
+    of tests/sweep/test_defects.py)."""
+    return torch.from_numpy(view).view(dtype)
+
+
+def _barrier(ctx: KernelContext, ptrs: Sequence[int], me: int, which: int, rnd: int, what: str) -> None:
+    ctx.signal_all(ptrs, which + 4 * me, rnd)
+    ctx.wait_all(ctx.array(ptrs[me] + which, np.uint32, len(ptrs)), rnd,
+                 lambda j: f"{what}: flag of rank {j} (round {rnd})")
+
+
+# -- arithmetic: numpy over raw bytes, accumulating in float32 (DESIGN.md §5) ------------------
+# torch's bfloat16 casts run at about a tenth of numpy's add on this CPU; a bfloat16 is the
+# high half of a float32, so widening is a 16-bit shift and narrowing a round-to-nearest-even
+# on the low half, both plain integer passes.
+_NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def _accumulate(acc: np.ndarray, src: np.ndarray, dtype: str, first: bool) -> None:
+    """acc (float32) = src (raw bytes in `dtype`) when `first`, else acc += src."""
+    v = src.view(_NP[dtype])
+    if dtype == "bfloat16":
+        if first:
+            np.left_shift(v, 16, out=acc.view(np.uint32), dtype=np.uint32)
+            return
+        wide = np.left_shift(v, 16, dtype=np.uint32)
+        np.add(acc, wide.view(np.float32), out=acc)
+    elif first:
+        np.copyto(acc, v)
+    else:
+        np.add(acc, v, out=acc)
+
+
+def _store(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
+    """dst (raw bytes in `dtype`) = acc (float32), rounded to nearest even like a GPU cvt.rn."""
+    if dtype != "bfloat16":
+        np.copyto(dst.view(_NP[dtype]), acc, casting="same_kind")
+        return
+    u = acc.view(np.uint32)
+    r = np.right_shift(u, 16)
+    np.bitwise_and(r, 1, out=r)
+    np.add(r, 0x7FFF, out=r)
+    np.add(r, u, out=r)
+    np.right_shift(r, 16, out=r)
+    out = dst.view(np.uint16)
+    np.copyto(out, r, casting="unsafe")
+    nan = np.isnan(acc)
+    if nan.any():
+        out[nan] = 0x7FC0          # a quiet NaN, as cvt.rn.bf16.f32 gives
+
+
+def _reduce(srcs: Sequence[np.ndarray], dtype: str) -> np.ndarray:
+    """The float32 sum of the `srcs` (raw bytes in `dtype`), in order: one pass per input."""
+    acc = np.empty(srcs[0].size // np.dtype(_NP[dtype]).itemsize, np.float32)
+    for i, v in enumerate(srcs):
+        _accumulate(acc, v, dtype, i == 0)
+    return acc
+
+
+def one_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dtype: str,
+                        capacity: int, rnd: int) -> None:
+    """Every rank reads every peer's whole input and sums in float32 (vLLM 1-stage)."""
+    esz = ESIZE[dtype]
+    _barrier(ctx, ptrs, me, START, rnd, "one-shot start")
+    if n:
+        acc = _reduce([ctx.array(p + DATA, np.uint8, n * esz) for p in ptrs], dtype)
+        _store(acc, ctx.array(ptrs[me] + DATA + capacity, np.uint8, n * esz), dtype)
+    _barrier(ctx, ptrs, me, END, rnd, "one-shot end")
+
+
+def two_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dtype: str,
+                        capacity: int, rnd: int) -> None:
+    """Reduce-scatter (rank i reduces chunk i) then all-gather of the reduced chunks."""
+    esz = ESIZE[dtype]
+    ch = _chunks(n, len(ptrs))
+    lo, hi = ch[me]
+    _barrier(ctx, ptrs, me, START, rnd, "two-shot start")
+    if hi > lo:
+        acc = _reduce([ctx.array(p + DATA + lo * esz, np.uint8, (hi - lo) * esz) for p in ptrs], dtype)
+        _store(acc, ctx.array(ptrs[me] + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz), dtype)
+    _barrier(ctx, ptrs, me, MID, rnd, "two-shot middle")
+    for j, (a, b) in enumerate(ch):
+        if j != me and b > a:
+            src = ctx.array(ptrs[j] + DATA + capacity + a * esz, np.uint8, (b - a) * esz)
+            ctx.array(ptrs[me] + DATA + capacity + a * esz, np.uint8, (b - a) * esz)[:] = src
+    _barrier(ctx, ptrs, me, END, rnd, "two-shot end")
+
+
+def all_gather(ctx: KernelContext, ptrs: Sequence[int], me: int, nbytes: int, capacity: int,
+               rnd: int) -> None:
+    """Rank j's input lands at offset j * nbytes of every rank's scratch."""
+    _barrier(ctx, ptrs, me, START, rnd, "all-gather start")
+    for j, p in enumerate(ptrs):
+        ctx.array(ptrs[me] + DATA + capacity + j * nbytes, np.uint8, nbytes)[:] = \
+            ctx.array(p + DATA, np.uint8, nbytes)
+    _barrier(ctx, ptrs, me, END, rnd, "all-gather end")
+
+
+def reduce_scatter(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dtype: str,
+                   capacity: int, rnd: int) -> None:
+    """Rank i gets chunk i (n // ws elements) of the sum, at the start of its scratch."""
+    esz = ESIZE[dtype]
+    per = n // len(ptrs)
+    _barrier(ctx, ptrs, me, START, rnd, "reduce-scatter start")
+    if per:
+        acc = _reduce([ctx.array(p + DATA + me * per * esz, np.uint8, per * esz) for p in ptrs], dtype)
+        _store(acc, ctx.array(ptrs[me] + DATA + capacity, np.uint8, per * esz), dtype)
+    _barrier(ctx, ptrs, me, END, rnd, "reduce-scatter end")
+
+
+def multimem_all_reduce(ctx: KernelContext, mc: int, uc: int, me: int, ws: int, n: int,
+                        dtype: str, capacity: int, rnd: int) -> None:
+    """NVLS-style: rank i multimem.ld_reduce's chunk i over the multicast address and
+    multimem.st's it back to every member; flags travel by multicast stores too."""
+    esz = ESIZE[dtype]
+
+    def mc_barrier(which: int, what: str) -> None:
+        for v in ctx.multimem(mc + which + 4 * me, np.uint32, 1):
+            v[0] = rnd
+        ctx.wait_all(ctx.array(uc + which, np.uint32, ws), rnd,
+                     lambda j: f"{what}: flag of rank {j} (round {rnd})")
+
+    mc_barrier(START, "multimem start")
+    lo, hi = _chunks(n, ws)[me]
+    if hi > lo:
+        acc = _reduce(ctx.multimem(mc + DATA + lo * esz, np.uint8, (hi - lo) * esz), dtype)
+        dsts = ctx.multimem(mc + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz)
+        _store(acc, dsts[0], dtype)
+        for v in dsts[1:]:          # multimem.st: the same bytes to every member
+            np.copyto(v, dsts[0])
+    mc_barrier(END, "multimem end")
