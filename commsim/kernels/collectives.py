@@ -73,12 +73,23 @@ def _store(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
         out[nan] = 0x7FC0          # a quiet NaN, as cvt.rn.bf16.f32 gives
 
 
-def _reduce(srcs: Sequence[np.ndarray], dtype: str) -> np.ndarray:
-    """The float32 sum of the `srcs` (raw bytes in `dtype`), in order: one pass per input."""
-    acc = np.empty(srcs[0].size // np.dtype(_NP[dtype]).itemsize, np.float32)
+def _reduce(srcs: Sequence[np.ndarray], dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """The float32 sum of the `srcs` (raw bytes in `dtype`), in order: one pass per input.
+    `out`: float32 memory to accumulate in (a float32 kernel sums straight into its result)."""
+    acc = out if out is not None else np.empty(srcs[0].size // np.dtype(_NP[dtype]).itemsize, np.float32)
     for i, v in enumerate(srcs):
         _accumulate(acc, v, dtype, i == 0)
     return acc
+
+
+def _reduce_into(srcs: Sequence[np.ndarray], dst: np.ndarray, dtype: str) -> None:
+    """dst (raw bytes in `dtype`) = the float32 sum of `srcs`, rounded once. In float32 the
+    sum accumulates in dst itself: the passes numpy would make, no temporary. The partial sums
+    sit in this rank's own result range, which no peer reads before the next barrier."""
+    if dtype == "float32":
+        _reduce(srcs, dtype, out=dst.view(np.float32))
+    else:
+        _store(_reduce(srcs, dtype), dst, dtype)
 
 
 def one_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dtype: str,
@@ -87,8 +98,8 @@ def one_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int
     esz = ESIZE[dtype]
     _barrier(ctx, ptrs, me, START, rnd, "one-shot start")
     if n:
-        acc = _reduce([ctx.array(p + DATA, np.uint8, n * esz) for p in ptrs], dtype)
-        _store(acc, ctx.array(ptrs[me] + DATA + capacity, np.uint8, n * esz), dtype)
+        _reduce_into([ctx.array(p + DATA, np.uint8, n * esz) for p in ptrs],
+                     ctx.array(ptrs[me] + DATA + capacity, np.uint8, n * esz), dtype)
     _barrier(ctx, ptrs, me, END, rnd, "one-shot end")
 
 
@@ -100,8 +111,8 @@ def two_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int
     lo, hi = ch[me]
     _barrier(ctx, ptrs, me, START, rnd, "two-shot start")
     if hi > lo:
-        acc = _reduce([ctx.array(p + DATA + lo * esz, np.uint8, (hi - lo) * esz) for p in ptrs], dtype)
-        _store(acc, ctx.array(ptrs[me] + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz), dtype)
+        _reduce_into([ctx.array(p + DATA + lo * esz, np.uint8, (hi - lo) * esz) for p in ptrs],
+                     ctx.array(ptrs[me] + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz), dtype)
     _barrier(ctx, ptrs, me, MID, rnd, "two-shot middle")
     for j, (a, b) in enumerate(ch):
         if j != me and b > a:
@@ -127,8 +138,8 @@ def reduce_scatter(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dty
     per = n // len(ptrs)
     _barrier(ctx, ptrs, me, START, rnd, "reduce-scatter start")
     if per:
-        acc = _reduce([ctx.array(p + DATA + me * per * esz, np.uint8, per * esz) for p in ptrs], dtype)
-        _store(acc, ctx.array(ptrs[me] + DATA + capacity, np.uint8, per * esz), dtype)
+        _reduce_into([ctx.array(p + DATA + me * per * esz, np.uint8, per * esz) for p in ptrs],
+                     ctx.array(ptrs[me] + DATA + capacity, np.uint8, per * esz), dtype)
     _barrier(ctx, ptrs, me, END, rnd, "reduce-scatter end")
 
 
@@ -147,9 +158,8 @@ def multimem_all_reduce(ctx: KernelContext, mc: int, uc: int, me: int, ws: int, 
     mc_barrier(START, "multimem start")
     lo, hi = _chunks(n, ws)[me]
     if hi > lo:
-        acc = _reduce(ctx.multimem(mc + DATA + lo * esz, np.uint8, (hi - lo) * esz), dtype)
         dsts = ctx.multimem(mc + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz)
-        _store(acc, dsts[0], dtype)
+        _reduce_into(ctx.multimem(mc + DATA + lo * esz, np.uint8, (hi - lo) * esz), dsts[0], dtype)
         for v in dsts[1:]:          # multimem.st: the same bytes to every member
             np.copyto(v, dsts[0])
     mc_barrier(END, "multimem end")
