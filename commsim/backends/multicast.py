@@ -168,7 +168,7 @@ class MulticastBackend(Backend):
             K.multimem_all_reduce, self.mc, self.uc, self.rank, self.ws, x.numel(), dtype,
             self.capacity, self.round))
         raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.uc + W.DATA + self.capacity, nbytes))
-        return torch.from_numpy(raw).view(x.dtype).reshape(x.shape).clone()
+        return torch.from_numpy(raw).view(x.dtype).reshape(x.shape)   # raw is a fresh copy: no clone
 
     def close(self) -> None:
         """Row G8: sync, barrier, unbind, unmap multicast, unmap unicast, release both."""
