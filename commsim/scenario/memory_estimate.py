@@ -15,9 +15,10 @@ The estimate is an upper bound built from what the run actually holds:
 - a graph capture keeps every rank's input copy and output until the replay: ranks x message;
 - the fallback (nccl) sums a message per rank at a time in float32.
 
-Calibrated against measured peak RSS (benchmarks/scale_ladder.py prints both): the GB200
-NVL72 rack scenario, the ladder of 8-576 ranks and the 72-rank 256 MiB all-reduce are each
-within the estimate and no more than about twice below it.
+Calibrated against measured peak RSS (benchmarks/rack_scale.py prints both): the GB200 NVL72
+rack scenario (1601 MB measured, 1815 MB estimated) and the ladder of 8-576 ranks (259-526 MB
+measured, 364-1131 MB estimated) are each within the estimate and at most about 2.2 times
+below it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .model import Scenario
 
 MiB = 1 << 20
 BASE_BYTES = 320 * MiB     # measured: 234 MiB after `import commsim.scenario.runner`, plus heap
-RANK_BYTES = 1 * MiB       # measured: (peak RSS of 576 ranks - of 72 ranks) / 504, rounded up
+RANK_BYTES = 1 * MiB       # measured: (peak RSS of 576 ranks - of 72 ranks) / 504 = 0.47 MB, doubled
 ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 # The largest workspace of any backend by default (multicast_max_size, symm_max_size); a larger
 # message goes to the nccl fallback, which sums on the host and touches no device memory. A
