@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# CPU build of torch from the local wheel cache; a bare `torch` would pull CUDA wheels.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	# The ray extra too: tests/sweep/test_executors.py runs a local 2-CPU Ray.
+	$(BIN)/pip install --quiet -e '.[test,ray]'
 	touch $(STAMP)
 
 run: $(STAMP)

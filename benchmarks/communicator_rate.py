@@ -4,16 +4,15 @@
 
 1. Scenario rate: init, 3 checked all-reduces, capture + registration, close — for TP 8 on one
    HGX host and TP 72 on a GB200 rack.
-2. Data path: all-reduce GB/s of input (8 ranks x message size / time) for 1-64 MiB, against
-   numpy doing the same 8-way float32 sum of the same bytes; under the default order and with
-   symmetric memory first (multimem over its multicast object on HGX).
+2. Data path (benchmarks/rack_scale.py's table): the kernels' sum and the whole all-reduce
+   for 1-64 MiB, against numpy doing the same 8-way float32 sum of the same bytes; under the
+   default order and with symmetric memory first (multimem over its multicast object on HGX).
 """
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
 
 from commsim.scenario.model import Group, Scenario, Workload
 from commsim.scenario.runner import run_scenario
@@ -42,49 +41,14 @@ def rate(preset: str, reps: int) -> None:
           f"backends {sorted(set(res.backends.values()))})")
 
 
-def datapath(reps: int = 3, order: tuple[str, ...] = ("ipc", "fabric", "multicast", "nccl")) -> None:
-    """Time only the all-reduce calls (after init) of 8 ranks on HGX, float32."""
-    import torch
-    from commsim.communicator import Communicator
-    from commsim.group import LocalWorld
-    from commsim.policy import Policy
-    from commsim.sim import SimFabric, spawn_driver
-
-    print(f"\n{'size':>6} {'backend/alg':>20} {'sim GB/s':>9} {'numpy GB/s':>11} {'ratio':>6}")
-    for mb in (1, 4, 16, 64):
-        size = mb * MiB
-        c = build_preset("hgx-h100-8")
-        fabric = SimFabric(c)
-        drivers = [spawn_driver(fabric, g) for g in c.gpu_refs()]
-        pol = Policy(order=order, params={"max_size": 128 * MiB, "multicast_max_size": 128 * MiB,
-                                          "symm_max_size": 128 * MiB})
-        times, names = [], []
-
-        def rank(g):
-            comm = Communicator(g, drivers[g.rank], pol)
-            x = torch.ones(size // 4, dtype=torch.float32)
-            comm.all_reduce(x)
-            g.barrier()
-            t = time.perf_counter()
-            for _ in range(reps):
-                comm.all_reduce(x)
-            g.barrier()
-            if g.rank == 0:
-                times.append((time.perf_counter() - t) / reps)
-                ch = next(iter(comm.choices.values()))
-                names.append(f"{ch.backend}/{ch.algorithm}")
-            comm.close()
-
-        LocalWorld(8, 0).run(rank)
-        sim = 8 * size / times[0] / 1e9          # input bytes of all ranks per second
-        bufs = [np.ones(size // 4, np.float32) for _ in range(8)]
-        t = time.perf_counter()
-        for _ in range(reps):                    # the same sum, done once: 8 inputs -> 1
-            acc = bufs[0].copy()
-            for b in bufs[1:]:
-                acc += b
-        ref = 8 * size / ((time.perf_counter() - t) / reps) / 1e9
-        print(f"{mb:>4}Mi {names[0]:>20} {sim:9.2f} {ref:11.2f} {sim / ref:6.2f}")
+def datapath(order: tuple[str, ...] = ("ipc", "fabric", "multicast", "nccl")) -> None:
+    """The data-path table of benchmarks/rack_scale.py (one implementation)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from rack_scale import datapath as table
+    print()
+    table(order=order)
 
 
 if __name__ == "__main__":

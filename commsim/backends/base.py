@@ -39,6 +39,17 @@ class Eligibility:
         return Eligibility(not bad, bad)
 
 
+def kernel_width(view: GroupView) -> tuple[bool, str]:
+    """Every backend with commsim's own kernels (ipc, fabric, multicast, symm) takes at most
+    W.MAX_RANKS ranks: a flag slot per rank in each flag array of the workspace, and the peer
+    table the CUDA kernels take by value (device/kernels/commsim_common.cuh). A larger group
+    falls back to nccl; before this condition, ranks past 128 wrote into the next flag array
+    and a 576-rank barrier hung."""
+    return (view.size <= W.MAX_RANKS,
+            f"{view.size} ranks > {W.MAX_RANKS}: the kernels hold one flag slot per rank for "
+            f"{W.MAX_RANKS} ranks")
+
+
 class SetupFailed(Exception):
     """A collective set-up step failed on some rank; every rank raises it together."""
 
@@ -88,6 +99,8 @@ class Backend(ABC):
     limit_param: str | None = None
     default_limit = 0
     alignment = 1
+    # The most ranks the backend's kernels take (None: any); see kernel_width.
+    max_ranks: int | None = None
 
     @classmethod
     def truth(cls, facts: "GroupFacts") -> str | None:
@@ -114,6 +127,8 @@ class Backend(ABC):
     def within_limits(cls, op: str, nbytes: int, ws: int, params: dict[str, Any]) -> bool:
         """The declared per-call limits (row B5 for the peer backends), as the oracle reads them."""
         if op not in cls.ops or nbytes % cls.alignment:
+            return False
+        if cls.max_ranks is not None and ws > cls.max_ranks:
             return False
         cap = cls.limit(params)
         total = nbytes * ws if op == "all_gather" else nbytes
@@ -241,7 +256,7 @@ class PeerBackend(Backend):
 
     def _result(self, nbytes: int, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self._ptrs()[self._slot()] + W.DATA + self.capacity, nbytes))
-        return torch.from_numpy(raw).view(like.dtype).reshape(shape).clone()
+        return torch.from_numpy(raw).view(like.dtype).reshape(shape)   # raw is a fresh copy: no clone
 
     # -- algorithm and workspace agreement (rules AW1, AW2) ---------------------------------
     def _agreed_algorithm(self, op: str, nbytes: int) -> str:

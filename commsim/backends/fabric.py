@@ -19,7 +19,7 @@ from ..driver import FABRIC, CudaError, alloc_prop, check
 from ..kernels import workspace as W
 from ..topology.model import FabricState
 from ..topology.truth import FABRIC as FABRIC_HANDLE, GroupFacts
-from .base import Eligibility, Mi, probe_verdict
+from .base import Eligibility, Mi, kernel_width, probe_verdict
 from .registry import register_backend
 from .vmm import VmmPeerBackend
 
@@ -30,6 +30,7 @@ def round_up(n: int, g: int) -> int:
 
 @register_backend
 class FabricBackend(VmmPeerBackend):
+    max_ranks = W.MAX_RANKS          # one flag slot per rank (kernel_width)
     name = "fabric"
     order, colour = 20, "#59a14f"
     algorithms, cost_family = ("one-shot", "two-shot"), "lamport"
@@ -63,6 +64,7 @@ class FabricBackend(VmmPeerBackend):
         unreal = probe_verdict(view, params)
         return Eligibility.check([
             (view.size > 1, "a group of one rank needs no all-reduce"),
+            kernel_width(view),
             (all(r.vmm for r in rs), f"rank(s) {who(lambda r: not r.vmm)} lack VMM support (cuMem*)"),
             (all(r.fabric_handle for r in rs),
              f"rank(s) {who(lambda r: not r.fabric_handle)} lack HANDLE_TYPE_FABRIC_SUPPORTED (row V4)"),

@@ -18,7 +18,7 @@ from .. import caching_allocator as allocators
 from ..graph_buffers import OpenedBases, export_buffers, legacy_ipc_capable
 from ..kernels import workspace as W
 from ..topology.truth import IPC, GroupFacts
-from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes, probe_verdict
+from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes, kernel_width, probe_verdict
 from .registry import register_backend
 
 WORLD_SIZES = (2, 4, 6, 8)
@@ -26,6 +26,7 @@ WORLD_SIZES = (2, 4, 6, 8)
 
 @register_backend
 class IpcBackend(PeerBackend):
+    max_ranks = W.MAX_RANKS          # one flag slot per rank (kernel_width)
     name = "ipc"
     needs_graph_registration = True
     order, colour = 10, "#4e79a7"
@@ -63,6 +64,7 @@ class IpcBackend(PeerBackend):
             one_node = ws <= per_node
         return Eligibility.check([
             (ws > 1, "a group of one rank needs no all-reduce"),
+            kernel_width(view),
             (one_node, f"ranks are on {len(hosts)} hosts ({', '.join(hosts[:3])}"
                        f"{', ...' if len(hosts) > 3 else ''}); legacy IPC handles are host-local "
                        f"(row L8: cudaIpcOpenMemHandle -> invalid resource handle)"),

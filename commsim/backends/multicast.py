@@ -20,13 +20,14 @@ from ..fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_trans
 from ..kernels import collectives as K, workspace as W
 from ..topology.model import FabricState
 from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
-from .base import Backend, Eligibility, Mi, as_bytes
+from .base import Backend, Eligibility, Mi, as_bytes, kernel_width
 from .fabric import FabricBackend, round_up
 from .registry import register_backend
 
 
 @register_backend
 class MulticastBackend(Backend):
+    max_ranks = W.MAX_RANKS          # one flag slot per rank (kernel_width)
     name = "multicast"
     ops = ("all_reduce", "all_reduce_rmsnorm")
     order, colour = 30, "#f28e2b"
@@ -70,6 +71,7 @@ class MulticastBackend(Backend):
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
         conds = [
             (view.size > 1, "a group of one rank needs no all-reduce"),
+            kernel_width(view),
             (all(r.multicast and r.vmm for r in view.ranks),
              "some rank lacks MULTICAST_SUPPORTED (row M1: no NVSwitch / fabric manager)"),
             # NVLS needs the fabric manager done: cuMulticastBindMem answers SYSTEM_NOT_READY
@@ -178,7 +180,7 @@ class MulticastBackend(Backend):
             K.multimem_all_reduce, self.mc, self.uc, self.rank, self.ws, x.numel(), dtype,
             self.capacity, self.round))
         raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.uc + W.DATA + self.capacity, nbytes))
-        return torch.from_numpy(raw).view(x.dtype).reshape(x.shape).clone()
+        return torch.from_numpy(raw).view(x.dtype).reshape(x.shape)   # raw is a fresh copy: no clone
 
     def close(self) -> None:
         """Row G8: sync, barrier, unbind, unmap multicast, unmap unicast, release both."""

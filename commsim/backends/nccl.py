@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..discovery import GroupView
+from ..kernels import collectives as K
 from ..nccl_rules import NcclDecision, decide, machine_from_view, parse_env
 from ..topology.truth import GroupFacts
 from .base import Backend, Eligibility, SetupFailed
@@ -91,15 +93,30 @@ class NcclBackend(Backend):
             # crash the process while torch walks the C++ stack (pytorch#117645).
             raise ValueError(f"nccl.{op}: ranks passed tensors of different shapes "
                              f"{[tuple(p.shape) for p in parts]} (round {self.round})")
-        ts = [torch.from_numpy(p) for p in parts]
-        if x.dtype == torch.bfloat16:
-            ts = [t.view(torch.bfloat16) for t in ts]
         if op == "all_gather":
+            ts = [torch.from_numpy(p) for p in parts]
+            if x.dtype == torch.bfloat16:
+                ts = [t.view(torch.bfloat16) for t in ts]
             return torch.cat(ts, dim=0)
-        acc = torch.zeros(x.shape, dtype=torch.float32)
-        for t in ts:
-            acc += t.float()
-        out = acc.to(x.dtype)
+        # A ring's reduce-scatter: this rank sums only its own chunk, in float32 and rank
+        # order (O(message) per rank; every rank summing the whole message was O(ranks^2 x
+        # message) in all); the all-gather of the reduced chunks follows for all_reduce.
+        dtype = str(x.dtype).removeprefix("torch.")
+        n = x.numel()
         if op == "reduce_scatter":
-            return out.reshape(-1).chunk(self.ws)[self.rank].clone()
-        return out
+            per = n // self.ws
+            lo, hi = self.rank * per, (self.rank + 1) * per
+        else:
+            lo, hi = K._chunks(n, self.ws)[self.rank]
+        esz = x.element_size()
+        mine = np.empty((hi - lo) * esz, np.uint8)
+        if hi > lo:
+            acc = K._reduce([p.reshape(-1).view(np.uint8)[lo * esz:hi * esz] for p in parts], dtype)
+            K._store(acc, mine, dtype)
+        # Drop the received copies before the next exchange: every rank parked in it would
+        # hold ranks x message (by value, a copy per receiver).
+        del parts
+        if op == "reduce_scatter":
+            return torch.from_numpy(mine).view(x.dtype)
+        chunks = self.group.all_gather_object(mine, tag=f"nccl.{op}: ring all-gather {self.round}")
+        return torch.from_numpy(np.concatenate(chunks)).view(x.dtype).reshape(x.shape)

@@ -40,7 +40,7 @@ from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc
 from ..fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_transport
 from ..kernels import collectives as K, workspace as W
 from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
-from .base import Eligibility, Mi, SetupFailed, probe_verdict
+from .base import Eligibility, Mi, SetupFailed, kernel_width, probe_verdict
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
 from .registry import register_backend
@@ -69,6 +69,7 @@ def local_handle_type(me: RankInfo) -> int:
 
 @register_backend
 class SymmBackend(VmmPeerBackend):
+    max_ranks = W.MAX_RANKS          # one flag slot per rank (kernel_width)
     name = "symm"
     order, colour, plot_style = 40, "#b07aa1", "--"   # dashed: its multimem curve is multicast's
     algorithms, cost_family = ("one-shot", "two-shot", "multicast"), "peer"
@@ -108,6 +109,7 @@ class SymmBackend(VmmPeerBackend):
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
         rs = view.ranks
         conds = [(view.size > 1, "a group of one rank needs no all-reduce"),
+                 kernel_width(view),
                  (all(r.vmm for r in rs), "some rank lacks VMM support (cuMem*)")]
         if group_handle_type(view) == FD:
             conds.append((all(r.posix_fd for r in rs), "some rank lacks POSIX-fd handles"))

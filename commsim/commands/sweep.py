@@ -17,24 +17,49 @@ MAX_COUNT = 1_000_000
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from ..errors import UserError
     from ..fileio import check_output
+    from ..scenario.executors import shard
     from ..scenario.sweep import Progress, run_sweep, select_ids
 
+    if args.action != "merge" and args.reports:
+        raise UserError(f"sweep: unexpected argument(s) {' '.join(args.reports)}; to merge shard "
+                        f"reports, run `commsim sweep merge A.json B.json ...`")
+    if args.ray_address and args.executor != "ray":
+        raise UserError("--ray-address needs --executor ray")
     # Output paths are checked before the sweep, not after it (a late failure loses the run).
     if args.json:
         check_output(args.json, "--json")
     if args.html:
         check_output(args.html, "--html")
+    if args.action == "merge":
+        return _merge(args)
     if args.exec:
+        if args.executor != "local":
+            raise UserError("--exec runs the program in local worker processes; drop "
+                            "--executor ray (it applies to scenario sweeps only)")
         return cmd_sweep_exec(args)
 
-    ids = select_ids(args.count, seed=args.seed, filters=args.filter or (),
-                     enumerate_=args.enumerate, start=args.start)
+    ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),
+                           enumerate_=args.enumerate, start=args.start), args.shard)
     prog = Progress(len(ids), sys.stderr, every_s=args.progress_every) if not args.quiet else None
     det = "all" if args.determinism else ("none" if args.no_determinism else "sample")
-    rep = run_sweep(ids, jobs=args.jobs, determinism=det, progress=prog)
+    rep = run_sweep(ids, jobs=args.jobs, determinism=det, progress=prog, executor=args.executor,
+                    ray_address=args.ray_address)
     rep.seed = None if args.enumerate else args.seed
     rep.filters = list(args.filter or ())
+    rep.shard = args.shard
+    return _emit(rep, args)
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from ..scenario.executors import merge
+    rep = merge(args.reports)
+    print(f"merged {len(args.reports)} report(s)")
+    return _emit(rep, args)
+
+
+def _emit(rep, args: argparse.Namespace) -> int:
     print(rep.summary())
     if args.json:
         rep.write_json(args.json)
@@ -52,11 +77,12 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
     from ..fileio import write_atomic
     from ..hosting.run import split_command
     from ..hosting.sweep_exec import progress_printer, run_exec_sweep
+    from ..scenario.executors import shard
     from ..scenario.sweep import select_ids
 
     program = split_command(shlex.split(args.exec) + list(args.exec_args or ()))
-    ids = select_ids(args.count, seed=args.seed, filters=args.filter or (),
-                     enumerate_=args.enumerate, start=args.start)
+    ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),
+                           enumerate_=args.enumerate, start=args.start), args.shard)
     say = None if args.quiet else progress_printer(len(ids))
     rep = run_exec_sweep(program, ids, mode=args.exec_mode, timeout=args.exec_timeout,
                          progress=say)
@@ -79,6 +105,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "unexpected CUDA error, results equal the float64 reference, the ledger is "
                     "zero after close, and (1 in 20, or all with --determinism) the same seed "
                     "gives the same trace.")
+    p.add_argument("action", nargs="?", choices=["merge"],
+                   help="merge: combine the JSON reports of a sharded sweep into one (with --json, "
+                        "--html); without it, run a sweep")
+    p.add_argument("reports", nargs="*", metavar="REPORT.json", help="shard reports to merge")
     p.add_argument("--count", type=bounded_int(0, MAX_COUNT), default=1000, metavar="N",
                    help=f"scenarios to run (default 1000, at most {MAX_COUNT:,})")
     p.add_argument("--seed", type=non_negative_int, default=0, metavar="S",
@@ -89,6 +119,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep scenarios whose tags contain SUBSTR (machine shape, layout such as "
                         "tp8 or xdp2, placement, op, dtype, fault kind, capture/eager, "
                         "multihost/onehost); repeat to require several")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: this process or --jobs worker processes (default); ray: Ray tasks "
+                        "on a local Ray with --jobs CPUs started here, or on --ray-address "
+                        "(pip install 'commsim[ray]')")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="an existing Ray cluster for --executor ray ('auto' or host:port)")
+    p.add_argument("--shard", metavar="K/N",
+                   help="run only the K-th of N interleaved slices of the sweep (CI matrices); "
+                        "combine the --json reports with `commsim sweep merge`")
     p.add_argument("--enumerate", action="store_true",
                    help="use the deterministic enumeration instead of the sampler")
     p.add_argument("--start", type=non_negative_int, default=0, metavar="I",

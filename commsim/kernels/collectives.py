@@ -18,44 +18,101 @@ from .context import KernelContext
 from .workspace import DATA, END, MID, START, chunks as _chunks
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def _t(view: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A torch view of raw bytes (for kernels written with torch, such as the planted defects
+    of tests/sweep/test_defects.py)."""
     return torch.from_numpy(view).view(dtype)
 
 
 def _barrier(ctx: KernelContext, ptrs: Sequence[int], me: int, which: int, rnd: int, what: str) -> None:
-    for p in ptrs:
-        ctx.signal(p + which + 4 * me, rnd)
-    for j in range(len(ptrs)):
-        ctx.wait(ptrs[me] + which + 4 * j, rnd, f"{what}: flag of rank {j} (round {rnd})")
+    ctx.signal_all(ptrs, which + 4 * me, rnd)
+    ctx.wait_all(ctx.array(ptrs[me] + which, np.uint32, len(ptrs)), rnd,
+                 lambda j: f"{what}: flag of rank {j} (round {rnd})")
+
+
+# -- arithmetic: numpy over raw bytes, accumulating in float32 (DESIGN.md §5) ------------------
+# torch's bfloat16 casts run at about a tenth of numpy's add on this CPU; a bfloat16 is the
+# high half of a float32, so widening is a 16-bit shift and narrowing a round-to-nearest-even
+# on the low half, both plain integer passes.
+_NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def _accumulate(acc: np.ndarray, src: np.ndarray, dtype: str, first: bool) -> None:
+    """acc (float32) = src (raw bytes in `dtype`) when `first`, else acc += src."""
+    v = src.view(_NP[dtype])
+    if dtype == "bfloat16":
+        if first:
+            np.left_shift(v, 16, out=acc.view(np.uint32), dtype=np.uint32)
+            return
+        wide = np.left_shift(v, 16, dtype=np.uint32)
+        np.add(acc, wide.view(np.float32), out=acc)
+    elif first:
+        np.copyto(acc, v)
+    else:
+        np.add(acc, v, out=acc)
+
+
+def _store(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
+    """dst (raw bytes in `dtype`) = acc (float32), rounded to nearest even like a GPU cvt.rn."""
+    if dtype != "bfloat16":
+        np.copyto(dst.view(_NP[dtype]), acc, casting="same_kind")
+        return
+    u = acc.view(np.uint32)
+    r = np.right_shift(u, 16)
+    np.bitwise_and(r, 1, out=r)
+    np.add(r, 0x7FFF, out=r)
+    np.add(r, u, out=r)
+    np.right_shift(r, 16, out=r)
+    out = dst.view(np.uint16)
+    np.copyto(out, r, casting="unsafe")
+    nan = np.isnan(acc)
+    if nan.any():
+        out[nan] = 0x7FC0          # a quiet NaN, as cvt.rn.bf16.f32 gives
+
+
+def _reduce(srcs: Sequence[np.ndarray], dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """The float32 sum of the `srcs` (raw bytes in `dtype`), in order: one pass per input.
+    `out`: float32 memory to accumulate in (a float32 kernel sums straight into its result)."""
+    acc = out if out is not None else np.empty(srcs[0].size // np.dtype(_NP[dtype]).itemsize, np.float32)
+    for i, v in enumerate(srcs):
+        _accumulate(acc, v, dtype, i == 0)
+    return acc
+
+
+def _reduce_into(srcs: Sequence[np.ndarray], dst: np.ndarray, dtype: str) -> None:
+    """dst (raw bytes in `dtype`) = the float32 sum of `srcs`, rounded once. In float32 the
+    sum accumulates in dst itself: the passes numpy would make, no temporary. The partial sums
+    sit in this rank's own result range, which no peer reads before the next barrier."""
+    if dtype == "float32":
+        _reduce(srcs, dtype, out=dst.view(np.float32))
+    else:
+        _store(_reduce(srcs, dtype), dst, dtype)
 
 
 def one_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dtype: str,
                         capacity: int, rnd: int) -> None:
     """Every rank reads every peer's whole input and sums in float32 (vLLM 1-stage)."""
-    dt = TORCH_DTYPES[dtype]
-    esz = torch.empty(0, dtype=dt).element_size()
+    esz = ESIZE[dtype]
     _barrier(ctx, ptrs, me, START, rnd, "one-shot start")
-    acc = torch.zeros(n, dtype=torch.float32)
-    for p in ptrs:
-        acc += _t(ctx.array(p + DATA, np.uint8, n * esz), dt).float()
-    _t(ctx.array(ptrs[me] + DATA + capacity, np.uint8, n * esz), dt).copy_(acc.to(dt))
+    if n:
+        _reduce_into([ctx.array(p + DATA, np.uint8, n * esz) for p in ptrs],
+                     ctx.array(ptrs[me] + DATA + capacity, np.uint8, n * esz), dtype)
     _barrier(ctx, ptrs, me, END, rnd, "one-shot end")
 
 
 def two_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dtype: str,
                         capacity: int, rnd: int) -> None:
     """Reduce-scatter (rank i reduces chunk i) then all-gather of the reduced chunks."""
-    dt = TORCH_DTYPES[dtype]
-    esz = torch.empty(0, dtype=dt).element_size()
+    esz = ESIZE[dtype]
     ch = _chunks(n, len(ptrs))
     lo, hi = ch[me]
     _barrier(ctx, ptrs, me, START, rnd, "two-shot start")
-    acc = torch.zeros(hi - lo, dtype=torch.float32)
-    for p in ptrs:
-        acc += _t(ctx.array(p + DATA + lo * esz, np.uint8, (hi - lo) * esz), dt).float()
-    _t(ctx.array(ptrs[me] + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz), dt).copy_(acc.to(dt))
+    if hi > lo:
+        _reduce_into([ctx.array(p + DATA + lo * esz, np.uint8, (hi - lo) * esz) for p in ptrs],
+                     ctx.array(ptrs[me] + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz), dtype)
     _barrier(ctx, ptrs, me, MID, rnd, "two-shot middle")
     for j, (a, b) in enumerate(ch):
         if j != me and b > a:
@@ -77,14 +134,12 @@ def all_gather(ctx: KernelContext, ptrs: Sequence[int], me: int, nbytes: int, ca
 def reduce_scatter(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dtype: str,
                    capacity: int, rnd: int) -> None:
     """Rank i gets chunk i (n // ws elements) of the sum, at the start of its scratch."""
-    dt = TORCH_DTYPES[dtype]
-    esz = torch.empty(0, dtype=dt).element_size()
+    esz = ESIZE[dtype]
     per = n // len(ptrs)
     _barrier(ctx, ptrs, me, START, rnd, "reduce-scatter start")
-    acc = torch.zeros(per, dtype=torch.float32)
-    for p in ptrs:
-        acc += _t(ctx.array(p + DATA + me * per * esz, np.uint8, per * esz), dt).float()
-    _t(ctx.array(ptrs[me] + DATA + capacity, np.uint8, per * esz), dt).copy_(acc.to(dt))
+    if per:
+        _reduce_into([ctx.array(p + DATA + me * per * esz, np.uint8, per * esz) for p in ptrs],
+                     ctx.array(ptrs[me] + DATA + capacity, np.uint8, per * esz), dtype)
     _barrier(ctx, ptrs, me, END, rnd, "reduce-scatter end")
 
 
@@ -92,23 +147,19 @@ def multimem_all_reduce(ctx: KernelContext, mc: int, uc: int, me: int, ws: int, 
                         dtype: str, capacity: int, rnd: int) -> None:
     """NVLS-style: rank i multimem.ld_reduce's chunk i over the multicast address and
     multimem.st's it back to every member; flags travel by multicast stores too."""
-    dt = TORCH_DTYPES[dtype]
-    esz = torch.empty(0, dtype=dt).element_size()
+    esz = ESIZE[dtype]
 
     def mc_barrier(which: int, what: str) -> None:
         for v in ctx.multimem(mc + which + 4 * me, np.uint32, 1):
             v[0] = rnd
-        for j in range(ws):
-            ctx.wait(uc + which + 4 * j, rnd, f"{what}: flag of rank {j} (round {rnd})")
+        ctx.wait_all(ctx.array(uc + which, np.uint32, ws), rnd,
+                     lambda j: f"{what}: flag of rank {j} (round {rnd})")
 
     mc_barrier(START, "multimem start")
     lo, hi = _chunks(n, ws)[me]
     if hi > lo:
-        members = ctx.multimem(mc + DATA + lo * esz, np.uint8, (hi - lo) * esz)
-        acc = torch.zeros(hi - lo, dtype=torch.float32)
-        for v in members:
-            acc += _t(v, dt).float()
-        out = acc.to(dt)
-        for v in ctx.multimem(mc + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz):
-            _t(v, dt).copy_(out)
+        dsts = ctx.multimem(mc + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz)
+        _reduce_into(ctx.multimem(mc + DATA + lo * esz, np.uint8, (hi - lo) * esz), dsts[0], dtype)
+        for v in dsts[1:]:          # multimem.st: the same bytes to every member
+            np.copyto(v, dsts[0])
     mc_barrier(END, "multimem end")

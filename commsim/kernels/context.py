@@ -12,6 +12,7 @@ ranks the way a GPU spin lets other blocks run.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -29,6 +30,23 @@ class KernelContext(ABC):
     @abstractmethod
     def multimem(self, ptr: int, dtype: np.dtype, count: int) -> list[np.ndarray]:
         """multimem.ld_reduce / st operands: one view per device bound to the multicast range."""
+
+    def signal_all(self, ptrs: Sequence[int], offset: int, value: int) -> None:
+        """signal(p + offset, value) for every p, in order (a barrier's stores to its peers)."""
+        for p in ptrs:
+            self.signal(p + offset, value)
+
+    def wait_all(self, flags: np.ndarray, value: int, what: Callable[[int], str]) -> None:
+        """Acquire-spin until every flag of `flags` (a view of consecutive 32-bit flags) is
+        >= value: a vectorised scan, and a wait only on the first flag still behind (named
+        by `what(j)` in a hang diagnosis), rescanning after each. A wait per flag was O(ranks)
+        scheduler calls per rank per barrier, O(ranks^2) per round."""
+        while True:
+            behind = np.flatnonzero(flags < value)
+            if behind.size == 0:
+                return
+            j = int(behind[0])
+            wait_until(lambda: int(flags[j]) >= value, what(j))
 
     def signal(self, ptr: int, value: int) -> None:
         """Release-store of a 32-bit flag (st.release.sys on the GPU)."""

@@ -123,6 +123,7 @@ class Scheduler:
         self._current: _Rank | None = None
         self._in_pred = False
         self._hub: greenlet | None = None
+        self._fresh: _Rank | None = None   # picked by a rank, not started yet: the hub starts it
         self._alive = 0
         self._hang_rounds = 0
         self._abort: Diagnosis | None = None
@@ -148,7 +149,7 @@ class Scheduler:
         _tls.sched = self
         try:
             while self._alive:
-                rec = self._pick()
+                rec, self._fresh = (self._fresh or self._pick()), None
                 if rec is None:
                     self._stall()
                     continue
@@ -249,6 +250,12 @@ class Scheduler:
         nxt = self._pick()
         if nxt is not rec:
             if nxt is None:
+                self._hub.switch()  # type: ignore[union-attr]
+            elif not nxt.started:
+                # A greenlet started from a rank's stack inherits that rank's recursion depth
+                # (greenlet on CPython 3.11): 144 ranks each starting the next exceeded the
+                # recursion limit. The hub starts fresh ranks from its own shallow stack.
+                self._fresh = nxt
                 self._hub.switch()  # type: ignore[union-attr]
             else:
                 self._current = nxt

@@ -195,6 +195,8 @@ class Report:
     jobs: int = 1
     seed: int | None = None
     filters: list[str] = field(default_factory=list)
+    shard: str | None = None        # "K/N" when this is one shard of a sweep
+    executor: str = "local"
 
     @property
     def failed(self) -> list[dict]:
@@ -249,7 +251,8 @@ class Report:
 
     def to_json(self) -> dict:
         return {
-            "seed": self.seed, "filters": self.filters, "count": len(self.records),
+            "seed": self.seed, "filters": self.filters, "shard": self.shard,
+            "count": len(self.records), "executor": self.executor,
             "jobs": self.jobs, "wall_s": round(self.wall_s, 3),
             "rate_per_s": round(len(self.records) / self.wall_s, 1) if self.wall_s else None,
             "clean": len(self.records) - len(self.failed), "failed": len(self.failed),
@@ -262,6 +265,15 @@ class Report:
             "scenarios": [{k: (round(v, 4) if k == "seconds" else v) for k, v in r.items()
                            if k not in ("failures",)} for r in self.records],
         }
+
+    def canonical(self) -> dict:
+        """The report without what depends on how it ran (timing, executor, jobs, shard): equal
+        for one sweep whatever the executor, job count or sharding (then merged)."""
+        d = self.to_json()
+        for k in ("wall_s", "rate_per_s", "jobs", "executor", "shard"):
+            d.pop(k)
+        d["scenarios"] = [{k: v for k, v in s.items() if k != "seconds"} for s in d["scenarios"]]
+        return d
 
     def write_json(self, path: str) -> None:
         from ..fileio import write_atomic
@@ -344,10 +356,15 @@ def _run_pool(ids: list[str], jobs: int, determinism: str, take: Callable[[dict]
 def run_sweep(ids: list[str], jobs: int = 1, determinism: str = "sample",
               progress: Progress | None = None,
               on_record: Callable[[dict], None] | None = None,
-              crash_ids: Iterable[str] = ()) -> Report:
+              crash_ids: Iterable[str] = (), executor: str = "local",
+              ray_address: str | None = None) -> Report:
     """Run every id; `jobs` > 1 uses worker processes. `determinism`: sample (1 in 20, by id),
     all, or none. `crash_ids` (worker processes only) makes a worker die on those ids, to
-    test that a crash is reported instead of hanging the sweep."""
+    test that a crash is reported instead of hanging the sweep. `executor="ray"` runs the
+    scenarios as Ray tasks (commsim.scenario.executors): `jobs` CPUs of a local Ray, or the
+    cluster at `ray_address`."""
+    if executor not in ("local", "ray"):
+        raise UserError(f"--executor {executor!r}; accepted: local, ray")
     if determinism not in ("sample", "all", "none"):
         raise UserError(f"determinism mode {determinism!r}; accepted: sample, all, none")
     if jobs < 1:
@@ -365,7 +382,10 @@ def run_sweep(ids: list[str], jobs: int = 1, determinism: str = "sample",
         if progress:
             progress.update(len(records), fails)
 
-    if jobs == 1 or len(ids) < 8:
+    if executor == "ray":
+        from .executors import run_ray
+        run_ray(ids, jobs, determinism, take, address=ray_address)
+    elif jobs == 1 or len(ids) < 8:
         for sid in ids:
             take(run_one(sid, determinism))
     else:
@@ -374,7 +394,7 @@ def run_sweep(ids: list[str], jobs: int = 1, determinism: str = "sample",
         progress.close()
     order = {s: i for i, s in enumerate(ids)}
     records.sort(key=lambda r: order[r["id"]])
-    return Report(records, wall_s=time.perf_counter() - t0, jobs=jobs)
+    return Report(records, wall_s=time.perf_counter() - t0, jobs=jobs, executor=executor)
 
 
 # -- HTML ----------------------------------------------------------------------------------------------

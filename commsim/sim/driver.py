@@ -129,6 +129,7 @@ class SimDriver:
         self._maps: dict[int, Mapping] = {}
         self._bases: list[int] = []
         self._reserved: dict[int, int] = {}           # VA reservations: base -> size
+        self._rbases: list[int] = []                  # their bases, sorted (bisect lookups)
         self._next_va = 0x7F00_0000_0000 + (proc.pid % 4096) * (1 << 34)
         self._handles: dict[int, tuple[str, int]] = {}  # VMM handle -> ("mem"|"mc", id)
         self._next_handle = 0x1000 + (proc.pid % 997) * 16
@@ -291,10 +292,15 @@ class SimDriver:
     def resolve(self, ptr: int, nbytes: int) -> tuple[Mapping, int]:
         """Mapping and offset for a device access of `nbytes` at `ptr`; Fail(700) when the
         range is unmapped, has no access (row V11) or its memory was freed (row L15)."""
-        hit = self._find(_attr_int(ptr))
-        if hit is None or hit[1] + nbytes > hit[0].size or nbytes < 0:
+        # _find inlined: kernels resolve every peer pointer of every round (the hot path).
+        ptr = ptr if type(ptr) is int else _attr_int(ptr)
+        i = bisect.bisect_right(self._bases, ptr) - 1
+        if i < 0 or nbytes < 0:
             raise Fail(E.cudaErrorIllegalAddress)
-        m, off = hit
+        m = self._maps[self._bases[i]]
+        off = ptr - m.base
+        if off + nbytes > m.size or off >= m.size:
+            raise Fail(E.cudaErrorIllegalAddress)
         if not m.access:
             raise Fail(E.cudaErrorIllegalAddress)
         if isinstance(m.target, PhysicalAlloc) and m.target.freed:
@@ -712,14 +718,27 @@ class SimDriver:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         base = self._va(size, max(align, unconfirmed.GRANULARITY_MIN))
         self._reserved[base] = size
+        bisect.insort(self._rbases, base)
         self.ledger.add("reservation", base, f"cuMemAddressReserve({size})")
         return base
 
     def _in_reservation(self, ptr: int, size: int) -> bool:
-        for b, s in self._reserved.items():
-            if b <= ptr and ptr + size <= b + s:
-                return True
-        return False
+        # Reservations never overlap, so only the last one starting at or below ptr can hold
+        # it (a scan per map made peer mapping cubic in the rank count).
+        i = bisect.bisect_right(self._rbases, ptr) - 1
+        if i < 0:
+            return False
+        b = self._rbases[i]
+        return ptr + size <= b + self._reserved[b]
+
+    def _overlaps_map(self, ptr: int, size: int) -> bool:
+        """Whether [ptr, ptr+size) meets a live mapping: mappings never overlap, so their ends
+        are sorted like their bases and the last one starting below ptr+size decides."""
+        i = bisect.bisect_left(self._bases, ptr + size) - 1
+        if i < 0:
+            return False
+        b = self._bases[i]
+        return b + self._maps[b].size > ptr
 
     @api(0, False)
     def cuMemMap(self, ptr: int, size: int, offset: int, handle: int, flags: int) -> None:
@@ -729,12 +748,8 @@ class SimDriver:
         gran = unconfirmed.GRANULARITY_MIN if target[0] == "mem" else unconfirmed.MULTICAST_GRANULARITY_MIN
         if size <= 0 or ptr % gran or size % gran or offset != 0 or size > obj.size:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)               # §2.3: granularity, offset 0
-        if not self._in_reservation(ptr, size):
+        if not self._in_reservation(ptr, size) or self._overlaps_map(ptr, size):
             raise Fail(unconfirmed.code("V10"))
-        for b in self._bases:
-            m = self._maps[b]
-            if b < ptr + size and ptr < b + m.size:
-                raise Fail(unconfirmed.code("V10"))
         if isinstance(obj, MulticastObject):
             # Row M2: mapping a multicast handle blocks until every device has joined.
             wait_until(lambda: len(obj.devices) >= obj.num_devices,
@@ -802,9 +817,11 @@ class SimDriver:
         ptr, size = _attr_int(ptr), _attr_int(size)
         if self._reserved.get(ptr) != size:
             raise Fail(unconfirmed.code("V15"))
-        if any(ptr <= b < ptr + size for b in self._bases):
+        i = bisect.bisect_left(self._bases, ptr)
+        if i < len(self._bases) and self._bases[i] < ptr + size:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # still mapped inside: unmap first
         del self._reserved[ptr]
+        self._rbases.pop(bisect.bisect_left(self._rbases, ptr))
         self.ledger.remove("reservation", ptr, all_refs=True)
 
     # ---- multicast -------------------------------------------------------------------------

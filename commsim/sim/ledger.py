@@ -24,12 +24,18 @@ _SKIP = (os.sep + os.path.join("commsim", "sim") + os.sep, os.sep + "commsim" + 
          os.sep + os.path.join("commsim", "hosting") + os.sep, os.sep + "ctypes" + os.sep)
 
 
+_INSIDE: dict[str, bool] = {}     # file name -> part of the simulator (asked once per file)
+
+
 def call_site(depth: int = 2) -> str:
     """The first frame outside the simulator: where user (or backend) code made the call."""
     f = sys._getframe(depth)
     while f is not None:
         fn = f.f_code.co_filename
-        if not any(s in fn for s in _SKIP):
+        inside = _INSIDE.get(fn)
+        if inside is None:
+            inside = _INSIDE[fn] = any(s in fn for s in _SKIP)
+        if not inside:
             return f"{os.path.basename(fn)}:{f.f_lineno} in {f.f_code.co_name}"
         f = f.f_back
     return "<unknown>"

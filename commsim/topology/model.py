@@ -332,12 +332,16 @@ class Cluster:
                     raise TopologyError(f"host {h} is in two IMEX domains ({imex_owner[h]}, "
                                         f"{d.name}); an IMEX daemon has one nodes_config")
                 imex_owner[h] = d.name
+        # Lookup tables (not fields: equality and hashing stay those of the shape). A scan per
+        # lookup made a 576-rank run cubic: every pair check walked the domain's members.
+        object.__setattr__(self, "_by_name", by_name)
+        object.__setattr__(self, "_domain", {m: d for d in self.domains for m in d.members})
 
     # -- lookups ------------------------------------------------------------------------
     def host(self, name: str) -> Host:
-        for h in self.hosts:
-            if h.name == name:
-                return h
+        h = self._by_name.get(name)  # type: ignore[attr-defined]
+        if h is not None:
+            return h
         raise TopologyError(f"cluster {self.name}: no host {name!r}; hosts: {', '.join(h.name for h in self.hosts)}")
 
     def gpu(self, ref: GpuRef) -> Gpu:
@@ -353,10 +357,7 @@ class Cluster:
         return sum(len(h.gpus) for h in self.hosts)
 
     def domain_of(self, ref: GpuRef) -> NvlinkDomain | None:
-        for d in self.domains:
-            if ref in d.members:
-                return d
-        return None
+        return self._domain.get(ref)  # type: ignore[attr-defined]
 
     def same_host(self, a: GpuRef, b: GpuRef) -> bool:
         return a.host == b.host

@@ -1,0 +1,167 @@
+"""Where a sweep's scenarios run, and how partial sweeps come back together.
+
+- `shard(ids, "K/N")`: the K-th of N interleaved slices of a sweep (ids K-1, K-1+N, ...), so
+  a CI matrix of N jobs covers the sweep once and each job gets a like mix of cheap and
+  expensive scenarios.
+- `run_ray(ids, ...)`: every chunk of ids is a Ray task (`pip install commsim[ray]`): a local
+  Ray started in this process by default, or an existing cluster at `address`. Ray is an
+  optional extra, imported only here.
+- `merge(paths)`: shard reports (`sweep --json`) back into one report. A record is a
+  function of its id alone, so the merged report equals the unsharded one, timing aside
+  (`Report.canonical`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Callable
+
+from ..errors import UserError
+
+_SHARD = re.compile(r"^(\d+)/(\d+)$")
+_ID = re.compile(r"^([se])(?:(\d+)-)?(\d+)$")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 1 <= K <= N, or a UserError naming --shard."""
+    m = _SHARD.match(text.strip())
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise UserError(f"--shard {text!r}: expected K/N with 1 <= K <= N (e.g. --shard 2/4 "
+                        f"for the second of four CI jobs)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def shard(ids: list[str], spec: str | None) -> list[str]:
+    if not spec:
+        return ids
+    k, n = parse_shard(spec)
+    return ids[k - 1::n]
+
+
+def id_order(sid: str) -> tuple:
+    """Sort key that restores a sweep's own order (select_ids yields increasing indices)."""
+    m = _ID.match(sid)
+    return (m.group(1), int(m.group(2) or 0), int(m.group(3))) if m else ("~", 0, 0, sid)
+
+
+# -- Ray ---------------------------------------------------------------------------------------------
+def ray_missing() -> str | None:
+    """Why Ray cannot be used here, or None when it can."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        return f"--executor ray needs Ray: pip install 'commsim[ray]' ({e})"
+    return None
+
+
+def _ray_chunk(ids: list[str], determinism: str) -> list[dict]:
+    from .sweep import run_one
+    return [run_one(sid, determinism) for sid in ids]
+
+
+def run_ray(ids: list[str], jobs: int, determinism: str, take: Callable[[dict], None],
+            address: str | None = None, chunk: int = 25) -> None:
+    """Run `ids` as Ray tasks of up to `chunk` ids; `take` gets every record as it lands.
+    `address`: an existing cluster ('auto' or host:port); otherwise a local Ray with `jobs`
+    CPUs is started here and shut down at the end. The workers must be able to import this
+    commsim (the same checkout, or the same version installed on every node)."""
+    why = ray_missing()
+    if why:
+        raise UserError(why)
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                              "configure_logging": False}
+        if address:
+            kw["address"] = address
+        else:
+            kw["num_cpus"] = jobs
+        # Workers import commsim from the source tree the driver runs from.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        kw["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}}
+        try:
+            ray.init(**kw)
+        except Exception as e:      # unreachable cluster, bad address: say so, no traceback
+            raise UserError(f"--executor ray: could not start or reach Ray"
+                            f"{f' at --ray-address {address}' if address else ''}: {e}") from e
+        started = True
+    try:
+        task = ray.remote(num_cpus=1)(_ray_chunk)
+        pending = [task.remote(ids[i:i + chunk], determinism) for i in range(0, len(ids), chunk)]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for rec in ray.get(done[0]):
+                take(rec)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# -- merging shard reports --------------------------------------------------------------------------
+def _records(path: str) -> tuple[dict, list[dict]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the shard report: {e.strerror}") from e
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not a sweep JSON report (line {e.lineno}: {e.msg}); write one "
+                        f"with `commsim sweep --shard K/N --json {path}`") from e
+    if not isinstance(d, dict) or not isinstance(d.get("scenarios"), list):
+        raise UserError(f"{path}: no 'scenarios' list: not a `commsim sweep --json` report")
+    fails = {f["id"]: f["failures"] for f in d.get("failures", [])}
+    recs = [dict(s, failures=fails.get(s["id"], [])) for s in d["scenarios"]]
+    return d, recs
+
+
+def merge(paths: list[str]):
+    """One Report from the JSON reports of the shards of one sweep. Refuses reports of
+    different sweeps (seed, filters), a scenario present twice, and an incomplete set of
+    shards (the missing ones are named)."""
+    from .sweep import Report
+
+    if not paths:
+        raise UserError("sweep merge: give the shard reports to merge (JSON files)")
+    records: list[dict] = []
+    seen: dict[str, str] = {}
+    head: dict | None = None
+    shards: dict[int, str] = {}
+    of = None
+    wall, jobs = 0.0, 0
+    for p in paths:
+        d, recs = _records(p)
+        wall, jobs = max(wall, float(d.get("wall_s") or 0.0)), jobs + int(d.get("jobs") or 0)
+        key = {"seed": d.get("seed"), "filters": d.get("filters", [])}
+        if head is None:
+            head = key
+        elif key != head:
+            raise UserError(f"{p}: from another sweep (seed {key['seed']}, filters {key['filters']}; "
+                            f"the first report has seed {head['seed']}, filters {head['filters']})")
+        if d.get("shard"):
+            k, n = parse_shard(d["shard"])
+            if of is not None and n != of:
+                raise UserError(f"{p}: shard {d['shard']} is of {n}, the others of {of}")
+            if k in shards:
+                raise UserError(f"{p}: shard {d['shard']} was already given ({shards[k]})")
+            of, shards[k] = n, p
+        for r in recs:
+            if r["id"] in seen:
+                raise UserError(f"{p}: scenario {r['id']} is also in {seen[r['id']]}: "
+                                f"the reports overlap")
+            seen[r["id"]] = p
+            records.append(r)
+    if of is not None and len(shards) != of:
+        missing = ", ".join(f"{k}/{of}" for k in range(1, of + 1) if k not in shards)
+        raise UserError(f"sweep merge: shard(s) {missing} missing; run `commsim sweep --shard K/{of} "
+                        f"--json ...` for each and merge all {of}")
+    records.sort(key=lambda r: id_order(r["id"]))
+    # Shards run side by side: the merged sweep took as long as its slowest shard.
+    rep = Report(records, wall_s=wall, jobs=jobs, executor="merged")
+    assert head is not None
+    rep.seed, rep.filters = head["seed"], list(head["filters"])
+    return rep

@@ -1,0 +1,49 @@
+"""The scale ladder: machines of 8, 72, 144 and 576 ranks, for measuring how a run grows with
+the machine (benchmarks/scale_ladder.py, the README table).
+
+8 and 72 are the shipped presets (HGX H100, GB200 NVL72). 144 and 576 are generated from
+the GB200 tray and kept out of the preset list on purpose: the sweep's generator draws its
+machine families from the presets, and a 576-rank machine in the default mix would turn a
+sweep of thousands into hours.
+
+- 144: two NVL72 racks joined into one NVLink domain, one NVML clique per rack, modelled as
+  GB200 NVL36x2 is (same cluster UUID, different clique: row F3). How two NVL72 racks join
+  is UNCONFIRMED (reference §5 covers NVL36x2, not two NVL72s).
+- 576: eight NVL72 racks in one NVLink domain through a second tier of NVLink switches, as
+  NVL576-class systems are announced; one clique for the whole domain is UNCONFIRMED.
+"""
+
+from __future__ import annotations
+
+from .model import Cluster, TopologyError
+from .presets import _gb200_rack, build
+
+LADDER = (8, 72, 144, 576)
+
+
+def gb200_nvl72x2() -> Cluster:
+    return _gb200_rack(
+        "gb200-nvl72x2", 36, lambda t: 1 + t // 18,
+        "two GB200 NVL72 racks, 36 trays x 4 GPUs, one 144-GPU NVLink domain, one clique per "
+        "rack (generated; the joining of two NVL72 racks is UNCONFIRMED)")
+
+
+def gb200_nvl576() -> Cluster:
+    return _gb200_rack(
+        "gb200-nvl576", 144, lambda t: 1,
+        "eight GB200 NVL72 racks, 144 trays x 4 GPUs, one 576-GPU NVLink domain (generated, "
+        "NVL576-class; one clique for the domain is UNCONFIRMED)")
+
+
+def ladder_cluster(ranks: int) -> Cluster:
+    """The machine of the ladder with `ranks` GPUs."""
+    if ranks == 8:
+        return build("hgx-h100-8")
+    if ranks == 72:
+        return build("gb200-nvl72")
+    if ranks == 144:
+        return gb200_nvl72x2()
+    if ranks == 576:
+        return gb200_nvl576()
+    raise TopologyError(f"no scale-ladder machine of {ranks} ranks; the ladder is "
+                        f"{', '.join(map(str, LADDER))}")

@@ -1,0 +1,50 @@
+"""The simulated kernels' numpy arithmetic rounds and widens exactly like torch's casts (the
+round-to-nearest-even a GPU's cvt.rn does), for every value class, and sums in order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from commsim.kernels.collectives import _accumulate, _reduce, _store
+
+
+def _specials() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32)
+    ties = (rng.integers(0, 2 ** 16, 2000, dtype=np.uint64).astype(np.uint32) << 16) | 0x8000
+    extra = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.3895314e38, 3.4e38, 1e-40, -1e-45,
+                      1.0, -2.5, 65504.0, 65520.0, 6e-8], np.float32)
+    vals = np.concatenate([bits.view(np.float32), ties.view(np.float32), extra])
+    return vals
+
+
+@pytest.mark.parametrize("dtype,tdt", [("bfloat16", torch.bfloat16), ("float16", torch.float16),
+                                       ("float32", torch.float32)])
+def test_store_rounds_like_torch(dtype: str, tdt: torch.dtype) -> None:
+    acc = _specials()
+    out = np.zeros(acc.size * torch.empty(0, dtype=tdt).element_size(), np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):
+        _store(acc.copy(), out, dtype)
+    want = torch.from_numpy(acc).to(tdt)
+    got = torch.from_numpy(out).view(tdt)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(torch.uint8), want[~nan].view(torch.uint8)) if tdt != torch.float32 \
+        else torch.equal(got[~nan], want[~nan])
+
+
+@pytest.mark.parametrize("dtype,tdt", [("bfloat16", torch.bfloat16), ("float16", torch.float16),
+                                       ("float32", torch.float32)])
+def test_reduce_widens_and_sums_in_order(dtype: str, tdt: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(1001, generator=g).to(tdt) for _ in range(5)]
+    acc = _reduce([x.view(torch.uint8).numpy() for x in xs], dtype)
+    want = torch.zeros(1001)
+    for x in xs:
+        want += x.float()
+    assert torch.equal(torch.from_numpy(acc), want)
+    one = np.empty(1001, np.float32)
+    _accumulate(one, xs[0].view(torch.uint8).numpy(), dtype, first=True)
+    assert torch.equal(torch.from_numpy(one), xs[0].float())

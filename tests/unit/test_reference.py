@@ -1,0 +1,79 @@
+"""The streaming reference: inputs are a pure function of their key, the rank-by-rank sum is
+the float64 sum of a stack, and the check (fast path included) accepts exactly what the
+float64 tolerance accepts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commsim.scenario.reference import RTOL, Inputs, Reference, make_input
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather", "all_reduce_rmsnorm"])
+def test_rank_by_rank_reference_equals_the_stacked_float64_sum(op: str, dt: str) -> None:
+    size, numel = 5, 40
+    ref = Reference(7, "g", size, op, numel, dt)
+    xs = [make_input(7, "g", size, r, op, numel, dt) for r in range(size)]
+    for r in range(size):
+        assert torch.equal(ref.input(r), xs[r])          # the view is the pure function
+    if op == "all_gather":
+        stacked = torch.cat([x.double() for x in xs])
+    else:
+        stacked = torch.stack([x.double() for x in xs]).sum(0)
+        assert torch.equal(torch.from_numpy(ref.total).double(), stacked)
+    for r in range(size):
+        if op == "reduce_scatter":
+            want = stacked.chunk(size)[r]
+        elif op == "all_reduce_rmsnorm":
+            want = stacked + 1.0
+        else:
+            want = stacked
+        assert ref.check(want.to(xs[0].dtype), r) is None
+
+
+def test_inputs_differ_by_rank_seed_and_op() -> None:
+    a = make_input(0, "g", 4, 1, "all_reduce", 64, "float32")
+    assert not torch.equal(a, make_input(0, "g", 4, 2, "all_reduce", 64, "float32"))
+    assert not torch.equal(a, make_input(1, "g", 4, 1, "all_reduce", 64, "float32"))
+    assert not torch.equal(a, make_input(0, "g", 4, 1, "all_gather", 64, "float32"))
+    assert torch.equal(a, make_input(0, "g", 4, 1, "all_reduce", 64, "float32"))
+
+
+def test_inputs_share_one_tape_whatever_the_rank_count() -> None:
+    ref = Reference(0, "world", 72, "all_reduce", 1 << 12, "bfloat16")
+    base = ref.values.untyped_storage().data_ptr()
+    assert all(ref.input(r).untyped_storage().data_ptr() == base for r in range(72))
+    assert ref.values.numel() == (1 << 12) + 61 * 71
+
+
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+def test_check_accepts_within_tolerance_and_rejects_beyond(dt: str) -> None:
+    ref = Reference(3, "g", 8, "all_reduce", 1000, dt)
+    good = torch.from_numpy(ref.total).to(ref.values.dtype)
+    assert ref.check(good, 0) is None
+    peak = float(abs(ref.total).max())
+    tol = RTOL[dt] * peak + 1e-6
+    near = good.double().clone()
+    near[17] += tol * 0.5                 # off the rounded value, still within tolerance
+    assert ref.check(near.to(good.dtype), 1) is None
+    far = good.double().clone()
+    far[999] += max(tol * 4, 1.0)          # beyond it: the fast path must not hide it
+    msg = ref.check(far.to(good.dtype), 2)
+    assert msg is not None and "max error" in msg
+    assert ref.check(good[:-1], 3) == f"max error inf > {tol}"
+    assert ref.check(good.float() if dt == "bfloat16" else good.double(), 4) is None
+
+
+def test_dropped_contribution_fails_the_check() -> None:
+    ref = Reference(5, "g", 8, "all_reduce", 4096, "bfloat16")
+    partial = sum(ref.input(r).double() for r in range(7)).to(torch.bfloat16)
+    assert ref.check(partial, 0) is not None
+
+
+def test_inputs_keep_a_bounded_number_of_references() -> None:
+    inp = Inputs(0)
+    for n in (16, 32, 64, 128, 256):
+        r = inp.get("g", 4, "all_reduce", n, "float32")
+    assert len(inp.memo) == 3 and inp.get("g", 4, "all_reduce", 256, "float32") is r
