@@ -19,12 +19,14 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..group.seal import ForgedValue, Seal, new_secret
 from ..group.torch_dist import DEFAULT_TIMEOUT, host_store, last_status, mark_dead
+from ..errors import UserError
 from ..policy import Policy
 from ..signals import terminate_cleanly
 from ..scenario.model import Scenario
@@ -107,7 +109,15 @@ def _launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int,
                 continue
             p = ctx.Process(target=target, args=(make_job(r, store.port, prefix, secret),),
                             name=f"commsim-rank{r}", daemon=True)
-            p.start()
+            try:
+                p.start()
+            except OSError as e:
+                if "too long" not in str(e):
+                    raise
+                # The forkserver's AF_UNIX socket lives under TMPDIR: at most 108 bytes.
+                raise UserError(f"--procs: cannot start the rank processes: {e} (the "
+                                f"forkserver's socket goes under TMPDIR={tempfile.gettempdir()});"
+                                f" set TMPDIR to a short directory such as /tmp") from None
             procs[r] = p
             out.pids.append(p.pid)
         say(f"started {len(procs)} rank process(es) in {time.monotonic() - t0:.2f} s "

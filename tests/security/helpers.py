@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,8 +74,8 @@ class InFlight:
     exchange, with its own TMPDIR; once `started`, its ranks are inside the run."""
 
     def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp / "tmpdir"
-        self.tmp.mkdir()
+        # Short: the forkserver's AF_UNIX socket lives under TMPDIR (at most 108 bytes).
+        self.tmp = Path(tempfile.mkdtemp(prefix="cs-sec-", dir="/tmp"))
         sc = tmp / "pair.toml"
         sc.write_text(SCENARIO)
         self.p = subprocess.Popen(
@@ -81,13 +83,18 @@ class InFlight:
              "--stall", "1@ipc.init", str(sc)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(self.tmp)))
-        line, deadline = "", time.monotonic() + 120
+        line, seen, deadline = "", [], time.monotonic() + 120
         while time.monotonic() < deadline:
             line = self.p.stderr.readline()
+            seen.append(line)
             if "started" in line or not line:
                 break
         m = re.search(r"pids ([\d ]+);.*shared memory /dev/shm/(\S+)/\*", line)
-        assert m, f"the launcher never reported its ranks: {line!r}"
+        if not m:
+            self.p.kill()
+            out, err = self.p.communicate(timeout=30)
+            raise AssertionError(f"the launcher never reported its ranks (exit "
+                                 f"{self.p.returncode}):\n{out}\n{''.join(seen)}{err}")
         self.rank_pids = [int(x) for x in m.group(1).split()]
         self.prefix = m.group(2)
         deadline = time.monotonic() + 30      # until the ranks have segments
@@ -95,6 +102,12 @@ class InFlight:
             time.sleep(0.1)
         self.tree = descendants(self.p.pid)
         assert set(self.rank_pids) <= self.tree
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.communicate(timeout=30)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def wait_gone(self, pids: set[int], limit: float = 15) -> set[int]:
         deadline = time.monotonic() + limit

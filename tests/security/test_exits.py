@@ -20,27 +20,33 @@ from .helpers import InFlight
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_leave_nothing_behind(tmp_path, sig):
     run = InFlight(tmp_path)
-    assert shm.segments(run.prefix), "the run made no segments before the signal"
-    run.p.send_signal(sig)
-    _, err = run.p.communicate(timeout=60)
-    assert run.p.returncode == 128 + sig, err
-    assert f"terminated by {signal.Signals(sig).name}" in err
-    assert "Traceback" not in err, err
-    assert not run.wait_gone(run.tree), "processes of the run outlived it"
-    assert not shm.segments(run.prefix)
-    assert not list(run.tmp.iterdir()), f"left in the temp dir: {list(run.tmp.iterdir())}"
+    try:
+        assert shm.segments(run.prefix), "the run made no segments before the signal"
+        run.p.send_signal(sig)
+        _, err = run.p.communicate(timeout=60)
+        assert run.p.returncode == 128 + sig, err
+        assert f"terminated by {signal.Signals(sig).name}" in err
+        assert "Traceback" not in err, err
+        assert not run.wait_gone(run.tree), "processes of the run outlived it"
+        assert not shm.segments(run.prefix)
+        assert not list(run.tmp.iterdir()), f"left in the temp dir: {list(run.tmp.iterdir())}"
+    finally:
+        run.close()
 
 
 def test_a_sigkilled_runs_ranks_die_and_its_segments_are_swept_later(tmp_path, capsys):
     run = InFlight(tmp_path)
-    run.p.send_signal(signal.SIGKILL)
-    run.p.communicate(timeout=30)
-    assert not run.wait_gone(run.tree), "ranks outlived a SIGKILLed launcher"
-    left = shm.segments(run.prefix)
-    assert left, "nothing to sweep: the test proves nothing"
-    assert main(["clean"]) == 0
-    assert not shm.segments(run.prefix)
-    assert run.prefix in capsys.readouterr().out
+    try:
+        run.p.send_signal(signal.SIGKILL)
+        run.p.communicate(timeout=30)
+        assert not run.wait_gone(run.tree), "ranks outlived a SIGKILLed launcher"
+        left = shm.segments(run.prefix)
+        assert left, "nothing to sweep: the test proves nothing"
+        assert main(["clean"]) == 0
+        assert not shm.segments(run.prefix)
+        assert run.prefix in capsys.readouterr().out
+    finally:
+        run.close()
 
 
 def test_stale_sweep_spares_live_runs_and_is_what_a_launch_does(monkeypatch):

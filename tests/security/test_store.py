@@ -109,7 +109,10 @@ def forge_and_die(wg, d):
     import torch.distributed as dist
     w = wg._world
     wg.barrier()
+    if wg.rank == 1:
+        w.store.set("ready", "1")        # after rank 1's own post-barrier status write
     if wg.rank == 0:
+        w.store.wait(["ready"])
         attacker = dist.TCPStore("127.0.0.1", w.store.port, is_master=False,
                                  timeout=timedelta(seconds=10))
         evil = pickle.dumps(Payload(str(PROOF)))
