@@ -15,6 +15,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.exec:
         return cmd_sweep_exec(args)
+    if args.exec_args:
+        from ..errors import UserError
+        raise UserError(f"unexpected argument(s) {' '.join(args.exec_args)!r}: program arguments "
+                        f"need --exec PROG (e.g. --exec prog.py -- --fix)")
 
     ids = select_ids(args.count, seed=args.seed, filters=args.filter or (),
                      enumerate_=args.enumerate, start=args.start)
