@@ -39,6 +39,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise UserError("--exec runs the program in local worker processes; drop "
                             "--executor ray (it applies to scenario sweeps only)")
         return cmd_sweep_exec(args)
+    if args.exec_args:
+        raise UserError(f"unexpected argument(s) {' '.join(args.exec_args)!r}: program arguments "
+                        f"need --exec PROG (e.g. --exec prog.py -- --fix)")
 
     ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),
                            enumerate_=args.enumerate, start=args.start), args.shard)
