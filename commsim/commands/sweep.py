@@ -22,9 +22,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from ..scenario.executors import shard
     from ..scenario.sweep import Progress, run_sweep, select_ids
 
-    if args.action != "merge" and args.reports:
-        raise UserError(f"sweep: unexpected argument(s) {' '.join(args.reports)}; to merge shard "
-                        f"reports, run `commsim sweep merge A.json B.json ...`")
+    _positionals(args)
     if args.ray_address and args.executor != "ray":
         raise UserError("--ray-address needs --executor ray")
     # Output paths are checked before the sweep, not after it (a late failure loses the run).
@@ -39,9 +37,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise UserError("--exec runs the program in local worker processes; drop "
                             "--executor ray (it applies to scenario sweeps only)")
         return cmd_sweep_exec(args)
-    if args.exec_args:
-        raise UserError(f"unexpected argument(s) {' '.join(args.exec_args)!r}: program arguments "
-                        f"need --exec PROG (e.g. --exec prog.py -- --fix)")
 
     ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),
                            enumerate_=args.enumerate, start=args.start), args.shard)
@@ -53,6 +48,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     rep.filters = list(args.filter or ())
     rep.shard = args.shard
     return _emit(rep, args)
+
+
+def _positionals(args: argparse.Namespace) -> None:
+    """Sort the positional words: the --exec program's arguments, or `merge REPORT.json ...`;
+    anything else is refused with both uses named."""
+    from ..errors import UserError
+
+    words = list(args.words or ())
+    args.action, args.reports, args.exec_args = None, [], []
+    if args.exec:
+        args.exec_args = words
+    elif words[:1] == ["merge"]:
+        args.action, args.reports = "merge", words[1:]
+    elif words:
+        raise UserError(f"sweep: unexpected argument(s) {' '.join(words)!r}: to merge shard reports "
+                        f"run `commsim sweep merge A.json B.json ...`; program arguments need "
+                        f"--exec PROG (e.g. --exec prog.py -- --fix)")
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -108,10 +120,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "unexpected CUDA error, results equal the float64 reference, the ledger is "
                     "zero after close, and (1 in 20, or all with --determinism) the same seed "
                     "gives the same trace.")
-    p.add_argument("action", nargs="?", choices=["merge"],
-                   help="merge: combine the JSON reports of a sharded sweep into one (with --json, "
-                        "--html); without it, run a sweep")
-    p.add_argument("reports", nargs="*", metavar="REPORT.json", help="shard reports to merge")
+    # One positional list serves both `sweep merge A.json B.json` and `sweep --exec PROG -- ARGS`
+    # (two optional positionals would swallow each other's words); _positionals sorts it.
+    p.add_argument("words", nargs="*", metavar="merge REPORT.json ... | -- ARG ...",
+                   help="`merge A.json B.json ...`: combine the JSON reports of a sharded sweep "
+                        "into one (with --json, --html); with --exec: arguments for the program "
+                        "(after --)")
     p.add_argument("--count", type=bounded_int(0, MAX_COUNT), default=1000, metavar="N",
                    help=f"scenarios to run (default 1000, at most {MAX_COUNT:,})")
     p.add_argument("--seed", type=non_negative_int, default=0, metavar="S",
@@ -150,6 +164,4 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="how --exec runs the ranks (default inproc: fast, replayable)")
     p.add_argument("--exec-timeout", type=seconds, default=60.0, metavar="S",
                    help="seconds before an --exec run counts as hung (default 60)")
-    p.add_argument("exec_args", nargs="*", metavar="ARG",
-                   help="arguments for the --exec program (after --)")
     p.set_defaults(func=cmd_sweep)

@@ -146,3 +146,20 @@ def test_a_crashing_worker_is_reported_not_hung() -> None:
     f = rep.failed[0]
     assert f["kinds"] == ["cuda-error"] and "worker process died" in f["failures"][0]["detail"]
     assert f["replay"] == f"commsim replay {ids[5]}"
+
+
+def test_positional_words_serve_merge_and_exec_arguments(capsys) -> None:
+    """`sweep merge A B` and `sweep --exec PROG -- ARGS` share one positional list: the
+    program's arguments reach it (they were read as an unknown action), stray words are refused
+    with both uses named."""
+    from commsim.cli import build_parser
+    from commsim.commands.sweep import _positionals
+
+    a = build_parser().parse_args(["sweep", "--exec", "prog.py", "--", "--fix", "merge"])
+    _positionals(a)
+    assert (a.action, a.reports, a.exec_args) == (None, [], ["--fix", "merge"])
+    a = build_parser().parse_args(["sweep", "merge", "a.json", "b.json"])
+    _positionals(a)
+    assert (a.action, a.reports, a.exec_args) == ("merge", ["a.json", "b.json"], [])
+    rc, out, err = run(capsys, "sweep", "x.json")
+    assert rc == 2 and "sweep merge A.json" in err and "--exec PROG" in err, err
