@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..errors import UserError
+from .args import seconds
 
 EPILOG = """\
 examples:
@@ -18,17 +19,6 @@ GROUP_RANK, MASTER_ADDR/PORT ...), its simulated host's hostname and /dev/shm, a
 NVML and torch.distributed answered by the simulated machine. At the end: a verdict per rank
 (exit status, first CUDA error and where the program made the call, hangs, residue at exit)
 and the command that replays the run. Exit status 1 when any rank failed."""
-
-
-def seconds(text: str) -> float:
-    """An argparse type: a positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
