@@ -88,7 +88,7 @@ def test_cli_exit_status_and_verdict():
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--machine", "gb300-nvl72", "--", "python", str(VLLM)], "unknown preset"),
+    (["--machine", "no-such-machine", "--", "python", str(VLLM)], "unknown preset"),
     (["--machine", "gb200-nvl72:1", "--nproc-per-host", "9", "--", "python", str(VLLM)],
      "has only 4 GPU(s)"),
     (["--machine", "gb200-nvl72:1"], "no program"),

@@ -20,7 +20,10 @@ def test_shapes_that_break_the_program_are_named():
     assert multihost and all(kinds[r["id"]] == "ipc-across-hosts" for r in multihost)
     assert any(r["kind"] == "ok" for r in rep.records if r["hosts"] == 1)
     text = rep.summary()
-    assert "machine shapes that break it:" in text and "gh200-nvl32:2*2" in text and "gb200-nvl72:2*2" in text
+    # Every multi-host shape of the sample is named (which shapes the sampler draws changes
+    # with the machine mix, so they are read from the records, not spelled here).
+    assert "machine shapes that break it:" in text
+    assert all(f"  {r['shape']}: " in text for r in multihost), text
     assert "replay: commsim exec --scenario s0-" in text
 
 
@@ -41,5 +44,5 @@ def test_replay_command_reproduces_a_failure():
 
 def test_cli_exit_status():
     r = subprocess.run([sys.executable, "-m", "commsim.cli", "sweep", "--exec", PROG,
-                        "--count", "3", "--quiet"], capture_output=True, text=True, timeout=300)
+                        "--count", "6", "--quiet"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "ipc-across-hosts" in r.stdout
