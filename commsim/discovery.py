@@ -161,10 +161,13 @@ class GroupView:
         return all(a.can_access(b) for a, b in self.pairs())
 
     def p2p_unreal(self) -> str:
-        """The first pair whose reported P2P the functional probe disproved (rows P1-P4),
-        as a sentence; "" when none did."""
+        """The first pair whose reported P2P (cuDeviceCanAccessPeer = 1) the functional probe
+        disproved (rows P1-P4), as a sentence; "" when none did. Where the peer is not
+        visible (row W1) the probe is the P2P fact itself (`can_access`), not a disproof."""
         for a, b in self.pairs():
-            why = a.p2p_probe[b.gpu] if a.host == b.host and b.gpu < len(a.p2p_probe) else None
+            if a.host != b.host or b.gpu >= len(a.p2p_probe) or a.p2p[b.gpu] is not True:
+                continue        # not reported (or not askable: then the probe is the P2P fact)
+            why = a.p2p_probe[b.gpu]
             if why:
                 return (f"functional P2P probe, rank {a.rank} -> rank {b.rank}: {why}; the probe is "
                         f"trusted over cuDeviceCanAccessPeer")
