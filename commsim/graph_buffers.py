@@ -22,22 +22,8 @@ RANGE_START_ADDR = 11
 
 
 def range_start(driver: Driver, ptr: int) -> int:
-    """The base of the allocation holding `ptr`: `cuPointerGetAttribute(RANGE_START_ADDR)`.
-
-    The Driver protocol has no `cuPointerGetAttribute` yet (issue 17 owns the driver's
-    answers); until it does, the simulator's mapping table answers the same question. A
-    pointer inside no allocation is CUDA_ERROR_INVALID_VALUE, as the driver documents."""
-    get = getattr(driver, "cuPointerGetAttribute", None)
-    if get is not None:
-        from cuda.bindings import driver as cu
-        attr = cu.CUpointer_attribute(RANGE_START_ADDR)
-        return int(check("cuPointerGetAttribute", get(attr, ptr)))
-    find = getattr(driver, "_find", None)
-    hit = find(int(ptr)) if find is not None else None
-    if hit is None:
-        from cuda.bindings import driver as cu
-        check("cuPointerGetAttribute", (cu.CUresult.CUDA_ERROR_INVALID_VALUE,))
-    return hit[0].base
+    """The base of the allocation holding `ptr`: `cuPointerGetAttribute(RANGE_START_ADDR)`."""
+    return int(check("cuPointerGetAttribute", driver.cuPointerGetAttribute(_attr(RANGE_START_ADDR), ptr)))
 
 
 # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (cuda.h; reference §1.3).
@@ -46,15 +32,14 @@ IS_LEGACY_CUDA_IPC_CAPABLE = 10
 
 def legacy_ipc_capable(driver: Driver, ptr: int) -> bool:
     """`cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)`: 1 only for `cudaMalloc` memory
-    (vllm-project/vllm#51903 proposes checking it before registering). Like `range_start`,
-    answered from the simulator's mapping table until the Driver protocol declares the call."""
-    get = getattr(driver, "cuPointerGetAttribute", None)
-    if get is not None:
-        from cuda.bindings import driver as cu
-        return bool(check("cuPointerGetAttribute", get(cu.CUpointer_attribute(IS_LEGACY_CUDA_IPC_CAPABLE), ptr)))
-    find = getattr(driver, "_find", None)
-    hit = find(int(ptr)) if find is not None else None
-    return hit is not None and hit[0].kind == "malloc"
+    (vllm-project/vllm#51903 proposes checking it before registering)."""
+    return bool(check("cuPointerGetAttribute",
+                      driver.cuPointerGetAttribute(_attr(IS_LEGACY_CUDA_IPC_CAPABLE), ptr)))
+
+
+def _attr(value: int) -> Any:
+    from cuda.bindings import driver as cu
+    return cu.CUpointer_attribute(value)
 
 
 def export_buffers(driver: Driver, ptrs: Sequence[int]) -> list[tuple[bytes, int]]:

@@ -269,6 +269,10 @@ class CudaDriver:
     def cudaIpcCloseMemHandle(self, dev_ptr: int) -> tuple:
         return cudart.cudaIpcCloseMemHandle(int(dev_ptr))
 
+    @_guard(1, False)
+    def cuPointerGetAttribute(self, attribute: Any, ptr: int) -> tuple:
+        return _out(cu.cuPointerGetAttribute(_enum(cu.CUpointer_attribute, attribute), int(ptr)), int)
+
     # ---- VMM ------------------------------------------------------------------------------------
     @_guard(1, False)
     def cuMemGetAllocationGranularity(self, prop: Any, option: Any) -> tuple:

@@ -53,8 +53,8 @@ class Strict:
         return self is other
 
 
-def _strict_communicator(group: Any, driver: Any, policy: Any = None) -> Communicator:
-    return Communicator(group, Strict(driver, DRIVER_MEMBERS, "Driver"), policy)
+def _strict_communicator(group: Any, driver: Any, policy: Any = None, **kw: Any) -> Communicator:
+    return Communicator(group, Strict(driver, DRIVER_MEMBERS, "Driver"), policy, **kw)
 
 
 @pytest.fixture(autouse=True)
