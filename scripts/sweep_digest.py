@@ -6,8 +6,9 @@ backends, notes and failures.
     python scripts/sweep_digest.py before.json after.json     # one digest per report
     python scripts/sweep_digest.py --diff before.json after.json
 
-Timing fields: the report's wall_s and rate_per_s, each scenario's seconds. Exit status 1
-with --diff when the normalised reports differ (the first differing scenarios are printed).
+Timing fields: the report's wall_s, rate_per_s, jobs, executor and shard, each scenario's
+seconds. Exit status 1 with --diff when the normalised reports differ (the first differing
+scenarios are printed).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-TIMING_TOP = ("wall_s", "rate_per_s")
+# How it ran, not what it found (Report.canonical drops the same): timing, job count,
+# executor (local, ray, merged) and shard.
+TIMING_TOP = ("wall_s", "rate_per_s", "jobs", "executor", "shard")
 TIMING_SCENARIO = ("seconds",)
 
 

@@ -139,7 +139,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="local: this process or --jobs worker processes (default); ray: Ray tasks "
                         "on a local Ray with --jobs CPUs started here, or on --ray-address "
-                        "(pip install 'commsim[ray]')")
+                        "(pip install 'commsim[ray]'). Ray's own servers listen on every "
+                        "interface, with Ray's token authentication")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="an existing Ray cluster for --executor ray ('auto' or host:port)")
     p.add_argument("--shard", metavar="K/N",

@@ -79,7 +79,11 @@ def run_ray(ids: list[str], jobs: int, determinism: str, take: Callable[[dict], 
         if address:
             kw["address"] = address
         else:
+            # Loopback as the node address: Ray binds some of its servers to it. Ray 2.60's
+            # GCS and raylet still listen on every interface (with Ray's token auth on):
+            # the trust cost of asking for --executor ray, stated in its --help.
             kw["num_cpus"] = jobs
+            kw["_node_ip_address"] = "127.0.0.1"
         # Workers import commsim from the source tree the driver runs from.
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         kw["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
