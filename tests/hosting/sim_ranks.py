@@ -1,0 +1,66 @@
+"""Test harness for the module surfaces: hosted ranks built by hand on a preset machine.
+
+`ranks(spec, placement)` spawns one simulated process per (host index, GPU index), either
+seeing every GPU of its host (current device = its GPU, how vLLM / sglang workers run) or,
+with one_visible=True, only its own GPU (CUDA_VISIBLE_DEVICES=<gpu>, how Ray places ranks).
+`run(ranks, body)` runs body(group) for every rank as a greenlet of the group scheduler,
+inside `session.bound(rank)`. The programs under test import cuda-python, ctypes, pynvml and
+torch themselves; the group is only their handle-exchange transport.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+from commsim.group.local import LocalWorld
+from commsim.hosting import session, surfaces
+from commsim.sim import SimFabric
+from commsim.sim.driver import SimDriver
+from commsim.topology.model import GpuRef
+from commsim.topology.presets import build
+
+
+@pytest.fixture(scope="module")
+def hosted():
+    """Every module surface installed for the tests of one module, then the real modules back."""
+    surfaces.install_all()
+    yield
+    surfaces.uninstall_all()
+
+
+def ranks(spec: str, placement: list[tuple[int, int]], one_visible: bool = False,
+          seed: int = 0) -> tuple[SimFabric, list[session.HostedRank]]:
+    cluster = build(spec)
+    fabric = SimFabric(cluster, seed=seed)
+    out = []
+    local: dict[str, int] = {}
+    for r, (h, g) in enumerate(placement):
+        host = cluster.hosts[h]
+        ref = GpuRef(host.name, g)
+        gpus = (ref,) if one_visible else tuple(GpuRef(host.name, x.index) for x in host.gpus)
+        proc = fabric.spawn(host.name, gpus)
+        proc.current = gpus.index(ref)
+        lr = local.get(host.name, 0)
+        local[host.name] = lr + 1
+        out.append(session.HostedRank(
+            rank=r, world_size=len(placement), local_rank=lr,
+            local_world_size=sum(1 for hh, _ in placement if hh == h), host=host.name,
+            driver=SimDriver(fabric, proc), cluster=cluster, visible=gpus))
+    return fabric, out
+
+
+def run(hosted_ranks: list[session.HostedRank], body: Callable[[Any], Any], seed: int = 0) -> list:
+    world = LocalWorld(len(hosted_ranks), seed=seed)
+
+    def one(group: Any) -> Any:
+        with session.bound(hosted_ranks[group.rank]):
+            return body(group)
+
+    return world.run(one)
+
+
+def solo(rank: session.HostedRank, body: Callable[[], Any]) -> Any:
+    with session.bound(rank):
+        return body()
