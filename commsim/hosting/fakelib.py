@@ -91,6 +91,10 @@ def raw(a: Any, argtype: Any = None) -> Any:
     return _address(a)
 
 
+_CONVERTIBLE = (type(None), int, bytes, str, ctypes._SimpleCData, ctypes._Pointer, ctypes.Array,
+                ctypes.Structure, ctypes.Union)
+
+
 class FakeFunction:
     """A foreign function of a FakeLibrary."""
 
@@ -113,7 +117,15 @@ class FakeFunction:
                 except Exception as e:       # what ctypes raises for a wrong argument
                     raise ctypes.ArgumentError(f"argument {i + 1}: {type(e).__name__}: {e}") from None
         types = list(argtypes or []) + [None] * (len(args) - len(argtypes or []))
-        result = self._impl(*[raw(a, t) for a, t in zip(args, types)])
+        raws = []
+        for i, (a, t) in enumerate(zip(args, types)):
+            a = getattr(a, "_as_parameter_", a)
+            if t is None and not isinstance(a, _CONVERTIBLE) and type(a).__name__ != "CArgObject":
+                # ctypes' message for an argument it cannot pass without argtypes
+                raise ctypes.ArgumentError(f"argument {i + 1}: TypeError: Don't know how to "
+                                           f"convert parameter {i + 1}")
+            raws.append(raw(a, t))
+        result = self._impl(*raws)
         result = self._convert(result)
         if self.errcheck is not None:
             result = self.errcheck(result, self, args)
