@@ -20,7 +20,7 @@ from cuda.bindings import runtime as cudart
 from ..driver import LAZY_ENABLE_PEER_ACCESS, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
 from ..group.scheduler import wait_until
 from ..topology.model import FabricState, GpuRef
-from . import rules
+from . import real_fds, rules
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
 
 E = cudart.cudaError_t
@@ -122,11 +122,11 @@ class SimDriver:
         self._next_va = 0x7F00_0000_0000 + (proc.pid % 4096) * (1 << 34)
         self._handles: dict[int, tuple[str, int]] = {}  # VMM handle -> ("mem"|"mc", id)
         self._next_handle = 0x1000 + (proc.pid % 997) * 16
-        self._fds: dict[int, tuple[str, int]] = {}
-        self._next_fd = 10
+        self._fds = real_fds.table_for(self)          # POSIX-fd handles: real OS fds
         self._ipc_open: dict[int, int] = {}           # aid -> base of our import
         self._peer_maps = 0
         fabric.exit_hooks[proc.pid] = self._exit_release
+        fabric.pre_exit_hooks[proc.pid] = lambda: real_fds.reap_at_exit(self)
 
     def _exit_release(self) -> None:
         """The OS ends this process: its VMM and multicast mappings and its multicast
@@ -511,9 +511,7 @@ class SimDriver:
             raise Fail(rules.code("X1"))
         if t == FABRIC:
             return self.fabric.fabric_handle_for(*target)       # 64 bytes, any transport
-        fd = self._next_fd
-        self._next_fd += 1
-        self._fds[fd] = target
+        fd = self._fds.open(target)
         obj.refs += 1   # an open fd keeps the memory alive until closed (§2.3)
         self.ledger.add("exported_fd", fd, f"POSIX fd {fd} for {target[0]} {target[1]}")
         return fd
@@ -537,9 +535,7 @@ class SimDriver:
 
     def receive_fd(self, target: tuple[str, int]) -> int:
         """The receiving end of SCM_RIGHTS: a new fd in this process (see sim/unix_socket.py)."""
-        fd = self._next_fd
-        self._next_fd += 1
-        self._fds[fd] = target
+        fd = self._fds.open(target)
         kind, oid = target
         obj = (self.fabric.allocs if kind == "mem" else self.fabric.multicasts).get(oid)
         if obj is not None:
@@ -555,7 +551,7 @@ class SimDriver:
         t = _attr_int(handle_type)
         me = self.device
         if t == FD:
-            target = self._fds.get(_attr_int(os_handle))
+            target = self._fds.for_import(os_handle)
             if target is None:
                 raise Fail(rules.code("X4"))
         elif t == FABRIC:
