@@ -16,8 +16,13 @@ Import of an fd this process did not export (one received over a socket, or take
 pidfd_getfd) reads the token and adopts the descriptor: from then on the process holds it,
 as the receiver of SCM_RIGHTS does. A descriptor that names memory of another simulated
 host cannot exist on real hardware (an fd never leaves its host, reference §2.5); it is
-refused and flagged, as is a number that only another simulated process of this OS process
-holds (in-process ranks share one fd table; a real process would not see that fd).
+refused and flagged.
+
+In-process ranks (inproc mode) share one OS fd table, so a number received over a socket
+may equal one another simulated process held and has closed: both look alike to the OS (same
+number, same open file), so the receiver wins and the other process's entry is taken to be
+closed. The limit: in inproc mode an fd number handed to a peer without SCM_RIGHTS (pickled)
+is not caught; in procs mode it fails as it does on hardware.
 """
 
 from __future__ import annotations
@@ -122,8 +127,8 @@ class FdTable:
         if not data.startswith(MAGIC):
             return None
         for other in drv.fabric.processes.values():
-            if other.pid != drv.proc.pid and _held_by(drv.fabric, other.pid, fd, ident):
-                return None          # another simulated process's number: never passed here
+            if other.pid != drv.proc.pid:
+                _release_stale(drv.fabric, other.pid, fd, ident)
         target = drv.fabric.resolve_fabric_handle(data[len(MAGIC):])
         if target is None:
             return None
@@ -148,10 +153,18 @@ def table_for(driver: "SimDriver") -> FdTable:
     return t
 
 
-def _held_by(fabric: Any, pid: int, fd: int, ident: tuple[int, int]) -> bool:
+def _release_stale(fabric: Any, pid: int, fd: int, ident: tuple[int, int]) -> None:
+    """Another simulated process of this OS process still lists `fd`: it closed it (the
+    number came back through a socket), so drop its entry as its own reap would."""
     t = _tables.get((id(fabric), pid))
     ent = t._entries.get(fd) if t is not None else None
-    return ent is not None and ent[1] == ident
+    if ent is None or ent[1] != ident:
+        return
+    del t._entries[fd]
+    owner = t._driver()
+    if owner is not None:
+        owner.ledger.remove("exported_fd", fd, all_refs=True)
+        owner._unref_target(ent[0])
 
 
 def _host_of(drv: "SimDriver", target: tuple[str, int]) -> str | None:

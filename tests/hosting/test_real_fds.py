@@ -1,0 +1,172 @@
+"""POSIX-fd handles are real OS file descriptors (issue 16, point 2).
+
+The programs use cuda-python, `socket.send_fds`/`recv_fds` (SCM_RIGHTS), os.pidfd_open +
+the pidfd_getfd syscall and os.close, as a serving stack's fd exchange does; the asserts
+read the simulator's ledger and fabric.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import socket
+
+import pytest
+
+from sim_ranks import hosted, ranks, run, solo  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.usefixtures("hosted")
+
+SIZE = 2 << 20
+
+
+def _prop(cu, dev):
+    p = cu.CUmemAllocationProp()
+    p.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    p.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    p.location.id = dev
+    p.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    return p
+
+
+def export_fd():
+    """cuMemCreate + export as a POSIX fd, the way symmetric-memory code does."""
+    from cuda.bindings import driver as cu
+    from cuda.bindings import runtime as rt
+    assert cu.cuInit(0)[0] == cu.CUresult.CUDA_SUCCESS
+    dev = rt.cudaGetDevice()[1]
+    err, h = cu.cuMemCreate(SIZE, _prop(cu, dev), 0)
+    assert err == cu.CUresult.CUDA_SUCCESS, err
+    err, fd = cu.cuMemExportToShareableHandle(
+        h, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+    assert err == cu.CUresult.CUDA_SUCCESS, err
+    return h, fd
+
+
+def import_fd(fd):
+    from cuda.bindings import driver as cu
+    cu.cuInit(0)
+    return cu.cuMemImportFromShareableHandle(
+        fd, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+
+
+def _pidfd_getfd(pid: int, fd: int) -> int:
+    nr = {"x86_64": 438, "aarch64": 438}[platform.machine()]     # same number on both
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        new = libc.syscall(nr, pidfd, fd, 0)
+        if new < 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        return new
+    finally:
+        os.close(pidfd)
+
+
+def test_export_gives_a_real_fd_and_os_close_releases_it():
+    fabric, (r,) = ranks("hgx-h100-8", [(0, 0)])
+
+    def program():
+        from cuda.bindings import driver as cu
+        h, fd = export_fd()
+        assert isinstance(fd, int) and os.fstat(fd).st_size > 0      # a real descriptor
+        held = r.driver.ledger.summary()
+        os.close(fd)                                                  # the program's own close
+        assert cu.cuMemRelease(h)[0] == cu.CUresult.CUDA_SUCCESS
+        return held
+
+    held = solo(r, program)
+    assert held == {"vmm_handle": 1, "exported_fd": 1}
+    # the closed fd was noticed: nothing held, the memory is gone
+    assert r.driver.fd_target(0) is None
+    assert r.driver.ledger.summary() == {} and not fabric.allocs
+    assert fabric.exit_process(r.driver.proc.pid) == []
+
+
+def test_an_fd_the_program_never_closes_is_a_leak_and_closed_at_exit():
+    fabric, (r,) = ranks("hgx-h100-8", [(0, 2)])
+    h, fd = solo(r, export_fd)
+    from cuda.bindings import driver as cu
+    solo(r, lambda: cu.cuMemRelease(h))
+    assert fabric.allocs, "the open fd keeps the memory alive (reference §2.3)"
+    leaks = fabric.exit_process(r.driver.proc.pid)
+    assert len(leaks) == 1 and leaks[0].startswith("exported_fd")
+    with pytest.raises(OSError):
+        os.fstat(fd)                              # the OS closed it with the process
+    assert not fabric.allocs
+
+
+def test_fd_passes_over_a_real_unix_socket_and_maps_the_same_bytes():
+    fabric, rs = ranks("hgx-h100-8", [(0, 0), (0, 1)])
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def program(g):
+        from cuda.bindings import driver as cu
+        cu.cuInit(0)
+        if g.rank == 0:
+            h, fd = export_fd()
+            cu.cuDevicePrimaryCtxRetain(cu.CUdevice(0))
+            socket.send_fds(a, [b"fd"], [fd])                     # SCM_RIGHTS
+            os.close(fd)
+            g.barrier(tag="sent")
+            g.barrier(tag="imported")
+            return cu.cuMemRelease(h)[0]
+        g.barrier(tag="sent")
+        _, fds, _, _ = socket.recv_fds(b, 16, 1)
+        (fd,) = fds
+        err, h = import_fd(fd)
+        os.close(fd)
+        g.barrier(tag="imported")
+        assert err == cu.CUresult.CUDA_SUCCESS, err
+        return cu.cuMemRelease(h)[0]
+
+    try:
+        outs = run(rs, program)
+    finally:
+        a.close()
+        b.close()
+    from cuda.bindings import driver as cu
+    assert [o.unwrap() for o in outs] == [cu.CUresult.CUDA_SUCCESS] * 2
+    for r in rs:
+        assert fabric.exit_process(r.driver.proc.pid) == []
+    assert not fabric.allocs
+
+
+def test_fd_taken_with_pidfd_getfd_imports():
+    fabric, rs = ranks("hgx-h100-8", [(0, 3), (0, 4)])
+    h, fd = solo(rs[0], export_fd)
+    theirs = _pidfd_getfd(os.getpid(), fd)     # what a peer does with the exporter's pid
+    err, h2 = solo(rs[1], lambda: import_fd(theirs))
+    from cuda.bindings import driver as cu
+    assert err == cu.CUresult.CUDA_SUCCESS
+    assert rs[1].driver.ledger.summary() == {"imported_handle": 1, "exported_fd": 1}
+    os.close(theirs)
+    solo(rs[1], lambda: cu.cuMemRelease(h2))
+    solo(rs[0], lambda: (os.close(fd), cu.cuMemRelease(h)))
+    for r in rs:
+        assert fabric.exit_process(r.driver.proc.pid) == []
+    assert not fabric.allocs
+
+
+def test_an_fd_cannot_cross_simulated_hosts():
+    fabric, rs = ranks("gb200-nvl72:2", [(0, 0), (1, 0)])
+    h, fd = solo(rs[0], export_fd)
+    dup = _pidfd_getfd(os.getpid(), fd)
+    from cuda.bindings import driver as cu
+    err, _ = solo(rs[1], lambda: import_fd(dup))
+    os.close(dup)
+    assert err == cu.CUresult.CUDA_ERROR_INVALID_VALUE
+    assert any("never leave their host" in f for f in fabric.flags)
+
+
+def test_garbage_fd_is_invalid_value_not_a_crash():
+    fabric, (r,) = ranks("hgx-h100-8", [(0, 0)])
+    rd, wr = os.pipe()
+    from cuda.bindings import driver as cu
+    try:
+        for bad in (rd, 9999, -1):
+            assert solo(r, lambda: import_fd(bad))[0] == cu.CUresult.CUDA_ERROR_INVALID_VALUE
+    finally:
+        os.close(rd)
+        os.close(wr)
