@@ -24,7 +24,6 @@ _lock = threading.Lock()
 _real_cdll = ctypes.CDLL
 _served: dict[str, Callable[[str], "FakeLibrary"]] = {}   # soname prefix -> factory
 _paths: dict[str, str] = {}                               # our real file path -> prefix
-_cache: dict[str, "FakeLibrary"] = {}
 _installed = 0
 
 
@@ -176,8 +175,6 @@ def unserve(soname_prefix: str) -> None:
         for p, pre in list(_paths.items()):
             if pre == soname_prefix:
                 del _paths[p]
-        for k in [k for k in _cache if k.startswith(soname_prefix + "|")]:
-            del _cache[k]
 
 
 def lookup(name: Any) -> FakeLibrary | None:
@@ -190,11 +187,9 @@ def lookup(name: Any) -> FakeLibrary | None:
         prefix = next((p for p in _served if base.startswith(p)), None)
         if prefix is None or (os.sep in name and not os.path.exists(name)):
             return None
-    key = f"{prefix}|{name}"
-    lib = _cache.get(key)
-    if lib is None:
-        lib = _cache[key] = _served[prefix](name)
-    return lib
+    # A new library object per CDLL call, as ctypes gives: restype/argtypes set on one
+    # object's functions do not leak into another's.
+    return _served[prefix](name)
 
 
 class HostedCDLL(_real_cdll):
