@@ -31,8 +31,11 @@ def hosted():
 
 
 def ranks(spec: str, placement: list[tuple[int, int]], one_visible: bool = False,
-          seed: int = 0) -> tuple[SimFabric, list[session.HostedRank]]:
+          seed: int = 0, mutate: Callable[[Any], Any] | None = None
+          ) -> tuple[SimFabric, list[session.HostedRank]]:
     cluster = build(spec)
+    if mutate is not None:
+        cluster = mutate(cluster)
     fabric = SimFabric(cluster, seed=seed)
     out = []
     local: dict[str, int] = {}
