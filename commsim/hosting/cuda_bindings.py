@@ -30,6 +30,7 @@ from cuda.bindings import runtime as _real_runtime
 from . import cuda_driver_api, cuda_runtime_api
 from .cuda_state import not_simulated
 from .session import maybe_current
+from .nesting import nested
 from .surfaces import register_surface
 
 RUNTIME = "cuda.bindings.runtime"
@@ -86,7 +87,7 @@ def simulated_functions() -> dict[str, tuple[str, ...]]:
     return {n: tuple(sorted(m.__dict__["_impl"])) for n, m in _STANDIN.items()}
 
 
-def install() -> None:
+def _install() -> None:
     with _lock:
         for name, mod in _STANDIN.items():
             attr = name.rsplit(".", 1)[1]
@@ -95,7 +96,7 @@ def install() -> None:
             setattr(_pkg, attr, mod)
 
 
-def uninstall() -> None:
+def _uninstall() -> None:
     with _lock:
         for name in _STANDIN:
             attr = name.rsplit(".", 1)[1]
@@ -110,4 +111,5 @@ def uninstall() -> None:
                 setattr(_pkg, attr, pkg_attr)
 
 
+install, uninstall = nested(_install, _uninstall)
 register_surface("cuda-python", install, uninstall)

@@ -31,6 +31,7 @@ from ..driver import IPC_HANDLE_SIZE
 from . import cuda_runtime_api as api
 from . import fakelib
 from .cuda_state import not_simulated
+from .nesting import nested
 from .surfaces import register_surface
 
 SONAME = "libcudart.so.13"
@@ -160,7 +161,7 @@ def mapped_path() -> str | None:
     return _mapped.path if _mapped is not None else None
 
 
-def install() -> None:
+def _install() -> None:
     global _mapped
     _mapped = _Mapped()
     atexit.register(_cleanup)
@@ -175,10 +176,11 @@ def _cleanup() -> None:
         _mapped = None
 
 
-def uninstall() -> None:
+def _uninstall() -> None:
     fakelib.unserve("libcudart.so")
     fakelib.uninstall()
     _cleanup()
 
 
+install, uninstall = nested(_install, _uninstall)
 register_surface("libcudart", install, uninstall)

@@ -25,6 +25,7 @@ from ..topology.model import GpuRef
 from . import device_facts, fakelib
 from .cuda_state import not_simulated
 from .session import current
+from .nesting import nested
 from .surfaces import register_surface
 
 SONAME = "libnvidia-ml.so"
@@ -389,16 +390,17 @@ def _reset_pynvml() -> None:
     N._nvmlGetFunctionPointer_cache.clear()
 
 
-def install() -> None:
+def _install() -> None:
     fakelib.serve(SONAME, library)
     fakelib.install()
     _reset_pynvml()
 
 
-def uninstall() -> None:
+def _uninstall() -> None:
     fakelib.unserve(SONAME)
     fakelib.uninstall()
     _reset_pynvml()
 
 
+install, uninstall = nested(_install, _uninstall)
 register_surface("pynvml", install, uninstall)

@@ -29,6 +29,7 @@ from . import cuda_runtime_api as api
 from . import device_facts
 from .cuda_state import runtime_entry, state
 from .session import current, maybe_current
+from .nesting import nested
 from .surfaces import register_surface
 
 _CHECK_TAIL = ("\nCUDA kernel errors might be asynchronously reported at some other API call, "
@@ -264,7 +265,7 @@ class _ClassDispatch(type):
         return isinstance(obj, (cls._hosted, cls._real))
 
 
-def install() -> None:
+def _install() -> None:
     for name, fn in _HOSTED.items():
         _saved[name] = getattr(torch.cuda, name)
         setattr(torch.cuda, name, _dispatch(name, fn, _saved[name]))
@@ -273,10 +274,11 @@ def install() -> None:
         setattr(torch.cuda, name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": _saved[name]}))
 
 
-def uninstall() -> None:
+def _uninstall() -> None:
     for name, value in _saved.items():
         setattr(torch.cuda, name, value)
     _saved.clear()
 
 
+install, uninstall = nested(_install, _uninstall)
 register_surface("torch.cuda", install, uninstall)

@@ -10,24 +10,57 @@ torch themselves; the group is only their handle-exchange transport.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import pytest
 
 from commsim.group.local import LocalWorld
-from commsim.hosting import session, surfaces
+from commsim.hosting import cuda_bindings, cudart, nvml, session, torch_cuda
+from commsim.sim.ledger import call_site
 from commsim.sim import SimFabric
 from commsim.sim.driver import SimDriver
 from commsim.topology.model import GpuRef
 from commsim.topology.presets import build
 
 
+MODULE_SURFACES = (cuda_bindings, cudart, nvml, torch_cuda)
+
+
 @pytest.fixture(scope="module")
 def hosted():
-    """Every module surface installed for the tests of one module, then the real modules back."""
-    surfaces.install_all()
+    """The module surfaces installed for the tests of one module, then the real modules back
+    (each surface's install/uninstall nest, so this composes with a bootstrap's install)."""
+    for m in MODULE_SURFACES:
+        m.install()
     yield
-    surfaces.uninstall_all()
+    for m in reversed(MODULE_SURFACES):
+        m.uninstall()
+
+
+@dataclass
+class CudaErrorSeen:
+    api: str
+    code: int
+    name: str
+    text: str
+    site: str
+
+
+class Recorder:
+    """The rank's events (the `cuda_error` / `note` interface of the hosting contract),
+    keeping the first CUDA error with the user's call site."""
+
+    def __init__(self) -> None:
+        self.first_error: CudaErrorSeen | None = None
+        self.notes: list[str] = []
+
+    def cuda_error(self, api: str, code: int, name: str, text: str) -> None:
+        if self.first_error is None:
+            self.first_error = CudaErrorSeen(api, int(code), name, text, call_site(3))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
 
 
 def ranks(spec: str, placement: list[tuple[int, int]], one_visible: bool = False,
@@ -50,7 +83,8 @@ def ranks(spec: str, placement: list[tuple[int, int]], one_visible: bool = False
         out.append(session.HostedRank(
             rank=r, world_size=len(placement), local_rank=lr,
             local_world_size=sum(1 for hh, _ in placement if hh == h), host=host.name,
-            driver=SimDriver(fabric, proc), cluster=cluster, visible=gpus))
+            driver=SimDriver(fabric, proc), cluster=cluster, visible=gpus, shm_dir="",
+            events=Recorder()))
     return fabric, out
 
 

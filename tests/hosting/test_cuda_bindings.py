@@ -15,7 +15,7 @@ import threading
 import pytest
 
 import cuda.bindings
-from commsim.hosting import cuda_bindings, surfaces
+from commsim.hosting import cuda_bindings
 from sim_ranks import hosted, ranks, run, solo  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("hosted")
@@ -66,14 +66,19 @@ def test_imports_give_the_standins_and_outside_a_rank_the_real_functions():
     assert seen["f"] is REAL_RT.cudaMalloc       # another thread is not the rank
 
 
-def test_uninstall_restores_the_real_modules_and_install_is_idempotent():
-    surfaces.uninstall_all()
+def test_install_nests_and_the_last_uninstall_restores_the_real_modules():
+    standin = cuda_bindings.standin(cuda_bindings.RUNTIME)
+    cuda_bindings.install()                 # a second, nested install (the bootstrap's)
+    cuda_bindings.uninstall()
+    assert sys.modules["cuda.bindings.runtime"] is standin
+    cuda_bindings.uninstall()               # the fixture's own: now the real modules are back
     try:
         assert sys.modules["cuda.bindings.runtime"] is REAL_RT and cuda.bindings.driver is REAL_CU
+        import cuda.bindings.runtime as again
+        assert again is REAL_RT
     finally:
-        surfaces.install_all()
-        surfaces.install_all()
-    assert sys.modules["cuda.bindings.runtime"] is cuda_bindings.standin(cuda_bindings.RUNTIME)
+        cuda_bindings.install()
+    assert sys.modules["cuda.bindings.runtime"] is standin and cuda.bindings.runtime is standin
 
 
 def test_unsimulated_functions_and_attributes_fail_loudly_naming_themselves():
