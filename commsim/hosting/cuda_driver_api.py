@@ -12,7 +12,6 @@ the memory calls).
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -21,9 +20,9 @@ from cuda.bindings import driver as cu
 from ..driver import FABRIC_HANDLE_SIZE, error_string
 from ..sim.pointers import pointer_info
 from . import device_facts
-from .cuda_state import (R, as_cu, buffer_address, c_int, check_struct, ctx_handle, ctx_ordinal,
-                         current, devptr, enum_attr_value, enum_value, handle_value, new_stream,
-                         report, state)
+from .cuda_state import (R, ApiFail, api_call, as_cu, buffer_address, c_int, check_struct,
+                         ctx_handle, ctx_ordinal, current, devptr, enum_attr_value, enum_value,
+                         handle_value, new_stream, state)
 
 A = cu.CUdevice_attribute
 P = cu.CUpointer_attribute
@@ -32,32 +31,17 @@ FD = int(HT.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 FABRIC = int(HT.CU_MEM_HANDLE_TYPE_FABRIC)
 
 
-class _Err(Exception):
-    def __init__(self, code: Any):
-        self.code = code
+_Err = ApiFail
 
 
 def driver_api(nvals: int, context: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> tuple:
-            r = current()
-            st = state(r.driver)
-            try:
-                if not st.initialized and fn.__name__ != "cuInit":
-                    raise _Err(R.CUDA_ERROR_NOT_INITIALIZED)
-                if context and not st.ctx_bound:
-                    raise _Err(R.CUDA_ERROR_INVALID_CONTEXT)
-                out = fn(*args, **kwargs)
-            except _Err as e:
-                out = (e.code,) + (None,) * nvals
-            if not isinstance(out, tuple):
-                out = (out,)
-            err = as_cu(out[0])
-            report(r, fn.__name__, err, runtime=False)
-            return (err,) + tuple(out[1:])
-        return call
-    return deco
+    def before(r: Any, name: str) -> None:
+        st = state(r.driver)
+        if not st.initialized and name != "cuInit":
+            raise ApiFail(R.CUDA_ERROR_NOT_INITIALIZED)
+        if context and not st.ctx_bound:
+            raise ApiFail(R.CUDA_ERROR_INVALID_CONTEXT)
+    return api_call(nvals, False, before)
 
 
 def _drv() -> Any:

@@ -10,7 +10,6 @@ binding's classes (`cudaIpcMemHandle_t`, `cudaStream_t`, `cudaDeviceProp`,
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -19,37 +18,16 @@ from cuda.bindings import runtime as cudart
 from ..driver import IPC_HANDLE_SIZE
 from ..sim.pointers import pointer_info
 from . import device_facts
-from .cuda_state import (E, as_rt, c_int, check_struct, current, new_stream, report,
+from .cuda_state import (E, ApiFail, api_call, as_rt, c_int, check_struct, current, new_stream,
                          runtime_entry, state, void_ptr)
 
 K = cudart.cudaMemcpyKind
-_FAIL1 = object()
+_Err = ApiFail
 
 
 def runtime_api(nvals: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Enter the runtime for the current rank, run the body, report a failure. The body
-    returns (code, value...) or raises _Err(code) to fail with `nvals` Nones."""
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> tuple:
-            r = current()
-            runtime_entry(r)
-            try:
-                out = fn(*args, **kwargs)
-            except _Err as e:
-                out = (e.code,) + (None,) * nvals
-            if not isinstance(out, tuple):
-                out = (out,)
-            err = as_rt(out[0])
-            report(r, fn.__name__, err, runtime=True)
-            return (err,) + tuple(out[1:])
-        return call
-    return deco
-
-
-class _Err(Exception):
-    def __init__(self, code: Any):
-        self.code = code
+    """The runtime initialises itself on first use (cuda_state.runtime_entry)."""
+    return api_call(nvals, True, lambda r, name: runtime_entry(r))
 
 
 def _drv() -> Any:

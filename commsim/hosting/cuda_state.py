@@ -14,6 +14,7 @@ messages Cython gives (checked against the installed cuda-bindings 13.4).
 from __future__ import annotations
 
 import ctypes
+import functools
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -113,6 +114,40 @@ def as_rt(err: Any) -> Any:
         return E(int(err))
     except ValueError:
         return E.cudaErrorUnknown
+
+
+# ---- the call wrapper both cuda-python modules use -----------------------------------------
+
+class ApiFail(Exception):
+    """Raised inside an API body to fail the call with `code` (never escapes the wrapper)."""
+
+    def __init__(self, code: Any):
+        self.code = code
+
+
+def api_call(nvals: int, runtime: bool, before: Callable[[HostedRank, str], None]
+             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wrap an API body for the current rank: `before(rank, name)` (entry rules, may raise
+    ApiFail), the body returning (code, value...) or raising ApiFail, the code as the
+    module's enum, a failure reported to the rank's events, `nvals` Nones on failure."""
+    as_enum = as_rt if runtime else as_cu
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> tuple:
+            r = current()
+            try:
+                before(r, fn.__name__)
+                out = fn(*args, **kwargs)
+            except ApiFail as e:
+                out = (e.code,) + (None,) * nvals
+            if not isinstance(out, tuple):
+                out = (out,)
+            err = as_enum(out[0])
+            report(r, fn.__name__, err, runtime=runtime)
+            return (err,) + tuple(out[1:])
+        return call
+    return deco
 
 
 # ---- argument conversion as cuda-python does it -------------------------------------------
