@@ -27,7 +27,7 @@ import cuda.bindings as _pkg
 from cuda.bindings import driver as _real_driver
 from cuda.bindings import runtime as _real_runtime
 
-from . import cuda_driver_api, cuda_runtime_api
+from . import cuda_driver_api, cuda_driver_vmm, cuda_runtime_api
 from .cuda_state import not_simulated
 from .session import maybe_current
 from .nesting import nested
@@ -46,12 +46,12 @@ def _is_api(name: str, value: Any) -> bool:
 class HostedCudaModule(types.ModuleType):
     """The stand-in for one of the two cuda-python modules."""
 
-    def __init__(self, name: str, impl: types.ModuleType):
+    def __init__(self, name: str, *impls: types.ModuleType):
         real = _REAL[name]
         super().__init__(name, real.__doc__)
         self.__file__ = getattr(real, "__file__", None)
         self.__dict__["_real"] = real
-        self.__dict__["_impl"] = {n: getattr(impl, n) for n in impl.SIMULATED
+        self.__dict__["_impl"] = {n: getattr(impl, n) for impl in impls for n in impl.SIMULATED
                                   if n not in _PURE and hasattr(real, n)}
 
     def __getattr__(self, name: str) -> Any:
@@ -72,7 +72,7 @@ class HostedCudaModule(types.ModuleType):
 
 
 _STANDIN = {RUNTIME: HostedCudaModule(RUNTIME, cuda_runtime_api),
-            DRIVER: HostedCudaModule(DRIVER, cuda_driver_api)}
+            DRIVER: HostedCudaModule(DRIVER, cuda_driver_api, cuda_driver_vmm)}
 _saved: dict[str, tuple[Any, Any]] = {}
 _lock = threading.Lock()
 _MISSING = object()
