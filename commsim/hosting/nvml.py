@@ -6,8 +6,9 @@ pynvml module runs unchanged: its structs, constants, `NVMLError` subclasses wit
 codes (`NVMLError_Uninitialized`, `NVMLError_NotSupported`, ...), its argument handling.
 
 Like real NVML, the library sees every GPU of the rank's host whatever CUDA_VISIBLE_DEVICES
-says (NVML API reference: "NVML ... enumerates all GPUs"; indices are NVML's, not CUDA
-ordinals). Facts come from the rank's driver (fabric info, NVLink P2P status: the SimDriver's
+says: that variable is read by the CUDA driver, not by NVML, so NVML indices are the host's,
+not CUDA ordinals (widely observed, e.g. nvidia-smi lists all GPUs under any
+CUDA_VISIBLE_DEVICES; no NVML doc sentence found: UNCONFIRMED as documented behaviour). Facts come from the rank's driver (fabric info, NVLink P2P status: the SimDriver's
 NVML calls) and from the host's topology that a real process reads through NVML (names,
 UUIDs, link matrix); PCI addresses from device_facts (UNCONFIRMED values, consistent across
 surfaces).
