@@ -29,7 +29,7 @@ from cuda.bindings import runtime as _real_runtime
 
 from . import cuda_driver_api, cuda_driver_vmm, cuda_runtime_api
 from .cuda_state import not_simulated
-from .session import maybe_current
+from .cuda_state import maybe_rank
 from .nesting import nested
 from .surfaces import register_surface
 
@@ -59,7 +59,7 @@ class HostedCudaModule(types.ModuleType):
         value = getattr(real, name)          # AttributeError exactly as the real module
         if not _is_api(name, value) or name in _PURE:
             return value
-        if maybe_current() is None:
+        if maybe_rank() is None:
             return value                     # not a hosted rank: the real binding
         impl = self.__dict__["_impl"].get(name)
         return impl if impl is not None else not_simulated(self.__name__, name)

@@ -23,7 +23,7 @@ from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
 from ..driver import error_name, error_string
-from .session import HostedRank, current
+from .session import HostedRank, NotHosted, current
 
 E = cudart.cudaError_t
 R = cu.CUresult
@@ -51,6 +51,14 @@ _states: "weakref.WeakKeyDictionary[Any, RankCuda]" = weakref.WeakKeyDictionary(
 
 def rank() -> HostedRank:
     return current()
+
+
+def maybe_rank() -> HostedRank | None:
+    """The running hosted rank, or None outside one (the launcher's own threads)."""
+    try:
+        return current()
+    except NotHosted:
+        return None
 
 
 def state(driver: Any) -> RankCuda:

@@ -27,8 +27,8 @@ import torch.cuda
 from ..driver import error_string
 from . import cuda_runtime_api as api
 from . import device_facts
-from .cuda_state import runtime_entry, state
-from .session import current, maybe_current
+from .cuda_state import maybe_rank, runtime_entry, state
+from .session import current
 from .nesting import nested
 from .surfaces import register_surface
 
@@ -247,7 +247,7 @@ _saved: dict[str, Any] = {}
 def _dispatch(name: str, hosted: Callable[..., Any], real: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(real)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if maybe_current() is None:
+        if maybe_rank() is None:
             return real(*args, **kwargs)
         return hosted(*args, **kwargs)
     return call
@@ -258,7 +258,7 @@ class _ClassDispatch(type):
     object elsewhere (`torch.cuda.Stream(...)`, `torch.cuda.device(...)`)."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        impl = cls._hosted if maybe_current() is not None else cls._real
+        impl = cls._hosted if maybe_rank() is not None else cls._real
         return impl(*args, **kwargs)
 
     def __instancecheck__(cls, obj: Any) -> bool:
