@@ -10,6 +10,7 @@ torch themselves; the group is only their handle-exchange transport.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -101,3 +102,30 @@ def run(hosted_ranks: list[session.HostedRank], body: Callable[[Any], Any], seed
 def solo(rank: session.HostedRank, body: Callable[[], Any]) -> Any:
     with session.bound(rank):
         return body()
+
+
+def spawned_worker(spec: str, host: int, gpu: int, out: Any) -> None:
+    """Entry of a process started with multiprocessing 'spawn': install the surfaces as the
+    hosting bootstrap does at interpreter start, bind this process to a rank (process-wide,
+    as in procs mode) and run a wrapper-style program; put its observations on `out`."""
+    import ctypes
+
+    for m in MODULE_SURFACES:
+        m.install()
+    _, (r,) = ranks(spec, [(host, gpu)])
+    with session.bound(r, process=True):
+        path = next(line[line.index("/"):].strip() for line in open("/proc/self/maps")
+                    if "libcudart" in line)
+        lib = ctypes.CDLL(path)
+        lib.cudaGetErrorString.restype = ctypes.c_char_p
+        p = ctypes.c_void_p()
+        lib.cudaMalloc(ctypes.byref(p), 1 << 20)
+        handle = (ctypes.c_byte * 64)()
+        lib.cudaIpcGetMemHandle(ctypes.byref(handle), p)
+        own = ctypes.c_void_p()
+        code = lib.cudaIpcOpenMemHandle(ctypes.byref(own), handle, 1)   # its own handle
+        import pynvml
+        pynvml.nvmlInit()
+        import torch
+        out.put((os.path.basename(path), code, lib.cudaGetErrorString(code).decode(),
+                 pynvml.nvmlDeviceGetCount(), torch.cuda.is_available(), torch.cuda.current_device()))

@@ -241,3 +241,22 @@ def test_ctypes_and_cuda_python_share_one_runtime():
     dev, bad, last, again = solo(r, program)
     assert dev == 2 and bad == 1
     assert (int(last), int(again)) == (1, 0)      # sticky error read and cleared
+
+
+def test_a_spawned_worker_process_is_hosted_too():
+    """A process the program starts (multiprocessing 'spawn') installs the surfaces at start
+    and is bound process-wide: libcudart is in its maps, NVML and torch.cuda answer."""
+    import multiprocessing as mp
+
+    import sim_ranks
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=sim_ranks.spawned_worker, args=("gb200-nvl72:2", 1, 2, q))
+    p.start()
+    try:
+        got = q.get(timeout=120)
+    finally:
+        p.join(timeout=60)
+    assert p.exitcode == 0
+    # row L9: a process opening its own handle gets "invalid device context" (201)
+    assert got == ("libcudart.so.13", 201, "invalid device context", 4, True, 2)
