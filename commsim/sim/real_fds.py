@@ -18,16 +18,18 @@ as the receiver of SCM_RIGHTS does. A descriptor that names memory of another si
 host cannot exist on real hardware (an fd never leaves its host, reference §2.5); it is
 refused and flagged.
 
-In-process ranks (inproc mode) share one OS fd table, so a number received over a socket
-may equal one another simulated process held and has closed: both look alike to the OS (same
-number, same open file), so the receiver wins and the other process's entry is taken to be
-closed. The limit: in inproc mode an fd number handed to a peer without SCM_RIGHTS (pickled)
-is not caught; in procs mode it fails as it does on hardware.
+In-process ranks (inproc mode) share one OS fd table. So that a number one simulated
+process holds is never confused with one another received over a socket, exported fds live
+high in the table (F_DUPFD from half the fd limit), while the kernel gives received ones the
+lowest free number: an import of a number another simulated process still holds was never
+passed (row X4), as on hardware where the number means nothing in the importer.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import resource
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -41,7 +43,7 @@ TOKEN = 64
 def _identity(fd: int) -> tuple[int, int] | None:
     try:
         st = os.fstat(fd)
-    except OSError:
+    except (OSError, OverflowError, ValueError):     # not open, or no fd number at all
         return None
     return st.st_dev, st.st_ino
 
@@ -90,7 +92,7 @@ class FdTable:
         self.reap()
         drv = self._driver()
         token = drv.fabric.fabric_handle_for(*target)
-        fd = os.memfd_create(f"commsim-{target[0]}{target[1]}", os.MFD_CLOEXEC)
+        fd = _high(os.memfd_create(f"commsim-{target[0]}{target[1]}", os.MFD_CLOEXEC))
         os.write(fd, MAGIC + token)
         self._entries[fd] = (target, _identity(fd))
         return fd
@@ -127,8 +129,8 @@ class FdTable:
         if not data.startswith(MAGIC):
             return None
         for other in drv.fabric.processes.values():
-            if other.pid != drv.proc.pid:
-                _release_stale(drv.fabric, other.pid, fd, ident)
+            if other.pid != drv.proc.pid and _held_by(drv.fabric, other.pid, fd, ident):
+                return None          # another simulated process's number, never passed here
         target = drv.fabric.resolve_fabric_handle(data[len(MAGIC):])
         if target is None:
             return None
@@ -153,18 +155,25 @@ def table_for(driver: "SimDriver") -> FdTable:
     return t
 
 
-def _release_stale(fabric: Any, pid: int, fd: int, ident: tuple[int, int]) -> None:
-    """Another simulated process of this OS process still lists `fd`: it closed it (the
-    number came back through a socket), so drop its entry as its own reap would."""
+def _held_by(fabric: Any, pid: int, fd: int, ident: tuple[int, int]) -> bool:
     t = _tables.get((id(fabric), pid))
-    ent = t._entries.get(fd) if t is not None else None
-    if ent is None or ent[1] != ident:
-        return
-    del t._entries[fd]
-    owner = t._driver()
-    if owner is not None:
-        owner.ledger.remove("exported_fd", fd, all_refs=True)
-        owner._unref_target(ent[0])
+    if t is None:
+        return False
+    t.reap()
+    ent = t._entries.get(fd)
+    return ent is not None and ent[1] == ident
+
+
+def _high(fd: int) -> int:
+    """Move a new descriptor to the upper half of the fd table (see the module doc)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    base = max(64, min(soft, 1 << 20) // 2)
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base)
+    except OSError:
+        return fd                     # table full up there: keep the number we have
+    os.close(fd)
+    return high
 
 
 def _host_of(drv: "SimDriver", target: tuple[str, int]) -> str | None:

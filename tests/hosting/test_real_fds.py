@@ -149,6 +149,22 @@ def test_fd_taken_with_pidfd_getfd_imports():
     assert not fabric.allocs
 
 
+def test_a_peer_fd_number_that_was_never_passed_does_not_import():
+    """Row X4: the number alone means nothing in another process (in-process ranks share
+    one OS fd table, so the simulator tells the two apart)."""
+    fabric, rs = ranks("hgx-h100-8", [(0, 0), (0, 1)])
+    h, fd = solo(rs[0], export_fd)
+    from cuda.bindings import driver as cu
+    err, _ = solo(rs[1], lambda: import_fd(fd))
+    assert err == cu.CUresult.CUDA_ERROR_INVALID_VALUE
+    assert rs[1].events.first_error.api == "cuMemImportFromShareableHandle"
+    os.close(fd)
+    solo(rs[0], lambda: cu.cuMemRelease(h))
+    for r in rs:      # the close is noticed by the exit report at the latest
+        assert fabric.exit_process(r.driver.proc.pid) == []
+    assert not fabric.allocs
+
+
 def test_an_fd_cannot_cross_simulated_hosts():
     fabric, rs = ranks("gb200-nvl72:2", [(0, 0), (1, 0)])
     h, fd = solo(rs[0], export_fd)
