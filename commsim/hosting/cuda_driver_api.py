@@ -20,7 +20,7 @@ from cuda.bindings import driver as cu
 from ..driver import error_string
 from ..sim.pointers import pointer_info
 from . import device_facts
-from .cuda_state import (R, ApiFail, api_call, as_cu, buffer_address, c_int, check_struct,
+from .cuda_state import (R, ApiFail, api_call, as_cu, c_int, check_struct, host_buffer,
                          ctx_handle, ctx_ordinal, current, devptr, enum_attr_value, enum_value,
                          handle_value, new_stream, state)
 
@@ -246,12 +246,12 @@ def cuMemGetInfo():
 def _host_read(src: Any, n: int) -> bytes:
     if isinstance(src, int):
         return ctypes.string_at(src, n)
-    addr, size = buffer_address(src)
+    addr, size = host_buffer(src)
     return ctypes.string_at(addr, min(n, size)) if size < n else ctypes.string_at(addr, n)
 
 
 def _host_addr(dst: Any) -> int:
-    return dst if isinstance(dst, int) else buffer_address(dst)[0]
+    return dst if isinstance(dst, int) else host_buffer(dst)[0]
 
 
 @driver_api(0, context=True)

@@ -183,11 +183,17 @@ def void_ptr(x: Any) -> int:
         return x
     if hasattr(x, "getPtr") and hasattr(x, "__int__"):
         return int(x)
+    return host_buffer(x)[0]
+
+
+def host_buffer(x: Any) -> tuple[int, int]:
+    """(address, length) of a host buffer argument; anything else is refused with the
+    binding's message (cuda-python _HelperInputVoidPtr)."""
     try:
-        return buffer_address(x)[0]
+        return buffer_address(x)
     except TypeError:
         raise TypeError(f"Provided argument is of type {type(x)} but expected Type "
-                        f"{type(None)}, {type}, or object with Buffer Protocol") from None
+                        f"{type(None)}, {type} or object with Buffer Protocol") from None
 
 
 def buffer_address(x: Any) -> tuple[int, int]:

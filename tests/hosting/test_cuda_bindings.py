@@ -114,6 +114,8 @@ BAD_CALLS = [
     ("driver", "cuCtxSetCurrent", ("x",), {}),
     ("driver", "cuPointerGetAttribute", (11, 5), {}),
     ("driver", "cuMemSetAccess", (1, 1, [1], 1), {}),
+    ("driver", "cuMemcpyHtoD", (1, "str", 4), {}),
+    ("runtime", "cudaIpcCloseMemHandle", ("x",), {}),
     ("runtime", "cudaMalloc", ("x",), {}),
     ("runtime", "cudaSetDevice", ("x",), {}),
     ("runtime", "cudaIpcOpenMemHandle", (b"x" * 64, 1), {}),
