@@ -25,9 +25,10 @@ K = cudart.cudaMemcpyKind
 _Err = ApiFail
 
 
-def runtime_api(nvals: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The runtime initialises itself on first use (cuda_state.runtime_entry)."""
-    return api_call(nvals, True, lambda r, name: runtime_entry(r))
+def runtime_api(nvals: int, context: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The runtime initialises itself on first use (cuda_state.runtime_entry); `context`:
+    the call needs an active context."""
+    return api_call(nvals, True, lambda r, name: runtime_entry(r, context))
 
 
 def _drv() -> Any:
@@ -43,12 +44,12 @@ def _ok(res: tuple) -> Any:
 
 # ---- devices -------------------------------------------------------------------------------
 
-@runtime_api(1)
+@runtime_api(1, context=False)
 def cudaGetDeviceCount():
     return _drv().cudaGetDeviceCount()
 
 
-@runtime_api(1)
+@runtime_api(1, context=False)
 def cudaGetDevice():
     return _drv().cudaGetDevice()
 
@@ -63,7 +64,7 @@ def cudaDeviceSynchronize():
     return _drv().cudaDeviceSynchronize()
 
 
-@runtime_api(1)
+@runtime_api(1, context=False)
 def cudaDeviceCanAccessPeer(device, peerDevice):
     return _drv().cudaDeviceCanAccessPeer(c_int(device), c_int(peerDevice))
 
@@ -99,7 +100,7 @@ def cudaDeviceDisablePeerAccess(peerDevice):
     return E.cudaSuccess
 
 
-@runtime_api(1)
+@runtime_api(1, context=False)
 def cudaDeviceGetAttribute(attr, device):
     # cudaDeviceAttr shares its numbering with CUdevice_attribute (driver_types.h / cuda.h).
     from .cuda_driver_api import device_attribute
@@ -107,7 +108,7 @@ def cudaDeviceGetAttribute(attr, device):
     return (as_rt(code), value)
 
 
-@runtime_api(1)
+@runtime_api(1, context=False)
 def cudaDeviceGetPCIBusId(length, device):
     d = _drv()
     n = c_int(length)
@@ -122,7 +123,7 @@ def cudaDeviceGetPCIBusId(length, device):
     return (E.cudaSuccess, text)
 
 
-@runtime_api(1)
+@runtime_api(1, context=False)
 def cudaGetDeviceProperties(device):
     d = _drv()
     ordinal = c_int(device)
@@ -146,12 +147,12 @@ def cudaGetDeviceProperties(device):
     return (E.cudaSuccess, p)
 
 
-@runtime_api(1)
+@runtime_api(1, context=False)
 def cudaRuntimeGetVersion():
     return (E.cudaSuccess, 13000)   # the runtime the installed cuda-bindings 13.x pairs with
 
 
-@runtime_api(1)
+@runtime_api(1, context=False)
 def cudaDriverGetVersion():
     r = current()
     return (E.cudaSuccess, device_facts.cuda_driver_version(r.cluster, r.host))
@@ -160,13 +161,13 @@ def cudaDriverGetVersion():
 def cudaGetLastError():
     """Returns and clears the sticky last error (Runtime API docs)."""
     r = current()
-    st = runtime_entry(r)
+    st = runtime_entry(r, context=False)
     code, st.last_error = st.last_error, 0
     return (as_rt(code),)
 
 
 def cudaPeekAtLastError():
-    st = runtime_entry(current())
+    st = runtime_entry(current(), context=False)
     return (as_rt(st.last_error),)
 
 

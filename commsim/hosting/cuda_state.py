@@ -88,13 +88,16 @@ def new_stream(driver: Any, st: RankCuda, ordinal: int) -> int:
     return h
 
 
-def runtime_entry(r: HostedRank) -> RankCuda:
-    """The runtime initialises the driver and makes the current device's primary context
-    current on first use (CUDA Runtime API docs, "Initialization"; since CUDA 12.0
-    cudaSetDevice initialises the primary context immediately)."""
+def runtime_entry(r: HostedRank, context: bool = True) -> RankCuda:
+    """The runtime initialises the driver on its first call, and creates the current
+    device's primary context and makes it current on the first call that needs an active
+    context (CUDA C Programming Guide, "Initialization"; since CUDA 12.0 cudaSetDevice
+    initialises the primary context at once, Runtime API docs). Device queries
+    (count, properties, attributes, peer capability, versions) need none."""
     st = state(r.driver)
     st.initialized = True
-    st.ctx_bound = True
+    if context:
+        st.ctx_bound = True
     return st
 
 

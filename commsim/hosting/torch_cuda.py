@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -27,7 +28,7 @@ import torch.cuda
 from ..driver import error_string
 from . import cuda_runtime_api as api
 from . import device_facts
-from .cuda_state import maybe_rank, runtime_entry, state
+from .cuda_state import maybe_rank, runtime_entry
 from .session import current
 from .nesting import nested
 from .surfaces import register_surface
@@ -103,6 +104,7 @@ class HostedStream:
 
     def __init__(self, device: Any = None, priority: int = 0, *, stream_ptr: int | None = None,
                  **kwargs: Any):
+        _lazy_init()
         self.device_index = _index(device)
         if stream_ptr is None:
             with _on(self.device_index):
@@ -163,16 +165,19 @@ def device_count() -> int:
 
 
 def current_device() -> int:
+    _lazy_init()
     return int(_check(api.cudaGetDevice()))
 
 
 def set_device(device: Any) -> None:
+    _lazy_init()
     d = _index(device)
     if d >= 0:
         _check(api.cudaSetDevice(d))
 
 
 def get_device_properties(device: Any = None) -> HostedDeviceProperties:
+    _lazy_init()
     d = _index(device)
     if not 0 <= d < device_count():
         raise AssertionError("Invalid device id")         # torch.cuda.get_device_properties
@@ -195,6 +200,7 @@ def get_device_name(device: Any = None) -> str:
 
 
 def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    _lazy_init()
     d, p = _index(device), _index(peer_device, optional=False)
     n = device_count()
     if not 0 <= d < n:
@@ -205,22 +211,35 @@ def can_device_access_peer(device: Any, peer_device: Any) -> bool:
 
 
 def synchronize(device: Any = None) -> None:
+    _lazy_init()
     with _on(device):
         _check(api.cudaDeviceSynchronize())
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
+    _lazy_init()
     with _on(device):
         free, total = _check(api.cudaMemGetInfo())
     return int(free), int(total)
 
 
+_torch_init: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _lazy_init() -> None:
+    """torch.cuda._lazy_init for the rank: torch's own "initialised" flag, set by the calls
+    that run _lazy_init in torch/cuda/__init__.py (not by is_available / device_count)."""
+    r = current()
+    runtime_entry(r)
+    _torch_init[r.driver] = True
+
+
 def is_initialized() -> bool:
-    return state(current().driver).initialized
+    return _torch_init.get(current().driver, False)
 
 
 def init() -> None:
-    runtime_entry(current())
+    _lazy_init()
 
 
 def current_stream(device: Any = None) -> HostedStream:

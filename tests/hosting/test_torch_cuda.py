@@ -62,8 +62,14 @@ def test_device_context_streams_synchronize_and_mem_get_info():
 
     def program():
         from cuda.bindings import runtime as rt
+        from cuda.bindings import driver as cu
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 4
+        cu.cuInit(0)
+        # device queries initialise neither torch nor a CUDA context (programming guide)
         assert torch.cuda.is_initialized() is False
+        assert cu.cuCtxGetDevice()[0] == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT
         torch.cuda.init()
+        assert torch.cuda.is_initialized() and int(cu.cuCtxGetDevice()[1]) == 0
         with torch.cuda.device(3):
             inside = torch.cuda.current_device()
             s = torch.cuda.Stream()
