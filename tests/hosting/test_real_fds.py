@@ -12,6 +12,7 @@ import os
 import platform
 import socket
 
+import numpy as np
 import pytest
 
 from sim_ranks import hosted, ranks, run, solo  # noqa: F401  (fixture)
@@ -186,3 +187,76 @@ def test_garbage_fd_is_invalid_value_not_a_crash():
     finally:
         os.close(rd)
         os.close(wr)
+
+
+# ---- process mode: real OS processes over ProcessFabrics -----------------------------------------
+
+def fd_between_processes(wg, d):
+    """Rank 0 exports a POSIX fd; rank 1 gets it over a real AF_UNIX socket (SCM_RIGHTS)
+    and again with pidfd_getfd, imports both, writes through the mapping; rank 0 reads."""
+    import secrets
+
+    from commsim.driver import access_desc, alloc_prop, check
+    from commsim.sim.driver import FD
+    r = wg.rank
+    srv = None
+    name = None
+    if r == 1:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = f"\0commsim-fdtest-{os.getpid()}-{secrets.token_hex(8)}"   # abstract: no file
+        srv.bind(name)
+        srv.listen(1)
+    out = {}
+    h = fd = None
+    if r == 0:
+        h = check("cuMemCreate", d.cuMemCreate(SIZE, alloc_prop(0, FD), 0))
+        fd = check("export", d.cuMemExportToShareableHandle(h, FD, 0))
+    info = wg.all_gather_object((name, os.getpid(), fd))
+    if r == 0:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(info[1][0])
+            socket.send_fds(c, [b"fd"], [fd])
+    else:
+        conn, _ = srv.accept()
+        with conn:
+            _, (got,), _, _ = socket.recv_fds(conn, 16, 1)
+        taken = _pidfd_getfd(info[0][1], info[0][2])
+        handles = [check("import", d.cuMemImportFromShareableHandle(x, FD)) for x in (got, taken)]
+        out["fds_differ"] = len({got, taken, info[0][2]}) == 3
+        for x in (got, taken):
+            os.close(x)
+        va = check("reserve", d.cuMemAddressReserve(SIZE, 0, 0, 0))
+        check("map", d.cuMemMap(va, SIZE, 0, handles[1], 0))
+        check("access", d.cuMemSetAccess(va, SIZE, [access_desc(0)], 1))
+        check("write", d.memcpy_htod(va, np.full(8, 0xAB, np.uint8)))
+        check("unmap", d.cuMemUnmap(va, SIZE))
+        check("free va", d.cuMemAddressFree(va, SIZE))
+        for hh in handles:
+            check("release", d.cuMemRelease(hh))
+        srv.close()
+    wg.barrier()
+    if r == 0:
+        va = check("reserve", d.cuMemAddressReserve(SIZE, 0, 0, 0))
+        check("map", d.cuMemMap(va, SIZE, 0, h, 0))
+        check("access", d.cuMemSetAccess(va, SIZE, [access_desc(0)], 1))
+        out["seen"] = check("read", d.memcpy_dtoh(va, 8)).tolist()
+        check("unmap", d.cuMemUnmap(va, SIZE))
+        check("free va", d.cuMemAddressFree(va, SIZE))
+        os.close(fd)
+        check("release", d.cuMemRelease(h))
+    wg.barrier()
+    d._fds.reap()
+    out["held"] = d.ledger.summary()
+    return out
+
+
+def test_fds_pass_between_real_processes_in_process_mode():
+    from commsim.procs.hygiene import leftover_segments
+    from commsim.procs.launcher import run_ranks_procs
+    from commsim.topology import GpuRef, build_preset
+    c = build_preset("hgx-h100-8")
+    placement = [GpuRef(c.hosts[0].name, 0), GpuRef(c.hosts[0].name, 1)]
+    got = run_ranks_procs(fd_between_processes, c, placement, timeout=60)
+    assert got[0] == ("ok", {"seen": [0xAB] * 8, "held": {}}), got
+    assert got[1] == ("ok", {"fds_differ": True, "held": {}}), got
+    assert not leftover_segments(os.getpid())
