@@ -28,7 +28,7 @@ import torch.cuda
 from ..driver import error_string
 from . import cuda_runtime_api as api
 from . import device_facts
-from .cuda_state import maybe_rank, runtime_entry
+from .cuda_state import maybe_rank, not_simulated, runtime_entry
 from .session import current
 from .nesting import nested
 from .surfaces import register_surface
@@ -281,7 +281,23 @@ class _ClassDispatch(type):
         return impl(*args, **kwargs)
 
     def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, (cls._hosted, cls._real))
+        kinds = tuple(k for k in (cls._hosted, cls._real) if isinstance(k, type))
+        return isinstance(obj, kinds)
+
+
+# Seeding the CUDA generators is a no-op where no CUDA generator exists (CPU torch): torch's
+# own functions stay (torch.manual_seed calls torch.cuda.manual_seed_all).
+_PASSTHROUGH = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed"})
+# torch.cuda classes a hosted program may construct that commsim does not simulate.
+_UNSIMULATED_CLASSES = ("Event", "ExternalStream", "CUDAGraph", "graph", "MemPool",
+                        "GreenContext", "CUDAPluggableAllocator", "StreamContext")
+
+
+def _public_functions() -> list[str]:
+    import inspect
+    return [n for n in dir(torch.cuda) if not n.startswith("_")
+            and inspect.isfunction(getattr(torch.cuda, n))
+            and getattr(getattr(torch.cuda, n), "__module__", "").startswith("torch.cuda")]
 
 
 def _install() -> None:
@@ -291,6 +307,17 @@ def _install() -> None:
     for name, hosted in (("Stream", HostedStream), ("device", HostedDevice)):
         _saved[name] = getattr(torch.cuda, name)
         setattr(torch.cuda, name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": _saved[name]}))
+    # Everything else public fails loudly in a hosted rank, naming itself.
+    for name in _public_functions():
+        if name in _saved or name in _PASSTHROUGH:
+            continue
+        _saved[name] = getattr(torch.cuda, name)
+        setattr(torch.cuda, name, _dispatch(name, not_simulated("torch.cuda", name), _saved[name]))
+    for name in _UNSIMULATED_CLASSES:
+        if hasattr(torch.cuda, name):
+            _saved[name] = getattr(torch.cuda, name)
+            setattr(torch.cuda, name, _ClassDispatch(
+                name, (), {"_hosted": not_simulated("torch.cuda", name), "_real": _saved[name]}))
 
 
 def _uninstall() -> None:

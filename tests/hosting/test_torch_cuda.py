@@ -105,3 +105,20 @@ def test_no_cuda_tensors_on_cpu_torch():
     _, (r,) = ranks("hgx-h100-8", [(0, 0)])
     with pytest.raises((AssertionError, RuntimeError)):
         solo(r, lambda: torch.empty(4, device="cuda"))
+
+
+def test_unsimulated_torch_cuda_fails_loudly_and_seeding_still_works():
+    _, (r,) = ranks("hgx-h100-8", [(0, 1)])
+
+    def program():
+        torch.cuda.set_device(1)
+        torch.manual_seed(1234)            # calls torch.cuda.manual_seed_all: harmless
+        for call in (torch.cuda.memory_allocated, torch.cuda.empty_cache, torch.cuda.Event,
+                     lambda: torch.cuda.stream(torch.cuda.Stream())):
+            with pytest.raises(NotImplementedError, match=r"commsim hosting: torch\.cuda\.\w+ is not simulated"):
+                call()
+        return torch.rand(1).item()
+    torch.manual_seed(1234)
+    expected = torch.rand(1).item()
+    assert solo(r, program) == expected
+    assert torch.cuda.memory_allocated() == 0        # outside a rank: CPU torch's answer
