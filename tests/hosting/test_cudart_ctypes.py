@@ -147,6 +147,21 @@ def test_two_gb200_trays_fail_with_the_wrappers_invalid_resource_handle():
         assert "open_handle" in e.site and "test_cudart_ctypes.py" in e.site
 
 
+def test_the_raw_open_across_trays_returns_400():
+    _, rs = ranks("gb200-nvl72:2", [(0, 0), (1, 0)])
+
+    def program(g):
+        lib = RTWrapper()
+        mine = lib.malloc(1 << 20)
+        blobs = g.all_gather_object(bytes(lib.get_handle(mine)), tag="handles")
+        out = ctypes.c_void_p()
+        code = lib.fn["cudaIpcOpenMemHandle"](ctypes.byref(out), IpcHandle.from_buffer_copy(blobs[1 - g.rank]), 1)
+        g.barrier(tag="tried")
+        lib.free(mine)
+        return code, out.value
+    assert [o.unwrap() for o in run(rs, program)] == [(400, None), (400, None)]
+
+
 def test_one_gb200_tray_succeeds_and_closes_clean():
     fabric, rs = ranks("gb200-nvl72:1", [(0, 0), (0, 1), (0, 2), (0, 3)])
 
