@@ -251,12 +251,12 @@ def fd_between_processes(wg, d):
 
 
 def test_fds_pass_between_real_processes_in_process_mode():
-    from commsim.procs.hygiene import leftover_segments
     from commsim.procs.launcher import run_ranks_procs
+    from commsim.sim import shm
     from commsim.topology import GpuRef, build_preset
     c = build_preset("hgx-h100-8")
     placement = [GpuRef(c.hosts[0].name, 0), GpuRef(c.hosts[0].name, 1)]
     got = run_ranks_procs(fd_between_processes, c, placement, timeout=60)
     assert got[0] == ("ok", {"seen": [0xAB] * 8, "held": {}}), got
     assert got[1] == ("ok", {"fds_differ": True, "held": {}}), got
-    assert not leftover_segments(os.getpid())
+    assert not shm.segments(f"{shm.PREFIX_HEAD}{os.getpid()}")      # nothing left in /dev/shm
