@@ -91,6 +91,14 @@ def maybe_current() -> HostedRank | None:
         return None
 
 
+def set_process_rank(rank: HostedRank | None) -> None:
+    """Procs mode: the rank of this whole process (every thread and greenlet of it)."""
+    with _lock:
+        _process.clear()
+        if rank is not None:
+            _process.append(rank)
+
+
 @contextlib.contextmanager
 def bound(rank: HostedRank, process: bool = False) -> Iterator[HostedRank]:
     """Bind `rank` for the running greenlet and the greenlets it starts, or (process=True)

@@ -29,7 +29,7 @@ MODULE_SURFACES = (cuda_bindings, cudart, nvml, torch_cuda)
 
 
 @pytest.fixture(scope="module")
-def hosted():
+def module_surfaces():
     """The module surfaces installed for the tests of one module, then the real modules back
     (each surface's install/uninstall nest, so this composes with a bootstrap's install)."""
     for m in MODULE_SURFACES:
@@ -113,19 +113,19 @@ def spawned_worker(spec: str, host: int, gpu: int, out: Any) -> None:
     for m in MODULE_SURFACES:
         m.install()
     _, (r,) = ranks(spec, [(host, gpu)])
-    with session.bound(r, process=True):
-        path = next(line[line.index("/"):].strip() for line in open("/proc/self/maps")
-                    if "libcudart" in line)
-        lib = ctypes.CDLL(path)
-        lib.cudaGetErrorString.restype = ctypes.c_char_p
-        p = ctypes.c_void_p()
-        lib.cudaMalloc(ctypes.byref(p), 1 << 20)
-        handle = (ctypes.c_byte * 64)()
-        lib.cudaIpcGetMemHandle(ctypes.byref(handle), p)
-        own = ctypes.c_void_p()
-        code = lib.cudaIpcOpenMemHandle(ctypes.byref(own), handle, 1)   # its own handle
-        import pynvml
-        pynvml.nvmlInit()
-        import torch
-        out.put((os.path.basename(path), code, lib.cudaGetErrorString(code).decode(),
-                 pynvml.nvmlDeviceGetCount(), torch.cuda.is_available(), torch.cuda.current_device()))
+    session.set_process_rank(r)                 # procs mode: the whole process is the rank
+    path = next(line[line.index("/"):].strip() for line in open("/proc/self/maps")
+                if "libcudart" in line)
+    lib = ctypes.CDLL(path)
+    lib.cudaGetErrorString.restype = ctypes.c_char_p
+    p = ctypes.c_void_p()
+    lib.cudaMalloc(ctypes.byref(p), 1 << 20)
+    handle = (ctypes.c_byte * 64)()
+    lib.cudaIpcGetMemHandle(ctypes.byref(handle), p)
+    own = ctypes.c_void_p()
+    code = lib.cudaIpcOpenMemHandle(ctypes.byref(own), handle, 1)   # its own handle
+    import pynvml
+    pynvml.nvmlInit()
+    import torch
+    out.put((os.path.basename(path), code, lib.cudaGetErrorString(code).decode(),
+             pynvml.nvmlDeviceGetCount(), torch.cuda.is_available(), torch.cuda.current_device()))

@@ -16,9 +16,9 @@ import pytest
 
 import cuda.bindings
 from commsim.hosting import cuda_bindings
-from sim_ranks import hosted, ranks, run, solo  # noqa: F401  (fixture)
+from sim_ranks import module_surfaces, ranks, run, solo  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.usefixtures("hosted")
+pytestmark = pytest.mark.usefixtures("module_surfaces")
 
 REAL_RT = cuda_bindings._real_runtime
 REAL_CU = cuda_bindings._real_driver

@@ -14,9 +14,9 @@ import stat
 import pytest
 
 from commsim.hosting import cudart, fakelib
-from sim_ranks import hosted, ranks, run, solo  # noqa: F401  (fixture)
+from sim_ranks import module_surfaces, ranks, run, solo  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.usefixtures("hosted")
+pytestmark = pytest.mark.usefixtures("module_surfaces")
 
 
 class IpcHandle(ctypes.Structure):

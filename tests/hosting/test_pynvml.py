@@ -7,9 +7,9 @@ import ctypes
 import pytest
 
 from commsim.topology.model import GpuRef
-from sim_ranks import hosted, ranks, run, solo  # noqa: F401  (fixture)
+from sim_ranks import module_surfaces, ranks, run, solo  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.usefixtures("hosted")
+pytestmark = pytest.mark.usefixtures("module_surfaces")
 
 
 def nvlink_summary(handle):

@@ -15,9 +15,9 @@ import socket
 import numpy as np
 import pytest
 
-from sim_ranks import hosted, ranks, run, solo  # noqa: F401  (fixture)
+from sim_ranks import module_surfaces, ranks, run, solo  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.usefixtures("hosted")
+pytestmark = pytest.mark.usefixtures("module_surfaces")
 
 SIZE = 2 << 20
 

@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
-from sim_ranks import hosted, ranks, run, solo  # noqa: F401  (fixture)
+from sim_ranks import module_surfaces, ranks, run, solo  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.usefixtures("hosted")
+pytestmark = pytest.mark.usefixtures("module_surfaces")
 
 
 def test_outside_a_rank_torch_is_the_cpu_build():
