@@ -88,6 +88,8 @@ def datapath(reps: int = 3, order: tuple[str, ...] = ("ipc", "fabric", "multicas
 
 
 if __name__ == "__main__":
+    from commsim.sim import set_torch_threads
+    set_torch_threads()   # as a run does
     rate("hgx-h100-8", 5)
     rate("gb200-nvl72", 1)
     datapath()

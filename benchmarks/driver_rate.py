@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from commsim.driver import LAZY_ENABLE_PEER_ACCESS, check
-from commsim.sim import SimFabric, spawn_driver
+from commsim.sim import SimFabric, set_torch_threads, spawn_driver
 from commsim.topology.model import GpuRef
 from commsim.topology.presets import build
 
@@ -83,6 +83,7 @@ def memcpy_rates(mib: int, iters: int, reps: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    set_torch_threads()   # as a run does (commsim.sim.set_torch_threads)
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=20_000)
     ap.add_argument("--mib", type=int, default=64)

@@ -26,7 +26,7 @@ import torch
 from commsim.communicator import Communicator
 from commsim.group import LocalWorld
 from commsim.policy import Policy
-from commsim.sim import SimFabric, shm, spawn_driver
+from commsim.sim import SimFabric, shm, set_torch_threads, spawn_driver
 from commsim.topology import build_preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +109,7 @@ def process_mode(ctx, backend: str, rounds: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    set_torch_threads()   # as a run does (commsim.sim.set_torch_threads)
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=300)
     args = ap.parse_args()

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .sim import set_torch_threads
+    set_torch_threads()
     try:
         rc = args.func(args)
     except UserError as e:

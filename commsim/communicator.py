@@ -16,24 +16,11 @@ from typing import Any, Iterator
 
 import torch
 
+from .backends import get_backend
 from .backends.base import Backend, Capture, SetupFailed
-from .backends.fabric import FabricBackend
-from .backends.ipc import IpcBackend
-from .backends.multicast import MulticastBackend
-from .backends.nccl import NcclBackend
-from .backends.symm import SymmBackend
 from .discovery import GroupView, discover
 from .driver import Driver
 from .policy import Policy
-
-BACKENDS: dict[str, type[Backend]] = {"ipc": IpcBackend, "fabric": FabricBackend,
-                                     "multicast": MulticastBackend, "symm": SymmBackend,
-                                     "nccl": NcclBackend}
-
-
-def register_backend(cls: type[Backend]) -> None:
-    BACKENDS[cls.name] = cls
-
 
 @dataclass
 class Decision:
@@ -78,7 +65,7 @@ class Communicator:
     # -- set-up ----------------------------------------------------------------------------
     def _init_backends(self) -> None:
         for name in self.policy.order:
-            cls = BACKENDS.get(name)
+            cls = get_backend(name)
             if cls is None:
                 self.decisions.append(Decision(name, "declined: not available in this build"))
                 continue

@@ -8,7 +8,11 @@ so the conformance suite runs against either (DESIGN.md §3 rule 3).
 
 Handles cross the Driver as plain values that survive pickling: legacy IPC and fabric handles
 as 64-byte `bytes` (CU_IPC_HANDLE_SIZE, reference §1.1), POSIX-fd handles as `int`, VMM and
-multicast handles as `int`.
+multicast handles as `int`. A POSIX fd reaches another process of the same host only through
+the driver's `FdChannel` (SCM_RIGHTS over a Unix socket, reference §2.5).
+
+This module is everything a backend may use: a backend imports neither the simulator nor the
+device binding (tests/unit/test_layering.py walks the imports).
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ cudaError_t = cudart.cudaError_t
 CUresult = cu.CUresult
 HandleType = cu.CUmemAllocationHandleType
 DevAttr = cu.CUdevice_attribute
+
+# Shareable handle types as plain ints (CUmemAllocationHandleType), as backends pass them.
+FD = int(HandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+FABRIC = int(HandleType.CU_MEM_HANDLE_TYPE_FABRIC)
 
 IPC_HANDLE_SIZE = 64                    # CUDA_IPC_HANDLE_SIZE (reference §1.1)
 FABRIC_HANDLE_SIZE = 64                 # CUmemFabricHandle.data
@@ -62,10 +70,6 @@ def error_string(err: Any) -> str:
 
 def error_name(err: Any) -> str:
     return getattr(err, "name", str(err))
-
-
-def is_success(err: Any) -> bool:
-    return int(err) == 0
 
 
 def check(api: str, result: Any) -> Any:
@@ -120,6 +124,24 @@ def multicast_prop(num_devices: int, size: int, handle_types: int = 0) -> "cu.CU
     return p
 
 
+class FdTransportError(OSError):
+    """An fd could not be passed: the peer is on another host (its socket path does not exist
+    there, reference §2.5 row V9), is gone, or the fd is not open in the sender."""
+
+
+@runtime_checkable
+class FdChannel(Protocol):
+    """Passing a shareable POSIX fd between processes of one host (PyTorch's IpcChannel,
+    FlashInfer's fd_exchange): sendmsg / recvmsg with SCM_RIGHTS. The receiver gets a new fd
+    number for the same open file. Raises FdTransportError when the fd cannot travel."""
+
+    def send(self, fd: int, dst_pid: int) -> None:
+        """Send `fd` to the process `dst_pid` (of this host)."""
+
+    def receive(self, src_pid: int, timeout: float | None = None) -> int:
+        """The next fd `src_pid` sent, waiting up to `timeout` seconds (None: the default)."""
+
+
 @runtime_checkable
 class Driver(Protocol):
     """What one process may ask of CUDA and NVML. Every method returns `(err, value...)`."""
@@ -165,6 +187,15 @@ class Driver(Protocol):
     def cuMulticastBindMem(self, mc_handle: int, mc_offset: int, mem_handle: int,
                            mem_offset: int, size: int, flags: int) -> tuple: ...
     def cuMulticastUnbind(self, mc_handle: int, dev: int, mc_offset: int, size: int) -> tuple: ...
+
+    # --- data path: staging, kernels (commsim/kernels/ names the kernel) ---
+    def memcpy_htod(self, dst: int, host: Any) -> tuple: ...
+    def memcpy_dtoh(self, src: int, nbytes: int) -> tuple: ...
+    def launch_kernel(self, kernel: Any, *args: Any) -> tuple: ...
+
+    # --- POSIX fds: close an exported or received fd (0 or -1 like the syscall); the channel ---
+    def close_fd(self, fd: int) -> int: ...
+    def fd_channel(self) -> FdChannel: ...
 
     # --- NVML ---
     def nvmlDeviceGetGpuFabricInfo(self, index: int) -> tuple: ...

@@ -11,11 +11,10 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from .backends import get_backend
 from .errors import UserError
-from .model_sizes import SizeTable, human
+from .size_tables import SizeTable, human
 
-_COLORS = {"ipc": "#1f77b4", "fabric": "#2ca02c", "multicast": "#d62728", "symm": "#9467bd",
-           "nccl": "#7f7f7f"}
 
 
 def _pyplot():
@@ -56,10 +55,10 @@ def _panel(ax, t: SizeTable) -> None:
         ok = [(x, y) for x, y in zip(xs, ys) if not math.isinf(y)]
         if not ok:
             continue
-        color = _COLORS.get(b, None)
-        # symm's multimem curve coincides with multicast's (same kernel): dashed, so both show.
+        cls = get_backend(b)        # each backend declares its colour and line style
+        color = cls.colour if cls else None
         ax.plot([x for x, _ in ok], [y for _, y in ok], color=color, lw=1.5, alpha=0.55, label=b,
-                ls="--" if b == "symm" else "-")
+                ls=cls.plot_style if cls else "-")
         chosen = [(x, y) for (x, y), r in zip(zip(xs, ys), t.rows) if r.chosen == b]
         if chosen:
             ax.plot([x for x, _ in chosen], [y for _, y in chosen], "o", color=color, ms=6,

@@ -6,7 +6,7 @@ import the handle type it uses and every rank meets its device requirements. A s
 name another policy (a preset name here, or `module:object`) to reproduce a shortcut.
 
 Presets: "default" tries the admitted backends in a fixed order; "model" admits the same ones
-and tries them fastest first by the cost model (`commsim.model`) at each message size.
+and tries them fastest first by the cost model (`commsim.cost_model`) at each message size.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import model
+from . import cost_model
+from .backends import default_order
 from .backends.base import Backend, Eligibility, Mi
 from .discovery import GroupView
 from .errors import UserError
@@ -27,9 +28,10 @@ from .topology.model import Cluster, GpuRef
 @dataclass
 class Policy:
     name: str = "default"
-    # Peer-pointer backends first (lowest latency), then multicast, then symmetric memory
-    # (which takes the sizes beyond the others' workspaces, up to its own), then the fallback.
-    order: tuple[str, ...] = ("ipc", "fabric", "multicast", "symm", "nccl")
+    # The registry's order (each backend declares its place): peer-pointer backends first
+    # (lowest latency), then multicast, then symmetric memory (which takes the sizes beyond
+    # the others' workspaces, up to its own), then the fallback.
+    order: tuple[str, ...] = field(default_factory=default_order)
     params: dict[str, Any] = field(default_factory=lambda: {"max_size": 8 * Mi})
     # On a set-up failure: fall back to the next backend (True) or fail the communicator.
     fallback_on_setup_error: bool = True
@@ -63,24 +65,26 @@ class ModelPolicy(Policy):
     the communicator (`for_group`), from the topology in the oracle (`for_truth`)."""
 
     name: str = "model"
-    fabric: model.GroupFabric | None = None
+    fabric: cost_model.GroupFabric | None = None
 
     def for_group(self, view: GroupView) -> "ModelPolicy":
-        return replace(self, fabric=model.fabric_from_view(view))
+        return replace(self, fabric=cost_model.fabric_from_view(view))
 
     def for_truth(self, cluster: Cluster, placement: Sequence[GpuRef]) -> "ModelPolicy":
-        return replace(self, fabric=model.group_fabric(cluster, placement))
+        return replace(self, fabric=cost_model.group_fabric(cluster, placement))
 
     def candidates(self, op: str, nbytes: int) -> tuple[str, ...]:
         if self.fabric is None or op not in _MODELLED_OPS:
             return self.order
         # Backends the model has no algorithm for follow the modelled ones, in their order.
-        known = [b for b in self.order if b in model.BACKEND_ALGORITHMS]
-        rest = tuple(b for b in self.order if b not in model.BACKEND_ALGORITHMS)
-        return model.ordered_by_model(known, nbytes, self.fabric) + rest
+        modelled = cost_model.backend_algorithms()
+        known = [b for b in self.order if b in modelled]
+        rest = tuple(b for b in self.order if b not in modelled)
+        return cost_model.ordered_by_model(known, nbytes, self.fabric) + rest
 
 
-PRESET_POLICIES: dict[str, Policy] = {"default": Policy(), "model": ModelPolicy()}
+# Built when named, so a backend registered later is in the order.
+PRESET_POLICIES: dict[str, type[Policy]] = {"default": Policy, "model": ModelPolicy}
 
 
 def resolve(spec: str | Policy | None, base_dir: Path | None = None) -> Policy:
@@ -93,7 +97,7 @@ def resolve(spec: str | Policy | None, base_dir: Path | None = None) -> Policy:
         if spec not in PRESET_POLICIES:
             raise UserError(f"unknown policy {spec!r}; presets: {', '.join(PRESET_POLICIES)}, "
                             f"or give module:object")
-        return PRESET_POLICIES[spec]
+        return PRESET_POLICIES[spec]()
     mod_name, _, attr = spec.partition(":")
     path = Path(mod_name if mod_name.endswith(".py") else mod_name.replace(".", "/") + ".py")
     if base_dir is not None and not path.is_absolute():

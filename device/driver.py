@@ -28,16 +28,17 @@ import numpy as np
 from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
+from commsim.driver import FABRIC, FD
+
 from . import handles, launch
 from . import host as hostinfo
 from .errors import NoGpuError
+from .fd_channel import UnixFdChannel
 from .nvml import NVML_ERROR_INVALID_ARGUMENT, Nvml
 
 E = cudart.cudaError_t
 R = cu.CUresult
 A = cu.CUdevice_attribute
-FD = int(cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-FABRIC = int(cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_FABRIC)
 _H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
 _D2H = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
 _D2D = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
@@ -127,6 +128,7 @@ class CudaDriver:
         self._modules: dict[tuple[int, str], Any] = {}
         self._functions: dict[tuple[int, str], Any] = {}
         self._sm_counts: dict[int, int] = {}
+        self._fd_channel: UnixFdChannel | None = None
 
     @classmethod
     def create(cls, device: int = 0) -> "CudaDriver":
@@ -454,3 +456,9 @@ class CudaDriver:
         except (OSError, TypeError, ValueError, OverflowError):
             return -1
         return 0
+
+    def fd_channel(self) -> UnixFdChannel:
+        """This process's FdChannel (SCM_RIGHTS over a Unix socket), listening from first use."""
+        if self._fd_channel is None:
+            self._fd_channel = UnixFdChannel()
+        return self._fd_channel

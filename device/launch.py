@@ -1,7 +1,7 @@
 """From a simulator kernel call to a CUDA launch: entry point, grid and packed parameters.
 
 The backends call `driver.launch_kernel(K.one_shot_all_reduce, ptrs, me, n, dtype, capacity,
-round)` with the functions of commsim/sim/collective_kernels.py. On the simulator that runs
+round)` with the functions of commsim/kernels/collectives.py. On the simulator that runs
 the Python function; CudaDriver looks the function's *name* up here and launches the .cu
 entry point of the same algorithm (device/kernels/peer.cu, multimem.cu) with the same
 arguments. Kernels that exist only on the device (the fused RMSNorm, `read_bytes`) are
@@ -16,7 +16,8 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-MAX_RANKS = 128                   # kernels/commsim_common.cuh, sim/collective_kernels.py
+from commsim.kernels.workspace import MAX_RANKS  # = kernels/commsim_common.cuh
+
 THREADS = 512                     # __launch_bounds__ of every entry point
 DTYPES = {"float32": ("f32", 4), "float16": ("f16", 2), "bfloat16": ("bf16", 2)}
 
@@ -158,7 +159,7 @@ def _read_bytes(sm_count: int, src: int, dst: int, nbytes: int) -> Launch:
                    ctypes.c_uint64(nbytes)])
 
 
-# Simulator kernel name (commsim/sim/collective_kernels.py) or device-only name -> planner.
+# Simulator kernel name (commsim/kernels/collectives.py) or device-only name -> planner.
 PLANNERS: dict[str, Callable[..., Launch]] = {
     "one_shot_all_reduce": _peer_reduce("one_shot_all_reduce"),
     "two_shot_all_reduce": _peer_reduce("two_shot_all_reduce"),

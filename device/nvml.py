@@ -79,9 +79,6 @@ class Nvml:
     def uuid(self, h: Any) -> tuple[int, str | None]:
         return self.call(lambda m: _text(m.nvmlDeviceGetUUID(h)))
 
-    def bus_id(self, h: Any) -> tuple[int, str | None]:
-        return self.call(lambda m: _bus(m.nvmlDeviceGetPciInfo(h).busId))
-
     def driver_version(self) -> str:
         rc, v = self.call(lambda m: _text(m.nvmlSystemGetDriverVersion()))
         return v if rc == 0 else ""

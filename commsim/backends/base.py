@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
 from ..discovery import GroupView
 from ..driver import CudaError, Driver, check
-from ..sim import collective_kernels as K
+from ..kernels import collectives as K, workspace as W
+
+if TYPE_CHECKING:
+    from ..topology.truth import GroupFacts
 
 Mi = 1 << 20
 Ki = 1 << 10
@@ -59,9 +62,48 @@ class Capture:
 
 
 class Backend(ABC):
+    """A way to run collectives. A subclass declares, once, everything the rest of commsim
+    reads about it (commsim/backends/registry.py), and is registered with
+    `@register_backend`."""
+
     name = "?"
     ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce_rmsnorm")
     needs_graph_registration = False
+    # -- declarations the registry checks and the rest of commsim reads ---------------------
+    order: int | None = None           # place in the default policy order, lower first
+    colour: str | None = None          # plots and the sweep report
+    plot_style = "-"                   # matplotlib line style in `explain --plot`
+    algorithms: tuple[str, ...] = ()   # what the cost model predicts for it ...
+    cost_family: str | None = None     # ... with which formulas (registry.COST_FAMILIES)
+    fallback = False                   # legal on every topology (the oracle's last resort)
+    # Per-call limits, read by the oracle and by `accepts`: bytes must be a multiple of
+    # `alignment`, and (the gathered total for all_gather) below params[limit_param].
+    limit_param: str | None = None
+    default_limit = 0
+    alignment = 1
+
+    @classmethod
+    def truth(cls, facts: "GroupFacts") -> str | None:
+        """The oracle's rule: why the topology does not allow this backend for the group
+        (commsim.topology.truth.GroupFacts), or None when it does. Restated from the sources,
+        never derived from `eligibility`, so that a wrong eligibility rule shows."""
+        return "declares no oracle rule"
+
+    @classmethod
+    def limit(cls, params: dict[str, Any]) -> int | None:
+        """The workspace limit in bytes under `params`, or None when unlimited."""
+        if cls.limit_param is None:
+            return None
+        return int(params.get(cls.limit_param, cls.default_limit))
+
+    @classmethod
+    def within_limits(cls, op: str, nbytes: int, ws: int, params: dict[str, Any]) -> bool:
+        """The declared per-call limits (row B5 for the peer backends), as the oracle reads them."""
+        if op not in cls.ops or nbytes % cls.alignment:
+            return False
+        cap = cls.limit(params)
+        total = nbytes * ws if op == "all_gather" else nbytes
+        return cap is None or total < cap
 
     def __init__(self, driver: Driver, group: Any, view: GroupView, params: dict[str, Any]):
         self.driver, self.group, self.view, self.params = driver, group, view, params
@@ -115,7 +157,7 @@ class Backend(ABC):
         a hang was diagnosed) nobody else will arrive: release what this rank holds anyway,
         so the ledger still returns to zero; a peer still mapping our memory is what the
         simulator then flags (row L15), which is the truth of a teardown without agreement."""
-        from ..group.errors import GroupError
+        from ..runtime.diagnosis import GroupError
         try:
             self.group.barrier(tag=tag)
             return True
@@ -142,10 +184,11 @@ class PeerBackend(Backend):
     """Data path for backends whose ranks map every peer's workspace (ipc, fabric)."""
 
     one_shot_limit = 0          # bytes below which all_reduce is one-shot (per subclass rule)
+    limit_param, default_limit, alignment = "max_size", 8 * Mi, 16   # packed 16-byte kernels
 
     def __init__(self, *a: Any, **k: Any):
         super().__init__(*a, **k)
-        self.capacity = int(self.params.get("max_size", 8 * Mi))
+        self.capacity = self.limit(self.params)
         self.ptrs: list[int] = []         # ptrs[j] = rank j's workspace in this process's VA
 
     def accepts(self, op: str, nbytes: int, dtype: str) -> tuple[bool, str]:
@@ -153,8 +196,8 @@ class PeerBackend(Backend):
         if not ok:
             return ok, why
         total = nbytes * self.ws if op == "all_gather" else nbytes
-        if nbytes % 16:
-            return False, f"{nbytes} B is not a multiple of 16 (packed 16-byte kernels)"
+        if nbytes % self.alignment:
+            return False, f"{nbytes} B is not a multiple of {self.alignment} (packed 16-byte kernels)"
         if total >= self.capacity:
             return False, f"{total} B >= workspace {self.capacity} B"
         return True, ""
@@ -164,10 +207,10 @@ class PeerBackend(Backend):
         check(kernel.__name__, self.driver.launch_kernel(kernel, *args))
 
     def _stage(self, x: torch.Tensor) -> None:
-        check("cudaMemcpy", self.driver.memcpy_htod(self.ptrs[self.rank] + K.DATA, as_bytes(x)))
+        check("cudaMemcpy", self.driver.memcpy_htod(self.ptrs[self.rank] + W.DATA, as_bytes(x)))
 
     def _result(self, nbytes: int, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.ptrs[self.rank] + K.DATA + self.capacity, nbytes))
+        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.ptrs[self.rank] + W.DATA + self.capacity, nbytes))
         return torch.from_numpy(raw).view(like.dtype).reshape(shape).clone()
 
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..discovery import GroupView
-from ..driver import CudaError, alloc_prop, check
-from ..sim import collective_kernels as K
-from ..sim.driver import FABRIC
+from ..driver import FABRIC, CudaError, alloc_prop, check
+from ..kernels import workspace as W
 from ..topology.model import FabricState
+from ..topology.truth import FABRIC as FABRIC_HANDLE, GroupFacts
 from .base import Eligibility, Mi
+from .registry import register_backend
 from .vmm import VmmPeerBackend
 
 
@@ -27,8 +28,18 @@ def round_up(n: int, g: int) -> int:
     return (n + g - 1) // g * g
 
 
+@register_backend
 class FabricBackend(VmmPeerBackend):
     name = "fabric"
+    order, colour = 20, "#59a14f"
+    algorithms, cost_family = ("one-shot", "two-shot"), "lamport"
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        if facts.ws < 2:
+            return "a group of one rank"
+        bad = facts.first_pair_without(FABRIC_HANDLE)
+        return f"{bad[0]} cannot import a FABRIC handle of {bad[1]}" if bad else None
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -66,7 +77,7 @@ class FabricBackend(VmmPeerBackend):
         err, blob = None, None
         try:
             gran = check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
-            self.slot = round_up(K.workspace_bytes(self.capacity), gran)
+            self.slot = round_up(W.workspace_bytes(self.capacity), gran)
             self.own_handle = check("cuMemCreate", d.cuMemCreate(self.slot, prop, 0))
             blob = check("cuMemExportToShareableHandle",
                          d.cuMemExportToShareableHandle(self.own_handle, FABRIC, 0))

@@ -14,15 +14,34 @@ from typing import Any
 
 from ..discovery import GroupView
 from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
-from ..sim import collective_kernels as K
+from ..kernels import workspace as W
+from ..topology.truth import IPC, GroupFacts
 from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes
+from .registry import register_backend
 
 WORLD_SIZES = (2, 4, 6, 8)
 
 
+@register_backend
 class IpcBackend(PeerBackend):
     name = "ipc"
     needs_graph_registration = True
+    order, colour = 10, "#4e79a7"
+    algorithms, cost_family = ("one-shot", "two-shot"), "peer"
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        ws = facts.ws
+        if ws < 2:
+            return "a group of one rank"
+        bad = facts.first_pair_without(IPC)
+        if bad:
+            return f"{bad[0]} cannot open a legacy IPC handle of {bad[1]}"
+        if ws not in WORLD_SIZES:                   # the compiled kernels (row B2)
+            return f"world size {ws} not in {WORLD_SIZES}"
+        if ws > 2 and not facts.nvl_all:            # row B3
+            return f"{ws} GPUs not fully NVLink-connected"
+        return None
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -60,13 +79,13 @@ class IpcBackend(PeerBackend):
             # vLLM's MNNVL-era CustomAllreduce (§6.1.2): for a cross-node group the buffers are
             # allocated locally, the pointer list is [local] * world_size, and nothing is
             # exchanged, so construction succeeds; the data path then belongs to MNNVL memory.
-            self.own = check("cudaMalloc", self.driver.cudaMalloc(K.workspace_bytes(self.capacity)))
+            self.own = check("cudaMalloc", self.driver.cudaMalloc(W.workspace_bytes(self.capacity)))
             self.ptrs = [self.own] * self.ws
             return
         d, err = self.driver, None
         try:
-            self.own = check("cudaMalloc", d.cudaMalloc(K.workspace_bytes(self.capacity)))
-            check("cudaMemset", d.cudaMemset(self.own, 0, K.FLAGS_BYTES))
+            self.own = check("cudaMalloc", d.cudaMalloc(W.workspace_bytes(self.capacity)))
+            check("cudaMemset", d.cudaMemset(self.own, 0, W.FLAGS_BYTES))
             handle = check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(self.own))
         except CudaError as e:
             err, handle = e, None

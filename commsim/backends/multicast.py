@@ -15,18 +15,46 @@ from typing import Any
 import torch
 
 from ..discovery import GroupView
-from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
-from ..sim import collective_kernels as K
-from ..sim.driver import FABRIC, FD
-from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
-from .base import Backend, Eligibility, Mi, as_bytes
+from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
+from ..kernels import collectives as K, workspace as W
 from ..topology.model import FabricState
+from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
+from .base import Backend, Eligibility, Mi, as_bytes
 from .fabric import FabricBackend, round_up
+from .registry import register_backend
 
 
+@register_backend
 class MulticastBackend(Backend):
     name = "multicast"
     ops = ("all_reduce", "all_reduce_rmsnorm")
+    order, colour = 30, "#f28e2b"
+    algorithms, cost_family = ("multicast",), "multimem"
+    limit_param, default_limit = "multicast_max_size", 64 * Mi
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        if facts.ws < 2:
+            return "a group of one rank"
+        c = facts.cluster
+        gs = [c.gpu(g) for g in facts.gpus]
+        doms = {id(c.domain_of(g)) if c.domain_of(g) is not None else None for g in facts.gpus}
+        if not all(g.multicast and g.vmm for g in gs):
+            return "some GPU lacks multicast or VMM (row M1)"
+        if None in doms or len(doms) != 1:
+            return "GPUs are not in one NVLink domain"
+        if not all(g.fabric.state in (FabricState.COMPLETED, FabricState.NOT_SUPPORTED) for g in gs):
+            # Row M3: binding fails SYSTEM_NOT_READY while the fabric manager is not done.
+            return "some GPU's fabric state is not COMPLETED (row M3)"
+        if facts.single_host:
+            if not facts.nvl_all:
+                return "not every pair is NVLink + P2P"
+            if not facts.all_pairs_import(POSIX_FD):
+                return "POSIX-fd handles unavailable"
+            return None
+        if not facts.all_pairs_import(FABRIC_HANDLE):
+            return "across hosts the multicast handle must be FABRIC (row M7)"
+        return None
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -62,7 +90,7 @@ class MulticastBackend(Backend):
 
     def __init__(self, *a: Any, **k: Any):
         super().__init__(*a, **k)
-        self.capacity = int(self.params.get("multicast_max_size", 64 * Mi))
+        self.capacity = self.limit(self.params)
         self.types = FD if self.view.single_host else FABRIC
         self.uc_handle = self.mc_handle = 0
         self.uc = self.mc = 0
@@ -77,7 +105,7 @@ class MulticastBackend(Backend):
         try:
             mprop = multicast_prop(self.ws, 0, self.types)
             gran = check("cuMulticastGetGranularity", d.cuMulticastGetGranularity(mprop, 1))
-            self.size = round_up(K.workspace_bytes(self.capacity), gran)
+            self.size = round_up(W.workspace_bytes(self.capacity), gran)
             self.uc_handle = check("cuMemCreate", d.cuMemCreate(self.size, alloc_prop(me, self.types), 0))
             if self.rank == 0:
                 self.mc_handle = check("cuMulticastCreate",
@@ -100,10 +128,10 @@ class MulticastBackend(Backend):
                 if self.rank == 0:
                     fd = check("cuMemExportToShareableHandle", d.cuMemExportToShareableHandle(self.mc_handle, FD, 0))
                     for p in pids[1:]:
-                        send_fd(d, fd, p)
+                        d.fd_channel().send(fd, p)
                     d.close_fd(fd)
                 else:
-                    fd = recv_fd(d, pids[0])
+                    fd = d.fd_channel().receive(pids[0])
                     try:
                         self.mc_handle = check("cuMemImportFromShareableHandle",
                                                d.cuMemImportFromShareableHandle(fd, FD))
@@ -124,7 +152,7 @@ class MulticastBackend(Backend):
                 self.mapped[-1] = (va, 1)
                 check("cuMemSetAccess", d.cuMemSetAccess(va, self.size, [access_desc(me)], 1))
                 setattr(self, name, va)
-            check("cudaMemset", d.cudaMemset(self.uc, 0, K.FLAGS_BYTES))
+            check("cudaMemset", d.cudaMemset(self.uc, 0, W.FLAGS_BYTES))
         except CudaError as e:
             err = e
         self.vote("init: bind and map", err)
@@ -132,12 +160,12 @@ class MulticastBackend(Backend):
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
         dtype = str(x.dtype).removeprefix("torch.")
         nbytes = x.numel() * x.element_size()
-        check("cudaMemcpy", self.driver.memcpy_htod(self.uc + K.DATA, as_bytes(x)))
+        check("cudaMemcpy", self.driver.memcpy_htod(self.uc + W.DATA, as_bytes(x)))
         self.round += 1
         check("multimem_all_reduce", self.driver.launch_kernel(
             K.multimem_all_reduce, self.mc, self.uc, self.rank, self.ws, x.numel(), dtype,
             self.capacity, self.round))
-        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.uc + K.DATA + self.capacity, nbytes))
+        raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self.uc + W.DATA + self.capacity, nbytes))
         return torch.from_numpy(raw).view(x.dtype).reshape(x.shape).clone()
 
     def close(self) -> None:

@@ -9,11 +9,23 @@ from typing import Any
 import torch
 
 from ..discovery import GroupView
+from ..topology.truth import GroupFacts
 from .base import Backend, Eligibility
+from .registry import register_backend
 
 
+@register_backend
 class NcclBackend(Backend):
+    """The fallback: a ring over the group's object exchange."""
+
     name = "nccl"
+    order, colour = 100, "#9d9d9d"
+    algorithms, cost_family = ("ring", "multicast"), "nccl"   # multicast: NVLS
+    fallback = True
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        return None                 # the network reaches everything
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:

@@ -35,13 +35,13 @@ from typing import Any
 import torch
 
 from ..discovery import GroupView, RankInfo
-from ..driver import CudaError, access_desc, alloc_prop, check, multicast_prop
-from ..sim import collective_kernels as K
-from ..sim.driver import FABRIC, FD
-from ..sim.unix_socket import FdTransportError, recv_fd, send_fd
+from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
+from ..kernels import collectives as K, workspace as W
+from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
 from .base import Eligibility, Mi
 from .fabric import FabricBackend, round_up
 from .multicast import MulticastBackend
+from .registry import register_backend
 from .vmm import VmmPeerBackend
 
 # FlashInfer's fd_exchange gives up connecting or receiving after 30 s (§2.5).
@@ -67,8 +67,26 @@ def local_handle_type(me: RankInfo) -> int:
     return FABRIC if me.mnnvl_capable else FD
 
 
+@register_backend
 class SymmBackend(VmmPeerBackend):
     name = "symm"
+    order, colour, plot_style = 40, "#b07aa1", "--"   # dashed: its multimem curve is multicast's
+    algorithms, cost_family = ("one-shot", "two-shot", "multicast"), "peer"
+    limit_param, default_limit = "symm_max_size", DEFAULT_MAX_SIZE
+
+    @classmethod
+    def truth(cls, facts: GroupFacts) -> str | None:
+        if facts.ws < 2:
+            return "a group of one rank"
+        if facts.one_shm_namespace:
+            # One socket namespace: the symmetric buffers travel as POSIX fds (§2.5) and peers
+            # load and store through the mappings over NVLink P2P (rows L10, B3).
+            bad = facts.first_pair_without(POSIX_FD)
+            if bad:
+                return f"{bad[0]} cannot import a POSIX-fd handle of {bad[1]}"
+            return None if facts.nvl_all else "not every pair is NVLink + P2P"
+        bad = facts.first_pair_without(FABRIC_HANDLE)
+        return f"across hosts: {bad[0]} cannot import a FABRIC handle of {bad[1]}" if bad else None
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
@@ -96,7 +114,6 @@ class SymmBackend(VmmPeerBackend):
 
     def __init__(self, *a: Any, **k: Any):
         super().__init__(*a, **k)
-        self.capacity = int(self.params.get("symm_max_size", DEFAULT_MAX_SIZE))
         self.htype = self._handle_type()
         self.want_multicast = (self.params.get("symm_multicast", True)
                                and MulticastBackend.eligibility(self.view, self.params).ok)
@@ -141,7 +158,7 @@ class SymmBackend(VmmPeerBackend):
         try:
             prop = alloc_prop(me, self.htype)
             gran = check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(prop, 1))
-            self.slot = round_up(K.workspace_bytes(self.capacity), gran)
+            self.slot = round_up(W.workspace_bytes(self.capacity), gran)
             self.own_handle = check("cuMemCreate", d.cuMemCreate(self.slot, prop, 0))
             mine = check("cuMemExportToShareableHandle",
                          d.cuMemExportToShareableHandle(self.own_handle, self.htype, 0))
@@ -181,7 +198,7 @@ class SymmBackend(VmmPeerBackend):
         pids = self.group.exchange(self._key(kind), d.getpid(), tag="symm.init: exchange pids")
         try:
             for j in range(1, self.ws):
-                send_fd(d, mine, pids[(self.rank + j) % self.ws])
+                d.fd_channel().send(mine, pids[(self.rank + j) % self.ws])
         finally:
             d.close_fd(mine)
             self.own_fd = None
@@ -189,7 +206,7 @@ class SymmBackend(VmmPeerBackend):
         out[self.rank] = self.own_handle
         for j in range(1, self.ws):
             src = (self.rank - j) % self.ws
-            fd = recv_fd(d, pids[src], timeout=FD_EXCHANGE_TIMEOUT)
+            fd = d.fd_channel().receive(pids[src], timeout=FD_EXCHANGE_TIMEOUT)
             try:
                 h = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
             finally:
@@ -250,11 +267,11 @@ class SymmBackend(VmmPeerBackend):
         if self.rank == 0:
             try:
                 for p in pids[1:]:
-                    send_fd(d, blob, p)
+                    d.fd_channel().send(blob, p)
             finally:
                 d.close_fd(blob)
             return
-        fd = recv_fd(d, pids[0], timeout=FD_EXCHANGE_TIMEOUT)
+        fd = d.fd_channel().receive(pids[0], timeout=FD_EXCHANGE_TIMEOUT)
         try:
             self.mc_handle = check("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(fd, FD))
         finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..driver import access_desc, check
-from ..sim import collective_kernels as K
+from ..kernels import workspace as W
 from .base import PeerBackend
 
 
@@ -36,7 +36,7 @@ class VmmPeerBackend(PeerBackend):
             self.mapped.append(p)
         check("cuMemSetAccess", d.cuMemSetAccess(self.va, self.slot * self.ws, [access_desc(device)], 1))
         self.ptrs = list(self.mapped)
-        check("cudaMemset", d.cudaMemset(self.ptrs[self.rank], 0, K.FLAGS_BYTES))
+        check("cudaMemset", d.cudaMemset(self.ptrs[self.rank], 0, W.FLAGS_BYTES))
 
     def unmap_peers(self) -> None:
         for p in self.mapped:

@@ -1,6 +1,6 @@
 """`commsim probe`: write a scenario file describing the machine this runs on.
 
-The GPU work is in `device/` (device.probe reads the machine, device.probe_scenario writes
+The probe is in `commsim/probe/` (machine.py reads the machine through device/, scenario.py writes
 the file); without a GPU the command exits 2 with what is missing.
 """
 
@@ -38,8 +38,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         if not out.parent.is_dir():
             raise UserError(f"{out}: directory {out.parent} does not exist; create it first")
     try:
-        from device.probe import probe_machine
-        from device.probe_scenario import scenario_text
+        from ..probe.machine import probe_machine
+        from ..probe.scenario import scenario_text
     except ImportError as e:   # an installation without the device layer
         raise UserError(f"commsim probe needs the device layer (package `device`): {e}") from None
     text = scenario_text(probe_machine(), args.name)   # NoGpuError is a UserError: exit 2

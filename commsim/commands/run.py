@@ -110,7 +110,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     files = _files(args.paths)
     sizes = None
     if args.sizes is not None or args.plot is not None:
-        from ..model_sizes import parse_size_range
+        from ..size_tables import parse_size_range
         sizes = parse_size_range(args.sizes or "4KiB..256MiB")
     if args.plot is not None and len(files) != 1:
         raise UserError(f"--plot {args.plot}: give exactly one scenario file (got {len(files)})")
@@ -131,8 +131,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _explain_sizes(sc, args: argparse.Namespace, sizes: list[int]) -> None:
-    """Predicted time per legal backend over `sizes`, per group (commsim.model)."""
-    from ..model_sizes import render, size_table
+    """Predicted time per legal backend over `sizes`, per group (commsim.cost_model)."""
+    from ..size_tables import render, size_table
     from ..policy import resolve
 
     pol = resolve(args.policy if args.policy is not None else sc.policy,
@@ -168,7 +168,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            help="also print, per group, the predicted all-reduce time of each "
                                 "legal backend at every power of two in LO..HI (e.g. "
                                 "4KiB..256MiB), the backend chosen at each size and the model's "
-                                "crossover points (commsim.model)")
+                                "crossover points (commsim.cost_model)")
             p.add_argument("--plot", type=Path, default=None, metavar="OUT.png",
                            help="render the same as a PNG (matplotlib); implies --sizes "
                                 "4KiB..256MiB if not given")

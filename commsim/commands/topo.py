@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import tomllib
@@ -22,8 +21,9 @@ from typing import Any
 from ..errors import UserError
 from ..fileio import write_atomic
 from ..topology import presets, render
-from ..topology import import_nccl_xml, import_nvml_fabric
-from ..topology.import_nvidia_smi import (
+from ..topology import importers
+from ..topology.importers import nccl_xml, nvml_fabric
+from ..topology.importers.nvidia_smi import (
     DOMAINS, build_cluster, cluster_from_matrix_table, matrix_table, parse_topo_matrix,
 )
 from ..topology.model import Cluster
@@ -140,22 +140,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def load_spec(spec: str) -> Cluster:
-    """A preset (optionally sliced), the cluster of a scenario file, or an NCCL XML."""
+    """The cluster of a scenario .toml file, or any topology `importers.load` reads (a preset,
+    optionally sliced, or an NCCL XML; `topo -m` text needs `topo import --hosts`)."""
     path = Path(spec)
-    if spec.partition(":")[0] in presets.PRESETS:
-        return presets.build(spec)
-    if spec.endswith(".toml") or spec.endswith(".xml") or os.sep in spec or path.exists():
+    if spec.endswith(".toml") and spec.partition(":")[0] not in presets.PRESETS:
         if not path.exists():
-            raise UserError(f"{spec}: no such file; give a scenario .toml file, an NCCL "
-                            f"topology .xml or a preset name ({', '.join(presets.PRESETS)})")
-        if path.suffix == ".xml":
-            cluster, warnings, _ = import_nccl_xml.import_file(path)
-            for w in warnings:
-                print(f"warning: {w}", file=sys.stderr)
-            return cluster
-        if path.suffix != ".toml":
-            raise UserError(f"{spec}: not a scenario .toml file; for `nvidia-smi topo -m` "
-                            f"output use `commsim topo import {spec} --hosts N`")
+            raise UserError(f"{spec}: no such file; give a scenario .toml file, "
+                            f"{importers.accepted()}")
         try:
             # Imported here: scenario files are optional for showing presets.
             from ..scenario import schema
@@ -165,7 +156,10 @@ def load_spec(spec: str) -> Cluster:
             raise UserError(f"{spec}: reading scenario files needs commsim.scenario.schema, "
                             f"which this installation lacks; show a preset instead") from None
         return schema.load(path).cluster
-    return presets.build(spec)
+    loaded = importers.load(spec)
+    for w in loaded.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return loaded.cluster
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -205,7 +199,8 @@ def _scenario_name(args: argparse.Namespace) -> str:
 
 def cmd_import(args: argparse.Namespace) -> int:
     text = _read(args.file, "`nvidia-smi topo -m` output or an NCCL topology XML")
-    if args.file.endswith(".xml") or import_nccl_xml.looks_like_xml(text):
+    fmt = importers.sniff(args.file, text)
+    if fmt is not None and fmt.name == "nccl_xml":
         return _import_xml(args, text)
     if args.nvswitch:
         raise UserError("--nvswitch: only for an NCCL topology XML; for `topo -m` text use "
@@ -249,8 +244,8 @@ def _import_xml(args: argparse.Namespace, text: str) -> int:
                             f"many hosts and which links; the scenario [topology] table holds "
                             f"`topo -m` matrices only)")
     source = "<stdin>" if args.file == "-" else args.file
-    topo = import_nccl_xml.parse_nccl_xml(text, source)
-    cluster, warnings = import_nccl_xml.build_cluster(
+    topo = nccl_xml.parse_nccl_xml(text, source)
+    cluster, warnings = nccl_xml.build_cluster(
         topo, args.gpu_model, nvswitch=args.nvswitch, host_prefix=args.host_prefix,
         name=_scenario_name(args))
     cluster = _merge_fabric(cluster, args.fabric_info, warnings)
@@ -276,18 +271,18 @@ def _merge_fabric(cluster: Cluster, specs: list[str], warnings: list[str]) -> Cl
         host, sep, path = spec.partition("=")
         if not sep:
             host, path = "", spec
-        for named, recs in import_nvml_fabric.load_fabric_file(path).items():
+        for named, recs in nvml_fabric.load_fabric_file(path).items():
             if host and named is not None:
                 raise UserError(f"{spec}: the JSON names its hosts; give it without HOST=")
             infos.append((host or named, recs))
-    merged, notes = import_nvml_fabric.merge_fabric(cluster, infos)
+    merged, notes = nvml_fabric.merge_fabric(cluster, infos)
     warnings.extend(notes)
     return merged
 
 
 def _legal_summary(cluster: Cluster) -> str:
     """Which backends a group of every GPU would admit, from a discovery run."""
-    from ..model_sizes import legal_backends   # imported late: pulls in the simulator
+    from ..size_tables import legal_backends   # imported late: pulls in the simulator
     refs = list(cluster.gpu_refs())
     leg = legal_backends(cluster, refs)
     lines = [f"group of all {len(refs)} GPU(s): legal backends: {', '.join(leg.legal)}"]

@@ -1,15 +1,16 @@
 """Group layer: rank-to-rank exchange of small objects (DESIGN.md §2, §8).
 
-`base.Group` is the interface; `local` implements it for in-process ranks under a seeded
-cooperative scheduler (`scheduler`); a torch.distributed binding will implement it for real
-processes.
+`base.Group` is the interface; `local` implements it for in-process ranks under the runtime's
+seeded cooperative scheduler (`commsim.runtime`); `torch_dist` implements it for real
+processes over torch.distributed's store. The runtime's names are re-exported here for the
+callers of a group.
 """
 
 from .base import REDUCE_OPS, Group
-from .errors import (CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, HangDetected,
+from ..runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, HangDetected,
                      RankFailed, RankState)
 from .local import LocalGroup, LocalWorld
-from .scheduler import (Event, Outcome, Scheduler, current_rank, current_scheduler, in_rank,
+from ..runtime.scheduler import (Event, Outcome, Scheduler, current_rank, current_scheduler, in_rank,
                         now, sleep, wait_until, yield_now)
 
 __all__ = [

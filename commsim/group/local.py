@@ -10,7 +10,7 @@ so ranks never share Python objects (a process boundary would not allow it, and 
 survive pickling). The senders are parked inside the collective until completion, so the
 snapshot equals the objects at call time. Immutable scalars skip pickling.
 
-The scheduler (`commsim.group.scheduler`) is re-exported here: `from commsim.group.local
+The scheduler (`commsim.runtime.scheduler`) is re-exported here: `from commsim.group.local
 import Scheduler, wait_until` is the usual import for rank code.
 """
 
@@ -22,9 +22,9 @@ from functools import reduce
 from typing import Any, Callable, Sequence, TypeVar
 
 from .base import REDUCE_OPS
-from .errors import (CollectiveMismatch, Diagnosis, GroupError, RankFailed, rank_word,
+from ..runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, RankFailed, rank_word,
                      short_error)
-from .scheduler import (Event, Outcome, Scheduler, _BLOCKED, _RUNNABLE, current_rank,
+from ..runtime.scheduler import (Event, Outcome, Scheduler, _BLOCKED, _RUNNABLE, current_rank,
                         current_scheduler, in_rank, now, sleep, wait_until, yield_now)
 
 __all__ = [

@@ -30,11 +30,11 @@ from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
 
 from .base import REDUCE_OPS
-from .errors import (BLOCKED, FAILED, FINISHED, NOT_STARTED, RUNNING, WAITING,
+from ..runtime.diagnosis import (BLOCKED, FAILED, FINISHED, NOT_STARTED, RUNNING, WAITING,
                      CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, RankFailed,
                      RankState, rank_word)
 from .local import ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, _label, _reduce
-from . import scheduler
+from ..runtime import scheduler
 
 T = TypeVar("T")
 

@@ -189,7 +189,7 @@ def run_ranks_procs(fn: Callable[[Any, Any], Any], cluster: Cluster,
                     timeout: float = DEFAULT_TIMEOUT) -> list[tuple[str, Any]]:
     """fn(world_group, driver) in one process per placement entry (fn importable by name);
     per rank ("ok", value) or ("error", "Type: message") or ("died", why). The thread-mode
-    twin is commsim.procs.compare.run_ranks_threads."""
+    twin is tests/procs/thread_twin.py run_ranks_threads."""
     run = launch(len(placement), worker.main_fn,
                  lambda r, port, prefix: worker.FnJob(fn, cluster, tuple(placement), seed, r,
                                                       prefix, "127.0.0.1", port, timeout),

@@ -2,7 +2,7 @@
 is its own OS process with a SimDriver over a ProcessFabric, so tests/conformance states the
 same semantics across real process boundaries and shared memory.
 
-It reuses the CUDA rig's machinery (device/rig.py: a worker per placement entry serving
+It reuses the CUDA rig's machinery (commsim/devicecheck/rig.py: a worker per placement entry serving
 driver calls over a pipe, proxies that let the other ranks run while a call blocks) with a
 driver factory that builds the simulated driver. What the CUDA rig cannot observe, this rig
 asks the workers: each process's ledger, its live physical allocations and multicast objects
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from device.rig import _OPEN, CudaRig, DriverProxy, _Worker
+from ..devicecheck.rig import _OPEN, CudaRig, DriverProxy, _Worker
 from ..group.torch_dist import ProcessWorld
 from ..sim import SimDriver, shm
 from ..sim.process_fabric import ProcessFabric
@@ -47,13 +47,11 @@ class RigSimDriver(SimDriver):
     """SimDriver plus the few calls the rig makes on behalf of a conformance case."""
 
     def rig_send_fd(self, fd: int, dst_pid: int) -> int:
-        from ..sim.unix_socket import send_fd
-        send_fd(self, fd, dst_pid)
+        self.fd_channel().send(fd, dst_pid)
         return 0
 
     def rig_recv_fd(self, src_pid: int) -> int:
-        from ..sim.unix_socket import recv_fd
-        return recv_fd(self, src_pid)
+        return self.fd_channel().receive(src_pid)
 
     def rig_state(self) -> tuple[dict[str, int], set[int], set[int], list[str]]:
         """(ledger summary, ids of live allocations this process owns or still holds,
@@ -87,7 +85,7 @@ class RigSimDriver(SimDriver):
 
 
 def make_driver(cfg: RigConfig) -> RigSimDriver:
-    """The rig worker's driver factory (device/rig_worker.py calls it with the config)."""
+    """The rig worker's driver factory (commsim/devicecheck/rig_worker.py calls it with the config)."""
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", cfg.port, is_master=False, timeout=timedelta(seconds=TIMEOUT))
     world = ProcessWorld(store, cfg.index, len(cfg.placement), timeout=TIMEOUT, shm_prefix=cfg.prefix)

@@ -22,7 +22,7 @@ import time
 from ..group.torch_dist import ProcessWorld
 from ..scenario.runner import prepare
 from ..scenario.schema import load
-from ..sim import shm
+from ..sim import set_torch_threads, shm
 from . import worker
 
 
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0,
                     help="seconds any one wait may take (default 60)")
     args = ap.parse_args(argv)
+    set_torch_threads()
     signal.signal(signal.SIGTERM, _terminate)
     sc = load(args.scenario)
     world = ProcessWorld.from_env(timeout=args.timeout)

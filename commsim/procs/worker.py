@@ -15,12 +15,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..group.errors import short_error
+from ..runtime.diagnosis import short_error
 from ..group.torch_dist import ProcessWorld, connect_store
 from ..scenario.model import Scenario
 from ..scenario.runner import (Inputs, RankError, collect, faults_for, judge, prepare, rank_error,
                                run_rank)
-from ..sim import spawn_driver
+from ..sim import set_torch_threads, spawn_driver
 from ..sim.process_fabric import PID_BASE, ProcessFabric
 from .faults import ProcFaults
 
@@ -92,6 +92,7 @@ def run_job(job: Job, world: ProcessWorld) -> RankReport:
 
 def main(job: Job) -> None:
     """Entry point of a rank process spawned by the launcher."""
+    set_torch_threads()
     store = connect_store(job.host, job.port, job.timeout, job.join_timeout)
     world = ProcessWorld(store, job.rank, job.scenario.world_size, timeout=job.timeout,
                          on_collective=job.faults.hook(job.rank), shm_prefix=job.prefix)
@@ -117,6 +118,7 @@ class FnJob:
 
 
 def main_fn(job: FnJob) -> None:
+    set_torch_threads()
     store = connect_store(job.host, job.port, job.timeout)
     world = ProcessWorld(store, job.rank, len(job.placement), timeout=job.timeout,
                          shm_prefix=job.prefix)

@@ -32,8 +32,8 @@ from typing import Iterator
 from ..errors import UserError
 from ..topology.model import Cluster, GpuRef, NvlinkDomain
 from ..topology.presets import PRESETS, build as build_preset
-from .machine import apply_topology_fault
-from .model import DRIVER_FAULTS, DTYPES, OPS, Fault, Group, Scenario, Workload
+from . import faults as F
+from .model import DTYPES, OPS, Fault, Group, Scenario, Workload
 
 Ki, Mi = 1 << 10, 1 << 20
 MAX_WORLD = 16
@@ -124,35 +124,13 @@ def large_sizes(tp: int) -> tuple[int, ...]:
     return (8 * Mi - 16, 8 * Mi, 8 * Mi + 16, g - 16, g, g + 16)
 
 
-# -- faults -----------------------------------------------------------------------------------
-FAULT_KINDS = ("imex_missing", "fabric_state", "fabric_status_error", "zero_cluster_uuid",
-               "p2p_disabled", "no_multicast", "nvlinks_down", "oom", "call_fails")
-TOPOLOGY_FAULTS = tuple(k for k in FAULT_KINDS if k not in DRIVER_FAULTS)
-# Set-up calls of the collective allocation paths whose failure on one rank the ranks must
-# agree on before the next exchange (reference §7.4): the rendezvous hangs of issue 7 under a
-# rank-local policy, a voted fall-back under the default one.
-SETUP_CALLS = (("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY"),
-               ("cuMemImportFromShareableHandle", "CUDA_ERROR_INVALID_VALUE"),
-               ("cuMemMap", "CUDA_ERROR_OUT_OF_MEMORY"),
-               ("cuMulticastAddDevice", "CUDA_ERROR_INVALID_VALUE"),
-               ("cuMulticastBindMem", "CUDA_ERROR_SYSTEM_NOT_READY"),
-               ("cudaIpcOpenMemHandle", "cudaErrorTooManyPeers"))
+# -- faults (each kind's weight and aim: the fault registry, commsim/scenario/faults.py) ---------
 PLACEMENTS = ("contiguous", "strided", "roundrobin", "random")
 TP_SIZES = (1, 2, 4, 6, 8, 16)
 
 
 def fault_label(f: Fault) -> str:
-    if f.kind == "oom":
-        return f"oom(rank {f.rank}, alloc {f.at_allocation})"
-    if f.kind == "call_fails":
-        return f"call_fails(rank {f.rank}, {f.api} #{f.nth} -> {f.code})"
-    if f.kind == "imex_missing":
-        return f"imex_missing({f.host})"
-    if f.kind == "p2p_disabled":
-        return f"p2p_disabled({f.host} {f.gpus[0]}-{f.gpus[1]})"
-    if f.kind == "fabric_state":
-        return f"fabric_state({f.gpu} {f.state})"
-    return f"{f.kind}({f.gpu})"
+    return F.get_fault(f.kind).describe(f)
 
 
 # -- the plan of one scenario -------------------------------------------------------------------
@@ -166,7 +144,7 @@ class Plan:
     dp: int
     dp_groups: bool
     placement: str
-    faults: tuple[tuple, ...]          # ("kind", args...) resolved against the placement
+    faults: tuple[Fault, ...]          # resolved against the placement
     ops: tuple[str, ...]
     sizes: tuple[int, ...]
     dtypes: tuple[str, ...]
@@ -207,50 +185,11 @@ def _groups(tp: int, dp: int, dp_groups: bool) -> tuple[Group, ...]:
     return tuple(gs)
 
 
-def _resolve_fault(kind: str, cluster: Cluster, placement: tuple[GpuRef, ...],
-                   rng: random.Random) -> tuple:
-    """A fault aimed at the GPUs the scenario uses (so it matters), as a plain tuple."""
+def _resolve_fault(kind: F.FaultKind, cluster: Cluster, placement: tuple[GpuRef, ...],
+                   rng: random.Random) -> Fault:
+    """A fault aimed at the GPUs the scenario uses (so it matters)."""
     gpu = rng.choice(placement)
-    if kind == "imex_missing":
-        return (kind, gpu.host)
-    if kind == "fabric_state":
-        return (kind, gpu.host, gpu.index, rng.choice(("IN_PROGRESS", "IN_PROGRESS", "NOT_STARTED")))
-    if kind == "p2p_disabled":
-        by_host: dict[str, list[int]] = {}
-        for g in placement:
-            by_host.setdefault(g.host, []).append(g.index)
-        multi = [h for h, ix in by_host.items() if len(ix) >= 2]
-        if multi:
-            h = rng.choice(sorted(multi))
-            i, j = rng.sample(sorted(by_host[h]), 2)
-        else:
-            h = gpu.host
-            n = len(cluster.host(h).gpus)
-            if n < 2:
-                return ("nvlinks_down", gpu.host, gpu.index)
-            i, j = rng.sample(range(n), 2)
-        return (kind, h, min(i, j), max(i, j))
-    if kind == "oom":
-        return (kind, rng.randrange(len(placement)), rng.randint(1, 4))
-    if kind == "call_fails":
-        api, code = rng.choice(SETUP_CALLS)
-        return (kind, rng.randrange(len(placement)), api, code, rng.randint(1, 2))
-    return (kind, gpu.host, gpu.index)
-
-
-def _fault_obj(t: tuple) -> Fault:
-    kind = t[0]
-    if kind == "imex_missing":
-        return Fault(kind, host=t[1])
-    if kind == "fabric_state":
-        return Fault(kind, gpu=GpuRef(t[1], t[2]), state=t[3])
-    if kind == "p2p_disabled":
-        return Fault(kind, host=t[1], gpus=(t[2], t[3]))
-    if kind == "oom":
-        return Fault(kind, rank=t[1], at_allocation=t[2])
-    if kind == "call_fails":
-        return Fault(kind, rank=t[1], api=t[2], code=t[3], nth=t[4])
-    return Fault(kind, gpu=GpuRef(t[1], t[2]))
+    return kind.make(cluster, placement, rng, gpu)
 
 
 def build(plan: Plan) -> Scenario:
@@ -258,10 +197,10 @@ def build(plan: Plan) -> Scenario:
     cluster = build_shape(plan.shape)
     rng = random.Random(_seed_of("place", plan.id))
     placement = _place(cluster, plan.world, plan.placement, rng)
-    faults = tuple(_fault_obj(t) for t in plan.faults)
+    faults = plan.faults
     for f in faults:
-        if f.kind not in DRIVER_FAULTS:       # driver faults act on calls, not on the machine
-            cluster = apply_topology_fault(cluster, f)
+        if not F.is_driver_fault(f):          # driver faults act on calls, not on the machine
+            cluster = F.apply_machine_fault(cluster, f)
     groups = _groups(plan.tp, plan.dp, plan.dp_groups)
     wl = Workload(ops=plan.ops, sizes=plan.sizes, dtypes=plan.dtypes,
                   graph_capture=plan.graph_capture, discard_capture=plan.graph_capture and plan.discard)
@@ -283,7 +222,7 @@ def plan_tags(plan: Plan, placement: tuple[GpuRef, ...] | None = None) -> str:
         placement = _place(build_shape(plan.shape), plan.world, plan.placement,
                            random.Random(_seed_of("place", plan.id)))
     tags = [plan.id, plan.shape, plan.layout, plan.placement, *plan.ops, *plan.dtypes,
-            *(t[0] for t in plan.faults), "capture" if plan.graph_capture else "eager",
+            *(f.kind for f in plan.faults), "capture" if plan.graph_capture else "eager",
             "discard" if plan.graph_capture and plan.discard else "",
             "faults" if plan.faults else "clean",
             "multihost" if len({g.host for g in placement}) > 1 else "onehost"]
@@ -338,7 +277,8 @@ def sample_plan(seed: int, index: int) -> Plan:
     capture = rng.random() < 0.25
     discard = capture and rng.random() < 0.5
     nf = _wchoice(rng, (0, 1, 2), (50, 40, 10))
-    kinds = [_wchoice(rng, FAULT_KINDS, (10, 12, 6, 10, 10, 10, 8, 10, 10)) for _ in range(nf)]
+    drawn = F.drawn_kinds()
+    kinds = [_wchoice(rng, drawn, [k.weight for k in drawn]) for _ in range(nf)]
     sc_seed = rng.randrange(1 << 31)
     # The placement (hence the faults' targets) comes from the id-seeded placement stream.
     placement_refs = _place(cluster, tp * dp, placement, random.Random(_seed_of("place", pid)))
@@ -362,7 +302,7 @@ ENUM_SHAPES = tuple(s for s, _ in DEFAULT_SHAPES)
 ENUM_LAYOUTS = ((2, 1, False), (4, 1, False), (8, 1, False), (6, 1, False), (1, 1, False),
                 (2, 2, False), (2, 2, True), (4, 2, False), (4, 2, True), (2, 4, False),
                 (1, 4, True), (16, 1, False), (8, 2, False))
-ENUM_FAULTS = (None,) * 4 + FAULT_KINDS
+ENUM_FAULTS = (None,) * 4 + F.drawn_kinds()
 ENUM_SIZES = SMALL_SIZES + ODD_SIZES + ("medium",) * 3
 ENUM_CAPTURE = ((False, False), (False, False), (True, False), (True, True))
 _RADICES = (len(ENUM_SHAPES), len(ENUM_LAYOUTS), len(PLACEMENTS), len(ENUM_FAULTS), len(OPS),
@@ -452,7 +392,7 @@ def vocabulary() -> dict[str, tuple[str, ...]]:
         "placement": PLACEMENTS,
         "op": OPS,
         "dtype": DTYPES,
-        "fault": FAULT_KINDS + ("faults", "clean"),
+        "fault": F.kind_names() + ("faults", "clean"),
         "mode": ("capture", "eager", "discard", "multihost", "onehost"),
         "id": ("s<seed>-<index>", "e<index>"),
     }

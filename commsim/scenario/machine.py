@@ -1,27 +1,25 @@
 """The machine half of a scenario file: `[topology]`, `[placement]` and `[[fault]]`.
 
-Topology faults are applied here, through `commsim.topology.modify`, so the Scenario's
-cluster is already the degraded machine; driver faults are only validated and kept.
+Machine faults are applied here, as the fault registry (commsim/scenario/faults.py) declares
+them, so the Scenario's cluster is already the degraded machine; driver faults are only
+validated and kept.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from ..topology import modify
+from ..topology import importers
 from ..topology.model import Cluster, FabricState, GpuRef, TopologyError
 from ..topology.presets import PRESETS
 from .fields import (
     ScenarioError, Table, check_choice, check_cuda_error, check_host, describe, parse_gpu,
 )
-from .model import FAULT_FIELDS, Fault
+from . import faults as F
+from .model import Fault
 
 PRESET_KEYS = ("preset", "hosts")
 MATRIX_KEYS = ("hosts", "host_prefix", "gpu_model", "domain", "matrix", "p2p_matrix")
-TOPOLOGY_FAULTS = ("imex_missing", "fabric_state", "fabric_status_error", "zero_cluster_uuid",
-                   "p2p_disabled", "no_multicast", "nvlinks_down")
-# Optional fault fields beyond FAULT_FIELDS (which lists the required ones).
-FAULT_OPTIONAL: dict[str, tuple[str, ...]] = {"call_fails": ("nth",)}
 
 
 def topology(source: str, data: Mapping[str, Any]) -> tuple[Cluster, str, list[str]]:
@@ -44,7 +42,7 @@ def topology(source: str, data: Mapping[str, Any]) -> tuple[Cluster, str, list[s
             f"{', '.join(MATRIX_KEYS)}; with preset the accepted keys are {', '.join(PRESET_KEYS)}")
     t = Table(source, "[topology]", data, PRESET_KEYS)
     name = check_choice(t, "preset", data["preset"], tuple(PRESETS), what="preset")
-    cluster = _wrap(t, "preset", lambda: PRESETS[name].build())
+    cluster = _wrap(t, "preset", lambda: importers.load(name).cluster)   # the CLI's loader too
     hosts = t.integer("hosts", what="host count")
     if hosts is None:
         return cluster, name, []
@@ -57,7 +55,7 @@ def topology(source: str, data: Mapping[str, Any]) -> tuple[Cluster, str, list[s
 def _matrix_topology(source: str, data: Mapping[str, Any]) -> tuple[Cluster, str, list[str]]:
     t = Table(source, "[topology]", data, MATRIX_KEYS, hint=" for an explicit matrix topology")
     # Imported here: only explicit-matrix files need the nvidia-smi parser.
-    from ..topology.import_nvidia_smi import cluster_from_matrix_table
+    from ..topology.importers.nvidia_smi import cluster_from_matrix_table
     notes: list[str] = []
     cluster = _wrap(t, None, lambda: cluster_from_matrix_table(dict(data), source, notes))
     return cluster, f"matrix x{len(cluster.hosts)} ({_domain_kind(cluster)})", notes
@@ -113,23 +111,23 @@ def faults(source: str, items: Sequence[Mapping[str, Any]], cluster: Cluster,
     for n, data in enumerate(items, 1):
         fault, t = _fault(source, n, data, cluster, world)
         out.append(fault)
-        if fault.kind in TOPOLOGY_FAULTS:
-            cluster = _wrap(t, None, lambda: apply_topology_fault(cluster, fault))
+        if not F.is_driver_fault(fault):
+            cluster = _wrap(t, None, lambda: F.apply_machine_fault(cluster, fault))
     return tuple(out), cluster
 
 
 def _fault(source: str, n: int, data: Mapping[str, Any], cluster: Cluster,
            world: int) -> tuple[Fault, Table]:
     label = f"[[fault]] #{n}"
-    kinds = tuple(FAULT_FIELDS)
+    kinds = F.kind_names()
     if "kind" not in data:
         raise ScenarioError(f"{source}: {label} kind: missing; accepted: {', '.join(kinds)}")
     probe = Table(source, label, {}, ())
     kind = check_choice(probe, "kind", data["kind"], kinds, what="fault kind")
-    needed = FAULT_FIELDS[kind]
-    accepted = ("kind",) + needed + FAULT_OPTIONAL.get(kind, ())
+    needed = F.get_fault(kind).fields
+    accepted = ("kind",) + needed + F.get_fault(kind).optional
     t = Table(source, label, data, accepted,
-              required={f: _FAULT_EXAMPLES[f] for f in needed}, hint=f" for kind {kind}")
+              required={f: _FAULT_EXAMPLES.get(f, f"{f} = ...") for f in needed}, hint=f" for kind {kind}")
     f: dict[str, Any] = {"kind": kind}
     if "host" in data:
         f["host"] = check_host(t, "host", data["host"], cluster)
@@ -187,24 +185,3 @@ def _fabric_state(t: Table, value: Any) -> str:
     if isinstance(value, str) and value.upper() in names:
         return value.upper()  # NVML spells them in capitals; accept any case, store canonical
     return check_choice(t, "state", value, names, what="fabric state")
-
-
-def apply_topology_fault(cluster: Cluster, f: Fault) -> Cluster:
-    """One topology fault as an edit of the ground truth (commsim.topology.modify)."""
-    if f.kind == "imex_missing":
-        return modify.without_imex(cluster, f.host)
-    if f.kind == "fabric_state":
-        return modify.with_fabric_state(cluster, f.gpu, FabricState[f.state])
-    if f.kind == "fabric_status_error":
-        # NVML keeps reporting the state it had; only the status turns non-success (row F4).
-        state = cluster.gpu(f.gpu).fabric.state
-        return modify.with_fabric_state(cluster, f.gpu, state, status_ok=False)
-    if f.kind == "zero_cluster_uuid":
-        return modify.with_zero_cluster_uuid(cluster, f.gpu)
-    if f.kind == "p2p_disabled":
-        return modify.without_p2p(cluster, f.host, *f.gpus)
-    if f.kind == "no_multicast":
-        return modify.without_multicast(cluster, f.gpu)
-    if f.kind == "nvlinks_down":
-        return modify.with_nvlinks_down(cluster, f.gpu)
-    raise AssertionError(f"not a topology fault: {f.kind}")

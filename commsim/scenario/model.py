@@ -16,30 +16,11 @@ from ..topology.model import Cluster, GpuRef
 STEPS = ("discover", "init", "op", "capture", "register", "release_capture", "close")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_reduce_rmsnorm")
 DTYPES = ("float32", "float16", "bfloat16")
-# Backends an expectation may name (commsim/backends/): legacy CUDA IPC, cuMem FABRIC handles,
-# multicast objects, torch-style symmetric memory, and NCCL as the fallback.
-BACKENDS = ("ipc", "fabric", "multicast", "symm", "nccl")
-
-# Topology faults (edits of the cluster, commsim.topology.modify) and driver faults
-# (commsim.sim.faults). `kind` selects one; the other fields it needs are listed here.
-FAULT_FIELDS: dict[str, tuple[str, ...]] = {
-    "imex_missing": ("host",),
-    "fabric_state": ("gpu", "state"),
-    "fabric_status_error": ("gpu",),
-    "zero_cluster_uuid": ("gpu",),
-    "p2p_disabled": ("host", "gpus"),
-    "no_multicast": ("gpu",),
-    "nvlinks_down": ("gpu",),
-    "oom": ("rank", "at_allocation"),
-    "call_fails": ("rank", "api", "code"),
-}
-
-
-DRIVER_FAULTS = ("oom", "call_fails")   # faults on calls; the rest edit the machine
-
-
 @dataclass(frozen=True)
 class Fault:
+    """One `[[fault]]`: `kind` names a registered fault kind (commsim/scenario/faults.py),
+    which says which of the other fields it takes and how it applies."""
+
     kind: str
     host: str | None = None
     gpu: GpuRef | None = None
@@ -113,4 +94,5 @@ class Scenario:
 
     @property
     def driver_faults(self) -> tuple[Fault, ...]:
-        return tuple(f for f in self.faults if f.kind in DRIVER_FAULTS)
+        from .faults import is_driver_fault   # the registry builds on this module
+        return tuple(f for f in self.faults if is_driver_fault(f))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..topology.import_nvidia_smi import build_cluster, matrix_table, parse_topo_matrix
+from ..topology.importers.nvidia_smi import build_cluster, matrix_table, parse_topo_matrix
 from ..topology.model import Cluster
 
 

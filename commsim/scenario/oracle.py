@@ -2,9 +2,11 @@
 on a run.
 
 Ground truth is the scenario's cluster after its faults. The oracle never calls a backend's
-`eligibility` or `accepts` and never reads a discovery view: it restates the documented rules
-over the topology (reference §9: rows L5-L10, V2-V8, M1-M7, F1-F4, B2-B6), so a wrong rule in
-a backend shows up as a disagreement instead of being agreed with.
+`eligibility` or `accepts` and never reads a discovery view: each backend restates its
+documented rules over the topology in its `truth` classmethod (reference §9: rows L5-L10,
+V2-V8, M1-M7, F1-F4, B2-B6) and declares its per-call limits, over the pairwise facts of
+commsim.topology.truth, so a wrong eligibility rule shows up as a disagreement instead of
+being agreed with.
 
     legal = legal_backends(sc)           # {(group, op, size, dtype): ("fabric", "nccl")}
     v = judge(sc, run_scenario(sc))      # Verdict; v.ok, v.by_kind()
@@ -16,59 +18,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends import backends, default_order, fallbacks, get_backend
 from ..policy import Policy, resolve
-from ..topology.model import Cluster, FabricState, GpuRef, ZERO_UUID
+from ..topology.model import GpuRef
+from ..topology.truth import GroupFacts
+from .faults import OOM_ERRORS, get_fault, injected_errors
 from .model import Scenario
 
-# Handle types a rank may import from another.
-IPC, POSIX_FD, FABRIC = "ipc", "posix_fd", "fabric"
 KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic")
-IPC_WORLD_SIZES = (2, 4, 6, 8)       # the compiled custom all-reduce kernels (row B2)
 ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
-OOM_ERRORS = ("cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY")
-Mi = 1 << 20
-
-
-# -- pairs ------------------------------------------------------------------------------------
-def _fabric_ready(cluster: Cluster, ref: GpuRef) -> bool:
-    """NCCL's / TRT-LLM's MNNVL test on one GPU (rows F1, F2, F4) plus the device attributes
-    FABRIC memory needs (rows V2, V4) and active NVLinks (FlashInfer / TRT-LLM, §4.2)."""
-    g = cluster.gpu(ref)
-    f = g.fabric
-    return (g.vmm and g.fabric_handle and f.state == FabricState.COMPLETED and f.status == 0
-            and f.cluster_uuid != ZERO_UUID and g.nvlinks_up)
-
-
-def nvlink_p2p(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
-    """Same host, and the link between them is NVLink with P2P allowed (or the same GPU)."""
-    if a.host != b.host:
-        return False
-    if a.index == b.index:
-        return True
-    lk = cluster.host(a.host).link(a.index, b.index)
-    return lk.is_nvlink and lk.p2p
-
-
-def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
-    """The handle types the process on GPU `a` can import from the process on GPU `b`."""
-    out = set()
-    same_host = a.host == b.host
-    # Legacy IPC: host-local (row L8), and the importer needs P2P to the exporter (row L10).
-    if same_host and (a.index == b.index or cluster.host(a.host).link(a.index, b.index).p2p):
-        out.add(IPC)
-    # POSIX fd: travels over AF_UNIX, so one shm / socket namespace (row V9, §4.3).
-    ga, gb = cluster.gpu(a), cluster.gpu(b)
-    if (cluster.host(a.host).shm_namespace == cluster.host(b.host).shm_namespace
-            and ga.vmm and gb.vmm and ga.posix_fd and gb.posix_fd):
-        out.add(POSIX_FD)
-    # FABRIC: both MNNVL-ready, one IMEX channel in common (rows V3, V5), one domain (V7).
-    ha, hb = cluster.host(a.host), cluster.host(b.host)
-    if (_fabric_ready(cluster, a) and _fabric_ready(cluster, b)
-            and set(ha.imex_channels) & set(hb.imex_channels)
-            and cluster.same_domain(a, b)
-            and ga.fabric.cluster_uuid == gb.fabric.cluster_uuid):
-        out.add(FABRIC)
-    return frozenset(out)
 
 
 # -- groups -------------------------------------------------------------------------------------
@@ -84,61 +42,18 @@ class GroupTruth:
 
 
 def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
-                order: tuple[str, ...] = Policy().order) -> GroupTruth:
-    c = sc.cluster
+                order: tuple[str, ...] | None = None) -> GroupTruth:
+    """Each registered backend's own oracle rule (`Backend.truth`) over the group's facts;
+    the legal ones in `order` (default: the registry's), the fallbacks appended."""
     gpus = tuple(sc.placement[r] for r in ranks)
-    ws = len(gpus)
-    pairs = [(a, b) for i, a in enumerate(gpus) for j, b in enumerate(gpus) if i != j]
-    imp = {(a, b): importable(c, a, b) for a, b in pairs}
-    nvl_all = all(nvlink_p2p(c, a, b) for a, b in pairs)
-    single_host = len({g.host for g in gpus}) == 1
+    facts = GroupFacts.of(sc.cluster, gpus)
     why: dict[str, str] = {}
-    if ws < 2:
-        why["ipc"] = why["fabric"] = why["multicast"] = "a group of one rank"
-    else:
-        bad = next(((a, b) for a, b in pairs if IPC not in imp[(a, b)]), None)
-        if bad:
-            why["ipc"] = f"{bad[0]} cannot open a legacy IPC handle of {bad[1]}"
-        elif ws not in IPC_WORLD_SIZES:
-            why["ipc"] = f"world size {ws} not in {IPC_WORLD_SIZES}"
-        elif ws > 2 and not nvl_all:
-            why["ipc"] = f"{ws} GPUs not fully NVLink-connected"
-        bad = next(((a, b) for a, b in pairs if FABRIC not in imp[(a, b)]), None)
-        if bad:
-            why["fabric"] = f"{bad[0]} cannot import a FABRIC handle of {bad[1]}"
-        gs = [c.gpu(g) for g in gpus]
-        doms = {id(c.domain_of(g)) if c.domain_of(g) is not None else None for g in gpus}
-        if not all(g.multicast and g.vmm for g in gs):
-            why["multicast"] = "some GPU lacks multicast or VMM (row M1)"
-        elif None in doms or len(doms) != 1:
-            why["multicast"] = "GPUs are not in one NVLink domain"
-        elif not all(g.fabric.state in (FabricState.COMPLETED, FabricState.NOT_SUPPORTED) for g in gs):
-            # Row M3: binding fails SYSTEM_NOT_READY while the fabric manager is not done.
-            why["multicast"] = "some GPU's fabric state is not COMPLETED (row M3)"
-        elif single_host:
-            if not nvl_all:
-                why["multicast"] = "not every pair is NVLink + P2P"
-            elif not all(POSIX_FD in imp[p] for p in pairs):
-                why["multicast"] = "POSIX-fd handles unavailable"
-        elif not all(FABRIC in imp[p] for p in pairs):
-            why["multicast"] = "across hosts the multicast handle must be FABRIC (row M7)"
-    if ws < 2:
-        why["symm"] = "a group of one rank"
-    elif len({c.host(g.host).shm_namespace for g in gpus}) == 1:
-        # One socket namespace: the symmetric buffers travel as POSIX fds (§2.5) and peers
-        # load and store through the mappings over NVLink P2P (rows L10, B3).
-        bad = next(((a, b) for a, b in pairs if POSIX_FD not in imp[(a, b)]), None)
-        if bad:
-            why["symm"] = f"{bad[0]} cannot import a POSIX-fd handle of {bad[1]}"
-        elif not nvl_all:
-            why["symm"] = "not every pair is NVLink + P2P"
-    else:
-        bad = next(((a, b) for a, b in pairs if FABRIC not in imp[(a, b)]), None)
-        if bad:
-            why["symm"] = f"across hosts: {bad[0]} cannot import a FABRIC handle of {bad[1]}"
-    legal = tuple(b for b in order if b not in why)
-    if "nccl" not in legal:
-        legal += ("nccl",)
+    for b, cls in backends().items():
+        reason = cls.truth(facts)
+        if reason is not None:
+            why[b] = reason
+    legal = tuple(b for b in (default_order() if order is None else order) if b not in why)
+    legal += tuple(b for b in fallbacks() if b not in legal)
     return GroupTruth(name, ranks, gpus, legal, why)
 
 
@@ -153,17 +68,11 @@ def op_nbytes(op: str, size: int, dtype: str, ws: int) -> int:
 
 
 def op_legal(backend: str, op: str, nbytes: int, ws: int, params: dict[str, Any]) -> bool:
-    """Per-call limits: peer backends need 16-byte multiples and fit the workspace (row B5);
-    multicast does all-reduce only, within its own workspace."""
-    if backend in ("ipc", "fabric"):
-        total = nbytes * ws if op == "all_gather" else nbytes
-        return nbytes % 16 == 0 and total < int(params.get("max_size", 8 * Mi))
-    if backend == "multicast":
-        return op in ("all_reduce", "all_reduce_rmsnorm") and nbytes < int(params.get("multicast_max_size", 64 * Mi))
-    if backend == "symm":
-        total = nbytes * ws if op == "all_gather" else nbytes
-        return nbytes % 16 == 0 and total < int(params.get("symm_max_size", 64 * Mi))
-    return backend == "nccl"
+    """Per-call limits as each backend declares them: the peer backends need 16-byte
+    multiples and fit the workspace (row B5); multicast does all-reduce only, within its own
+    workspace; an unregistered name is never legal."""
+    cls = get_backend(backend)
+    return cls is not None and cls.within_limits(op, nbytes, ws, params)
 
 
 def legal_backends(sc: Scenario, policy: Policy | None = None) -> dict[tuple[str, str, int, str], tuple[str, ...]]:
@@ -259,7 +168,7 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     # Injected driver failures (out of memory, a failing set-up call): the error they cause
     # on the faulted rank, voted to its group, is expected; a backend they knock out may be
     # skipped in favour of the next legal one.
-    oom = [f for f in sc.faults if f.kind in ("oom", "call_fails")]
+    oom = [f for f in sc.faults if get_fault(f.kind).injects is not None]
     oom_ranks = {f.rank for f in oom if f.rank is not None}
     errored = bool(res.errors)
     for key, ok_set in legal.items():
@@ -335,7 +244,9 @@ def _caused_by_oom(sc: Scenario, e: Any, oom_ranks: set[int]) -> bool:
     text = f"{e.name} {e.message}"
     if "CollectiveMismatch" in text or "HangDetected" in text or e.name == "hang":
         return False
-    injected = set(OOM_ERRORS) | {f.code for f in sc.faults if f.kind == "call_fails"}
+    # Any injected driver fault excuses its rank's out-of-memory too (an allocation retried
+    # after the injected failure), as before the registry; plus what each kind injects.
+    injected = set(OOM_ERRORS) | injected_errors(sc.faults)
     if e.name in injected:
         return e.origin in oom_ranks
     return e.name == "RankFailed" and "SetupFailed" in text and any(c in text for c in injected)

@@ -18,10 +18,11 @@ from ..backends.base import SetupFailed
 from ..communicator import Communicator
 from ..driver import CudaError
 from ..group import LocalWorld
-from ..group.errors import GroupError, HangDetected
+from ..runtime.diagnosis import GroupError, HangDetected
 from ..policy import Policy, resolve
-from ..sim import SimFabric, spawn_driver
-from ..sim.faults import CallFault, ProcessFaults, code_by_name
+from ..sim import SimFabric, set_torch_threads, spawn_driver
+from ..sim.faults import ProcessFaults
+from .faults import arm_driver_faults
 from .model import Scenario
 
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -81,15 +82,7 @@ class RunResult:
 
 
 def faults_for(sc: Scenario, rank: int) -> ProcessFaults:
-    pf = ProcessFaults()
-    for f in sc.driver_faults:
-        if f.rank != rank:
-            continue
-        if f.kind == "oom":
-            pf.oom_at = f.at_allocation
-        else:
-            pf.calls.append(CallFault(f.api, code_by_name(f.code), f.nth))
-    return pf
+    return arm_driver_faults(sc.faults, rank)
 
 
 def make_input(seed: int, group: str, rank: int, op: str, numel: int, dtype: str) -> torch.Tensor:
@@ -260,14 +253,12 @@ def collect(res: RunResult, values: list[dict | None], errors: list[RankError | 
 
 
 def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
-                 disabled_rules: frozenset[str] = frozenset(), *, procs: bool = False,
-                 timeout: float | None = None) -> RunResult:
-    """Run `sc` under its own policy, or under `policy` when given. `disabled_rules` switches
-    simulator rules off (mutation tests only). `procs`: one real OS process per rank
-    (commsim.procs, docs/processes.md); `timeout`: process mode's bound in seconds."""
-    if procs:
-        from ..procs.launcher import run_scenario_procs
-        return run_scenario_procs(sc, policy, seed, timeout=timeout)
+                 disabled_rules: frozenset[str] = frozenset()) -> RunResult:
+    """Run `sc` in this process under its own policy, or under `policy` when given.
+    `disabled_rules` switches simulator rules off (mutation tests only). Process mode, one
+    real OS process per rank, is `commsim.procs.launcher.run_scenario_procs` (it builds on
+    this module, never the other way round)."""
+    set_torch_threads()
     seed, pol, res = prepare(sc, policy, seed)
     fabric = SimFabric(sc.cluster, seed, disabled_rules=disabled_rules)
     drivers = [spawn_driver(fabric, g, faults_for(sc, r)) for r, g in enumerate(sc.placement)]

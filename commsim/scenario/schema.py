@@ -21,7 +21,8 @@ from .fields import (
     ScenarioError, Table, check_choice, check_cuda_error, check_policy, describe, did_you_mean,
     parse_ranks, parse_size,
 )
-from .model import BACKENDS, DTYPES, OPS, STEPS, Expectation, Group, Scenario, Workload
+from ..backends import backend_names
+from .model import DTYPES, OPS, STEPS, Expectation, Group, Scenario, Workload
 
 __all__ = ["ScenarioError", "load", "loads", "write_scenario", "SECTIONS"]
 
@@ -201,7 +202,7 @@ def _expectation(source: str, n: int, data: Mapping[str, Any], groups: Sequence[
         raise t.error("give either backend = ... (which backend a group picks) or error = ... "
                       "(which CUDA error a step returns), not both", None)
     if not any(k in data for k in ("backend", "error", "leak")):
-        raise t.error('says nothing; give backend = "fabric" (one of ' + ", ".join(BACKENDS)
+        raise t.error('says nothing; give backend = "fabric" (one of ' + ", ".join(backend_names())
                       + '), or error = "cudaErrorInvalidResourceHandle" with step = "init", '
                       "or leak = true", None)
     group = t.string("group")
@@ -222,7 +223,7 @@ def _expectation(source: str, n: int, data: Mapping[str, Any], groups: Sequence[
                           f"are {', '.join(str(s) for s in workload.sizes)} bytes", "size")
     backend = None
     if "backend" in data:
-        backend = check_choice(t, "backend", data["backend"], BACKENDS, what="backend")
+        backend = check_choice(t, "backend", data["backend"], backend_names(), what="backend")
         if group is None:
             if len(names) != 1:
                 raise t.error(f"a backend expectation needs group = \"...\" when the file has "

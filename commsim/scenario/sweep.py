@@ -22,13 +22,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TextIO
 
+from ..backends import backends
 from ..errors import UserError
 from . import generate as G
 from .oracle import KINDS, judge
 
 DETERMINISM_EVERY = 20          # 1 in 20 scenarios is run twice (by id, so reproducible)
-BACKEND_COLOURS = {"ipc": "#4e79a7", "fabric": "#59a14f", "multicast": "#f28e2b",
-                   "nccl": "#9d9d9d", "symm": "#b07aa1"}
 
 
 def replay_command(sid: str) -> str:
@@ -382,6 +381,7 @@ def run_sweep(ids: list[str], jobs: int = 1, determinism: str = "sample",
 def render_html(rep: Report) -> str:
     """The backend map: machine shape (rows) x group shape (columns), each cell coloured by
     the majority backend over its ops, with scenario and failure counts."""
+    colours = {n: c.colour for n, c in backends().items()}    # each backend declares its own
     cells = rep.cells()
     shapes = sorted({s for s, _ in cells}, key=_shape_key)
     layouts = sorted({l for _, l in cells}, key=_layout_key)
@@ -398,7 +398,7 @@ def render_html(rep: Report) -> str:
             bk = c["backends"]
             top, n = (bk.most_common(1)[0] if bk else ("none", 0))
             share = n / max(sum(bk.values()), 1)
-            colour = BACKEND_COLOURS.get(top, "#dddddd")
+            colour = colours.get(top, "#dddddd")
             title = (f"{s} / {l}: {c['scenarios']} scenario(s); ops by backend: "
                      + ", ".join(f"{b} {k}" for b, k in bk.most_common())
                      + (f"; {c['failures']} failed" if c["failures"] else ""))
@@ -407,7 +407,7 @@ def render_html(rep: Report) -> str:
                          f'style="background:{colour};opacity:{0.45 + 0.55 * share:.2f}">'
                          f'<b>{esc(top)}</b><br>{c["scenarios"]}{fail}</div>')
     legend = "".join(f'<span class="key" style="background:{c}">{b}</span>'
-                     for b, c in BACKEND_COLOURS.items() if b != "symm")
+                     for b, c in colours.items())
     kc = rep.kind_counts()
     fl = "".join(f"<li><code>{esc(r['id'])}</code> {esc(', '.join(r['kinds']))}: "
                  f"{esc(r['description'])}<br><code>{esc(r['replay'])}</code></li>" for r in rep.failed[:200])

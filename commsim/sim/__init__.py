@@ -2,16 +2,18 @@
 
 import os
 
-import torch
-
-# Simulated kernels run one rank at a time on one OS thread; torch's intra-op thread pool only
-# adds hand-off cost there (measured on the 2-core machine: a 1 MiB bf16->f32 cast took 7.3 ms
-# with 2 threads, 0.15 ms with 1). COMMSIM_TORCH_THREADS overrides.
-torch.set_num_threads(int(os.environ.get("COMMSIM_TORCH_THREADS", "1")))
-
-from .driver import SimDriver  # noqa: E402
+from .driver import SimDriver
 from .fabric import SimFabric, SimProcess
 from .faults import ProcessFaults
+
+
+def set_torch_threads() -> None:
+    """Called where a run starts (the CLI, the runner, a rank process), never at import.
+    Simulated kernels run one rank at a time on one OS thread; torch's intra-op thread pool
+    only adds hand-off cost there (measured on the 2-core machine: a 1 MiB bf16->f32 cast took
+    7.3 ms with 2 threads, 0.15 ms with 1). COMMSIM_TORCH_THREADS overrides."""
+    import torch
+    torch.set_num_threads(int(os.environ.get("COMMSIM_TORCH_THREADS", "1")))
 
 
 def spawn_driver(fabric: SimFabric, gpu, faults: ProcessFaults | None = None) -> SimDriver:
@@ -23,4 +25,4 @@ def spawn_driver(fabric: SimFabric, gpu, faults: ProcessFaults | None = None) ->
     return SimDriver(fabric, proc)
 
 
-__all__ = ["SimDriver", "SimFabric", "SimProcess", "ProcessFaults", "spawn_driver"]
+__all__ = ["SimDriver", "SimFabric", "SimProcess", "ProcessFaults", "set_torch_threads", "spawn_driver"]

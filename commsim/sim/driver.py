@@ -2,7 +2,7 @@
 
 Every method follows cuda-python's `(err, value...)` convention and returns the real codes;
 misuse never raises. Each rule cites its row in shared/reference/domain.md §9; the rows whose
-exact code is UNCONFIRMED take it from `rules.UNCONFIRMED`.
+exact code is UNCONFIRMED take it from `unconfirmed.UNCONFIRMED`.
 """
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ import numpy as np
 from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
-from ..driver import LAZY_ENABLE_PEER_ACCESS, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
-from ..group.scheduler import wait_until
+from ..driver import (FABRIC, FD, LAZY_ENABLE_PEER_ACCESS, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK,
+                      GpuFabricInfo)
+from ..runtime.scheduler import wait_until
 from ..topology.model import FabricState, GpuRef
-from . import real_fds, rules
+from . import real_fds, unconfirmed
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
+from .fd_channel import SimFdChannel
+from .kernel_context import SimKernelContext
 
 E = cudart.cudaError_t
 R = cu.CUresult
 A = cu.CUdevice_attribute
-FD = int(cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-FABRIC = int(cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_FABRIC)
 VA_ALIGN = 512          # cudaMalloc alignment seen in practice is >= 256 B
 
 
@@ -385,13 +386,13 @@ class SimDriver:
         if m.kind != "malloc":
             raise Fail(E.cudaErrorInvalidValue)        # row L2: VMM memory is rejected
         if off != 0:
-            raise Fail(rules.code("L3"))               # row L3: only allocation bases
+            raise Fail(unconfirmed.code("L3"))               # row L3: only allocation bases
         return self.fabric.ipc_handle_for(m.target, self.proc.pid)   # rows L1, L4
 
     @api(1, True)
     def cudaIpcOpenMemHandle(self, handle: Any, flags: int) -> int:
         if _attr_int(flags) != int(LAZY_ENABLE_PEER_ACCESS):
-            raise Fail(rules.code("L13"))
+            raise Fail(unconfirmed.code("L13"))
         key = _handle_bytes(handle, "reserved")
         entry = self.fabric.resolve_ipc_handle(key) if key is not None else None
         if entry is None:
@@ -416,7 +417,7 @@ class SimDriver:
             self._maps[base].refs += 1
             self.ledger.add("ipc_mapping", ("aid", aid), "")
             return base
-        if self._peer_maps >= rules.MAX_PEER_MAPPINGS:
+        if self._peer_maps >= unconfirmed.MAX_PEER_MAPPINGS:
             raise Fail(E.cudaErrorTooManyPeers)              # row L12
         base = self._va(a.size)
         self._add_map(Mapping(base, max(a.size, 1), "ipc", a))
@@ -450,7 +451,7 @@ class SimDriver:
     @api(1, False)
     def cuMemGetAllocationGranularity(self, prop: Any, option: Any) -> int:
         self._prop_device(prop)
-        return rules.GRANULARITY_RECOMMENDED if _attr_int(option) == 1 else rules.GRANULARITY_MIN
+        return unconfirmed.GRANULARITY_RECOMMENDED if _attr_int(option) == 1 else unconfirmed.GRANULARITY_MIN
 
     def _fabric_ready(self, g: GpuRef) -> bool:
         return self.cluster.gpu(g).fabric.state == FabricState.COMPLETED
@@ -461,19 +462,19 @@ class SimDriver:
         gpu = self.cluster.gpu(g)
         size = _attr_int(size)
         types = _prop_handle_types(prop)
-        if size <= 0 or size % rules.GRANULARITY_MIN or types < 0 or types & ~(FD | FABRIC | 0x6):
-            raise Fail(rules.code("V1"))
+        if size <= 0 or size % unconfirmed.GRANULARITY_MIN or types < 0 or types & ~(FD | FABRIC | 0x6):
+            raise Fail(unconfirmed.code("V1"))
         if not gpu.vmm:
             raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
         if types & FD and not gpu.posix_fd:
             raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
         if types & FABRIC:
             if not gpu.fabric_handle:
-                raise Fail(rules.code("V4"))
+                raise Fail(unconfirmed.code("V4"))
             if not self.imex_channels() and self.fabric.rule_on("V3"):
                 raise Fail(R.CUDA_ERROR_NOT_PERMITTED)      # row V3 (DeepEP#487, IMEX guide)
             if not self._fabric_ready(g):
-                raise Fail(rules.code("X2"))
+                raise Fail(unconfirmed.code("X2"))
         if self.fabric.device_bytes_used(g) + size > gpu.memory_bytes:
             raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
         a = self.fabric.new_alloc(g, size, legacy=False, owner=self.proc.pid, handle_types=types)
@@ -508,7 +509,7 @@ class SimDriver:
         obj = self._obj(target)
         t = _attr_int(handle_type)
         if t not in (FD, FABRIC) or not obj.handle_types & t:
-            raise Fail(rules.code("X1"))
+            raise Fail(unconfirmed.code("X1"))
         if t == FABRIC:
             return self.fabric.fabric_handle_for(*target)       # 64 bytes, any transport
         fd = self._fds.open(target)
@@ -533,8 +534,11 @@ class SimDriver:
         self._unref_target(target)
         return 0
 
+    def fd_channel(self) -> SimFdChannel:
+        return SimFdChannel(self)
+
     def receive_fd(self, target: tuple[str, int]) -> int:
-        """The receiving end of SCM_RIGHTS: a new fd in this process (see sim/unix_socket.py)."""
+        """The receiving end of SCM_RIGHTS: a new fd in this process (see sim/fd_channel.py)."""
         fd = self._fds.open(target)
         kind, oid = target
         obj = (self.fabric.allocs if kind == "mem" else self.fabric.multicasts).get(oid)
@@ -553,7 +557,7 @@ class SimDriver:
         if t == FD:
             target = self._fds.for_import(os_handle)
             if target is None:
-                raise Fail(rules.code("X4"))
+                raise Fail(unconfirmed.code("X4"))
         elif t == FABRIC:
             key = _handle_bytes(os_handle, "data")
             if key is None:
@@ -573,7 +577,7 @@ class SimDriver:
             if src != me and not self.cluster.same_domain(src, me):
                 self.fabric.flag(f"pid {self.proc.pid}: FABRIC import from {src} outside its "
                                  f"NVLink domain (row V7, UNCONFIRMED code)")
-                raise Fail(rules.code("V7"))
+                raise Fail(unconfirmed.code("V7"))
         else:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         obj = self._obj(target)
@@ -586,9 +590,9 @@ class SimDriver:
     @api(1, False)
     def cuMemAddressReserve(self, size: int, alignment: int, addr: int, flags: int) -> int:
         size, align = _attr_int(size), _attr_int(alignment)
-        if size <= 0 or size % rules.HOST_PAGE or align < 0 or (align & (align - 1)):
+        if size <= 0 or size % unconfirmed.HOST_PAGE or align < 0 or (align & (align - 1)):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-        base = self._va(size, max(align, rules.GRANULARITY_MIN))
+        base = self._va(size, max(align, unconfirmed.GRANULARITY_MIN))
         self._reserved[base] = size
         self.ledger.add("reservation", base, f"cuMemAddressReserve({size})")
         return base
@@ -604,15 +608,15 @@ class SimDriver:
         ptr, size, offset = _attr_int(ptr), _attr_int(size), _attr_int(offset)
         target = self._handle(handle)
         obj = self._obj(target)
-        gran = rules.GRANULARITY_MIN if target[0] == "mem" else rules.MULTICAST_GRANULARITY_MIN
+        gran = unconfirmed.GRANULARITY_MIN if target[0] == "mem" else unconfirmed.MULTICAST_GRANULARITY_MIN
         if size <= 0 or ptr % gran or size % gran or offset != 0 or size > obj.size:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)               # §2.3: granularity, offset 0
         if not self._in_reservation(ptr, size):
-            raise Fail(rules.code("V10"))
+            raise Fail(unconfirmed.code("V10"))
         for b in self._bases:
             m = self._maps[b]
             if b < ptr + size and ptr < b + m.size:
-                raise Fail(rules.code("V10"))
+                raise Fail(unconfirmed.code("V10"))
         if isinstance(obj, MulticastObject):
             # Row M2: mapping a multicast handle blocks until every device has joined.
             wait_until(lambda: len(obj.devices) >= obj.num_devices,
@@ -648,7 +652,7 @@ class SimDriver:
         if m is None or m.kind not in ("vmm", "mc"):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         if _attr_int(size) != m.size:
-            raise Fail(rules.code("V12"))                        # row V12: whole range only
+            raise Fail(unconfirmed.code("V12"))                        # row V12: whole range only
         self._del_map(m)
         self.ledger.remove("vmm_mapping", m.base, all_refs=True)
         obj = m.target
@@ -679,7 +683,7 @@ class SimDriver:
     def cuMemAddressFree(self, ptr: int, size: int) -> None:
         ptr, size = _attr_int(ptr), _attr_int(size)
         if self._reserved.get(ptr) != size:
-            raise Fail(rules.code("V15"))
+            raise Fail(unconfirmed.code("V15"))
         if any(ptr <= b < ptr + size for b in self._bases):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # still mapped inside: unmap first
         del self._reserved[ptr]
@@ -688,8 +692,8 @@ class SimDriver:
     # ---- multicast -------------------------------------------------------------------------
     @api(1, False)
     def cuMulticastGetGranularity(self, prop: Any, option: Any) -> int:
-        return rules.MULTICAST_GRANULARITY_RECOMMENDED if _attr_int(option) == 1 \
-            else rules.MULTICAST_GRANULARITY_MIN
+        return unconfirmed.MULTICAST_GRANULARITY_RECOMMENDED if _attr_int(option) == 1 \
+            else unconfirmed.MULTICAST_GRANULARITY_MIN
 
     @api(1, False)
     def cuMulticastCreate(self, prop: Any) -> int:
@@ -699,8 +703,8 @@ class SimDriver:
         except (AttributeError, TypeError, ValueError):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         if not self.cluster.gpu(g).multicast or self.cluster.domain_of(g) is None:
-            raise Fail(rules.code("M1"))                          # row M1
-        if n < 1 or size <= 0 or size % rules.MULTICAST_GRANULARITY_MIN:
+            raise Fail(unconfirmed.code("M1"))                          # row M1
+        if n < 1 or size <= 0 or size % unconfirmed.MULTICAST_GRANULARITY_MIN:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         if types & FABRIC and not self.imex_channels():
             raise Fail(R.CUDA_ERROR_NOT_PERMITTED)
@@ -720,9 +724,9 @@ class SimDriver:
         mc = self._mc(mc_handle)
         g = self._dev(dev)
         if not self.cluster.gpu(g).multicast:
-            raise Fail(rules.code("M1"))
+            raise Fail(unconfirmed.code("M1"))
         if g != mc.creator and not self.cluster.same_domain(g, mc.creator):
-            raise Fail(rules.code("X3"))
+            raise Fail(unconfirmed.code("X3"))
         if g in mc.devices or len(mc.devices) >= mc.num_devices:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         if mc.bindings:
@@ -738,9 +742,9 @@ class SimDriver:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         a: PhysicalAlloc = self._obj(target)
         mc_off, mem_off, size = _attr_int(mc_offset), _attr_int(mem_offset), _attr_int(size)
-        gran = rules.MULTICAST_GRANULARITY_MIN
+        gran = unconfirmed.MULTICAST_GRANULARITY_MIN
         if min(mc_off, mem_off) < 0 or size <= 0 or mc_off % gran or mem_off % gran or size % gran:
-            raise Fail(rules.code("M5"))
+            raise Fail(unconfirmed.code("M5"))
         if mc_off + size > mc.size or mem_off + size > a.size:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         if a.gpu not in self.proc.gpus:
@@ -769,7 +773,7 @@ class SimDriver:
         if (b[2], b[3]) != (_attr_int(mc_offset), _attr_int(size)):
             self.fabric.flag(f"pid {self.proc.pid}: cuMulticastUnbind with offset/size other than "
                              f"bound (undefined, row M6)")
-            raise Fail(rules.code("M6"))
+            raise Fail(unconfirmed.code("M6"))
         a = b[0]
         del mc.bindings[g]
         a.maps -= 1
@@ -813,7 +817,6 @@ class SimDriver:
     # ---- kernels ------------------------------------------------------------------------------
     @api(0, True)
     def launch_kernel(self, kernel: Callable[..., None], *args: Any) -> None:
-        """Run a simulated kernel (commsim/sim/kernels.py) on the current device. A fault
-        inside it (unmapped, no access, freed memory) is cudaErrorIllegalAddress (700)."""
-        from .kernels import KernelContext
-        kernel(KernelContext(self), *args)
+        """Run a reference kernel (commsim/kernels/) on the current device. A fault inside it
+        (unmapped, no access, freed memory) is cudaErrorIllegalAddress (700)."""
+        kernel(SimKernelContext(self), *args)

@@ -467,10 +467,10 @@ class _Bindings(MutableMapping):
 
 
 class StoreFdMailbox:
-    """SimFabric.fd_mailbox for process mode, with the dict surface unix_socket.py uses
+    """SimFabric.fd_mailbox for process mode, with the dict surface sim/fd_channel.py uses
     (`setdefault(k, []).append(t)`, `get(k)`, `[k].pop(0)`), carried by the run's store: an
     fd's target travels with the exporter's GPU and size so the receiver maps the segment.
-    send_fd has already refused a peer on another host (reference §2.5, row V9) from the
+    SimFdChannel.send has already refused a peer on another host (reference §2.5, row V9) from the
     placement, so only same-host fds get here."""
 
     def __init__(self, fabric: ProcessFabric, mailbox: Mailbox) -> None:

@@ -18,7 +18,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Iterable, Iterator
+from typing import Iterator
 
 
 
@@ -287,9 +287,6 @@ class Cluster:
     def same_host(self, a: GpuRef, b: GpuRef) -> bool:
         return a.host == b.host
 
-    def same_shm_namespace(self, a: GpuRef, b: GpuRef) -> bool:
-        return self.host(a.host).shm_namespace == self.host(b.host).shm_namespace
-
     def same_domain(self, a: GpuRef, b: GpuRef) -> bool:
         da = self.domain_of(a)
         return da is not None and da is self.domain_of(b)
@@ -347,12 +344,3 @@ def full_matrix(n: int, link: Link) -> tuple[tuple[Link | None, ...], ...]:
 
 def matrix_from(n: int, cell: "callable[[int, int], Link]") -> tuple[tuple[Link | None, ...], ...]:
     return tuple(tuple(None if i == j else cell(i, j) for j in range(n)) for i in range(n))
-
-
-def iter_pairs(refs: Iterable[GpuRef]) -> Iterator[tuple[GpuRef, GpuRef]]:
-    """Every ordered pair of distinct GPUs."""
-    refs = list(refs)
-    for a in refs:
-        for b in refs:
-            if a != b:
-                yield a, b

@@ -3,7 +3,7 @@
 // the CPU-only CI needs nothing but libnvrtc: fixed-width types, fp16/bf16 conversions and
 // memory-ordered accesses are written here directly (inline PTX).
 //
-// Workspace of one rank (identical to commsim/sim/collective_kernels.py):
+// Workspace of one rank (identical to commsim/kernels/workspace.py):
 //   [0, 4096)                 flags: START, MID, END arrays of MAX_RANKS uint32 each
 //   [DATA, DATA + capacity)   this rank's input, staged before the launch
 //   [DATA + capacity, ...)    scratch: reduced chunks / results
@@ -212,7 +212,7 @@ __device__ __forceinline__ u64 grid_threads() {
 }
 
 // Element range [lo, hi) of chunk i when n elements are split over ws ranks: the first
-// n % ws chunks get one extra element (commsim.sim.collective_kernels._chunks).
+// n % ws chunks get one extra element (commsim.kernels.workspace.chunks).
 __device__ __forceinline__ void chunk_range(u64 n, int ws, int i, u64* lo, u64* hi) {
     u64 base = n / ws, extra = n % ws;
     u64 ii = static_cast<u64>(i);

@@ -1,5 +1,5 @@
 // NVLS all-reduce over a multicast object (sm_90+): the device twin of
-// commsim.sim.collective_kernels.multimem_all_reduce. Rank `me` multimem.ld_reduce's its
+// commsim.kernels.collectives.multimem_all_reduce. Rank `me` multimem.ld_reduce's its
 // chunk of DATA over the multicast address (the NVSwitch sums every member's copy) and
 // multimem.st's the sum into every member's scratch. Flags travel by multicast stores too:
 // one multimem.st.release writes slot `me` of every member's flag array at once; each rank

@@ -1,7 +1,7 @@
 // Collectives over peer pointers (legacy IPC or cuMem-mapped workspaces): one-shot and
 // two-shot all-reduce, all-gather, reduce-scatter, fused all-reduce + residual + RMSNorm, and
 // a plain device read used by the conformance rig. Each is the device twin of the function
-// of the same name in commsim/sim/collective_kernels.py: same workspace offsets, same flags,
+// of the same name in commsim/kernels/collectives.py: same workspace offsets, same flags,
 // same chunking, and the same float32 summation order (rank 0 first), so float32 results
 // are bit-identical to the simulator's. Layout and ordering notes: commsim_common.cuh.
 #include "commsim_common.cuh"

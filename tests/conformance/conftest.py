@@ -11,7 +11,7 @@ Factory choice: the environment variable COMMSIM_DEVICE.
   placement entry;
 - `procs`: the simulator in process mode (commsim/procs/rig.py): one OS process per
   placement entry, each with its own ProcessFabric, device memory in /dev/shm;
-- `cuda`: the real driver: device.rig.CudaRig, one OS process with a device.driver.CudaDriver
+- `cuda`: the real driver: commsim.devicecheck.rig.CudaRig, one OS process with a device.driver.CudaDriver
   per placement entry. Without a GPU every conformance test is skipped with the reason, never
   silently passed; with one, a case whose topology this machine cannot stand in for (more
   hosts, other attributes, P2P, fabric info) is skipped with what differs.
@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from commsim.driver import Driver
-from commsim.group.scheduler import Scheduler
+from commsim.runtime.scheduler import Scheduler
 from commsim.topology.model import Cluster, GpuRef
 from commsim.topology.presets import build
 
@@ -114,7 +114,7 @@ class SimRig:
     # ---- processes ----------------------------------------------------------------------
     def pass_fd(self, src: int, fd: int, dst: int) -> int:
         """Send a POSIX fd over AF_UNIX + SCM_RIGHTS; raises FdTransportError across hosts."""
-        from commsim.sim.unix_socket import pass_fd
+        from commsim.sim.fd_channel import pass_fd
 
         return pass_fd(self.drivers[src], fd, self.drivers[dst])
 
@@ -179,7 +179,7 @@ def make_rig(topology: str | Cluster, placement: Placement, seed: int = 0) -> Si
         why = _cuda_unavailable()
         if why:
             pytest.skip(why)
-        from device.rig import CaseNotRunnable, CudaRig
+        from commsim.devicecheck.rig import CaseNotRunnable, CudaRig
         try:
             return CudaRig(cluster, placement, seed)
         except CaseNotRunnable as exc:

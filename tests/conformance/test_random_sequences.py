@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from commsim.driver import CUresult, HandleType, access_desc, alloc_prop, cudaError_t
-from commsim.sim.unix_socket import FdTransportError
+from commsim.driver import FdTransportError
 from commsim.topology.presets import build
 
 FD = int(HandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)

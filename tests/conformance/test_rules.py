@@ -7,7 +7,7 @@ only factory), and a body written against the Driver protocol (commsim/driver.py
 its code against `expect`, then checks the full teardown: every process's ledger is empty and
 no physical memory or multicast object is left (DESIGN rule 4: ledger zero after teardown).
 
-Rows whose exact code the reference marks UNCONFIRMED expect `rules.UNCONFIRMED[row]` and
+Rows whose exact code the reference marks UNCONFIRMED expect `unconfirmed.UNCONFIRMED[row]` and
 carry "UNCONFIRMED: chosen" in their test id: the simulator's table is the one place to
 correct them when a GPU run (COMMSIM_DEVICE=cuda) sees another code.
 """
@@ -24,10 +24,10 @@ import pytest
 from commsim.driver import (CudaError, FABRIC_HANDLE_SIZE, IPC_HANDLE_SIZE, LAZY_ENABLE_PEER_ACCESS,
                             NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, DevAttr, HandleType,
                             access_desc, alloc_prop, check, cudaError_t, CUresult, multicast_prop)
-from commsim.group.errors import HangDetected
-from commsim.group.scheduler import wait_until
-from commsim.sim import rules
-from commsim.sim.unix_socket import FdTransportError
+from commsim.runtime.diagnosis import HangDetected
+from commsim.runtime.scheduler import wait_until
+from commsim.sim import unconfirmed
+from commsim.driver import FdTransportError
 from commsim.topology import modify
 from commsim.topology.model import FabricState, GpuRef, NvlinkDomain
 from commsim.topology.presets import build
@@ -48,7 +48,7 @@ class U:
     row: str
 
     def code(self) -> Any:
-        return rules.code(self.row)
+        return unconfirmed.code(self.row)
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ def _(rig):
 @case("L7", "second context in one importer process opens the same exporter's handle", "§1.1",
       "gb200-nvl72:1", [(0, 0), (0, 1)], expect=U("L7"),
       skip="the Driver protocol has no call that creates a second context on one device "
-           "(cuCtxCreate), so row L7 cannot be reached; rules.UNCONFIRMED['L7'] is unused")
+           "(cuCtxCreate), so row L7 cannot be reached; unconfirmed.UNCONFIRMED['L7'] is unused")
 def _(rig):
     raise AssertionError("unreachable")
 
@@ -300,13 +300,13 @@ def _(rig):
     exp, imp = rig[0], rig[1]
     ps = [check("cudaMalloc", exp.cudaMalloc(4096)) for _ in range(2)]
     hs = [check("cudaIpcGetMemHandle", exp.cudaIpcGetMemHandle(p)) for p in ps]
-    saved = rules.MAX_PEER_MAPPINGS
-    rules.MAX_PEER_MAPPINGS = 1
+    saved = unconfirmed.MAX_PEER_MAPPINGS
+    unconfirmed.MAX_PEER_MAPPINGS = 1
     try:
         q = check("cudaIpcOpenMemHandle", imp.cudaIpcOpenMemHandle(hs[0], LAZY))
         res = imp.cudaIpcOpenMemHandle(hs[1], LAZY)
     finally:
-        rules.MAX_PEER_MAPPINGS = saved
+        unconfirmed.MAX_PEER_MAPPINGS = saved
     check("cudaIpcCloseMemHandle", imp.cudaIpcCloseMemHandle(q))
     for p in ps:
         check("cudaFree", exp.cudaFree(p))
@@ -1017,15 +1017,15 @@ def test_rule(c: Case, rig_factory, request):
         want = c.expect.code() if isinstance(c.expect, U) else c.expect
         assert code_of(res) == int(want), (
             f"{c.row}: got {res[0]!r}, expected {want!r}"
-            + (" (rules.UNCONFIRMED: chosen)" if c.unconfirmed else ""))
+            + (" (unconfirmed.UNCONFIRMED: chosen)" if c.unconfirmed else ""))
     if not c.residue:
         rig.assert_clean()
 
 
 def test_every_unconfirmed_row_has_a_case():
-    """rules.UNCONFIRMED is the one table of chosen codes: every entry is asserted above."""
+    """unconfirmed.UNCONFIRMED is the one table of chosen codes (commsim/sim/unconfirmed.py): every entry is asserted above."""
     covered = {c.expect.row for c in CASES if c.unconfirmed}
-    assert covered == set(rules.UNCONFIRMED), set(rules.UNCONFIRMED) ^ covered
+    assert covered == set(unconfirmed.UNCONFIRMED), set(unconfirmed.UNCONFIRMED) ^ covered
 
 
 def test_every_case_cites_a_source():

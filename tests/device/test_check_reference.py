@@ -1,4 +1,4 @@
-"""The device check's host reference (device/check.py `expected`) is the simulator's own
+"""The device check's host reference (commsim/devicecheck/check.py `expected`) is the simulator's own
 arithmetic: the simulated kernels give the same bytes on the same inputs, so a hardware run
 that matches the reference matches the simulator bit for bit."""
 
@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 
 from commsim.driver import LAZY_ENABLE_PEER_ACCESS, check
-from commsim.group.scheduler import Scheduler, wait_until
-from commsim.sim import SimFabric, collective_kernels as K, spawn_driver
+from commsim.runtime.scheduler import Scheduler, wait_until
+from commsim.kernels import collectives as K, workspace as W
+from commsim.sim import SimFabric, spawn_driver
 from commsim.topology.model import GpuRef
 from commsim.topology.presets import build
-from device import check as dc
+from commsim.devicecheck import check as dc
 
 CAP = 1 << 20
 
@@ -27,19 +28,19 @@ def test_reference_equals_the_simulated_kernels(dtype, n):
 
     def rank(r: int) -> None:
         d = drivers[r]
-        own = check("malloc", d.cudaMalloc(K.workspace_bytes(CAP)))
-        check("memset", d.cudaMemset(own, 0, K.FLAGS_BYTES))
+        own = check("malloc", d.cudaMalloc(W.workspace_bytes(CAP)))
+        check("memset", d.cudaMemset(own, 0, W.FLAGS_BYTES))
         handles[r] = check("ipc", d.cudaIpcGetMemHandle(own))
         wait_until(lambda: len(handles) == 2, "handles")
         peer = check("open", d.cudaIpcOpenMemHandle(handles[1 - r], LAZY_ENABLE_PEER_ACCESS))
         ptrs = [own, peer] if r == 0 else [peer, own]
         for rnd, kernel in enumerate(dc.KERNELS, 1):
             x = dc._inputs(r, n, dtype, rnd)
-            check("htod", d.memcpy_htod(own + K.DATA, dc._np_bytes(x)))
+            check("htod", d.memcpy_htod(own + W.DATA, dc._np_bytes(x)))
             fn = getattr(K, kernel)
             check(kernel, d.launch_kernel(fn, *dc.kernel_args(kernel, ptrs, r, n, dtype, CAP, rnd)))
             nb = dc.out_bytes(kernel, n, x.element_size(), 2)
-            out[(kernel, r)] = check("dtoh", d.memcpy_dtoh(own + K.DATA + CAP, nb)).tobytes()
+            out[(kernel, r)] = check("dtoh", d.memcpy_dtoh(own + W.DATA + CAP, nb)).tobytes()
         check("close", d.cudaIpcCloseMemHandle(peer))
 
     outs = Scheduler(0).run_ranks(2, rank)

@@ -21,23 +21,23 @@ ROOT = Path(__file__).resolve().parents[2]
 @requires_gpu
 def test_driver_basics_and_a_kernel():
     from commsim.driver import check
-    from commsim.sim import collective_kernels as K
+    from commsim.kernels import collectives as K, workspace as W
     from device.driver import CudaDriver
 
     d = CudaDriver.create(0)
     cap = 1 << 20
-    ws = check("cudaMalloc", d.cudaMalloc(K.workspace_bytes(cap)))
+    ws = check("cudaMalloc", d.cudaMalloc(W.workspace_bytes(cap)))
     try:
-        check("cudaMemset", d.cudaMemset(ws, 0, K.FLAGS_BYTES))
+        check("cudaMemset", d.cudaMemset(ws, 0, W.FLAGS_BYTES))
         h = check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(ws))
         assert isinstance(h, bytes) and len(h) == 64
         x = np.arange(1000, dtype=np.float32)
-        check("htod", d.memcpy_htod(ws + K.DATA, x))
+        check("htod", d.memcpy_htod(ws + W.DATA, x))
         check("one-shot", d.launch_kernel(K.one_shot_all_reduce, [ws], 0, x.size, "float32", cap, 1))
-        got = check("dtoh", d.memcpy_dtoh(ws + K.DATA + cap, x.nbytes)).view(np.float32)
+        got = check("dtoh", d.memcpy_dtoh(ws + W.DATA + cap, x.nbytes)).view(np.float32)
         assert np.array_equal(got, x)                  # a reduction over one rank
         tmp = check("cudaMalloc", d.cudaMalloc(64))
-        check("read_bytes", d.launch_kernel("read_bytes", ws + K.DATA, tmp, 64))
+        check("read_bytes", d.launch_kernel("read_bytes", ws + W.DATA, tmp, 64))
         assert check("dtoh", d.memcpy_dtoh(tmp, 64)).tobytes() == x[:16].tobytes()
         check("cudaFree", d.cudaFree(tmp))
     finally:
@@ -66,7 +66,7 @@ def test_conformance_suite_on_cuda():
 
 @requires_gpu
 def test_device_check():
-    p = subprocess.run([sys.executable, "-m", "device.check"], cwd=ROOT, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "commsim.devicecheck"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-8000:] + p.stderr[-2000:]
 
@@ -76,7 +76,7 @@ def test_end_to_end_communicator_under_torchrun():
     n = min(gpu_count(), 8)
     n -= n % 2
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc-per-node={n}", "-m", "device.e2e"], cwd=ROOT,
+                        f"--nproc-per-node={n}", "-m", "commsim.devicecheck.e2e"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-8000:] + p.stderr[-2000:]
     assert "0 failed" in p.stdout

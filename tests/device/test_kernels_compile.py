@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from commsim.sim import collective_kernels as K
+from commsim.kernels import collectives as K, workspace as W
 from device import build, launch
 
 try:
@@ -87,9 +87,9 @@ def test_device_layout_is_the_simulators():
     for name in ("MAX_RANKS", "FLAG_START", "FLAG_MID", "FLAG_END", "DATA", "ARRIVE", "ARRIVE_END"):
         env[name] = eval(defs[name], {}, env)                  # simple integer expressions
     assert (env["MAX_RANKS"], env["FLAG_START"], env["FLAG_MID"], env["FLAG_END"], env["DATA"]) == \
-        (K.MAX_RANKS, K.START, K.MID, K.END, K.DATA)
-    assert env["FLAG_END"] + 4 * K.MAX_RANKS <= env["ARRIVE"] < env["ARRIVE_END"] + 4 <= K.FLAGS_BYTES
-    assert launch.MAX_RANKS == K.MAX_RANKS
+        (W.MAX_RANKS, W.START, W.MID, W.END, W.DATA)
+    assert env["FLAG_END"] + 4 * W.MAX_RANKS <= env["ARRIVE"] < env["ARRIVE_END"] + 4 <= W.FLAGS_BYTES
+    assert launch.MAX_RANKS == W.MAX_RANKS
 
 
 def test_every_launch_names_a_compiled_entry_point():
@@ -109,7 +109,7 @@ def test_every_launch_names_a_compiled_entry_point():
         assert 1 <= p.grid <= 132 and p.block == launch.THREADS
         assert len(p.param_array()) == len(p.params)
     assert plans[1].grid == 132                  # two-shot: whole grid resident, capped at SMs
-    assert launch.ctypes.sizeof(launch.Peers) == 8 * K.MAX_RANKS
+    assert launch.ctypes.sizeof(launch.Peers) == 8 * W.MAX_RANKS
 
 
 @pytest.mark.parametrize("args, match", [

@@ -17,9 +17,11 @@ no_gpu_only = pytest.mark.skipif(not GPU_MISSING, reason="a GPU is present: the 
 
 
 @pytest.mark.parametrize("mod", ["device.driver", "device.build", "device.launch", "device.nvml",
-                                 "device.probe", "device.probe_scenario", "device.predict",
-                                 "device.check", "device.rig", "device.rig_worker", "device.e2e",
-                                 "device.torch_group", "device.fdpass", "commsim.commands.probe"])
+                                 "device.handles", "device.host", "device.fd_channel",
+                                 "commsim.probe.machine", "commsim.probe.scenario",
+                                 "commsim.devicecheck.predict", "commsim.devicecheck.check",
+                                 "commsim.devicecheck.rig", "commsim.devicecheck.rig_worker",
+                                 "commsim.devicecheck.e2e", "commsim.commands.probe"])
 def test_every_device_module_imports_without_a_gpu(mod):
     importlib.import_module(mod)
 
@@ -58,7 +60,7 @@ def test_commsim_probe_refuses_an_existing_output(capsys, tmp_path):
 
 @no_gpu_only
 def test_device_check_module_reports_no_gpu(capsys):
-    from device.check import main
+    from commsim.devicecheck.check import main
     assert main([]) == 2
     assert capsys.readouterr().err.strip() == f"device check: cannot run: {GPU_MISSING}"
 
@@ -67,6 +69,18 @@ def test_device_check_script_is_valid_bash():
     script = ROOT / "scripts" / "device_check.sh"
     assert os.access(script, os.X_OK)
     subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_device_end_to_end_uses_the_simulators_default_order():
+    """The device e2e run (and device_check.sh, which runs it without --order) tries the
+    backends in the simulator's default order, multicast and symm included."""
+    from commsim.devicecheck import e2e
+    from commsim.policy import Policy
+    assert e2e.default_order() == tuple(Policy().order)
+    assert {"multicast", "symm"} <= set(e2e.default_order())
+    script = (ROOT / "scripts" / "device_check.sh").read_text()
+    line = next(ln for ln in script.splitlines() if "commsim.devicecheck.e2e" in ln and "torch.distributed.run" in ln)
+    assert "--order" not in line
 
 
 @no_gpu_only

@@ -11,9 +11,9 @@ from commsim.driver import GpuFabricInfo
 from commsim.scenario import schema
 from commsim.topology.model import FabricState, GpuRef
 from cuda.bindings import driver as cu
-from device import predict
-from device.probe import GpuProbe, MachineProbe
-from device.probe_scenario import host_prefix, scenario_text
+from commsim.devicecheck import predict
+from commsim.probe.machine import GpuProbe, MachineProbe
+from commsim.probe.scenario import host_prefix, scenario_text
 
 R = cu.CUresult
 ZERO = bytes(16)

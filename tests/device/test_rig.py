@@ -11,8 +11,8 @@ import pytest
 
 from commsim.driver import alloc_prop, check
 from commsim.topology.presets import build
-from device import fdpass
-from device.rig import CaseNotRunnable, CudaRig
+from device import fd_channel
+from commsim.devicecheck.rig import CaseNotRunnable, CudaRig
 from gpu_required import GPU_MISSING
 
 FAKE = "rig_fake:sim_driver"
@@ -69,12 +69,12 @@ def test_worker_without_gpu_reports_no_gpu_error():
 
 def test_fd_passing_with_scm_rights(tmp_path):
     path = str(tmp_path / "r.sock")
-    listener = fdpass.listen(path)
+    listener = fd_channel.listen(path)
     r, w = os.pipe()
     got: list[int] = []
-    t = threading.Thread(target=lambda: got.append(fdpass.recv_fd(listener, timeout=10)))
+    t = threading.Thread(target=lambda: got.append(fd_channel.recv_fd(listener, timeout=10)))
     t.start()
-    fdpass.send_fd(path, w, timeout=10)
+    fd_channel.send_fd(path, w, timeout=10)
     t.join(10)
     listener.close()
     assert got and got[0] != w

@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import numpy as np
 
-from commsim.driver import LAZY_ENABLE_PEER_ACCESS, access_desc, alloc_prop, check
-from commsim.procs.compare import run_ranks_threads
+from commsim.driver import FABRIC, FD, LAZY_ENABLE_PEER_ACCESS, FdTransportError, access_desc, alloc_prop, check
 from commsim.procs.launcher import run_ranks_procs
-from commsim.sim.driver import FABRIC, FD
-from commsim.sim.unix_socket import FdTransportError, recv_fd, send_fd
 from commsim.topology import GpuRef, build_preset
-from commsim.procs.hygiene import leftover_segments
+
+from run_hygiene import leftover_segments
+from thread_twin import run_ranks_threads
 
 SIZE = 1 << 21
 
@@ -75,14 +74,14 @@ def fabric_and_fd(wg, d):
     pids = wg.all_gather_object(d.getpid())
     hosts = wg.all_gather_object(d.gethostname())
     try:
-        send_fd(d, fd, pids[peer])
+        d.fd_channel().send(fd, pids[peer])
         out["send"] = "sent"
     except FdTransportError as e:
         out["send"] = f"refused errno {e.errno}"
     wg.barrier()
     src = (r - 1) % wg.size
     if hosts[src] == hosts[r]:
-        got = recv_fd(d, pids[src])
+        got = d.fd_channel().receive(pids[src])
         imp2 = check("import fd", d.cuMemImportFromShareableHandle(got, FD))
         va2 = check("reserve", d.cuMemAddressReserve(SIZE, 0, 0, 0))
         check("map", d.cuMemMap(va2, SIZE, 0, imp2, 0))

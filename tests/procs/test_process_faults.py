@@ -12,7 +12,8 @@ from commsim.procs.faults import ProcFaults
 from commsim.procs.launcher import run_scenario_procs
 from commsim.scenario.model import Group, Scenario, Workload
 from commsim.topology import build_preset
-from commsim.procs.hygiene import leftover_segments, pid_alive
+
+from run_hygiene import leftover_segments, pid_alive
 
 KiB = 1 << 10
 TIMEOUT = 3.0

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from commsim.sim import shm
-from commsim.procs.hygiene import pid_alive
+
+from run_hygiene import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 

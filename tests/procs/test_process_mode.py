@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from commsim.procs.launcher import run_scenario_procs
 from commsim.scenario.model import Group, Scenario, Workload
 from commsim.scenario.runner import run_scenario
 from commsim.scenario.schema import load
 from commsim.topology import build_preset
-from commsim.procs.hygiene import leftover_segments, pid_alive
+
+from run_hygiene import leftover_segments, pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 KiB, MiB = 1 << 10, 1 << 20
@@ -55,7 +57,7 @@ CASES = [
 def test_process_mode_matches_thread_mode(make, policy):
     sc = make()
     threads = run_scenario(sc, policy=policy)
-    procs = run_scenario(sc, policy=policy, procs=True, timeout=30)
+    procs = run_scenario_procs(sc, policy=policy, timeout=30)
     assert threads.ok, threads.failures
     assert_same_outcome(procs, threads)
     assert procs.failures == threads.failures
@@ -78,7 +80,7 @@ def test_every_regression_fails_the_same_way_in_process_mode(name):
     timeouts here (HANG_TIMEOUT) where thread mode diagnoses them in virtual time."""
     sc = load(ROOT / f"scenarios/regressions/{name}.toml")
     threads = run_scenario(sc)
-    procs = run_scenario(sc, procs=True, timeout=HANG_TIMEOUT)
+    procs = run_scenario_procs(sc, timeout=HANG_TIMEOUT)
     assert threads.ok and procs.ok, procs.failures
     assert_same_outcome(procs, threads)
     assert not leftover_segments(os.getpid())
@@ -87,10 +89,10 @@ def test_every_regression_fails_the_same_way_in_process_mode(name):
 def test_regressions_fail_as_reported_and_pass_under_default_in_process_mode():
     for name in ("flashinfer-2006-fusion-workspace", "vllm-52778-graph-registration"):
         sc = load(ROOT / f"scenarios/regressions/{name}.toml")
-        shortcut = run_scenario(sc, procs=True, timeout=30)
+        shortcut = run_scenario_procs(sc, timeout=30)
         assert shortcut.expects_failure and shortcut.ok, shortcut.failures
         assert {e.name for e in shortcut.errors} == {"cudaErrorInvalidResourceHandle"}
-        fixed = run_scenario(sc, policy="default", procs=True, timeout=30)
+        fixed = run_scenario_procs(sc, policy="default", timeout=30)
         assert fixed.ok and set(fixed.backends.values()) == {"fabric"}, fixed.failures
 
 
@@ -121,7 +123,7 @@ COMM_CASES = [
 def test_communicator_cases_match_thread_mode(case):
     sc = _communicator_case(*case[1:])
     threads = run_scenario(sc)
-    procs = run_scenario(sc, procs=True, timeout=30)
+    procs = run_scenario_procs(sc, timeout=30)
     assert threads.ok and not threads.leaks, threads.failures
     assert_same_outcome(procs, threads)
     assert not leftover_segments(os.getpid())

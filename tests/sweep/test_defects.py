@@ -15,10 +15,10 @@ import torch
 from commsim.backends.base import Eligibility
 from commsim.backends.fabric import FabricBackend
 from commsim.backends.ipc import IpcBackend
-from commsim.group.scheduler import current_scheduler
+from commsim.runtime.scheduler import current_scheduler
 from commsim.policy import Policy
 from commsim.scenario.sweep import run_one, run_sweep, select_ids
-from commsim.sim import collective_kernels as K
+from commsim.kernels import collectives as K, workspace as W
 
 
 def sweep(ids, determinism="sample"):
@@ -86,12 +86,12 @@ def test_dropped_contribution_is_a_numerics_failure(monkeypatch: pytest.MonkeyPa
     def one_shot_all_reduce(ctx, ptrs, me, n, dtype, capacity, rnd):
         dt = K.TORCH_DTYPES[dtype]
         esz = torch.empty(0, dtype=dt).element_size()
-        K._barrier(ctx, ptrs, me, K.START, rnd, "one-shot start")
+        K._barrier(ctx, ptrs, me, W.START, rnd, "one-shot start")
         acc = torch.zeros(n, dtype=torch.float32)
         for p in ptrs[:-1]:            # the last rank's contribution is dropped
-            acc += K._t(ctx.array(p + K.DATA, np.uint8, n * esz), dt).float()
-        K._t(ctx.array(ptrs[me] + K.DATA + capacity, np.uint8, n * esz), dt).copy_(acc.to(dt))
-        K._barrier(ctx, ptrs, me, K.END, rnd, "one-shot end")
+            acc += K._t(ctx.array(p + W.DATA, np.uint8, n * esz), dt).float()
+        K._t(ctx.array(ptrs[me] + W.DATA + capacity, np.uint8, n * esz), dt).copy_(acc.to(dt))
+        K._barrier(ctx, ptrs, me, W.END, rnd, "one-shot end")
 
     monkeypatch.setattr(K, "one_shot_all_reduce", one_shot_all_reduce)
     assert_reported(ids, "numerics")

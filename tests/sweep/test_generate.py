@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from commsim.errors import UserError
-from commsim.scenario import generate as G
+from commsim.scenario import faults as F, generate as G
 from commsim.scenario.model import DTYPES, OPS
 
 
@@ -57,7 +57,7 @@ def test_ids_regenerate_in_a_fresh_process() -> None:
 def test_enumeration_slice_covers_every_dimension() -> None:
     plans = [G.enum_plan(i) for i in range(2000)]
     assert {p.shape for p in plans} == set(G.ENUM_SHAPES)
-    assert {t[0] for p in plans for t in p.faults} == set(G.FAULT_KINDS)
+    assert {f.kind for p in plans for f in p.faults} == {k.name for k in F.drawn_kinds()}
     assert {o for p in plans for o in p.ops} == set(OPS)
     assert {d for p in plans for d in p.dtypes} == set(DTYPES)
     assert {p.placement for p in plans} == set(G.PLACEMENTS)

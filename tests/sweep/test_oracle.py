@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from commsim.scenario.generate import build_shape
 from commsim.scenario.model import Group, Scenario, Workload
-from commsim.scenario.oracle import (FABRIC, IPC, POSIX_FD, group_truth, importable, judge,
-                                     legal_backends, op_legal)
+from commsim.scenario.oracle import group_truth, judge, legal_backends, op_legal
 from commsim.scenario.runner import run_scenario
 from commsim.topology import modify
 from commsim.topology.model import FabricState, GpuRef
 from commsim.topology.presets import build
+from commsim.topology.truth import FABRIC, IPC, POSIX_FD, importable
 
 Mi = 1 << 20
 

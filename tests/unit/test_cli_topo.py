@@ -12,7 +12,7 @@ import pytest
 import commsim.scenario
 from commsim.cli import main
 from commsim.topology import presets
-from commsim.topology.import_nvidia_smi import cluster_from_matrix_table
+from commsim.topology.importers.nvidia_smi import cluster_from_matrix_table
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "topo"
 GB200 = str(DATA / "gb200_tray.txt")

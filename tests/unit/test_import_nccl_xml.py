@@ -1,4 +1,4 @@
-"""Import of NCCL topology XML (commsim.topology.import_nccl_xml) over the real files in
+"""Import of NCCL topology XML (commsim.topology.importers.nccl_xml) over the real files in
 shared/data/nccl-topologies/ (each described by the .md beside it), and malformed input."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from commsim.cli import main
-from commsim.model_sizes import legal_backends
+from commsim.size_tables import legal_backends
 from commsim.scenario.model import Group, Scenario, Workload
 from commsim.scenario.runner import run_scenario
 from commsim.topology import render
 from commsim.topology.gpu_models import GiB
-from commsim.topology.import_nccl_xml import (
+from commsim.topology.importers.nccl_xml import (
     XmlTopologyError, build_cluster, import_file, parse_nccl_xml,
 )
 from commsim.topology.model import Cluster, FabricState, ZERO_UUID

@@ -1,4 +1,4 @@
-"""Import of `nvidia-smi topo -m` output (commsim.topology.import_nvidia_smi)."""
+"""Import of `nvidia-smi topo -m` output (commsim.topology.importers.nvidia_smi)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from commsim.topology import presets, render
 from commsim.topology.gpu_models import GiB
-from commsim.topology.import_nvidia_smi import (
+from commsim.topology.importers.nvidia_smi import (
     ParsedHost, build_cluster, cluster_from_matrix_table, matrix_table, parse_p2p_matrix,
     parse_topo_matrix,
 )

@@ -1,5 +1,5 @@
 """NVML fabric info (`nvidia-smi -q` Fabric sections or JSON) merged into a topology
-(commsim.topology.import_nvml_fabric): the domain map it yields, and the traps."""
+(commsim.topology.importers.nvml_fabric): the domain map it yields, and the traps."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from commsim.cli import main
-from commsim.model_sizes import legal_backends
+from commsim.size_tables import legal_backends
 from commsim.topology import build_preset
-from commsim.topology.import_nvidia_smi import build_cluster as build_from_matrix, parse_topo_matrix
-from commsim.topology.import_nvml_fabric import (
+from commsim.topology.importers.nvidia_smi import build_cluster as build_from_matrix, parse_topo_matrix
+from commsim.topology.importers.nvml_fabric import (
     FabricInfoError, load_fabric_file, merge_fabric, parse_fabric_json, parse_fabric_text,
 )
 from commsim.topology.model import FabricState, NVML_ERROR_UNKNOWN, ZERO_UUID

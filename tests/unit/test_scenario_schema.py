@@ -192,7 +192,7 @@ def test_docs_example_loads() -> None:
 # -- explicit matrix topology (delegated to the nvidia-smi importer) -----------------------
 def fake_importer(monkeypatch: pytest.MonkeyPatch, fn) -> list:
     calls: list = []
-    mod = types.ModuleType("commsim.topology.import_nvidia_smi")
+    mod = types.ModuleType("commsim.topology.importers.nvidia_smi")
 
     def cluster_from_matrix_table(table, source, warnings=None):
         calls.append((table, source))
@@ -201,7 +201,7 @@ def fake_importer(monkeypatch: pytest.MonkeyPatch, fn) -> list:
         return fn(table)
 
     mod.cluster_from_matrix_table = cluster_from_matrix_table
-    monkeypatch.setitem(sys.modules, "commsim.topology.import_nvidia_smi", mod)
+    monkeypatch.setitem(sys.modules, "commsim.topology.importers.nvidia_smi", mod)
     return calls
 
 

@@ -1,0 +1,92 @@
+"""Ground truth about sharing memory, from the topology alone (DESIGN.md §4).
+
+Which handle types the process on one GPU can import from the process on another, restated
+from the documented rules (reference §9: rows L5-L10, V2-V9, F1-F4), and the facts about one
+group of GPUs that a backend's oracle rule (`Backend.truth`) reads. Nothing here looks at a
+driver or a discovery view: a wrong rule in a backend's `eligibility` shows up as a
+disagreement with this, instead of being agreed with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import Cluster, FabricState, GpuRef, ZERO_UUID
+
+# Handle types a rank may import from another.
+IPC, POSIX_FD, FABRIC = "ipc", "posix_fd", "fabric"
+
+
+def fabric_ready(cluster: Cluster, ref: GpuRef) -> bool:
+    """NCCL's / TRT-LLM's MNNVL test on one GPU (rows F1, F2, F4) plus the device attributes
+    FABRIC memory needs (rows V2, V4) and active NVLinks (FlashInfer / TRT-LLM, §4.2)."""
+    g = cluster.gpu(ref)
+    f = g.fabric
+    return (g.vmm and g.fabric_handle and f.state == FabricState.COMPLETED and f.status == 0
+            and f.cluster_uuid != ZERO_UUID and g.nvlinks_up)
+
+
+def nvlink_p2p(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
+    """Same host, and the link between them is NVLink with P2P allowed (or the same GPU)."""
+    if a.host != b.host:
+        return False
+    if a.index == b.index:
+        return True
+    lk = cluster.host(a.host).link(a.index, b.index)
+    return lk.is_nvlink and lk.p2p
+
+
+def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
+    """The handle types the process on GPU `a` can import from the process on GPU `b`."""
+    out = set()
+    same_host = a.host == b.host
+    # Legacy IPC: host-local (row L8), and the importer needs P2P to the exporter (row L10).
+    if same_host and (a.index == b.index or cluster.host(a.host).link(a.index, b.index).p2p):
+        out.add(IPC)
+    # POSIX fd: travels over AF_UNIX, so one shm / socket namespace (row V9, §4.3).
+    ga, gb = cluster.gpu(a), cluster.gpu(b)
+    if (cluster.host(a.host).shm_namespace == cluster.host(b.host).shm_namespace
+            and ga.vmm and gb.vmm and ga.posix_fd and gb.posix_fd):
+        out.add(POSIX_FD)
+    # FABRIC: both MNNVL-ready, one IMEX channel in common (rows V3, V5), one domain (V7).
+    ha, hb = cluster.host(a.host), cluster.host(b.host)
+    if (fabric_ready(cluster, a) and fabric_ready(cluster, b)
+            and set(ha.imex_channels) & set(hb.imex_channels)
+            and cluster.same_domain(a, b)
+            and ga.fabric.cluster_uuid == gb.fabric.cluster_uuid):
+        out.add(FABRIC)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class GroupFacts:
+    """One group's GPUs and what the topology says about every ordered pair of them."""
+
+    cluster: Cluster
+    gpus: tuple[GpuRef, ...]
+    pairs: tuple[tuple[GpuRef, GpuRef], ...]
+    imp: dict[tuple[GpuRef, GpuRef], frozenset[str]]
+    nvl_all: bool               # every pair NVLink + P2P on one host
+    single_host: bool
+
+    @classmethod
+    def of(cls, cluster: Cluster, gpus: tuple[GpuRef, ...]) -> "GroupFacts":
+        pairs = tuple((a, b) for i, a in enumerate(gpus) for j, b in enumerate(gpus) if i != j)
+        return cls(cluster, gpus, pairs, {(a, b): importable(cluster, a, b) for a, b in pairs},
+                   all(nvlink_p2p(cluster, a, b) for a, b in pairs),
+                   len({g.host for g in gpus}) == 1)
+
+    @property
+    def ws(self) -> int:
+        return len(self.gpus)
+
+    def first_pair_without(self, handle: str) -> tuple[GpuRef, GpuRef] | None:
+        """The first ordered pair whose importer cannot import `handle` from the exporter."""
+        return next(((a, b) for a, b in self.pairs if handle not in self.imp[(a, b)]), None)
+
+    def all_pairs_import(self, handle: str) -> bool:
+        return self.first_pair_without(handle) is None
+
+    @property
+    def one_shm_namespace(self) -> bool:
+        return len({self.cluster.host(g.host).shm_namespace for g in self.gpus}) == 1

@@ -1,0 +1,106 @@
+"""DESIGN.md §2: a backend sees the driver protocol only. No module under commsim/backends/,
+nor the communicator, policy or discovery, imports the simulator or the device binding, even
+indirectly (the static walk follows every import statement, also those inside functions);
+importing commsim changes nothing global."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "commsim"
+FORBIDDEN = ("commsim.sim", "device")
+
+
+def _module_file(name: str) -> Path | None:
+    base = ROOT.joinpath(*name.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.exists():
+            return p
+    return None
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module an import statement in `path` names (absolute, dotted)."""
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = pkg.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1])
+                mod = f"{base}.{node.module}" if node.module else base
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)   # `from pkg import module`
+    return out
+
+
+def _closure(roots: list[str]) -> dict[str, str]:
+    """Module -> the module that first imported it, over commsim and device modules."""
+    seen: dict[str, str] = {r: "" for r in roots}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if path is None:
+            continue
+        for dep in _imports(name, path):
+            top = dep.split(".")[0]
+            if top not in ("commsim", "device") or dep in seen:
+                continue
+            if _module_file(dep) is None:
+                continue            # `from pkg import name` where name is not a module
+            seen[dep] = name
+            todo.append(dep)
+    return seen
+
+
+def _chain(seen: dict[str, str], mod: str) -> str:
+    out = [mod]
+    while seen.get(out[-1]):
+        out.append(seen[out[-1]])
+    return " <- ".join(out)
+
+
+def _layer_roots() -> list[str]:
+    backends = [f"commsim.backends.{p.stem}" for p in (PKG / "backends").glob("*.py") if p.stem != "__init__"]
+    return ["commsim.backends", *backends, "commsim.communicator", "commsim.policy", "commsim.discovery"]
+
+
+def test_backends_communicator_policy_discovery_never_import_sim_or_device():
+    seen = _closure(_layer_roots())
+    bad = [m for m in seen if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+    assert not bad, "\n".join(_chain(seen, m) for m in bad)
+    # The walk is not vacuous: it reaches the protocol, the kernels and the runtime.
+    assert {"commsim.driver", "commsim.kernels.collectives", "commsim.runtime.scheduler"} <= set(seen)
+
+
+def test_the_walk_sees_an_indirect_import():
+    """The same walk flags the simulator where it is imported (runner -> sim)."""
+    seen = _closure(["commsim.scenario.runner"])
+    assert "commsim.sim.driver" in seen
+
+
+def test_importing_the_layer_loads_neither_and_changes_no_global():
+    code = (
+        "import sys, torch\n"
+        "n = torch.get_num_threads()\n"
+        "import commsim.communicator, commsim.policy, commsim.discovery\n"
+        "from commsim.backends import backends\n"
+        "names = tuple(backends())\n"
+        "bad = [m for m in sys.modules if m == 'device' or m.startswith(('commsim.sim', 'device.'))]\n"
+        "assert not bad, bad\n"
+        "assert names[:5] == ('ipc', 'fabric', 'multicast', 'symm', 'nccl'), names\n"
+        "import commsim.sim, commsim.scenario.runner, commsim.cli\n"
+        "assert torch.get_num_threads() == n, 'an import changed torch threads'\n"
+        "print('ok', n)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={"PATH": "", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and p.stdout.startswith("ok"), p.stdout + p.stderr
