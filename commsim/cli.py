@@ -11,7 +11,7 @@ import sys
 from .errors import UserError
 
 # Verb modules, in the order `commsim --help` lists them.
-VERBS = ("topo", "scenario", "run", "sweep", "replay", "probe")  # run.py also registers explain
+VERBS = ("topo", "scenario", "run", "sweep", "replay", "probe", "exec")  # run.py also registers explain
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,6 +13,9 @@ import sys
 def cmd_sweep(args: argparse.Namespace) -> int:
     from ..scenario.sweep import Progress, run_sweep, select_ids
 
+    if args.exec:
+        return cmd_sweep_exec(args)
+
     ids = select_ids(args.count, seed=args.seed, filters=args.filter or (),
                      enumerate_=args.enumerate, start=args.start)
     prog = Progress(len(ids), sys.stderr, every_s=args.progress_every) if not args.quiet else None
@@ -28,6 +31,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         rep.write_html(args.html)
         print(f"HTML backend map: {args.html}")
     return 1 if rep.failed else 0
+
+
+def cmd_sweep_exec(args: argparse.Namespace) -> int:
+    """`--exec PROG`: the user's program over generated machines instead of scenarios."""
+    import shlex
+
+    from ..hosting.run import split_command
+    from ..hosting.sweep_exec import progress_printer, run_exec_sweep
+    from ..scenario.sweep import select_ids
+
+    program = split_command(shlex.split(args.exec) + list(args.exec_args or ()))
+    ids = select_ids(args.count, seed=args.seed, filters=args.filter or (),
+                     enumerate_=args.enumerate, start=args.start)
+    say = None if args.quiet else progress_printer(len(ids))
+    rep = run_exec_sweep(program, ids, mode=args.exec_mode, timeout=args.exec_timeout,
+                         progress=say)
+    print(rep.summary())
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump({"program": program, "records": rep.records}, f, indent=1)
+        print(f"JSON report: {args.json}")
+    return 1 if rep.defects else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,4 +84,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     p.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
                    help="when stderr is not a terminal, print a progress line this often (default 10)")
+    p.add_argument("--exec", metavar="PROG", default=None,
+                   help="run this Python program (\"prog.py ARGS\", or \"-m module ARGS\") hosted on "
+                        "each generated machine instead of the scenario workload, and report "
+                        "the machine shapes that break it (see `commsim exec`)")
+    p.add_argument("--exec-mode", default="inproc", choices=("inproc", "procs"),
+                   help="how --exec runs the ranks (default inproc: fast, replayable)")
+    p.add_argument("--exec-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds before an --exec run counts as hung (default 60)")
+    p.add_argument("exec_args", nargs="*", metavar="ARG",
+                   help="arguments for the --exec program (after --)")
     p.set_defaults(func=cmd_sweep)

@@ -49,6 +49,24 @@ class RankCuda:
 _states: "weakref.WeakKeyDictionary[Any, RankCuda]" = weakref.WeakKeyDictionary()
 
 
+def rank_state(r: Any, key: str, make: Callable[[], Any]) -> Any:
+    """Per-rank surface state: in the rank's `state` dict (the hosting core's HostedRank keeps
+    one; in inproc mode all ranks share one interpreter, so never a module global), else
+    keyed by the rank's driver."""
+    store = getattr(r, "state", None)
+    if isinstance(store, dict):
+        if key not in store:
+            store[key] = make()
+        return store[key]
+    per = _by_driver.setdefault(key, weakref.WeakKeyDictionary())
+    if r.driver not in per:
+        per[r.driver] = make()
+    return per[r.driver]
+
+
+_by_driver: dict[str, "weakref.WeakKeyDictionary[Any, Any]"] = {}
+
+
 def rank() -> HostedRank:
     return current()
 
@@ -62,6 +80,10 @@ def maybe_rank() -> HostedRank | None:
 
 
 def state(driver: Any) -> RankCuda:
+    """The CUDA state of the rank that owns `driver` (the running rank)."""
+    r = maybe_rank()
+    if r is not None and r.driver is driver:
+        return rank_state(r, "cuda", RankCuda)
     st = _states.get(driver)
     if st is None:
         st = _states[driver] = RankCuda()
@@ -147,6 +169,7 @@ def api_call(nvals: int, runtime: bool, before: Callable[[HostedRank, str], None
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> tuple:
             r = current()
+            seen = getattr(r.events, "cuda_errors", None)
             try:
                 before(r, fn.__name__)
                 out = fn(*args, **kwargs)
@@ -155,7 +178,11 @@ def api_call(nvals: int, runtime: bool, before: Callable[[HostedRank, str], None
             if not isinstance(out, tuple):
                 out = (out,)
             err = as_enum(out[0])
-            report(r, fn.__name__, err, runtime=runtime)
+            if seen is None or getattr(r.events, "cuda_errors", None) == seen:
+                # not yet reported by the hosting core's watched driver: report it here
+                report(r, fn.__name__, err, runtime=runtime)
+            elif runtime:
+                state(r.driver).last_error = int(err) or state(r.driver).last_error
             return (err,) + tuple(out[1:])
         return call
     return deco

@@ -17,20 +17,18 @@ surfaces).
 from __future__ import annotations
 
 import ctypes
-import weakref
 from typing import Any, Callable
 
 import pynvml as N
 
 from ..topology.model import GpuRef
 from . import device_facts, fakelib
-from .cuda_state import not_simulated
+from .cuda_state import not_simulated, rank_state
 from .session import current
 from .nesting import nested
 from .surfaces import register_surface
 
 SONAME = "libnvidia-ml.so"
-_init_counts: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 _handles: dict[tuple[str, int], Any] = {}    # (host, index) -> buffer whose address is the handle
 _by_addr: dict[int, tuple[str, int]] = {}
 
@@ -49,9 +47,14 @@ def _handle_addr(host: str, index: int) -> int:
     return ctypes.addressof(buf)
 
 
+def _inits(r: Any) -> list[int]:
+    """How many nvmlInit calls of this rank are not yet shut down (a one-slot list)."""
+    return rank_state(r, "nvml", lambda: [0])
+
+
 def _rank_host():
     r = current()
-    if _init_counts.get(r.driver, 0) <= 0:
+    if _inits(r)[0] <= 0:
         raise _Fail(N.NVML_ERROR_UNINITIALIZED)
     return r, r.cluster.host(r.host)
 
@@ -124,15 +127,14 @@ def _functions() -> dict[str, Callable[..., int]]:
     U, I = ctypes.c_uint, ctypes.c_int
 
     def init(*_flags: int) -> int:
-        r = current()
-        _init_counts[r.driver] = _init_counts.get(r.driver, 0) + 1
+        _inits(current())[0] += 1
         return 0
 
     def shutdown() -> int:
-        r = current()
-        if _init_counts.get(r.driver, 0) <= 0:
+        n = _inits(current())
+        if n[0] <= 0:
             raise _Fail(N.NVML_ERROR_UNINITIALIZED)
-        _init_counts[r.driver] -= 1
+        n[0] -= 1
         return 0
 
     def error_string(code: int) -> bytes:

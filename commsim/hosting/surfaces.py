@@ -1,69 +1,154 @@
-"""The registry of hosted surfaces: each module surface is declared once, here.
+"""The registry of hosting surfaces: what a hosted program sees in place of the real modules.
 
-`register_surface(name, install, uninstall)`; `install_all()` installs every registered
-surface once per interpreter (idempotent); `uninstall_all()` restores the real modules.
-(Minimal version of the hosting core's registry; see /work/coord/HOSTING-INTERFACE.md.)
+A surface is declared once, here or in its own module: `register_surface(name, install,
+uninstall)`. `install_all()` imports every surface module that exists (16b's modules join by
+existing: cuda_bindings, cudart, nvml, torch_cuda) and installs each registered surface once
+per interpreter. A surface that patches a heavy module (torch) waits for it to be imported:
+`when_imported("torch.distributed", fn)` runs fn(module) right after the import (or at once,
+when the module is already loaded), so hosting costs nothing for a program that never loads it.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
-_lock = threading.RLock()
+__all__ = ["register_surface", "install_all", "uninstall_all", "installed", "surfaces",
+           "when_imported", "not_simulated", "SURFACE_MODULES"]
+
+# Modules that declare surfaces; a name missing from the tree is skipped (16b's land later).
+SURFACE_MODULES = (
+    "commsim.hosting.identity",
+    "commsim.hosting.dist_inproc",
+    "commsim.hosting.dist_procs",
+    "commsim.hosting.cuda_bindings",
+    "commsim.hosting.cudart",
+    "commsim.hosting.nvml",
+    "commsim.hosting.torch_cuda",
+)
 
 
 @dataclass
 class Surface:
     name: str
     install: Callable[[], None]
-    uninstall: Callable[[], None]
+    uninstall: Callable[[], None] | None
     installed: bool = False
 
 
-_SURFACES: dict[str, Surface] = {}
-
-# The module surfaces over the rank's driver; importing one registers it.
-MODULE_SURFACES = ("commsim.hosting.cuda_bindings", "commsim.hosting.cudart",
-                   "commsim.hosting.nvml", "commsim.hosting.torch_cuda")
+_lock = threading.RLock()
+_surfaces: dict[str, Surface] = {}
 
 
-def register_surface(name: str, install: Callable[[], None], uninstall: Callable[[], None]) -> None:
+def register_surface(name: str, install: Callable[[], None],
+                     uninstall: Callable[[], None] | None = None) -> None:
+    """Declare a surface. Registering a name again replaces the declaration (not installed
+    twice: an installed surface keeps running until uninstall_all)."""
     with _lock:
-        if name in _SURFACES:
-            raise ValueError(f"surface {name!r} is registered twice")
-        _SURFACES[name] = Surface(name, install, uninstall)
-
-
-def _load() -> None:
-    for mod in MODULE_SURFACES:
-        importlib.import_module(mod)
-
-
-def install(name: str) -> None:
-    _load()
-    with _lock:
-        s = _SURFACES[name]
-        if not s.installed:
-            s.install()
+        old = _surfaces.get(name)
+        s = Surface(name, install, uninstall)
+        if old is not None and old.installed:
             s.installed = True
+        _surfaces[name] = s
+
+
+def surfaces() -> tuple[str, ...]:
+    _load_modules()
+    return tuple(_surfaces)
+
+
+def installed() -> tuple[str, ...]:
+    return tuple(n for n, s in _surfaces.items() if s.installed)
+
+
+def _load_modules() -> None:
+    for mod in SURFACE_MODULES:
+        if mod in sys.modules:
+            continue
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
 
 
 def install_all() -> None:
-    _load()
-    for name in list(_SURFACES):
-        install(name)
+    """Install every registered surface once per interpreter (idempotent)."""
+    with _lock:
+        _load_modules()
+        for s in list(_surfaces.values()):
+            if not s.installed:
+                s.install()
+                s.installed = True
 
 
 def uninstall_all() -> None:
     with _lock:
-        for s in reversed(list(_SURFACES.values())):
-            if s.installed:
+        for s in reversed(list(_surfaces.values())):
+            if s.installed and s.uninstall is not None:
                 s.uninstall()
                 s.installed = False
 
 
-def installed(name: str) -> bool:
-    return _SURFACES.get(name) is not None and _SURFACES[name].installed
+def not_simulated(surface: str) -> Callable[..., Any]:
+    """A stand-in for an API commsim does not simulate: calling it fails loudly, naming it."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"commsim hosting: {surface} is not simulated")
+    call.__name__ = surface.rsplit(".", 1)[-1]
+    call.__qualname__ = call.__name__
+    return call
+
+
+# ---- post-import hooks ---------------------------------------------------------------------
+
+_hooks: dict[str, list[Callable[[Any], None]]] = {}
+
+
+class _HookLoader(importlib.abc.Loader):
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        for fn in _hooks.get(module.__name__, ()):
+            fn(module)
+
+
+class _HookFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a watched name it asks the finders after it and wraps the
+    loader, so the hook runs once the module has executed."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name not in _hooks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _HookLoader(spec.loader)
+                return spec
+        return None
+
+
+_finder = _HookFinder()
+
+
+def when_imported(name: str, fn: Callable[[Any], None]) -> None:
+    """Run fn(module) once `name` is imported (now, if it already is)."""
+    with _lock:
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+        _hooks.setdefault(name, []).append(fn)
+    mod = sys.modules.get(name)
+    if mod is not None:
+        fn(mod)

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-import torch
-import torch.cuda
+from .surfaces import when_imported
 
+torch: Any = None          # bound when the program imports torch.cuda (see _install)
 from ..driver import error_string
 from . import cuda_runtime_api as api
 from . import device_facts
-from .cuda_state import maybe_rank, not_simulated, runtime_entry
+from .cuda_state import maybe_rank, not_simulated, rank_state, runtime_entry
 from .session import current
 from .nesting import nested
 from .surfaces import register_surface
@@ -223,19 +222,16 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     return int(free), int(total)
 
 
-_torch_init: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
-
-
 def _lazy_init() -> None:
     """torch.cuda._lazy_init for the rank: torch's own "initialised" flag, set by the calls
     that run _lazy_init in torch/cuda/__init__.py (not by is_available / device_count)."""
     r = current()
     runtime_entry(r)
-    _torch_init[r.driver] = True
+    rank_state(r, "torch.cuda", dict)["initialized"] = True
 
 
 def is_initialized() -> bool:
-    return _torch_init.get(current().driver, False)
+    return rank_state(current(), "torch.cuda", dict).get("initialized", False)
 
 
 def init() -> None:
@@ -293,36 +289,56 @@ _UNSIMULATED_CLASSES = ("Event", "ExternalStream", "CUDAGraph", "graph", "MemPoo
                         "GreenContext", "CUDAPluggableAllocator", "StreamContext")
 
 
+_tc: list[Any] = [None]      # the torch.cuda module once patched
+
+
 def _public_functions() -> list[str]:
     import inspect
-    return [n for n in dir(torch.cuda) if not n.startswith("_")
-            and inspect.isfunction(getattr(torch.cuda, n))
-            and getattr(getattr(torch.cuda, n), "__module__", "").startswith("torch.cuda")]
+    return [n for n in dir(_tc[0]) if not n.startswith("_")
+            and inspect.isfunction(getattr(_tc[0], n))
+            and getattr(getattr(_tc[0], n), "__module__", "").startswith("torch.cuda")]
+
+
+_active = [False]
 
 
 def _install() -> None:
+    """Patch _tc[0] when the program imports it (at once if it already has): a hosted
+    process that never loads torch does not pay for importing it."""
+    _active[0] = True
+    when_imported("torch.cuda", _patch)
+
+
+def _patch(module: Any) -> None:
+    global torch
+    if not _active[0] or _saved:
+        return
+    import torch as _torch
+    torch = _torch          # may be partially initialised here: used only at call time
+    _tc[0] = module         # torch.cuda itself (not yet an attribute of the torch package)
     for name, fn in _HOSTED.items():
-        _saved[name] = getattr(torch.cuda, name)
-        setattr(torch.cuda, name, _dispatch(name, fn, _saved[name]))
+        _saved[name] = getattr(_tc[0], name)
+        setattr(_tc[0], name, _dispatch(name, fn, _saved[name]))
     for name, hosted in (("Stream", HostedStream), ("device", HostedDevice)):
-        _saved[name] = getattr(torch.cuda, name)
-        setattr(torch.cuda, name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": _saved[name]}))
+        _saved[name] = getattr(_tc[0], name)
+        setattr(_tc[0], name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": _saved[name]}))
     # Everything else public fails loudly in a hosted rank, naming itself.
     for name in _public_functions():
         if name in _saved or name in _PASSTHROUGH:
             continue
-        _saved[name] = getattr(torch.cuda, name)
-        setattr(torch.cuda, name, _dispatch(name, not_simulated("torch.cuda", name), _saved[name]))
+        _saved[name] = getattr(_tc[0], name)
+        setattr(_tc[0], name, _dispatch(name, not_simulated("torch.cuda", name), _saved[name]))
     for name in _UNSIMULATED_CLASSES:
-        if hasattr(torch.cuda, name):
-            _saved[name] = getattr(torch.cuda, name)
-            setattr(torch.cuda, name, _ClassDispatch(
+        if hasattr(_tc[0], name):
+            _saved[name] = getattr(_tc[0], name)
+            setattr(_tc[0], name, _ClassDispatch(
                 name, (), {"_hosted": not_simulated("torch.cuda", name), "_real": _saved[name]}))
 
 
 def _uninstall() -> None:
+    _active[0] = False
     for name, value in _saved.items():
-        setattr(torch.cuda, name, value)
+        setattr(_tc[0], name, value)
     _saved.clear()
 
 

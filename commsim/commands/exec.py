@@ -1,0 +1,60 @@
+"""`commsim exec`: run a Python program, unmodified, as the ranks of a simulated machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import UserError
+
+EPILOG = """\
+examples:
+  commsim exec --machine gb200-nvl72:2 --nproc-per-host 4 -- python prog.py
+  commsim exec --machine hgx-h100-8 --mode inproc --seed 3 -- python -m mypkg.worker --tp 8
+  commsim exec --machine gb200-nvl72:2 --nproc-per-host 1 --visible one -- python prog.py
+
+Each rank gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+GROUP_RANK, MASTER_ADDR/PORT ...), its simulated host's hostname and /dev/shm, and CUDA,
+NVML and torch.distributed answered by the simulated machine. At the end: a verdict per rank
+(exit status, first CUDA error and where the program made the call, hangs, residue at exit)
+and the command that replays the run. Exit status 1 when any rank failed."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "exec", help="run a program as the ranks of a simulated machine (torchrun-shaped)",
+        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--machine", default="", metavar="PRESET[:HOSTS]",
+                   help="preset, optionally its first HOSTS hosts: gb200-nvl72:2, hgx-h100-8")
+    p.add_argument("--scenario", default="", metavar="FILE",
+                   help="scenario .toml, or a generated scenario id from `commsim sweep --exec` "
+                        "(s<seed>-<index>): topology, placement of the ranks, faults and seed")
+    p.add_argument("--nproc-per-host", type=int, default=0, metavar="N",
+                   help="ranks per host (default: one per GPU)")
+    p.add_argument("--mode", default="procs", choices=("procs", "inproc"),
+                   help="procs: one OS process per rank, real torch.distributed (gloo); "
+                        "inproc: ranks as greenlets under the seeded scheduler (deterministic)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the run (default 0, or the scenario's)")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="seconds before ranks still running count as hung (default 120)")
+    p.add_argument("--visible", default="all", choices=("all", "one"),
+                   help="GPUs a rank sees: all of its host's (torchrun) or only its own "
+                        "(CUDA_VISIBLE_DEVICES=<gpu>, as Ray places ranks)")
+    p.add_argument("--quiet", action="store_true", help="do not echo the ranks' output")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="-- python prog.py ARGS  (or -- python -m module ARGS)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..hosting.config import RunConfig
+    from ..hosting.run import execute, split_command
+    if args.nproc_per_host < 0:
+        raise UserError(f"--nproc-per-host: must be >= 1, got {args.nproc_per_host}")
+    cfg = RunConfig(machine=args.machine, scenario=args.scenario,
+                    nproc_per_host=args.nproc_per_host, mode=args.mode,
+                    seed=args.seed or 0, visible=args.visible, timeout=args.timeout,
+                    command=split_command(list(args.command)))
+    v = execute(cfg, echo=not args.quiet)
+    print(v.format(), file=sys.stderr, flush=True)
+    return v.exit_code

@@ -1,0 +1,70 @@
+"""torch.distributed as a hosted program sees it: the real gloo in procs mode, the calls
+answered per rank in inproc mode, with the same answers; hangs diagnosed; calls commsim does
+not serve fail naming themselves."""
+
+import pytest
+
+from conftest import PROGRAMS, hosted
+
+
+def _expected(rank: int, world: int) -> dict:
+    group = [r for r in range(world) if r % 2 == rank % 2]
+    return {
+        "rank": rank, "world": world, "backend": "gloo", "group_ranks": group,
+        "group_rank": group.index(rank), "group_size": len(group),
+        "objs": [{"rank": r} for r in range(world)], "box": [f"from{world - 1}", (world - 1) * 10],
+        "gathered": [r * r for r in range(world)] if rank == 0 else None, "sub": group,
+        "sum": [float(sum(range(world))), float(world)], "max": [world - 1],
+        "parts": [[float(r), float(-r)] for r in range(world)], "bcast": [0.0, 2.0, 4.0],
+    }
+
+
+@pytest.mark.parametrize("mode, per_host", [("inproc", 2), ("procs", 1)])
+def test_served_calls_answer_like_gloo(mode, per_host):
+    v, res, out = hosted(PROGRAMS / "dist_calls.py", "gb200-nvl72:2", mode=mode,
+                         nproc_per_host=per_host)
+    assert v.ok, v.format() + out
+    n = 2 * per_host
+    assert {r: res[r] for r in range(n)} == {r: _expected(r, n) for r in range(n)}
+    # "nccl" is served by gloo, and the verdict says so
+    assert all(any("gloo" in n for n in p.notes) for p in v.ranks)
+
+
+def test_inproc_replays_by_seed():
+    a = hosted(PROGRAMS / "dist_calls.py", "hgx-h100-8", nproc_per_host=4, seed=5)[0]
+    b = hosted(PROGRAMS / "dist_calls.py", "hgx-h100-8", nproc_per_host=4, seed=5)[0]
+    c = hosted(PROGRAMS / "dist_calls.py", "hgx-h100-8", nproc_per_host=4, seed=6)[0]
+    assert a.trace_hash == b.trace_hash != c.trace_hash
+
+
+def test_inproc_hang_is_diagnosed():
+    v, _, out = hosted(PROGRAMS / "lonely_barrier.py", "hgx-h100-8", nproc_per_host=2)
+    assert not v.ok and v.exit_code == 1
+    r0, r1 = v.ranks
+    assert r0.status == "ok" and r1.status == "hang", v.format()
+    assert "barrier" in r1.hang and "lonely_barrier.py" in r1.hang and "rank 0" in r1.hang
+
+
+def test_inproc_mismatch_names_both_calls():
+    v, _, out = hosted(PROGRAMS / "skip_barrier.py", "hgx-h100-8", nproc_per_host=2)
+    assert not v.ok
+    for p in v.ranks:
+        assert "CollectiveMismatch" in p.exception and "all_gather_object" in p.exception
+        assert "skip_barrier.py:8" in p.exception and "skip_barrier.py:11" in p.exception
+
+
+def test_procs_hang_shows_where_each_rank_waits():
+    v, _, out = hosted(PROGRAMS / "lonely_barrier.py", "hgx-h100-8", mode="procs",
+                       nproc_per_host=2, timeout=15)
+    assert not v.ok
+    assert [p.status for p in v.ranks] == ["hang", "hang"], v.format()
+    assert "lonely_barrier.py\", line 9" in v.ranks[0].hang, v.format()   # time.sleep
+    assert "lonely_barrier.py\", line 11" in v.ranks[1].hang, v.format()  # dist.barrier
+
+
+def test_unserved_call_fails_naming_itself():
+    v, _, out = hosted(PROGRAMS / "not_simulated.py", "hgx-h100-8", nproc_per_host=2)
+    assert not v.ok
+    assert all(p.exception.startswith("NotImplementedError: commsim hosting: "
+                                      "torch.distributed.reduce_scatter_tensor is not simulated")
+               for p in v.ranks), v.format()

@@ -1,0 +1,21 @@
+"""A hosted program that spawns its own workers (torch.multiprocessing.spawn): the workers are
+hosted too, as processes of their rank's simulated host."""
+
+import pytest
+
+from conftest import PROGRAMS, hosted
+
+
+@pytest.mark.parametrize("mode, args", [("procs", ("--ipc", "--workers", "1")),
+                                        ("inproc", ("--workers", "1"))])
+def test_spawned_workers_live_on_their_rank_host(mode, args):
+    v, _, out = hosted(PROGRAMS / "spawn_workers.py", "gb200-nvl72:2", *args, mode=mode,
+                       nproc_per_host=1)
+    assert v.ok, v.format() + out
+    assert len(v.workers) == 2
+    for w in v.workers:
+        assert w.host == v.cfg.placement[w.rank][0]      # the parent rank's tray
+        assert w.slot >= 2 and not w.residue
+    opened = 1 if mode == "procs" else 0
+    for r, tray in enumerate(("gb200-nvl72-tray00", "gb200-nvl72-tray01")):
+        assert f"rank {r} on {tray}: 1 workers on the same host, {opened} IPC buffers opened" in out
