@@ -4,3 +4,6 @@
 from commsim.sim import set_torch_threads
 
 set_torch_threads()
+
+# tests/hosting/test_plugin.py runs downstream test files under the commsim pytest plugin.
+pytest_plugins = ["pytester"]

@@ -20,6 +20,17 @@ NVML and torch.distributed answered by the simulated machine. At the end: a verd
 and the command that replays the run. Exit status 1 when any rank failed."""
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "exec", help="run a program as the ranks of a simulated machine (torchrun-shaped)",
@@ -35,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="procs: one OS process per rank, real torch.distributed (gloo); "
                         "inproc: ranks as greenlets under the seeded scheduler (deterministic)")
     p.add_argument("--seed", type=int, default=None, help="seed of the run (default 0, or the scenario's)")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+    p.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
                    help="seconds before ranks still running count as hung (default 120)")
     p.add_argument("--visible", default="all", choices=("all", "one"),
                    help="GPUs a rank sees: all of its host's (torchrun) or only its own "

@@ -9,12 +9,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .exec import seconds
+
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from ..scenario.sweep import Progress, run_sweep, select_ids
 
     if args.exec:
         return cmd_sweep_exec(args)
+    if args.exec_args:
+        from ..errors import UserError
+        raise UserError(f"unexpected argument(s) {' '.join(args.exec_args)!r}: program arguments "
+                        f"need --exec PROG (e.g. --exec prog.py -- --fix)")
 
     ids = select_ids(args.count, seed=args.seed, filters=args.filter or (),
                      enumerate_=args.enumerate, start=args.start)
@@ -50,8 +56,10 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
     print(rep.summary())
     if args.json:
         import json
-        with open(args.json, "w") as f:
-            json.dump({"program": program, "records": rep.records}, f, indent=1)
+
+        from ..fileio import write_atomic
+        write_atomic(args.json, json.dumps({"program": program, "records": rep.records}, indent=1),
+                     overwrite=True)
         print(f"JSON report: {args.json}")
     return 1 if rep.defects else 0
 
@@ -90,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the machine shapes that break it (see `commsim exec`)")
     p.add_argument("--exec-mode", default="inproc", choices=("inproc", "procs"),
                    help="how --exec runs the ranks (default inproc: fast, replayable)")
-    p.add_argument("--exec-timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--exec-timeout", type=seconds, default=60.0, metavar="S",
                    help="seconds before an --exec run counts as hung (default 60)")
     p.add_argument("exec_args", nargs="*", metavar="ARG",
                    help="arguments for the --exec program (after --)")

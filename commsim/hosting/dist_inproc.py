@@ -21,8 +21,6 @@ from .session import HostedRank, hosted, user_site
 from .surfaces import register_surface, when_imported
 
 KEY = "torch.distributed"
-# One word each: tests/unit/test_registries.py checks that no commsim module quotes the name
-# of its test backend, and one of these ops has that name.
 NOT_SIMULATED = tuple("""
     reduce reduce_scatter reduce_scatter_tensor all_gather_into_tensor all_to_all
     all_to_all_single send recv isend irecv scatter gather scatter_object_list

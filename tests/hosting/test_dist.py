@@ -4,7 +4,7 @@ not serve fail naming themselves."""
 
 import pytest
 
-from conftest import PROGRAMS, hosted
+from hosting_helpers import PROGRAMS, hosted
 
 
 def _expected(rank: int, world: int) -> dict:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES, PROGRAMS, hosted
+from hosting_helpers import EXAMPLES, PROGRAMS, hosted
 
 FLASHINFER = EXAMPLES / "flashinfer_style_ipc_workspace.py"
 VLLM = EXAMPLES / "vllm_style_custom_allreduce.py"

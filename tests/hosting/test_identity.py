@@ -3,7 +3,7 @@ GPUs, pids; on a 2-tray GB200 slice, an HGX host and a PCIe box without P2P, bot
 
 import pytest
 
-from conftest import PROGRAMS, hosted
+from hosting_helpers import PROGRAMS, hosted
 
 PROG = PROGRAMS / "identity.py"
 

@@ -3,7 +3,7 @@ hosted too, as processes of their rank's simulated host."""
 
 import pytest
 
-from conftest import PROGRAMS, hosted
+from hosting_helpers import PROGRAMS, hosted
 
 
 @pytest.mark.parametrize("mode, args", [("procs", ("--ipc", "--workers", "1")),

@@ -4,7 +4,7 @@ names the shapes that break it, each with a replay command; the fixed variant is
 import subprocess
 import sys
 
-from conftest import EXAMPLES
+from hosting_helpers import EXAMPLES
 
 from commsim.hosting.sweep_exec import run_exec_sweep
 from commsim.scenario.generate import sample_ids

@@ -1,14 +1,11 @@
+"""Helpers of tests/hosting: run a program hosted and read what its ranks printed."""
+
 import json
 import os
 from pathlib import Path
 
-import pytest
-
 PROGRAMS = Path(__file__).parent / "programs"
 EXAMPLES = Path(__file__).parents[2] / "examples"
-
-pytest_plugins = ["pytester"]
-
 
 def results(text: str) -> dict[int, dict]:
     """The RESULT lines the ranks printed, by rank."""
