@@ -144,6 +144,15 @@ def _hang_of(exc: BaseException | None) -> HangDetected | None:
     return None
 
 
+def _end_spawned(before: set) -> None:
+    """Processes the ranks started through multiprocessing (torch.multiprocessing.spawn
+    included) and left running, after a timeout say, go with the run."""
+    import multiprocessing
+    for p in set(multiprocessing.active_children()) - before:
+        p.kill()
+        p.join(5)
+
+
 def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: bool,
                target: Callable[[], Any] | None = None) -> Verdict:
     """Run cfg's program (or `target()`, a callable: the pytest plugin's test function) as
@@ -210,6 +219,8 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     install_all()
+    import multiprocessing
+    children_before = set(multiprocessing.active_children())
     main_was = sys.modules.get("__main__")
     program = None
     for hr in ranks:
@@ -237,6 +248,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         sys.path[:] = path0
         if main_was is not None:
             sys.modules["__main__"] = main_was
+    _end_spawned(children_before)
     if timed_out.is_set():
         for res in results:
             if res.exit_code is None:

@@ -9,8 +9,10 @@ from hosting_helpers import PROGRAMS, hosted
 @pytest.mark.parametrize("mode, args", [("procs", ("--ipc", "--workers", "1")),
                                         ("inproc", ("--workers", "1"))])
 def test_spawned_workers_live_on_their_rank_host(mode, args):
+    # Each worker is a fresh interpreter importing torch, one after another in inproc mode:
+    # minutes on a loaded 2-core machine, hence the generous bound.
     v, _, out = hosted(PROGRAMS / "spawn_workers.py", "gb200-nvl72:2", *args, mode=mode,
-                       nproc_per_host=1)
+                       nproc_per_host=1, timeout=400)
     assert v.ok, v.format() + out
     assert len(v.workers) == 2
     for w in v.workers:
