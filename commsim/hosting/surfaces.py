@@ -28,7 +28,6 @@ SURFACE_MODULES = (
     "commsim.hosting.dist_procs",
     "commsim.hosting.cuda_bindings",
     "commsim.hosting.cudart",
-    "commsim.hosting.stopgap_cudart",
     "commsim.hosting.nvml",
     "commsim.hosting.torch_cuda",
 )

@@ -22,7 +22,7 @@ from ..driver import (FABRIC, FD, LAZY_ENABLE_PEER_ACCESS, NVML_P2P_STATUS_NOT_S
                       GpuFabricInfo)
 from ..runtime.scheduler import wait_until
 from ..topology.model import FabricState, GpuRef
-from . import binding_args, unconfirmed
+from . import binding_args, real_fds, unconfirmed
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
 from .fd_channel import SimFdChannel
 from .kernel_context import SimKernelContext
@@ -133,12 +133,12 @@ class SimDriver:
         self._next_va = 0x7F00_0000_0000 + (proc.pid % 4096) * (1 << 34)
         self._handles: dict[int, tuple[str, int]] = {}  # VMM handle -> ("mem"|"mc", id)
         self._next_handle = 0x1000 + (proc.pid % 997) * 16
-        self._fds: dict[int, tuple[str, int]] = {}
-        self._next_fd = 10
+        self._fds = real_fds.table_for(self)          # POSIX-fd handles: real OS fds
         self._ipc_open: dict[int, int] = {}           # aid -> base of our import
         self._peer_maps = 0
         fabric.exit_hooks[proc.pid] = self._exit_release
         fabric.drivers[proc.pid] = self
+        fabric.pre_exit_hooks[proc.pid] = lambda: real_fds.reap_at_exit(self)
 
     def _exit_release(self) -> None:
         """The OS ends this process: its VMM and multicast mappings and its multicast
@@ -628,9 +628,7 @@ class SimDriver:
             raise Fail(unconfirmed.code("X1"))
         if t == FABRIC:
             return self.fabric.fabric_handle_for(*target)       # 64 bytes, any transport
-        fd = self._next_fd
-        self._next_fd += 1
-        self._fds[fd] = target
+        fd = self._fds.open(target)
         obj.refs += 1   # an open fd keeps the memory alive until closed (§2.3)
         self.ledger.add("exported_fd", fd, f"POSIX fd {fd} for {target[0]} {target[1]}")
         return fd
@@ -666,9 +664,7 @@ class SimDriver:
         before this), so no reference is taken that nobody would drop."""
         if not self.proc.alive:
             raise RuntimeError(f"pid {self.proc.pid} has exited; it cannot receive an fd")
-        fd = self._next_fd
-        self._next_fd += 1
-        self._fds[fd] = target
+        fd = self._fds.open(target)
         kind, oid = target
         obj = (self.fabric.allocs if kind == "mem" else self.fabric.multicasts).get(oid)
         if obj is not None:
@@ -689,7 +685,7 @@ class SimDriver:
         t = _attr_int(handle_type)
         me = self.device
         if t == FD:
-            target = self._fds.get(_attr_int(os_handle))
+            target = self._fds.for_import(os_handle)
             if target is None:
                 raise Fail(unconfirmed.code("X4"))
         elif t == FABRIC:

@@ -152,6 +152,8 @@ class SimFabric:
         self.exit_hooks: dict[int, Callable[[], None]] = {}
         # pid -> its SimDriver (the per-process fd table pidfd_getfd reads, row W7)
         self.drivers: dict[int, object] = {}
+        # pid -> what must be settled before the leak report (fds the program closed itself)
+        self.pre_exit_hooks: dict[int, Callable[[], None]] = {}
         self._next_aid = 1
         self._next_mid = 1
         self._next_pid = 1000
@@ -180,6 +182,9 @@ class SimFabric:
         """End a process like the OS would: everything it held goes away. Returns the leak
         report (one line per ledger item still held), empty when it exited clean."""
         p = self.processes[pid]
+        pre = self.pre_exit_hooks.pop(pid, None)
+        if pre is not None:
+            pre()
         leaks = [str(it) for it in p.ledger]
         p.alive = False
         hook = self.exit_hooks.pop(pid, None)

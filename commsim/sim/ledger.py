@@ -18,9 +18,9 @@ from typing import Iterator
 KINDS = ("allocation", "vmm_handle", "imported_handle", "ipc_mapping", "vmm_mapping",
          "reservation", "exported_fd", "multicast", "multicast_binding", "graph_buffer")
 
+# Frames of the simulator and of the hosted surfaces (commsim/hosting) are skipped: the call
+# site is the user's code that called cuda-python, libcudart, NVML or torch.cuda.
 _SKIP = (os.sep + os.path.join("commsim", "sim") + os.sep, os.sep + "commsim" + os.sep + "driver.py",
-         os.sep + "commsim" + os.sep + "facade.py",
-         # hosting surfaces stand in for CUDA libraries: the site is the hosted program's
          os.sep + os.path.join("commsim", "hosting") + os.sep, os.sep + "ctypes" + os.sep)
 
 

@@ -1,0 +1,346 @@
+"""`torch.cuda`'s control plane on the CPU build of torch, for a hosted rank.
+
+The CPU build has no CUDA: `torch.cuda.is_available()` is False and most calls assert
+"Torch not compiled with CUDA enabled". Installed, this surface answers the control-plane
+calls from the rank's runtime (cuda_runtime_api.py), so they agree with cuda-python,
+libcudart and NVML: `is_available`, `device_count`, `current_device`, `set_device`,
+`device` (context manager), `get_device_capability`, `get_device_name`,
+`get_device_properties`, `can_device_access_peer`, `synchronize`, `mem_get_info`,
+`is_initialized`, `init`, `current_stream` / `default_stream` / `Stream` (with
+`.cuda_stream`, the cudaStream_t value). Outside a hosted rank every name is torch's own.
+
+The limit (DESIGN.md §9): CPU torch makes no CUDA tensors; `torch.empty(..., device="cuda")`
+still fails. A CUDA error raises `torch.AcceleratorError("CUDA error: <text>")` as torch's
+C10_CUDA_CHECK does (torch 2.13: AcceleratorError, a RuntimeError).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .surfaces import when_imported
+
+torch: Any = None          # bound when the program imports torch.cuda (see _install)
+from ..driver import error_string
+from . import cuda_runtime_api as api
+from . import device_facts
+from .cuda_state import maybe_rank, not_simulated, rank_state, runtime_entry
+from .session import current
+from .nesting import nested
+from .surfaces import register_surface
+
+_CHECK_TAIL = ("\nCUDA kernel errors might be asynchronously reported at some other API call, "
+               "so the stacktrace below might be incorrect.\nFor debugging consider passing "
+               "CUDA_LAUNCH_BLOCKING=1")
+
+
+def _check(res: tuple) -> Any:
+    if int(res[0]) != 0:
+        raise torch.AcceleratorError(f"CUDA error: {error_string(res[0])}{_CHECK_TAIL}")
+    return res[1] if len(res) == 2 else res[1:]
+
+
+def _index(device: Any, optional: bool = True) -> int:
+    """torch.cuda._utils._get_device_index for the hosted rank."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        device = device.index
+    if device is None:
+        if not optional:
+            raise ValueError("Expected a torch.device with a specified index or an integer, but got:None")
+        return int(_check(api.cudaGetDevice()))
+    if isinstance(device, int):
+        return device
+    raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+
+
+@contextlib.contextmanager
+def _on(device: Any) -> Iterator[int]:
+    d = _index(device)
+    prev = int(_check(api.cudaGetDevice()))
+    if d != prev and d >= 0:
+        _check(api.cudaSetDevice(d))
+    try:
+        yield d
+    finally:
+        if d != prev and d >= 0:
+            _check(api.cudaSetDevice(prev))
+
+
+@dataclass(frozen=True)
+class HostedDeviceProperties:
+    """What torch.cuda.get_device_properties gives (torch._C._CudaDeviceProperties fields)."""
+
+    name: str
+    major: int
+    minor: int
+    total_memory: int
+    multi_processor_count: int
+    uuid: str
+    pci_bus_id: int
+    pci_device_id: int
+    pci_domain_id: int
+    is_integrated: int = 0
+    is_multi_gpu_board: int = 0
+
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1 << 20)}MB, multi_processor_count="
+                f"{self.multi_processor_count}, uuid={self.uuid.removeprefix('GPU-')}, "
+                f"pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
+                f"pci_domain_id={self.pci_domain_id})")
+
+
+class HostedStream:
+    """torch.cuda.Stream of a hosted rank: a name for a cudaStream_t (work completes at
+    launch in the simulator, so synchronize and query are immediate)."""
+
+    def __init__(self, device: Any = None, priority: int = 0, *, stream_ptr: int | None = None,
+                 **kwargs: Any):
+        _lazy_init()
+        self.device_index = _index(device)
+        if stream_ptr is None:
+            with _on(self.device_index):
+                stream_ptr = int(_check(api.cudaStreamCreate()))
+        self.cuda_stream = int(stream_ptr)
+        self.priority = priority
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.device_index)
+
+    def synchronize(self) -> None:
+        _check(api.cudaStreamSynchronize(self.cuda_stream))
+
+    def query(self) -> bool:
+        return True
+
+    def wait_stream(self, stream: "HostedStream") -> None:
+        pass
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostedStream) and (self.cuda_stream, self.device_index) == \
+            (other.cuda_stream, other.device_index)
+
+    def __hash__(self) -> int:
+        return hash((self.cuda_stream, self.device_index))
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream device=cuda:{self.device_index} cuda_stream={self.cuda_stream:#x}>"
+
+
+class HostedDevice:
+    """`with torch.cuda.device(d):` for a hosted rank."""
+
+    def __init__(self, device: Any):
+        self.idx = _index(device)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        self.prev_idx = int(_check(api.cudaGetDevice()))
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            _check(api.cudaSetDevice(self.idx))
+
+    def __exit__(self, *exc: Any) -> bool:
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            _check(api.cudaSetDevice(self.prev_idx))
+        return False
+
+
+# ---- the hosted functions -----------------------------------------------------------------
+
+def is_available() -> bool:
+    return int(api.cudaGetDeviceCount()[1] or 0) > 0
+
+
+def device_count() -> int:
+    return int(_check(api.cudaGetDeviceCount()))
+
+
+def current_device() -> int:
+    _lazy_init()
+    return int(_check(api.cudaGetDevice()))
+
+
+def set_device(device: Any) -> None:
+    _lazy_init()
+    d = _index(device)
+    if d >= 0:
+        _check(api.cudaSetDevice(d))
+
+
+def get_device_properties(device: Any = None) -> HostedDeviceProperties:
+    _lazy_init()
+    d = _index(device)
+    if not 0 <= d < device_count():
+        raise AssertionError("Invalid device id")         # torch.cuda.get_device_properties
+    r = current()
+    ref = r.driver.proc.gpus[d]
+    g = r.cluster.gpu(ref)
+    pci = device_facts.pci_address(r.cluster, ref)
+    return HostedDeviceProperties(g.model, g.compute_capability[0], g.compute_capability[1],
+                                  g.memory_bytes, device_facts.model_facts(g.model).sms, g.uuid,
+                                  pci.bus, pci.device, pci.domain)
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    p = get_device_properties(device)
+    return p.major, p.minor
+
+
+def get_device_name(device: Any = None) -> str:
+    return get_device_properties(device).name
+
+
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    _lazy_init()
+    d, p = _index(device), _index(peer_device, optional=False)
+    n = device_count()
+    if not 0 <= d < n:
+        raise AssertionError("Invalid device id")         # torch.cuda.can_device_access_peer
+    if not 0 <= p < n:
+        raise AssertionError("Invalid peer device id")
+    return bool(_check(api.cudaDeviceCanAccessPeer(d, p)))
+
+
+def synchronize(device: Any = None) -> None:
+    _lazy_init()
+    with _on(device):
+        _check(api.cudaDeviceSynchronize())
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    _lazy_init()
+    with _on(device):
+        free, total = _check(api.cudaMemGetInfo())
+    return int(free), int(total)
+
+
+def _lazy_init() -> None:
+    """torch.cuda._lazy_init for the rank: torch's own "initialised" flag, set by the calls
+    that run _lazy_init in torch/cuda/__init__.py (not by is_available / device_count)."""
+    r = current()
+    runtime_entry(r)
+    rank_state(r, "torch.cuda", dict)["initialized"] = True
+
+
+def is_initialized() -> bool:
+    return rank_state(current(), "torch.cuda", dict).get("initialized", False)
+
+
+def init() -> None:
+    _lazy_init()
+
+
+def current_stream(device: Any = None) -> HostedStream:
+    # torch's current stream starts as the default (legacy NULL) stream: cuda_stream 0.
+    return HostedStream(device, stream_ptr=0)
+
+
+def default_stream(device: Any = None) -> HostedStream:
+    return HostedStream(device, stream_ptr=0)
+
+
+_HOSTED: dict[str, Any] = {
+    "is_available": is_available, "device_count": device_count, "current_device": current_device,
+    "set_device": set_device, "get_device_properties": get_device_properties,
+    "get_device_capability": get_device_capability, "get_device_name": get_device_name,
+    "can_device_access_peer": can_device_access_peer, "synchronize": synchronize,
+    "mem_get_info": mem_get_info, "is_initialized": is_initialized, "init": init,
+    "current_stream": current_stream, "default_stream": default_stream,
+}
+SIMULATED = tuple(sorted(_HOSTED) + ["Stream", "device"])
+_saved: dict[str, Any] = {}
+
+
+def _dispatch(name: str, hosted: Callable[..., Any], real: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(real)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if maybe_rank() is None:
+            return real(*args, **kwargs)
+        return hosted(*args, **kwargs)
+    return call
+
+
+class _ClassDispatch(type):
+    """A class whose construction gives the hosted object in a hosted rank, torch's own
+    object elsewhere (`torch.cuda.Stream(...)`, `torch.cuda.device(...)`)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        impl = cls._hosted if maybe_rank() is not None else cls._real
+        return impl(*args, **kwargs)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        kinds = tuple(k for k in (cls._hosted, cls._real) if isinstance(k, type))
+        return isinstance(obj, kinds)
+
+
+# Seeding the CUDA generators is a no-op where no CUDA generator exists (CPU torch): torch's
+# own functions stay (torch.manual_seed calls torch.cuda.manual_seed_all).
+_PASSTHROUGH = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed"})
+# torch.cuda classes a hosted program may construct that commsim does not simulate.
+_UNSIMULATED_CLASSES = ("Event", "ExternalStream", "CUDAGraph", "graph", "MemPool",
+                        "GreenContext", "CUDAPluggableAllocator", "StreamContext")
+
+
+_tc: list[Any] = [None]      # the torch.cuda module once patched
+
+
+def _public_functions() -> list[str]:
+    import inspect
+    return [n for n in dir(_tc[0]) if not n.startswith("_")
+            and inspect.isfunction(getattr(_tc[0], n))
+            and getattr(getattr(_tc[0], n), "__module__", "").startswith("torch.cuda")]
+
+
+_active = [False]
+
+
+def _install() -> None:
+    """Patch _tc[0] when the program imports it (at once if it already has): a hosted
+    process that never loads torch does not pay for importing it."""
+    _active[0] = True
+    when_imported("torch.cuda", _patch)
+
+
+def _patch(module: Any) -> None:
+    global torch
+    if not _active[0] or _saved:
+        return
+    import torch as _torch
+    torch = _torch          # may be partially initialised here: used only at call time
+    _tc[0] = module         # torch.cuda itself (not yet an attribute of the torch package)
+    for name, fn in _HOSTED.items():
+        _saved[name] = getattr(_tc[0], name)
+        setattr(_tc[0], name, _dispatch(name, fn, _saved[name]))
+    for name, hosted in (("Stream", HostedStream), ("device", HostedDevice)):
+        _saved[name] = getattr(_tc[0], name)
+        setattr(_tc[0], name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": _saved[name]}))
+    # Everything else public fails loudly in a hosted rank, naming itself.
+    for name in _public_functions():
+        if name in _saved or name in _PASSTHROUGH:
+            continue
+        _saved[name] = getattr(_tc[0], name)
+        setattr(_tc[0], name, _dispatch(name, not_simulated("torch.cuda", name), _saved[name]))
+    for name in _UNSIMULATED_CLASSES:
+        if hasattr(_tc[0], name):
+            _saved[name] = getattr(_tc[0], name)
+            setattr(_tc[0], name, _ClassDispatch(
+                name, (), {"_hosted": not_simulated("torch.cuda", name), "_real": _saved[name]}))
+
+
+def _uninstall() -> None:
+    _active[0] = False
+    for name, value in _saved.items():
+        setattr(_tc[0], name, value)
+    _saved.clear()
+
+
+install, uninstall = nested(_install, _uninstall)
+register_surface("torch.cuda", install, uninstall)
