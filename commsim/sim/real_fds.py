@@ -185,6 +185,15 @@ def _host_of(drv: "SimDriver", target: tuple[str, int]) -> str | None:
     return m.creator.host if m is not None else None
 
 
+def reap_fabric(fabric: Any) -> None:
+    """Drop what any process of `fabric` living in this interpreter closed itself, so memory
+    counts see a closed fd's release at once, as the hardware does (reference §2.3: the last
+    reference going frees the memory). In process mode another OS process reaps its own."""
+    for (fid, _), t in list(_tables.items()):
+        if fid == id(fabric):
+            t.reap()
+
+
 def reap_at_exit(driver: "SimDriver") -> None:
     t = driver._fds
     if isinstance(t, FdTable):
