@@ -63,7 +63,10 @@ class FdTable:
         self._entries: dict[int, tuple[tuple[str, int], tuple[int, int]]] = {}
         # Whatever the owner never closed is closed when the table goes (a dropped driver
         # must not leak descriptors into the test process).
-        weakref.finalize(self, _close_all, self._entries)
+        # Not at interpreter exit: the OS closes them then, and the exit report (run from
+        # atexit, maybe after this finalizer's own atexit hook) must still see the table to
+        # tell an fd the program closed itself from one it leaked.
+        weakref.finalize(self, _close_all, self._entries).atexit = False
 
     # -- the dict surface the driver uses --------------------------------------------------
     def __iter__(self) -> Iterator[int]:
