@@ -45,6 +45,13 @@ def check_common(res: dict[int, dict], gpus: int, cc: list[int]) -> None:
     assert res[0]["nvml"]["uuid"] != res[1]["nvml"]["uuid"]
 
 
+def check_nvlink_peer(d: dict) -> None:
+    """The rank's GPU reaches its peer over NVLink: link up, P2P status OK, peer access."""
+    assert d["torch"]["can_access_peer"] and d["nvml"]["nvlink0"] == pynvml.NVML_FEATURE_ENABLED
+    assert d["nvml"]["p2p"] == {"nvlink": pynvml.NVML_P2P_STATUS_OK,
+                                "write": pynvml.NVML_P2P_STATUS_OK}
+
+
 def test_two_gb200_trays():
     res = both_modes("gb200-nvl72:2", 1, "cudaIpcOpenMemHandle")
     check_common(res, gpus=4, cc=[10, 0])
@@ -59,10 +66,7 @@ def test_two_gb200_trays():
         assert d["cu"]["fabric_supported"] and d["cu"]["create"] == "CUDA_SUCCESS"
         assert d["cu"]["export"] == "CUmemFabricHandle"
         assert d["cu"]["fabric_imports"] == ["CUDA_SUCCESS"]
-        # the peer GPU of the same tray: over NVLink
-        assert d["torch"]["can_access_peer"] and d["nvml"]["nvlink0"] == pynvml.NVML_FEATURE_ENABLED
-        assert d["nvml"]["p2p"] == {"nvlink": pynvml.NVML_P2P_STATUS_OK,
-                                    "write": pynvml.NVML_P2P_STATUS_OK}
+        check_nvlink_peer(d)        # the peer GPU of the same tray
 
 
 def test_hgx_host():
@@ -71,9 +75,7 @@ def test_hgx_host():
     assert res[0]["hostname"] == res[1]["hostname"]
     for r, d in res.items():
         assert d["rt"]["ipc_open"] == {str(1 - r): "cudaSuccess"}
-        assert d["torch"]["can_access_peer"] and d["nvml"]["nvlink0"] == pynvml.NVML_FEATURE_ENABLED
-        assert d["nvml"]["p2p"] == {"nvlink": pynvml.NVML_P2P_STATUS_OK,
-                                    "write": pynvml.NVML_P2P_STATUS_OK}
+        check_nvlink_peer(d)
         # no multi-node NVLink domain: a zero cluster UUID; a FABRIC allocation without an
         # IMEX channel is not permitted (row V3)
         assert d["nvml"]["fabric"]["cluster"] == "00" * 16
