@@ -198,7 +198,7 @@ def mem_get_info(r: Any) -> tuple:
     d = r.driver
     g = d.device
     total = r.cluster.gpu(g).memory_bytes
-    used = d.fabric.device_bytes_used(g)
+    used = d.bytes_used(g)
     return (E.cudaSuccess, max(total - used, 0), total)
 
 

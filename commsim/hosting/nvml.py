@@ -214,7 +214,7 @@ def _functions() -> dict[str, Callable[..., int]]:
     def _memory(r: Any, host: Any, i: int) -> tuple[int, int]:
         g = GpuRef(host.name, i)
         total = host.gpus[i].memory_bytes
-        return total, min(r.driver.fabric.device_bytes_used(g), total)
+        return total, min(r.driver.bytes_used(g), total)
 
     def memory(h: int, out: int) -> int:
         r, host, i = _gpu(h)

@@ -386,7 +386,7 @@ class SimDriver:
         if size < 0:
             raise Fail(E.cudaErrorInvalidValue)
         g = self.device
-        if self.fabric.device_bytes_used(g) + size > self.cluster.gpu(g).memory_bytes:
+        if self.bytes_used(g) + size > self.cluster.gpu(g).memory_bytes:
             raise Fail(E.cudaErrorMemoryAllocation)
         a = self.fabric.new_alloc(g, size, legacy=True, owner=self.proc.pid)
         if a is None:
@@ -591,7 +591,7 @@ class SimDriver:
                 raise Fail(R.CUDA_ERROR_NOT_PERMITTED)      # row V3 (DeepEP#487, IMEX guide)
             if not self._fabric_ready(g):
                 raise Fail(unconfirmed.code("X2"))
-        if self.fabric.device_bytes_used(g) + size > gpu.memory_bytes:
+        if self.bytes_used(g) + size > gpu.memory_bytes:
             raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
         a = self.fabric.new_alloc(g, size, legacy=False, owner=self.proc.pid, handle_types=types)
         if a is None:
@@ -632,6 +632,12 @@ class SimDriver:
         obj.refs += 1   # an open fd keeps the memory alive until closed (§2.3)
         self.ledger.add("exported_fd", fd, f"POSIX fd {fd} for {target[0]} {target[1]}")
         return fd
+
+    def bytes_used(self, gpu: GpuRef) -> int:
+        """Device memory every process holds on `gpu`, after dropping what programs released
+        by closing a POSIX fd themselves (noticed lazily, see real_fds)."""
+        real_fds.reap_fabric(self.fabric)
+        return self.fabric.device_bytes_used(gpu)
 
     def _unref_target(self, target: tuple[str, int]) -> None:
         kind, oid = target

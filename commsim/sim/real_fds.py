@@ -63,7 +63,10 @@ class FdTable:
         self._entries: dict[int, tuple[tuple[str, int], tuple[int, int]]] = {}
         # Whatever the owner never closed is closed when the table goes (a dropped driver
         # must not leak descriptors into the test process).
-        weakref.finalize(self, _close_all, self._entries)
+        # Not at interpreter exit: the OS closes them then, and the exit report (run from
+        # atexit, maybe after this finalizer's own atexit hook) must still see the table to
+        # tell an fd the program closed itself from one it leaked.
+        weakref.finalize(self, _close_all, self._entries).atexit = False
 
     # -- the dict surface the driver uses --------------------------------------------------
     def __iter__(self) -> Iterator[int]:
@@ -183,6 +186,15 @@ def _host_of(drv: "SimDriver", target: tuple[str, int]) -> str | None:
         return a.gpu.host if a is not None else None
     m = drv.fabric.multicasts.get(oid)
     return m.creator.host if m is not None else None
+
+
+def reap_fabric(fabric: Any) -> None:
+    """Drop what any process of `fabric` living in this interpreter closed itself, so memory
+    counts see a closed fd's release at once, as the hardware does (reference §2.3: the last
+    reference going frees the memory). In process mode another OS process reaps its own."""
+    for (fid, _), t in list(_tables.items()):
+        if fid == id(fabric):
+            t.reap()
 
 
 def reap_at_exit(driver: "SimDriver") -> None:

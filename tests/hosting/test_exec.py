@@ -50,6 +50,18 @@ def test_leaked_mapping_is_residue():
     assert "ipc_mapping" in v.ranks[0].residue[0] and "leak_mapping.py" in v.ranks[0].residue[0]
 
 
+@pytest.mark.parametrize("mode", ["inproc", "procs"])
+def test_an_fd_the_program_closed_is_no_residue(mode):
+    """The exit report still tells a closed fd from a leaked one in a real process, whatever
+    order the interpreter runs its exit hooks in."""
+    v, _, out = hosted(PROGRAMS / "fd_close_and_leak.py", "l40s-8-pcie", mode=mode,
+                       nproc_per_host=1)
+    assert v.exit_code == 1 and v.ranks[0].exit_code == 0
+    assert len(v.ranks[0].residue) == 1, v.format()
+    closed, kept = out.split("exported ")[1].split()[:2]
+    assert f"exported_fd: POSIX fd {kept} " in v.ranks[0].residue[0], v.format()
+
+
 # Both modes must give this verdict, field for field (pids and timings aside).
 VLLM_TWO_TRAYS = [(r, f"gb200-nvl72-tray0{r}", "failed", 1, INVALID, "cudaIpcOpenMemHandle",
                    "cudaErrorInvalidResourceHandle", True) for r in (0, 1)]

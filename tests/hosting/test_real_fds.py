@@ -264,3 +264,25 @@ def test_fds_pass_between_real_processes_in_process_mode():
     assert got[0] == ("ok", {"seen": [0xAB] * 8, "held": {}}), got
     assert got[1] == ("ok", {"fds_differ": True, "held": {}}), got
     assert not shm.segments(f"{shm.PREFIX_HEAD}{os.getpid()}")      # nothing left in /dev/shm
+
+
+def test_closing_the_fd_frees_the_memory_at_once():
+    """Release + os.close drops the last reference (reference §2.3): torch.cuda's and NVML's
+    memory counts see the bytes free without any other fd call in between."""
+    _, (r,) = ranks("l40s-8-pcie", [(0, 3)])
+
+    def program():
+        import pynvml
+        import torch
+        from cuda.bindings import driver as cu
+        h, fd = export_fd()
+        held = torch.cuda.mem_get_info(3)
+        assert cu.cuMemRelease(h)[0] == cu.CUresult.CUDA_SUCCESS
+        os.close(fd)
+        free, total = torch.cuda.mem_get_info(3)
+        pynvml.nvmlInit()
+        nv = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(3)).used
+        pynvml.nvmlShutdown()
+        return total - held[0], total - free, nv
+    assert solo(r, program) == (SIZE, 0, 0)
+    assert r.driver.ledger.summary() == {}
