@@ -55,16 +55,17 @@ def check_filters(filters: Iterable[str]) -> list[str]:
 
 
 def select_ids(count: int, seed: int = 0, filters: Iterable[str] = (), enumerate_: bool = False,
-               start: int = 0, max_scan: int | None = None) -> list[str]:
+               start: int = 0, max_scan: int | None = None, knobs: bool = True) -> list[str]:
     """The first `count` ids (sampler with `seed`, or the enumeration) whose tags contain
     every filter substring."""
     if count < 0:
         raise UserError(f"--count must be >= 0, got {count}")
     filters = check_filters(filters)
     # About one sampler id in KNOB_EVERY is its shortcut-policy knob twin k<seed>-<index>
-    # (commsim/scenario/knobs.py); the s ids that stay are unchanged.
+    # (commsim/scenario/knobs.py); the s ids that stay are unchanged. `knobs=False` (a sweep
+    # of a user's program, whose own code decides such things) keeps every s id.
     ident = (lambda i: f"e{i}") if enumerate_ else (
-        lambda i: f"{'k' if K.is_knob_id(seed, i) else 's'}{seed}-{i}")
+        lambda i: f"{'k' if knobs and K.is_knob_id(seed, i) else 's'}{seed}-{i}")
     plan = lambda i: G.plan_from_id(ident(i))
     if not filters:
         return [ident(i) for i in range(start, start + count)]
