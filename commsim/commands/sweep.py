@@ -97,7 +97,7 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
 
     program = split_command(shlex.split(args.exec) + list(args.exec_args or ()))
     ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),
-                           enumerate_=args.enumerate, start=args.start), args.shard)
+                           enumerate_=args.enumerate, start=args.start, knobs=False), args.shard)
     say = None if args.quiet else progress_printer(len(ids))
     rep = run_exec_sweep(program, ids, mode=args.exec_mode, timeout=args.exec_timeout,
                          progress=say)
@@ -114,7 +114,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     hlp = "run many generated scenarios against the oracle and report failures with replay ids"
     p = sub.add_parser(
         "sweep", help=hlp,
-        description=hlp + ". Scenarios come from the seeded sampler (ids s<seed>-<index>) or, "
+        description=hlp + ". Scenarios come from the seeded sampler (ids s<seed>-<index>; about 1 in 20 "
+                    "is a shortcut-policy knob scenario k<seed>-<index>) or, "
                     "with --enumerate, the deterministic enumeration (ids e<index>). Each is "
                     "checked: the backend is legal and the best legal one under the policy, no "
                     "unexpected CUDA error, results equal the float64 reference, the ledger is "

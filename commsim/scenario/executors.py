@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ..errors import UserError
 
 _SHARD = re.compile(r"^(\d+)/(\d+)$")
-_ID = re.compile(r"^([se])(?:(\d+)-)?(\d+)$")
+_ID = re.compile(r"^([sek])(?:(\d+)-)?(\d+)$")
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -43,7 +43,8 @@ def shard(ids: list[str], spec: str | None) -> list[str]:
 def id_order(sid: str) -> tuple:
     """Sort key that restores a sweep's own order (select_ids yields increasing indices)."""
     m = _ID.match(sid)
-    return (m.group(1), int(m.group(2) or 0), int(m.group(3))) if m else ("~", 0, 0, sid)
+    # A knob id k<seed>-<index> stands in the sampler's walk at its index (knobs.py).
+    return (m.group(1).replace("k", "s"), int(m.group(2) or 0), int(m.group(3))) if m else ("~", 0, 0, sid)
 
 
 # -- Ray ---------------------------------------------------------------------------------------------

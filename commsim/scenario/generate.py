@@ -34,6 +34,7 @@ from ..errors import UserError
 from ..topology.model import Cluster, GpuRef, NvlinkDomain
 from ..topology.presets import PRESETS, build as build_preset
 from . import faults as F
+from . import knobs as K
 from .model import DTYPES, OPS, Fault, Group, Scenario, Workload
 
 Ki, Mi = 1 << 10, 1 << 20
@@ -164,6 +165,9 @@ class Plan:
     allocator: str = "caching"
     nccl_env: tuple[tuple[str, str], ...] = ()
     fd_transport: str = ""
+    # A knob scenario (commsim/scenario/knobs.py): (policy parameter, value) of the shortcut
+    # policy it runs under; () = the default policy.
+    knob: tuple = ()
 
     @property
     def world(self) -> int:
@@ -226,13 +230,16 @@ def build(plan: Plan) -> Scenario:
             f"{', lazy set-up' if plan.setup == 'lazy' else ''}"
             f"{', expandable segments' if plan.allocator != 'caching' else ''}"
             f"{', ' + ' '.join(f'{k}={v}' for k, v in plan.nccl_env) if plan.nccl_env else ''}"
-            f"{', fds by ' + plan.fd_transport if plan.fd_transport else ''}")
+            f"{', fds by ' + plan.fd_transport if plan.fd_transport else ''}"
+            f"{f', shortcut policy {plan.knob[0]}={plan.knob[1]}' if plan.knob else ''}")
+    extra = {"knob": plan.knob} if plan.knob else {}
     return Scenario(name=plan.id, cluster=cluster, placement=placement, groups=groups, workload=wl,
-                    faults=faults, policy="default", seed=plan.seed, description=desc,
+                    faults=faults, policy=K.policy_of(plan.knob) if plan.knob else "default",
+                    seed=plan.seed, description=desc,
                     topology_spec=plan.shape,
                     extra={"id": plan.id, "shape": plan.shape, "layout": plan.layout,
                            "placement": plan.placement, "plan": plan,
-                           "tags": plan_tags(plan, placement)})
+                           "tags": plan_tags(plan, placement), **extra})
 
 
 def plan_tags(plan: Plan, placement: tuple[GpuRef, ...] | None = None) -> str:
@@ -246,6 +253,7 @@ def plan_tags(plan: Plan, placement: tuple[GpuRef, ...] | None = None) -> str:
             "faults" if plan.faults else "clean",
             "lazy" if plan.setup == "lazy" else "", "expandable" if plan.allocator != "caching" else "",
             "nccl_env" if plan.nccl_env else "", plan.fd_transport,
+            *(("knob", plan.knob[0]) if plan.knob else ()),
             "multihost" if len({g.host for g in placement}) > 1 else "onehost"]
     return " ".join(t for t in tags if t)
 
@@ -325,6 +333,16 @@ def _knobs(pid: str) -> tuple[str, str, tuple[tuple[str, str], ...], str]:
     return setup, allocator, env, fd
 
 
+def knob_plan(seed: int, index: int) -> Plan:
+    """`k<seed>-<index>`: the sampler's draw without its faults and workload knobs, under one
+    shortcut-policy knob (commsim/scenario/knobs.py). The base draw's own streams are reused,
+    so the machine, layout and placement are those of `s<seed>-<index>`."""
+    base = sample_plan(seed, index)
+    pid = f"k{seed}-{index}"
+    return dataclasses.replace(base, id=pid, faults=(), setup="init", allocator="caching",
+                               nccl_env=(), fd_transport="", knob=K.draw(pid))
+
+
 def sample(seed: int, count: int, start: int = 0) -> Iterator[Scenario]:
     for i in range(start, start + count):
         yield build(sample_plan(seed, i))
@@ -402,17 +420,19 @@ def enum_ids(count: int, start: int = 0) -> list[str]:
 
 
 # -- ids -------------------------------------------------------------------------------------------
-_ID = re.compile(r"^(?:s(\d+)-(\d+)|e(\d+))$")
+_ID = re.compile(r"^(?:([sk])(\d+)-(\d+)|e(\d+))$")
 
 
 def plan_from_id(sid: str) -> Plan:
     m = _ID.match(sid.strip())
     if not m:
         raise UserError(f"scenario id {sid!r} is not a generated id; accepted: s<seed>-<index> "
-                        f"(the sampler, e.g. s0-17) or e<index> (the enumeration, e.g. e42)")
-    if m.group(3) is not None:
-        return enum_plan(int(m.group(3)))
-    return sample_plan(int(m.group(1)), int(m.group(2)))
+                        f"(the sampler, e.g. s0-17), k<seed>-<index> (a shortcut-policy knob scenario, "
+                        f"e.g. k0-17) or e<index> (the enumeration, e.g. e42)")
+    if m.group(4) is not None:
+        return enum_plan(int(m.group(4)))
+    draw = knob_plan if m.group(1) == "k" else sample_plan
+    return draw(int(m.group(2)), int(m.group(3)))
 
 
 def scenario_from_id(sid: str) -> Scenario:
@@ -431,6 +451,7 @@ def vocabulary() -> dict[str, tuple[str, ...]]:
         "dtype": DTYPES,
         "fault": F.kind_names() + ("faults", "clean"),
         "mode": ("capture", "eager", "discard", "multihost", "onehost", "lazy", "expandable",
-                 "nccl_env", "flashinfer_mesh"),
-        "id": ("s<seed>-<index>", "e<index>"),
+                 "nccl_env", "flashinfer_mesh", "knob"),
+        "knob": tuple(k.name for k in K.KNOBS),
+        "id": ("s<seed>-<index>", "k<seed>-<index>", "e<index>"),
     }

@@ -25,7 +25,8 @@ from ..topology.truth import GroupFacts
 from .faults import OOM_ERRORS, get_fault, injected_errors
 from .model import Scenario
 
-KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic")
+KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic",
+         "knob-outcome")
 ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -241,6 +242,10 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
                   f"group {gname}: eligibility admitted {b}, which the topology does not allow "
                   f"({gt.why_not.get(b, '?')})"
                   + ("; its set-up failed and the communicator fell back" if how.startswith("declined") else ""))
+    if sc.extra and sc.extra.get("knob"):
+        # A shortcut-policy knob scenario: what the knob must do, from the truth (knobs.py).
+        from .knobs import judge_knob
+        judge_knob(sc, v)
     return v
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, TextIO
 from ..backends import backends
 from ..errors import UserError
 from . import generate as G
+from . import knobs as K
 from .oracle import KINDS, judge
 
 DETERMINISM_EVERY = 20          # 1 in 20 scenarios is run twice (by id, so reproducible)
@@ -45,7 +46,7 @@ def check_filters(filters: Iterable[str]) -> list[str]:
         if not f:
             raise UserError("--filter: empty substring; give part of a machine shape, layout, "
                             "placement, op, dtype or fault kind, e.g. --filter gb200 --filter oom")
-        if not (any(f in w for w in words) or G._ID.match(f) or (f[0] in "se" and f[1:2].isdigit())):
+        if not (any(f in w for w in words) or G._ID.match(f) or (f[0] in "sek" and f[1:2].isdigit())):
             listing = "; ".join(f"{k}: {', '.join(v)}" for k, v in vocab.items())
             raise UserError(f"--filter {f!r} matches no machine shape, layout, placement, op, dtype, "
                             f"fault or mode a generated scenario can have. Known words — {listing}")
@@ -54,14 +55,18 @@ def check_filters(filters: Iterable[str]) -> list[str]:
 
 
 def select_ids(count: int, seed: int = 0, filters: Iterable[str] = (), enumerate_: bool = False,
-               start: int = 0, max_scan: int | None = None) -> list[str]:
+               start: int = 0, max_scan: int | None = None, knobs: bool = True) -> list[str]:
     """The first `count` ids (sampler with `seed`, or the enumeration) whose tags contain
     every filter substring."""
     if count < 0:
         raise UserError(f"--count must be >= 0, got {count}")
     filters = check_filters(filters)
-    plan = G.enum_plan if enumerate_ else (lambda i: G.sample_plan(seed, i))
-    ident = (lambda i: f"e{i}") if enumerate_ else (lambda i: f"s{seed}-{i}")
+    # About one sampler id in KNOB_EVERY is its shortcut-policy knob twin k<seed>-<index>
+    # (commsim/scenario/knobs.py); the s ids that stay are unchanged. `knobs=False` (a sweep
+    # of a user's program, whose own code decides such things) keeps every s id.
+    ident = (lambda i: f"e{i}") if enumerate_ else (
+        lambda i: f"{'k' if knobs and K.is_knob_id(seed, i) else 's'}{seed}-{i}")
+    plan = lambda i: G.plan_from_id(ident(i))
     if not filters:
         return [ident(i) for i in range(start, start + count)]
     scan = max_scan if max_scan is not None else max(2000, count * 400)
