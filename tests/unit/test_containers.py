@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import itertools
 
-from commsim.scenario.generate import sample_plan, build
+from commsim.scenario.generate import build, sample_plan
 from commsim.scenario.oracle import judge
 from commsim.scenario.runner import run_scenario
-from commsim.topology.model import ContainerCaps
+from commsim.topology.model import ContainerCaps, GpuRef
 from commsim.topology.presets import build as build_topology
 from commsim.topology.truth import IPC, POSIX_FD, importable
-from commsim.topology.model import GpuRef
 
 
 def test_oracle_refuses_ipc_and_fds_between_containers_of_one_host() -> None:
