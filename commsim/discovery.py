@@ -18,6 +18,11 @@ from .topology.model import FabricState
 
 A = cu.CUdevice_attribute
 
+# Why a same-host group whose ranks see different /dev/shm cannot share host-local handles
+# (row W6: a container per process, as Docker gives without --ipc=host / --pid=host).
+CONTAINERS = ("ranks on one host are in different containers (own /dev/shm, pid and IPC "
+              "namespaces; row W6): legacy IPC opens and POSIX fds do not cross them")
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -167,6 +172,8 @@ class GroupView:
         for a, b in self.pairs():
             if a.host != b.host or b.gpu >= len(a.p2p_probe) or a.p2p[b.gpu] is not True:
                 continue        # not reported (or not askable: then the probe is the P2P fact)
+            if a.shm_namespace != b.shm_namespace:
+                continue        # other containers: the IPC open fails on namespaces (row W6), not P2P
             why = a.p2p_probe[b.gpu]
             if why:
                 return (f"functional P2P probe, rank {a.rank} -> rank {b.rank}: {why}; the probe is "

@@ -79,7 +79,7 @@ def machine_from_cluster(cluster: Cluster, placement: Sequence[GpuRef]) -> NcclM
     ranks, paths, access = [], {}, set()
     for r, ref in enumerate(placement):
         h, g = cluster.host(ref.host), cluster.gpu(ref)
-        ranks.append(NcclRank(r, h.name, h.shm_namespace, (h.name, ref.index), h.arch, g.vmm,
+        ranks.append(NcclRank(r, h.name, h.gpu_namespace(ref.index), (h.name, ref.index), h.arch, g.vmm,
                               g.ipc_event, g.multicast, g.fabric_handle, bool(h.imex_channels),
                               g.fabric.cluster_uuid, g.fabric.clique_id, int(g.fabric.state)))
     for i, a in enumerate(placement):
@@ -292,6 +292,11 @@ def _pair(m: NcclMachine, env: NcclEnv, i: int, j: int, cumem: bool, mnnvl: bool
                "different NVLink cliques (NCCL_MNNVL_CROSS_CLIQUE=1 allows P2P)" if a.uuid == b.uuid
                else "different NVLink domains")
         return PairTransport(i, j, "NET", "network", why)
+    if a.shm != b.shm:
+        # Row W6: ranks in different containers of one host (own /dev/shm, pid and IPC
+        # namespaces): NCCL treats them as separate nodes and tries neither P2P nor SHM
+        # (NVIDIA/nccl#1647, maintainer's answer; the /dev/shm check of NVIDIA/nccl#248).
+        return PairTransport(i, j, "NET", "network", "different containers (own /dev/shm, pid and IPC namespaces)")
     path = m.paths.get((i, j), "LOC")
     reasons = []
     if PATHS.index(path) > PATHS.index(level):
@@ -306,8 +311,6 @@ def _pair(m: NcclMachine, env: NcclEnv, i: int, j: int, cumem: bool, mnnvl: bool
         return PairTransport(i, j, "P2P", f"{how} over {over}", "")
     if env.shm_disable:
         reasons.append("SHM disabled (NCCL_SHM_DISABLE=1)")
-    elif a.shm != b.shm:
-        reasons.append("different /dev/shm (containers)")
     else:
         return PairTransport(i, j, "SHM", "host shared memory", "; ".join(reasons))
     return PairTransport(i, j, "NET", "network", "; ".join(reasons))
@@ -330,10 +333,12 @@ def decide(m: NcclMachine, env: NcclEnv | None = None) -> NcclDecision:
     if err is not None:
         return NcclDecision(cumem, False, False, hosts, (), (cumem_note, mnnvl_note), err, env)
     # NC12 (UNCONFIRMED): under MNNVL a clique is one NVLink "node" for algorithm rules.
-    nodes = len({(r.uuid, r.clique) for r in rs}) if mnnvl else hosts
+    # Row W6: containers of one host with their own /dev/shm are separate nodes to NCCL
+    # (NVIDIA/nccl#1647), so a host and its shm namespace name a node.
+    nodes = len({(r.uuid, r.clique) for r in rs}) if mnnvl else len({(r.host, r.shm) for r in rs})
     per_node: dict[object, int] = {}
     for r in rs:
-        key = (r.uuid, r.clique) if mnnvl else r.host
+        key = (r.uuid, r.clique) if mnnvl else (r.host, r.shm)
         per_node[key] = per_node.get(key, 0) + 1
     if env.nvls == 0:
         nvls, nvls_note = False, "NVLS off (NCCL_NVLS_ENABLE=0)"

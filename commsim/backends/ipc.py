@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..discovery import GroupView
+from ..discovery import CONTAINERS, GroupView
 from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
 from .. import caching_allocator as allocators
 from ..graph_buffers import OpenedBases, export_buffers, legacy_ipc_capable
@@ -68,6 +68,7 @@ class IpcBackend(PeerBackend):
             (one_node, f"ranks are on {len(hosts)} hosts ({', '.join(hosts[:3])}"
                        f"{', ...' if len(hosts) > 3 else ''}); legacy IPC handles are host-local "
                        f"(row L8: cudaIpcOpenMemHandle -> invalid resource handle)"),
+            (len(hosts) != 1 or view.same_shm, CONTAINERS),
             (ws in WORLD_SIZES, f"world size {ws} not in {WORLD_SIZES} (compiled kernels, row B2)"),
             (len(hosts) != 1 or view.p2p_all(),
              "some pair of GPUs has no P2P access (row L10: peer access is not supported)"),

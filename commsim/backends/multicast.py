@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..discovery import GroupView
+from ..discovery import CONTAINERS, GroupView
 from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
 from ..fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_transport
 from ..kernels import collectives as K, workspace as W
@@ -82,6 +82,7 @@ class MulticastBackend(Backend):
         ]
         if view.single_host:
             conds.append((view.nvlink_all(), "GPUs are not all on one NVSwitch (not fully NVLink-connected)"))
+            conds.append((view.same_shm, CONTAINERS + "; the multicast handle cannot travel as a POSIX fd"))
             conds.append((all(r.posix_fd for r in view.ranks), "some rank lacks POSIX-fd handles"))
         else:
             # Multimem goes through the switch, not the peer path the functional probe tests.

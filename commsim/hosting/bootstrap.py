@@ -56,9 +56,10 @@ def make_run_dirs(run_dir: str) -> None:
         os.makedirs(os.path.join(run_dir, sub), mode=0o700, exist_ok=True)
 
 
-def shm_dir(cfg: RunConfig, cluster: Any, host: str) -> str:
-    """The private /dev/shm of a host: hosts of one shm namespace share it."""
-    d = os.path.join(cfg.run_dir, "shm", cluster.host(host).shm_namespace)
+def shm_dir(cfg: RunConfig, cluster: Any, host: str, pid: int) -> str:
+    """The private /dev/shm of a host: hosts of one shm namespace share it; a process in a
+    container of its own has its own (row W6)."""
+    d = os.path.join(cfg.run_dir, "shm", cluster.host(host).process_namespace(pid))
     os.makedirs(d, mode=0o700, exist_ok=True)
     return d
 
@@ -95,7 +96,7 @@ def build_rank(cfg: RunConfig, rank: int, slot: int, host: str, visible: tuple[i
 
     lr, lws = cfg.local_rank(rank)
     return HostedRank(rank, cfg.world_size, lr, lws, host, LazyDriver(make_driver), cluster, refs,
-                      shm_dir(cfg, cluster, host), events, mode="procs", pid=os.getpid(),
+                      shm_dir(cfg, cluster, host, os.getpid()), events, mode="procs", pid=os.getpid(),
                       slot=slot)
 
 

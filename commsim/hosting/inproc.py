@@ -174,7 +174,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         lr, lws = cfg.local_rank(r)
         ranks.append(HostedRank(r, cfg.world_size, lr, lws, host,
                                 HostedDriver(SimDriver(fabric, proc), events), cluster, refs,
-                                shm_dir(cfg, cluster, host), events, mode="inproc",
+                                shm_dir(cfg, cluster, host, proc.pid), events, mode="inproc",
                                 pid=proc.pid, env=rankview.encoded(env), world=world, slot=r))
         results.append(ProcResult(r, r, host, proc.pid))
 

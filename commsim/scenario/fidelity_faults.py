@@ -152,6 +152,14 @@ KINDS: tuple[FaultKind, ...] = (
         apply=lambda c, f: _container(c, f.host, pidfd_getfd=False), weight=2,
         draw=_aim("pidfd_getfd_denied", _host), label=lambda f: f"pidfd_getfd_denied({f.host})"),
     FaultKind(
+        "container_per_process", ("host",), MACHINE,
+        "each process of the host runs in a container of its own (Docker without `--ipc=host` / "
+        "`--pid=host`): its own `/dev/shm`, IPC and pid namespaces. Same-node tests through shm "
+        "see other nodes, fds do not cross containers (no socket path, `pidfd_open` ESRCH), legacy "
+        "IPC opens are refused; NCCL uses the network.", "W6",
+        apply=lambda c, f: _container(c, f.host, container_per_process=True), weight=2,
+        draw=_aim("container_per_process", _host), label=lambda f: f"container_per_process({f.host})"),
+    FaultKind(
         "driver_version", ("host", "version"), MACHINE,
         "the host runs this kernel driver (`version = \"450.80.02\"`): before branch 470 a second "
         "open of one IPC handle in one context answers `cudaErrorAlreadyMapped`.", "H2",

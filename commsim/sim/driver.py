@@ -187,8 +187,9 @@ class SimDriver:
         return self.cluster.host(self.proc.host).usable_imex_channels
 
     def shm_namespace(self) -> str:
-        """What vLLM's same-node test observes: hosts that share /dev/shm (reference §4.3)."""
-        return self.cluster.host(self.proc.host).shm_namespace
+        """What vLLM's same-node test observes: hosts that share /dev/shm (reference §4.3);
+        a process in a container of its own has its own (row W6)."""
+        return self.cluster.host(self.proc.host).process_namespace(self.proc.pid)
 
     def _dev(self, ordinal: Any, runtime: bool = False) -> GpuRef:
         o = _attr_int(ordinal)
@@ -498,6 +499,11 @@ class SimDriver:
             raise Fail(E.cudaErrorInvalidResourceHandle)
         if exporter == self.proc.pid:
             raise Fail(E.cudaErrorDeviceUninitialized)      # row L9 (ucx#11603)
+        if not cross_host and self.cluster.host(exp.host).process_namespace(exporter) != self.shm_namespace():
+            # Row W6: legacy IPC between containers of one host (no shared pid / IPC namespace)
+            # is refused: NVIDIA/nccl#360 (the driver checks the peer pid), vllm-project/vllm#55906
+            # ("invalid device context" with isolated pid namespaces). Code UNCONFIRMED.
+            raise Fail(unconfirmed.code("W6"))
         me = self.device
         if not cross_host and me != a.gpu and not self._can_access(me, a.gpu):
             raise Fail(E.cudaErrorPeerAccessUnsupported)    # row L10 (sglang#4814)

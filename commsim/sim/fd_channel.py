@@ -2,7 +2,8 @@
 
 An fd is a per-process kernel object; it travels only over a Unix-domain socket, whose path
 lives in one host's filesystem, so it reaches only processes of the same host (reference §2.5,
-row V9). Across hosts the peer's socket path does not exist: the sender sees the connect fail
+row V9) and, with a container per process, only its own container (row W6: the socket path
+is in the container's private /tmp unless a volume shares it). Across hosts the peer's socket path does not exist: the sender sees the connect fail
 (FlashInfer's fd_exchange reports "[fd_exchange] timed out connecting to <path>"). Fds in
 flight wait in the fabric's mailbox (in process mode: the run's store).
 """
@@ -35,10 +36,12 @@ class SimFdChannel:
             raise FdTransportError(9, f"EBADF: fd {fd} is not open in pid {src.proc.pid}")
         dst = src.fabric.processes.get(dst_pid)
         if dst is None or not dst.alive or \
-                src.cluster.host(dst.host).shm_namespace != src.shm_namespace():
+                src.cluster.host(dst.host).process_namespace(dst_pid) != src.shm_namespace():
             raise FdTransportError(
                 110, f"[fd_exchange] timed out connecting to {socket_path(dst_pid)}: no such socket "
-                     f"on host {src.gethostname()}; POSIX fds reach only processes of one host (row V9)")
+                     f"on host {src.gethostname()}; POSIX fds reach only processes of one host (row V9)"
+                     + (f" and container: pid {dst_pid} is in another container (row W6)"
+                        if dst is not None and dst.host == src.proc.host else ""))
         src.fabric.fd_mailbox.setdefault((dst_pid, src.proc.pid), []).append(target)
 
     def receive(self, src_pid: int, timeout: float | None = None) -> int:
@@ -61,9 +64,12 @@ class SimFdChannel:
         ptrace_scope >= 1, answer EPERM (row W7; moby/moby#45622, man 2 pidfd_getfd)."""
         dst = self.driver
         src = dst.fabric.processes.get(src_pid)
-        if src is None or not src.alive or dst.cluster.host(src.host).shm_namespace != dst.shm_namespace():
+        if src is None or not src.alive or \
+                dst.cluster.host(src.host).process_namespace(src_pid) != dst.shm_namespace():
+            # Another host, or another container of this host (row W6): the pid is not in this
+            # pid namespace (man 2 pidfd_open: ESRCH; openucx/ucx#11978).
             raise FdTransportError(3, f"ESRCH: pidfd_open({src_pid}): no such process in the pid "
-                                      f"namespace of host {dst.gethostname()}")
+                                      f"namespace of pid {dst.proc.pid} on host {dst.gethostname()}")
         if not dst.cluster.host(dst.proc.host).container.pidfd_getfd:
             raise FdTransportError(1, f"EPERM: pidfd_getfd(pid {src_pid}, fd {fd}): Operation not "
                                       f"permitted: no ptrace access to the peer (container without "
@@ -87,9 +93,11 @@ def pass_fd(src: "SimDriver", fd: int, dst: "SimDriver") -> int:
         raise FdTransportError(111, f"ECONNREFUSED: {socket_path(dst.proc.pid)}: pid "
                                     f"{dst.proc.pid} has exited")
     if src.shm_namespace() != dst.shm_namespace():
+        where = (f"in another container of host {dst.gethostname()} (row W6)"
+                 if dst.proc.host == src.proc.host else
+                 f"on host {dst.gethostname()}, pid {src.proc.pid} on {src.gethostname()}")
         raise FdTransportError(
             110, f"[fd_exchange] timed out connecting to {socket_path(dst.proc.pid)}: pid "
-                 f"{dst.proc.pid} is on host {dst.gethostname()}, pid {src.proc.pid} on "
-                 f"{src.gethostname()}; POSIX fds reach only processes of one host (reference "
-                 f"§2.5, row V9)")
+                 f"{dst.proc.pid} is {where}; POSIX fds reach only processes of one host (reference "
+                 f"§2.5, row V9) and container (row W6)")
     return dst.receive_fd(target)

@@ -38,6 +38,9 @@ UNCONFIRMED: dict[str, tuple[object, str]] = {
     "I3": (R.CUDA_ERROR_NOT_PERMITTED, "FABRIC import from a host in another IMEX domain (V5's code)"),
     "MC4": (R.CUDA_ERROR_NOT_PERMITTED, "cuMulticastCreate(FABRIC) without a usable IMEX channel"),
     "H5": (E.cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle of memory its exporter freed"),
+    "W6": (E.cudaErrorDeviceUninitialized, "cudaIpcOpenMemHandle of a handle from a process in another "
+           "container (pid / IPC namespace) of the same host: 201, \"invalid device context\" as in "
+           "vllm-project/vllm#55906"),
 }
 
 

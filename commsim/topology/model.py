@@ -176,6 +176,9 @@ class ContainerCaps:
     imex_channel_dev: bool = True   # /dev/nvidia-caps-imex-channels mounted (rows I1, W5)
     pidfd_getfd: bool = True        # CAP_SYS_PTRACE / ptrace scope lets fds be pulled (row W7)
     one_gpu_per_process: bool = False  # CUDA_VISIBLE_DEVICES = the process's own GPU (W1, W2)
+    # Each process in a container of its own (Docker without --ipc=host / --pid=host): its own
+    # /dev/shm, IPC and pid namespaces (row W6).
+    container_per_process: bool = False
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,20 @@ class Host:
     def driver_major(self) -> int:
         """The branch of the kernel driver (580 for 580.82.07): some answers changed by it (H2)."""
         return int(self.driver_version.split(".")[0])
+
+    def process_namespace(self, pid: int) -> str:
+        """The /dev/shm, IPC and pid namespace process `pid` of this host is in: the host's,
+        or, with `container.container_per_process`, its container's own (row W6)."""
+        if self.container.container_per_process:
+            return f"{self.shm_namespace}.container-{pid}"
+        return self.shm_namespace
+
+    def gpu_namespace(self, index: int) -> str:
+        """The namespace of the process that drives GPU `index` (one process per GPU, as
+        the oracle and NCCL's rules place ranks): distinct per GPU in per-process containers."""
+        if self.container.container_per_process:
+            return f"{self.shm_namespace}.container-gpu{index}"
+        return self.shm_namespace
 
     @property
     def usable_imex_channels(self) -> tuple[int, ...]:

@@ -54,12 +54,13 @@ def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
     # Legacy IPC: host-local (row L8), and the importer needs P2P to the exporter (row L10).
     # An open refused although P2P is reported (rows P1, P2) is no import either.
     lk = cluster.host(a.host).link(a.index, b.index) if same_host and a.index != b.index else None
-    if same_host and (lk is None or (lk.p2p and not lk.ipc_refused)):
+    ns_a, ns_b = cluster.host(a.host).gpu_namespace(a.index), cluster.host(b.host).gpu_namespace(b.index)
+    # ... and one pid / IPC namespace: not between containers of one host (row W6).
+    if same_host and ns_a == ns_b and (lk is None or (lk.p2p and not lk.ipc_refused)):
         out.add(IPC)
-    # POSIX fd: travels over AF_UNIX, so one shm / socket namespace (row V9, §4.3).
+    # POSIX fd: travels over AF_UNIX, so one shm / socket namespace (rows V9, W6, §4.3).
     ga, gb = cluster.gpu(a), cluster.gpu(b)
-    if (cluster.host(a.host).shm_namespace == cluster.host(b.host).shm_namespace
-            and ga.vmm and gb.vmm and ga.posix_fd and gb.posix_fd):
+    if (ns_a == ns_b and ga.vmm and gb.vmm and ga.posix_fd and gb.posix_fd):
         out.add(POSIX_FD)
     # FABRIC: both MNNVL-ready, one IMEX channel in common (rows V3, V5), one domain (V7).
     ha, hb = cluster.host(a.host), cluster.host(b.host)
@@ -115,4 +116,4 @@ class GroupFacts:
 
     @property
     def one_shm_namespace(self) -> bool:
-        return len({self.cluster.host(g.host).shm_namespace for g in self.gpus}) == 1
+        return len({self.cluster.host(g.host).gpu_namespace(g.index) for g in self.gpus}) == 1

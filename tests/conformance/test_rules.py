@@ -1151,6 +1151,84 @@ def _(rig):
     return d.cuMemCreate(gran(d, 0, FABRIC), alloc_prop(0, int(FABRIC)), 0)
 
 
+def _containers(preset: str = "hgx-h100-8"):
+    """`preset` with each process of its first host in a container of its own (row W6)."""
+    def build_it():
+        c = build(preset)
+        return c.replace_host(c.hosts[0].name, container=ContainerCaps(container_per_process=True))
+    return build_it
+
+
+# A real-GPU rig runs its workers in one set of namespaces; containers are the simulator's.
+@case("W6/same-node", "containers on one host: each process has its own /dev/shm, so a "
+      "same-node test through shared memory sees different nodes",
+      "NVIDIA/nccl#1647 (NCCL sees containers as separate nodes); NVIDIA/nccl#248 (NCCL keys "
+      "SHM on the /dev/shm device); pytorch/pytorch#1158 (--ipc=host shares the host's); row W6",
+      _containers(), [(0, 0), (0, 1)], sim_only=True)
+def _(rig):
+    assert rig[0].gethostname() == rig[1].gethostname()
+    assert rig[0].shm_namespace() != rig[1].shm_namespace()
+    return (E.cudaSuccess,)
+
+
+@case("W6/ipc", "legacy IPC open between containers of one host (own pid / IPC namespaces)",
+      "NVIDIA/nccl#360 (no inter-container CUDA IPC: the driver checks the peer pid); "
+      "vllm-project/vllm#55906 ('invalid device context' with isolated pid namespaces); row W6",
+      _containers(), [(0, 0), (0, 1)], expect=U("W6"), sim_only=True)
+def _(rig):
+    p, _h, res = _ipc_round_trip(rig)
+    assert rig.held(1) == {}
+    check("cudaFree", rig[0].cudaFree(p))
+    return res
+
+
+@case("W6/fd", "POSIX fd to a process in another container of one host: no socket path",
+      "§2.5 (the socket path lives in the sender's filesystem); row V9 by analogy; openucx/ucx#11546 "
+      "(sharing needs a bind-mounted directory); row W6",
+      _containers(), [(0, 0), (0, 1)], sim_only=True)
+def _(rig):
+    def send(fd: int) -> None:
+        with pytest.raises(FdTransportError, match="timed out connecting.*another container"):
+            rig.pass_fd(0, fd, 1)
+    return _fd_refused(rig, send)
+
+
+def _fd_refused(rig, attempt):
+    """Process 0 exports a POSIX-fd handle; `attempt(fd)` tries to get it to process 1 (and
+    asserts the refusal); process 1 holds nothing afterwards; the cuMemRelease result."""
+    d = rig[0]
+    h = create(d, gran(d, 0, FD), FD)
+    fd = check("export", d.cuMemExportToShareableHandle(h, FD, 0))
+    attempt(fd)
+    assert rig.held(1) == {}
+    assert rig.close_fd(0, fd) == 0
+    return d.cuMemRelease(h)
+
+
+@case("W6/pidfd", "pidfd_open of a process in another container of one host: ESRCH",
+      "man 2 pidfd_open (ESRCH: no such process in the caller's pid namespace); openucx/ucx#11978 "
+      "(UCX refuses pidfd_getfd across pid namespaces); row W6",
+      _containers(), [(0, 0), (0, 1)], sim_only=True)
+def _(rig):
+    from commsim.sim.fd_channel import SimFdChannel
+
+    def pull(fd: int) -> None:
+        with pytest.raises(FdTransportError, match="ESRCH") as err:
+            SimFdChannel(rig[1]).pull(rig.pid(0), fd)
+        assert err.value.errno == 3
+    return _fd_refused(rig, pull)
+
+
+@case("W6/one-container", "without the fact, one host is one namespace: IPC opens as before",
+      "reference §4.3; row W6 (the control)", "hgx-h100-8", [(0, 0), (0, 1)], expect=E.cudaSuccess)
+def _(rig):
+    assert rig[0].shm_namespace() == rig[1].shm_namespace()
+    p, _h, res = _ipc_round_trip(rig)
+    check("cudaIpcCloseMemHandle", rig[1].cudaIpcCloseMemHandle(res[1]))
+    check("cudaFree", rig[0].cudaFree(p))
+    return res
+
+
 @case("MC2", "cuMulticastAddDevice after a bind: ILLEGAL_STATE",
       "CUDA driver API (all devices before any bind); NVIDIA/nccl#1788 (401); row MC2",
       "hgx-h100-8", [(0, 0)], expect=R.CUDA_ERROR_ILLEGAL_STATE)

@@ -27,6 +27,7 @@ DECIDED_BY = {
     "container-without-imex-channel": ("world", "rank(s) 4, 5, 6, 7 have no IMEX channel"),
     "pidfd-getfd-denied": ("tp", "EPERM: pidfd_getfd"),
     "ipc-graph-segment-current-driver": ("tp", "ipc: admitted"),
+    "container-per-process": ("tp", "ipc: declined: ranks on one host are in different containers"),
 }
 
 
