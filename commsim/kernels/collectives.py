@@ -98,7 +98,7 @@ def one_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int
     esz = ESIZE[dtype]
     _barrier(ctx, ptrs, me, START, rnd, "one-shot start")
     if n:
-        _reduce_into([ctx.array(p + DATA, np.uint8, n * esz) for p in ptrs],
+        _reduce_into([ctx.load(p + DATA, np.uint8, n * esz) for p in ptrs],
                      ctx.array(ptrs[me] + DATA + capacity, np.uint8, n * esz), dtype)
     _barrier(ctx, ptrs, me, END, rnd, "one-shot end")
 
@@ -111,12 +111,12 @@ def two_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int
     lo, hi = ch[me]
     _barrier(ctx, ptrs, me, START, rnd, "two-shot start")
     if hi > lo:
-        _reduce_into([ctx.array(p + DATA + lo * esz, np.uint8, (hi - lo) * esz) for p in ptrs],
+        _reduce_into([ctx.load(p + DATA + lo * esz, np.uint8, (hi - lo) * esz) for p in ptrs],
                      ctx.array(ptrs[me] + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz), dtype)
     _barrier(ctx, ptrs, me, MID, rnd, "two-shot middle")
     for j, (a, b) in enumerate(ch):
         if j != me and b > a:
-            src = ctx.array(ptrs[j] + DATA + capacity + a * esz, np.uint8, (b - a) * esz)
+            src = ctx.load(ptrs[j] + DATA + capacity + a * esz, np.uint8, (b - a) * esz)
             ctx.array(ptrs[me] + DATA + capacity + a * esz, np.uint8, (b - a) * esz)[:] = src
     _barrier(ctx, ptrs, me, END, rnd, "two-shot end")
 
@@ -127,7 +127,7 @@ def all_gather(ctx: KernelContext, ptrs: Sequence[int], me: int, nbytes: int, ca
     _barrier(ctx, ptrs, me, START, rnd, "all-gather start")
     for j, p in enumerate(ptrs):
         ctx.array(ptrs[me] + DATA + capacity + j * nbytes, np.uint8, nbytes)[:] = \
-            ctx.array(p + DATA, np.uint8, nbytes)
+            ctx.load(p + DATA, np.uint8, nbytes)
     _barrier(ctx, ptrs, me, END, rnd, "all-gather end")
 
 
@@ -138,7 +138,7 @@ def reduce_scatter(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dty
     per = n // len(ptrs)
     _barrier(ctx, ptrs, me, START, rnd, "reduce-scatter start")
     if per:
-        _reduce_into([ctx.array(p + DATA + me * per * esz, np.uint8, per * esz) for p in ptrs],
+        _reduce_into([ctx.load(p + DATA + me * per * esz, np.uint8, per * esz) for p in ptrs],
                      ctx.array(ptrs[me] + DATA + capacity, np.uint8, per * esz), dtype)
     _barrier(ctx, ptrs, me, END, rnd, "reduce-scatter end")
 
@@ -158,8 +158,8 @@ def multimem_all_reduce(ctx: KernelContext, mc: int, uc: int, me: int, ws: int, 
     mc_barrier(START, "multimem start")
     lo, hi = _chunks(n, ws)[me]
     if hi > lo:
-        dsts = ctx.multimem(mc + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz)
-        _reduce_into(ctx.multimem(mc + DATA + lo * esz, np.uint8, (hi - lo) * esz), dsts[0], dtype)
-        for v in dsts[1:]:          # multimem.st: the same bytes to every member
-            np.copyto(v, dsts[0])
+        nbytes = (hi - lo) * esz
+        out = np.empty(nbytes, np.uint8)
+        _reduce_into(ctx.multimem_load(mc + DATA + lo * esz, np.uint8, nbytes), out, dtype)
+        ctx.multimem_store(mc + DATA + capacity + lo * esz, out)   # the same bytes to every member
     mc_barrier(END, "multimem end")

@@ -31,6 +31,21 @@ class KernelContext(ABC):
     def multimem(self, ptr: int, dtype: np.dtype, count: int) -> list[np.ndarray]:
         """multimem.ld_reduce / st operands: one view per device bound to the multicast range."""
 
+    def load(self, ptr: int, dtype: np.dtype, count: int) -> np.ndarray:
+        """Like `array`, for reading only (the result may be read-only): a simulator may read
+        bytes shared between buffers through one mapping of them."""
+        return self.array(ptr, dtype, count)
+
+    def multimem_load(self, ptr: int, dtype: np.dtype, count: int) -> list[np.ndarray]:
+        """Like `multimem`, for reading only (multimem.ld_reduce operands)."""
+        return self.multimem(ptr, dtype, count)
+
+    def multimem_store(self, ptr: int, data: np.ndarray) -> None:
+        """multimem.st of the bytes `data` (1-D uint8) at multicast address `ptr`: the same
+        bytes land in every member's memory. A simulator may share them between members."""
+        for v in self.multimem(ptr, np.uint8, data.nbytes):
+            np.copyto(v, data)
+
     def signal_all(self, ptrs: Sequence[int], offset: int, value: int) -> None:
         """signal(p + offset, value) for every p, in order (a barrier's stores to its peers)."""
         for p in ptrs:

@@ -8,6 +8,12 @@ their input at once), any replay in any process regenerates the same bytes, and 
 reference is accumulated rank by rank over one message, never by stacking every rank's
 input (the old runner's `torch.stack(...).double()` was 23 s of a 44 s rack profile).
 
+From SHARED_MIN bytes on, the windows start a page apart (one page of elements between ranks
+instead of STRIDE) and the tape in the dtype lives in a sealed memfd
+(commsim/sim/shared_pages.py), so that staging a rank's input into simulated device memory
+maps the tape's pages copy-on-write instead of copying them: 72 ranks staging 8 MiB each cost
+one tape, not 72 copies.
+
 Inputs are integers in [-8, 8], exact in every dtype, so the sum of a group's inputs is an
 integer; it is accumulated exactly in an integer array (int16 while the group is small
 enough that no sum can overflow, else int32), which is bitwise the float64 sum rank by rank
@@ -26,11 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..sim.shared_pages import PAGE, SealedArray
+
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Tolerances against the float64 reference: inputs are exact in every dtype, so the error is
 # the final rounding of a float32 sum back into the dtype (one ulp of the result).
 RTOL = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
 STRIDE = 61          # elements between consecutive ranks' windows on the tape (a prime)
+SHARED_MIN = 64 * 1024   # message bytes from which windows are page-aligned and the tape sealed
 LOW, HIGH = -8, 8    # input values
 CHUNK = 1 << 20      # elements per step of the float64 comparison (bounds its temporaries)
 MEMO = 3             # references kept per run (ranks of a group move through ops together)
@@ -43,16 +52,24 @@ def _key(*parts: Any) -> int:
     return int.from_bytes(d, "little")
 
 
+def stride(numel: int, dtype: str) -> int:
+    """Elements between consecutive ranks' windows: STRIDE, or one page of elements for a
+    message of SHARED_MIN bytes or more (page-aligned windows stage by mapping)."""
+    esz = torch.empty(0, dtype=TORCH[dtype]).element_size()
+    return PAGE // esz if numel * esz >= SHARED_MIN else STRIDE
+
+
 def tape(seed: int, group: str, size: int, op: str, numel: int, dtype: str) -> np.ndarray:
-    """The group's integer tape for one op: `numel + STRIDE * (size - 1)` int8 values."""
+    """The group's integer tape for one op: `numel + stride * (size - 1)` int8 values."""
     g = np.random.Generator(np.random.PCG64(_key(seed, group, op, numel, dtype)))
-    return g.integers(LOW, HIGH + 1, size=numel + STRIDE * (size - 1), dtype=np.int8)
+    return g.integers(LOW, HIGH + 1, size=numel + stride(numel, dtype) * (size - 1), dtype=np.int8)
 
 
 def make_input(seed: int, group: str, size: int, rank: int, op: str, numel: int,
                dtype: str) -> torch.Tensor:
     """Rank `rank`'s input (a fresh tensor; the runner shares views through `Reference`)."""
-    t = tape(seed, group, size, op, numel, dtype)[STRIDE * rank: STRIDE * rank + numel]
+    s = stride(numel, dtype)
+    t = tape(seed, group, size, op, numel, dtype)[s * rank: s * rank + numel]
     return torch.from_numpy(t.copy()).to(TORCH[dtype])
 
 
@@ -66,8 +83,9 @@ class Reference:
 
     def __init__(self, seed: int, group: str, size: int, op: str, numel: int, dtype: str):
         self.op, self.size, self.numel, self.dtype = op, size, numel, dtype
+        self.stride = stride(numel, dtype)
         self.ints = tape(seed, group, size, op, numel, dtype)
-        self.values = torch.from_numpy(self.ints).to(TORCH[dtype])
+        self.values = self._in_dtype(self.ints, dtype)
         self.total: np.ndarray | None = None      # the exact sum (reduce ops)
         self._expected: torch.Tensor | None = None
         self._fast: dict[tuple[int, int], bool] = {}
@@ -78,12 +96,23 @@ class Reference:
                 np.add(acc, self.window(r), out=acc)
             self.total = acc
 
+    def _in_dtype(self, ints: np.ndarray, dtype: str) -> torch.Tensor:
+        """The tape in the dtype: in a sealed memfd from SHARED_MIN bytes on (staged inputs
+        then share its pages), else a plain tensor."""
+        t = torch.from_numpy(ints)
+        esz = torch.empty(0, dtype=TORCH[dtype]).element_size()
+        if self.numel * esz < SHARED_MIN:
+            return t.to(TORCH[dtype])
+        self.sealed = SealedArray(ints.size * esz,
+                                  lambda a: torch.from_numpy(a).view(TORCH[dtype]).copy_(t))
+        return torch.from_numpy(self.sealed.array).view(TORCH[dtype])
+
     def window(self, rank: int) -> np.ndarray:
-        return self.ints[STRIDE * rank: STRIDE * rank + self.numel]
+        return self.ints[self.stride * rank: self.stride * rank + self.numel]
 
     def input(self, rank: int) -> torch.Tensor:
         """Rank `rank`'s input: a read-only view by contract (callers copy before writing)."""
-        return self.values[STRIDE * rank: STRIDE * rank + self.numel]
+        return self.values[self.stride * rank: self.stride * rank + self.numel]
 
     # -- what each rank must get back -----------------------------------------------------
     def _parts(self, rank: int) -> list[tuple[int, np.ndarray, float]]:

@@ -455,14 +455,14 @@ class SimDriver:
         except (TypeError, ValueError):
             raise Fail(E.cudaErrorInvalidValue)
         try:
-            np.copyto(self.view(dst, b.size), b)
+            self.fabric.memory.copy_in(self.view(dst, b.size), b)
         except Fail:
             raise Fail(E.cudaErrorInvalidValue)
 
     @api(1, True)
     def memcpy_dtoh(self, src: int, nbytes: int) -> np.ndarray:
         try:
-            return self.view(src, self._memcpy_check(nbytes)).copy()
+            return self.fabric.memory.read_copy(self.view(src, self._memcpy_check(nbytes)))
         except Fail:
             raise Fail(E.cudaErrorInvalidValue)
 

@@ -24,6 +24,25 @@ class SimKernelContext(KernelContext):
         dt = np.dtype(dtype)
         return [v.view(dt) for v in self.driver.multimem_views(ptr, dt.itemsize * count)]
 
+    def load(self, ptr: int, dtype: np.dtype, count: int) -> np.ndarray:
+        dt = np.dtype(dtype)
+        v = self.driver.view(ptr, dt.itemsize * count)
+        shared = self.driver.fabric.memory.canonical(v)
+        return (v if shared is None else shared).view(dt)
+
+    def multimem_load(self, ptr: int, dtype: np.dtype, count: int) -> list[np.ndarray]:
+        dt = np.dtype(dtype)
+        canonical = self.driver.fabric.memory.canonical
+        out = []
+        for v in self.driver.multimem_views(ptr, dt.itemsize * count):
+            shared = canonical(v)
+            out.append((v if shared is None else shared).view(dt))
+        return out
+
+    def multimem_store(self, ptr: int, data: np.ndarray) -> None:
+        # One sealed copy behind every member's pages (commsim/sim/shared_pages.py).
+        self.driver.fabric.memory.broadcast(self.driver.multimem_views(ptr, data.nbytes), data)
+
     def signal_all(self, ptrs: Sequence[int], offset: int, value: int) -> None:
         # One encoded word and the driver's view per peer: the hot path of every barrier.
         word = np.array([value], np.uint32).view(np.uint8)

@@ -185,3 +185,17 @@ class ShmMemory:
 
     def release(self, array: np.ndarray, tag: str) -> None:
         segment_path(self.prefix, tag).unlink(missing_ok=True)
+
+    # Shared memory other processes map: plain copies, never remapped pages.
+    def copy_in(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src)
+
+    def broadcast(self, dsts: list[np.ndarray], src: np.ndarray) -> None:
+        for d in dsts:
+            np.copyto(d, src)
+
+    def canonical(self, view: np.ndarray) -> None:
+        return None
+
+    def read_copy(self, view: np.ndarray) -> np.ndarray:
+        return view.copy()
