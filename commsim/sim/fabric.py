@@ -157,7 +157,9 @@ class MemoryProvider:
         """A read-only array with the bytes of `view` (1-D uint8) read through the one mapping
         of the sealed file behind them, or None when they are not all one file's: reading it
         maps no page at `view` (RSS counts every mapping of a shared page)."""
-        start = self._alloc_of(view) if view.nbytes else None
+        if view.nbytes < shared_pages.READ_MIN or not self._shared:
+            return None
+        start = self._alloc_of(view)
         o = self._shared.get(start) if start is not None else None
         if o is None:
             return None
@@ -168,7 +170,7 @@ class MemoryProvider:
 
     def read_copy(self, view: np.ndarray) -> np.ndarray:
         """view.copy() (1-D uint8), shared pages read through their file's one mapping."""
-        start = self._alloc_of(view) if view.nbytes else None
+        start = self._alloc_of(view) if view.nbytes >= shared_pages.READ_MIN and self._shared else None
         o = self._shared.get(start) if start is not None else None
         if o is None:
             return view.copy()

@@ -32,6 +32,9 @@ import numpy as np
 PAGE = mmap.PAGESIZE
 # Below this many bytes a copy is cheaper than a memfd and a mapping per destination.
 SHARE_MIN = 64 * 1024
+# Below this many bytes a read maps the few pages it touches rather than asking pagemap
+# whether they still hold the shared bytes.
+READ_MIN = 16 * 1024
 _MAP_FIXED = 0x10        # <sys/mman.h>, the same on x86-64 and arm64 Linux
 _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
