@@ -6,9 +6,12 @@ The estimate is an upper bound built from what the run actually holds:
 - per rank: its simulated process, driver, ledger and greenlet: RANK_BYTES;
 - simulated device memory touched: workspaces are reserved lazily and cost host memory only
   where written (commsim/sim/fabric.py MemoryProvider), so each rank of a group pays its
-  input and its result of each message size it sends (a backend stages the input into its
-  workspace and the kernel writes the result there); an all-gather's result is group-size
-  times its input;
+  result of each message size it sends (the kernel writes it into its workspace; an
+  all-gather's result is group-size times its input) and its staged input below SHARED_MIN
+  bytes; from SHARED_MIN on the staged input maps the pages of the one input tape
+  (commsim/sim/shared_pages.py) and costs its two partial end pages at most. A multicast
+  result is shared between the members too, which this bound does not count on (it does
+  not know the backend);
 - the reference of the largest op (commsim/scenario/reference.py): the shared input tape,
   its integer copy, the exact sum and the rounded expected result: O(message), not
   O(ranks x message);
@@ -16,16 +19,18 @@ The estimate is an upper bound built from what the run actually holds:
 - the fallback (nccl) sums a message per rank at a time in float32.
 
 Calibrated against measured peak RSS (benchmarks/rack_scale.py prints both): the GB200 NVL72
-rack scenario (1601 MB measured, 1815 MB estimated) and the ladder of 8-576 ranks (259-526 MB
-measured, 364-1131 MB estimated) are each within the estimate and at most about 2.2 times
-below it.
+rack scenario (458 MB measured, 1159 MB estimated: its 8 MiB multicast results are shared
+between members, which the bound leaves out) and, before shared pages, the ladder of 8-576
+ranks (259-526 MB measured, 364-1131 MB estimated) are each within the estimate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..sim.shared_pages import PAGE
 from .model import Scenario
+from .reference import SHARED_MIN
 
 MiB = 1 << 20
 BASE_BYTES = 320 * MiB     # measured: 234 MiB after `import commsim.scenario.runner`, plus heap
@@ -63,6 +68,11 @@ def _out_bytes(op: str, size: int, group_size: int) -> int:
     return size
 
 
+def _staged_bytes(size: int) -> int:
+    """Host bytes a staged input of `size` bytes costs in a workspace."""
+    return size if size < SHARED_MIN else 2 * PAGE
+
+
 def estimate_host_bytes(sc: Scenario) -> MemoryEstimate:
     """An upper bound on the peak host memory (RSS) of running `sc` in thread mode."""
     wl = sc.workload
@@ -73,8 +83,8 @@ def estimate_host_bytes(sc: Scenario) -> MemoryEstimate:
         gs = len(g.ranks)
         # Inputs and results of every size land in a workspace that stays mapped until the
         # group's communicator closes: the sizes add up.
-        per_rank = sum(size + _out_bytes(op, size, gs) for op in wl.ops for size in set(wl.sizes)
-                       if (size * gs if op == "all_gather" else size) < cap)
+        per_rank = sum(_staged_bytes(size) + _out_bytes(op, size, gs) for op in wl.ops
+                       for size in set(wl.sizes) if (size * gs if op == "all_gather" else size) < cap)
         touched += gs * per_rank
         big = max(wl.sizes, default=0)
         if not big:

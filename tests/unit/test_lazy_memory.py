@@ -50,8 +50,11 @@ def test_driver_memory_is_lazy_end_to_end() -> None:
 def test_estimate_counts_what_the_run_holds() -> None:
     rack = load(ROOT / "scenarios" / "topologies" / "gb200-nvl72.toml")
     est = estimate_host_bytes(rack)
-    # 72 ranks stage 4 KiB + 256 KiB + 8 MiB in and out; the tray group a little more.
-    assert est.parts["device memory touched"] >= 72 * 2 * (8 * MiB + 256 * 1024 + 4096)
+    # 72 ranks get 4 KiB + 256 KiB + 8 MiB back, and stage the 4 KiB input; the larger inputs
+    # map pages of the one input tape (commsim/sim/shared_pages.py), so they are not counted
+    # once per rank. The tray group adds a little.
+    per_rank = 8 * MiB + 256 * 1024 + 2 * 4096
+    assert 72 * per_rank <= est.parts["device memory touched"] < 72 * (per_rank + 8 * MiB)
     assert est.parts["reference"] < 64 * MiB            # O(message), not O(ranks x message)
     assert est.total == sum(est.parts.values())
     assert "MiB of host memory" in est.describe()
