@@ -98,8 +98,16 @@ class MemoryProvider:
         o = self._shared.pop(start, None)
         w = written_pages(array, None if o is None else o.src != 0)
         self.touched += int(array.nbytes) if w is None else int(np.count_nonzero(w)) * PAGE
-        if self._ends.pop(start, None) is not None:
+        entry = self._ends.pop(start, None)
+        if entry is not None:
             del self._starts[bisect.bisect_left(self._starts, start)]
+            m = entry[1]()
+            if m is not None:
+                # The pages go now, not when the last view of them is collected: a peer that
+                # still maps freed memory (row L15) or a kernel's view would keep them (and
+                # peak RSS would follow dead memory). What a freed range holds is undefined
+                # on a GPU; every access through the driver faults already.
+                m.madvise(mmap.MADV_DONTNEED)
 
     def _alloc_of(self, a: np.ndarray) -> int | None:
         """The start of the live private anonymous allocation of this provider that holds

@@ -6,11 +6,13 @@ mapping). Every byte still reads what a copy would have left, writes included.""
 from __future__ import annotations
 
 import numpy as np
+from cuda.bindings import runtime as cudart
 
 from commsim.scenario.memory_estimate import MiB
 from commsim.scenario.model import Group, Scenario, Workload
 from commsim.scenario.reference import Reference
 from commsim.scenario.runner import run_scenario
+from commsim.sim import SimFabric, spawn_driver
 from commsim.sim import fabric as F
 from commsim.sim.fabric import PAGE, MemoryProvider
 from commsim.sim.shared_pages import EXCLUSIVE, FILE_PAGE, PRESENT, SealedArray, page_flags
@@ -121,3 +123,17 @@ def test_the_reference_tape_is_sealed_from_the_shared_size_on() -> None:
     assert SealedArray.containing(big.input(3).data_ptr(), 2 * MiB) is not None
     small = Reference(0, "g", 4, "all_reduce", 1024, "bfloat16")
     assert small.stride == 61 and not hasattr(small, "sealed")
+
+
+def test_freed_memory_returns_its_pages_while_a_view_still_holds_it() -> None:
+    fabric = SimFabric(build_preset("hgx-h100-8"))
+    d = spawn_driver(fabric, next(iter(fabric.cluster.gpu_refs())))
+    err, ptr = d.cudaMalloc(8 * MiB)
+    assert err == cudart.cudaError_t.cudaSuccess
+    d.cudaMemset(ptr, 3, 8 * MiB)
+    held = d.view(ptr, 8 * MiB)          # e.g. a peer's stale mapping, or a kernel's view
+    assert _pages(held)[1] == 8 * MiB // PAGE
+    (err,) = d.cudaFree(ptr)
+    assert err == cudart.cudaError_t.cudaSuccess
+    assert _pages(held)[0] == 0          # nothing mapped behind it any more
+    assert fabric.memory.touched == 8 * MiB
