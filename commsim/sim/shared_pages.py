@@ -168,21 +168,18 @@ def map_pages(sealed: Sealed, offset: int, dst: np.ndarray, src: np.ndarray,
     lo = -d % PAGE                       # first whole page of dst, as an offset into it
     pages = max((n - lo) // PAGE, 0)
     hi = lo + pages * PAGE
+    if keep is None or keep.all():
+        runs = [(0, pages, True)] if pages else []
+    else:       # runs of pages to map / to copy
+        cuts = [0, *(np.flatnonzero(keep[1:] != keep[:-1]) + 1).tolist(), pages]
+        runs = [(i, j, bool(keep[i])) for i, j in zip(cuts[:-1], cuts[1:])]
     mapped = []
-    i = 0
-    while i < pages:
-        j = i + 1
-        if keep is not None:
-            while j < pages and keep[j] == keep[i]:
-                j += 1
-        else:
-            j = pages
+    for i, j, ok in runs:
         a, b = lo + i * PAGE, lo + j * PAGE
-        if (keep is None or keep[i]) and sealed.map_into(d + a, offset + a, b - a):
+        if ok and sealed.map_into(d + a, offset + a, b - a):
             mapped.append((a, b))
         else:
             dst[a:b] = src[a:b]
-        i = j
     head, tail = min(lo, n), min(hi, n)
     dst[:head] = src[:head]
     dst[tail:] = src[tail:]
