@@ -13,7 +13,7 @@ from commsim.scenario.memory_estimate import MiB, estimate_host_bytes
 from commsim.scenario.model import Group, Scenario, Workload
 from commsim.scenario.schema import load
 from commsim.sim import SimFabric, spawn_driver
-from commsim.sim.fabric import PAGE, MemoryProvider, resident_bytes
+from commsim.sim.host_memory import PAGE, MemoryProvider, resident_bytes
 from commsim.topology import build_preset
 
 ROOT = Path(__file__).resolve().parents[2]

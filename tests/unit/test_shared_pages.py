@@ -14,7 +14,7 @@ from commsim.scenario.reference import Reference
 from commsim.scenario.runner import run_scenario
 from commsim.sim import SimFabric, spawn_driver
 from commsim.sim import fabric as F
-from commsim.sim.fabric import PAGE, MemoryProvider
+from commsim.sim.host_memory import PAGE, MemoryProvider
 from commsim.sim.shared_pages import EXCLUSIVE, FILE_PAGE, PRESENT, SealedArray, page_flags
 from commsim.topology import build_preset
 
