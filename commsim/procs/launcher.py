@@ -142,7 +142,7 @@ def _launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int,
                     else:
                         why = f"{_exit_words(p.exitcode)} {last_status(store, r, seal)}"
                         gone[r] = why
-                        mark_dead(store, r, why)
+                        mark_dead(store, r, why, seal)
                         say(f"rank {r} {why}")
             if not alive:
                 break
@@ -168,7 +168,7 @@ def _launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int,
                            f"{last_status(store, r, seal)}")
                     gone[r] = why
                     procs[r].kill()
-                    mark_dead(store, r, why)
+                    mark_dead(store, r, why, seal)
                     say(f"rank {r} {why}")
                 for r in alive:
                     procs[r].join(5)
