@@ -40,21 +40,6 @@ def _barrier(ctx: KernelContext, ptrs: Sequence[int], me: int, which: int, rnd: 
 _NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
-def _accumulate(acc: np.ndarray, src: np.ndarray, dtype: str, first: bool) -> None:
-    """acc (float32) = src (raw bytes in `dtype`) when `first`, else acc += src."""
-    v = src.view(_NP[dtype])
-    if dtype == "bfloat16":
-        if first:
-            np.left_shift(v, 16, out=acc.view(np.uint32), dtype=np.uint32)
-            return
-        wide = np.left_shift(v, 16, dtype=np.uint32)
-        np.add(acc, wide.view(np.float32), out=acc)
-    elif first:
-        np.copyto(acc, v)
-    else:
-        np.add(acc, v, out=acc)
-
-
 def _store(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
     """dst (raw bytes in `dtype`) = acc (float32), rounded to nearest even like a GPU cvt.rn."""
     if dtype != "bfloat16":
@@ -74,11 +59,30 @@ def _store(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
 
 
 def _reduce(srcs: Sequence[np.ndarray], dtype: str, out: np.ndarray | None = None) -> np.ndarray:
-    """The float32 sum of the `srcs` (raw bytes in `dtype`), in order: one pass per input.
-    `out`: float32 memory to accumulate in (a float32 kernel sums straight into its result)."""
-    acc = out if out is not None else np.empty(srcs[0].size // np.dtype(_NP[dtype]).itemsize, np.float32)
-    for i, v in enumerate(srcs):
-        _accumulate(acc, v, dtype, i == 0)
+    """The float32 sum of the `srcs` (raw bytes in `dtype`), in order, in the passes numpy's
+    own sum would make: the first two inputs are added straight into the accumulator (no copy
+    pass first), each further one is added in place. `out`: float32 memory to accumulate in
+    (a float32 kernel sums straight into its result)."""
+    nt = _NP[dtype]
+    vs = [s.view(nt) for s in srcs]
+    acc = out if out is not None else np.empty(vs[0].size, np.float32)
+    if dtype == "bfloat16":
+        # Widen each input by a 16-bit shift into one scratch array reused for every input
+        # (a fresh one per input cost an allocation, and its page faults, per rank per round).
+        np.left_shift(vs[0], 16, out=acc.view(np.uint32), dtype=np.uint32)
+        if len(vs) > 1:
+            wide = np.empty(acc.size, np.uint32)
+            for v in vs[1:]:
+                np.left_shift(v, 16, out=wide, dtype=np.uint32)
+                np.add(acc, wide.view(np.float32), out=acc)
+        return acc
+    if len(vs) == 1:
+        np.copyto(acc, vs[0])
+        return acc
+    # dtype=float32: a float16 pair is widened before the add, never summed in float16.
+    np.add(vs[0], vs[1], out=acc, dtype=np.float32)
+    for v in vs[2:]:
+        np.add(acc, v, out=acc, dtype=np.float32)
     return acc
 
 
