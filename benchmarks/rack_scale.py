@@ -283,10 +283,13 @@ def datapath(reps: int = 7, order: tuple[str, ...] = ("ipc", "nccl"),
                     g.barrier()
                     if g.rank == 0:
                         whole = time.perf_counter() - t
+                        for k in ("stage", "sum", "copy-out", "sum_bytes"):
+                            spent.setdefault(k, 0.0)      # a backend without that phase
                         if whole < best.get("whole", float("inf")):    # the breakdown of the best
                             phases.update(spent, rest=whole - spent["stage"] - spent["sum"] - spent["copy-out"])
                         keep("whole", whole)
-                        keep("sum", spent["sum"] / spent["sum_bytes"])   # seconds per byte
+                        if spent["sum_bytes"]:
+                            keep("sum", spent["sum"] / spent["sum_bytes"])   # seconds per byte
                         keep("numpy", _numpy_sum(bufs, out))
                         keep("2-shot", _numpy_two_shot(bufs, stage, scratch))
                 if g.rank == 0:
@@ -295,7 +298,7 @@ def datapath(reps: int = 7, order: tuple[str, ...] = ("ipc", "nccl"),
                 comm.close()
 
             LocalWorld(8, 0).run(rank)
-            kern = 1 / best["sum"] / 1e9
+            kern = 1 / best["sum"] / 1e9 if "sum" in best else float("nan")   # nan: no kernel sum
             whole, ref, two = (8 * size / best[k] / 1e9 for k in ("whole", "numpy", "2-shot"))
             print(f"{mb:>4}Mi {names[0]:>18} {kern:10.2f} {whole:10.2f} {ref:7.2f} {two:7.2f}       | "
                   f"{kern / ref:12.2f} {whole / ref:16.2f} {whole / two:17.2f} |     "
