@@ -317,8 +317,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--section", action="append", choices=SECTIONS, metavar="NAME",
-                    help=f"run only this section (repeatable; {', '.join(SECTIONS)} = 1-5 above; "
-                         f"default all)")
+                    help=f"run only this section: {', '.join(SECTIONS)} (sections 1-5 of this "
+                         f"file's docstring); repeatable; default all")
     ap.add_argument("--sweep-count", type=int, default=1000, help="scenarios for the sweep rate (default 1000)")
     ap.add_argument("--skip-576", action="store_true", help="leave out the 576-rank rung")
     ap.add_argument("--limit-mb", type=int, default=6000, help="kill a child past this RSS (default 6000)")
