@@ -36,9 +36,9 @@ def _barrier(ctx: KernelContext, ptrs: Sequence[int], me: int, which: int, rnd: 
 # -- arithmetic: numpy over raw bytes, accumulating in float32 (DESIGN.md §5) ------------------
 # A bfloat16 is the high half of a float32, so widening is a 16-bit shift and narrowing a
 # round-to-nearest-even on the low half, both plain integer passes that do not depend on
-# torch's thread setting (with its 2-thread pool a torch cast cost about ten numpy adds on the
-# 2-core machine; with 1 thread, as set_torch_threads sets, about one). numpy's own float16
-# casts take about 14 float32 adds here (no F16C path): measured, left as they are.
+# torch's thread setting (torch's casts run at numpy-add speed on one thread, but about 50
+# times slower with its 2-thread pool: set_torch_threads). numpy's own float16 casts take
+# about 14 float32 adds here (no F16C path): measured, left as they are.
 _NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 _BLOCK = 1 << 16        # elements per block of a 16-bit reduction (float32 accumulator: 256 KiB)
 
