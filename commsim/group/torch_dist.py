@@ -163,10 +163,13 @@ def connect_store(host: str, port: int, timeout: float,
     return store
 
 
-def mark_dead(store: Any, rank: int, why: str) -> None:
+def mark_dead(store: Any, rank: int, why: str, seal: Seal) -> None:
     """Declare `rank` dead: every wait of its peers sees it within POLL seconds. The launcher
-    does this when a child exits without a report; a rank does it for itself on an error."""
-    store.set(f"dead/{rank}", why)
+    does this when a child exits without a report; a rank does it for itself on an error.
+    The mark is sealed like every other value: a death another local user writes into the
+    store would otherwise end a healthy run with a false failure."""
+    key = f"dead/{rank}"
+    store.set(key, seal.dumps(key, str(why)))
     store.add("ndead", 1)
 
 
@@ -287,12 +290,16 @@ class ProcessWorld:
             return {}
         out = {}
         for r in range(self.size):
-            if self.store.check([f"dead/{r}"]):
-                out[r] = self.store.get(f"dead/{r}").decode()
+            key = f"dead/{r}"
+            if self.store.check([key]):
+                try:
+                    out[r] = str(self.seal.loads(key, self.store.get(key)))
+                except ForgedValue:
+                    continue          # not written by this run: no death to believe
         return out
 
     def mark_dead(self, rank: int, why: str) -> None:
-        mark_dead(self.store, rank, why)
+        mark_dead(self.store, rank, why, self.seal)
 
     def states(self) -> tuple[RankState, ...]:
         """Where every rank is, from the board: dead, finished, in a collective, or absent."""
