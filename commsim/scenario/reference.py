@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..sim import shared_pages
 from ..sim.shared_pages import PAGE, SealedArray
 
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -112,7 +113,7 @@ class Reference:
         then share its pages), else a plain tensor."""
         t = torch.from_numpy(ints)
         esz = torch.empty(0, dtype=TORCH[dtype]).element_size()
-        if self.numel * esz < SHARED_MIN:
+        if self.numel * esz < SHARED_MIN or not shared_pages.AVAILABLE:
             return t.to(TORCH[dtype])
         self.sealed = SealedArray(ints.size * esz,
                                   lambda a: torch.from_numpy(a).view(TORCH[dtype]).copy_(t))

@@ -117,7 +117,8 @@ class MemoryProvider:
     def copy_in(self, dst: np.ndarray, src: np.ndarray) -> None:
         """dst[:] = src (1-D uint8): a host-to-device copy. Pages of a sealed input tape are
         mapped copy-on-write instead of copied where they line up."""
-        start = self._alloc_of(dst) if dst.nbytes >= shared_pages.SHARE_MIN else None
+        start = (self._alloc_of(dst) if dst.nbytes >= shared_pages.SHARE_MIN
+                 and shared_pages.AVAILABLE else None)
         hit = shared_pages.sealed_source(src) if start is not None else None
         if hit is None or (dst.ctypes.data - hit[1]) % PAGE:
             np.copyto(dst, src)
@@ -133,7 +134,8 @@ class MemoryProvider:
         object. One sealed copy of the bytes backs every member's whole pages."""
         starts = [self._alloc_of(d) for d in dsts]
         off = dsts[0].ctypes.data % PAGE
-        if (len(dsts) < 2 or src.nbytes < shared_pages.SHARE_MIN or None in starts
+        if (len(dsts) < 2 or src.nbytes < shared_pages.SHARE_MIN or not shared_pages.AVAILABLE
+                or None in starts
                 or any(d.ctypes.data % PAGE != off for d in dsts)):
             for d, s in zip(dsts, starts):
                 np.copyto(d, src)

@@ -36,7 +36,10 @@ SHARE_MIN = 64 * 1024
 # whether they still hold the shared bytes.
 READ_MIN = 16 * 1024
 _MAP_FIXED = 0x10        # <sys/mman.h>, the same on x86-64 and arm64 Linux
-_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+# memfd sealing is Linux's (3.17 on); elsewhere every write is a plain copy.
+AVAILABLE = hasattr(os, "memfd_create") and hasattr(fcntl, "F_ADD_SEALS")
+_SEALS = (fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+          if AVAILABLE else 0)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
