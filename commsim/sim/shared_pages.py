@@ -222,7 +222,7 @@ class Origins:
         n = (size + PAGE - 1) // PAGE
         self.start = start
         self.src = np.zeros(n, np.int32)      # 0: not shared; else an index into `sources`
-        self.page = np.zeros(n, np.int64)     # the file page behind it
+        self.page = np.zeros(n, np.int32)     # the file page behind it (files < 8 TiB)
         self.sources: list[Sealed | None] = [None]
         self._live = 1
 
@@ -252,12 +252,15 @@ class Origins:
 
     def _compact(self) -> None:
         """Drop sources no page refers to any more (their files go with their last mapping)."""
-        used = np.unique(self.src)
-        used = used[used != 0]
+        # Only the entries in use are read and rewritten: the tables are zero-filled lazily
+        # (calloc), and a 128 MiB workspace rewritten whole would commit all of its table.
+        nz = np.flatnonzero(self.src)
+        ids = self.src[nz]
+        used = np.unique(ids)
         remap = np.zeros(len(self.sources), np.int32)
         remap[used] = np.arange(1, len(used) + 1, dtype=np.int32)
         self.sources = [None] + [self.sources[i] for i in used]
-        self.src = remap[self.src]
+        self.src[nz] = remap[ids]
         self._live = len(self.sources)
 
     def single(self, addr: int, nbytes: int) -> tuple[Sealed, int] | None:

@@ -137,3 +137,18 @@ def test_freed_memory_returns_its_pages_while_a_view_still_holds_it() -> None:
     assert err == cudart.cudaError_t.cudaSuccess
     assert _pages(held)[0] == 0          # nothing mapped behind it any more
     assert fabric.memory.touched == 8 * MiB
+
+
+def test_sources_no_page_refers_to_are_dropped_and_reads_stay_right() -> None:
+    mem = MemoryProvider()
+    members = [mem.allocate(2 * MiB, f"m{i}") for i in range(2)]
+    for k in range(100):                 # each store replaces the last one's pages
+        data = np.full(MiB, k % 256, np.uint8)
+        mem.broadcast([m[: MiB] for m in members], data)
+    # chunks of a later store beside the last one: two sources per member in use
+    mem.broadcast([m[MiB: MiB + 64 * PAGE] for m in members], np.full(64 * PAGE, 7, np.uint8))
+    for m in members:
+        o = mem._shared[m.ctypes.data]
+        assert len(o.sources) <= 64 + 1
+        got = mem.read_copy(m[: MiB + 64 * PAGE])
+        assert (got[: MiB] == 99).all() and (got[MiB:] == 7).all()
