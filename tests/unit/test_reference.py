@@ -77,3 +77,17 @@ def test_inputs_keep_a_bounded_number_of_references() -> None:
     for n in (16, 32, 64, 128, 256):
         r = inp.get("g", 4, "all_reduce", n, "float32")
     assert len(inp.memo) == 3 and inp.get("g", 4, "all_reduce", 256, "float32") is r
+
+
+@pytest.mark.parametrize("stride,size,numel", [(61, 1, 40), (61, 5, 40), (61, 72, 1000), (2048, 72, 2048 * 5),
+                                               (2048, 8, 2048 * 3 + 17), (1024, 3, 100), (7, 300, 7 * 40)])
+def test_window_sum_is_the_rank_by_rank_sum(stride: int, size: int, numel: int) -> None:
+    import numpy as np
+
+    from commsim.scenario.reference import window_sum
+    ints = np.random.default_rng(stride + size).integers(-8, 9, numel + stride * (size - 1), dtype=np.int8)
+    want = np.zeros(numel, np.int64)
+    for r in range(size):
+        want += ints[stride * r: stride * r + numel]
+    got = window_sum(ints, stride, size, numel, np.int16)
+    assert got.dtype == np.int16 and np.array_equal(got, want)
