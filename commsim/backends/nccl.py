@@ -11,6 +11,7 @@ NCCL's own advice for the latter and sets NCCL_MNNVL_ENABLE=0 before init."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,22 @@ class NcclError(RuntimeError):
     def __init__(self, name: str, message: str):
         super().__init__(f"{name}: {message}")
         self.name = name
+
+
+@functools.lru_cache(maxsize=8)
+def _decide(view: GroupView, env: tuple[tuple[str, str], ...], auto: bool) -> tuple[NcclDecision, str]:
+    """The decision for one group view and environment, and the note of an automatic
+    adjustment. Cached: it is O(ranks^2) (a transport per pair), every rank of the group asks
+    with an equal view, and the result is immutable, so the ranks of one process share one
+    (576 ranks each holding their own 165,600 pair transports was gigabytes)."""
+    machine = machine_from_view(view)
+    envd = dict(env)
+    d = decide(machine, parse_env(envd))
+    if (d.init_error is not None and d.init_error[0] == "ncclSystemError" and auto
+            and envd.get("NCCL_MNNVL_ENABLE") != "1"):
+        d = decide(machine, parse_env({**envd, "NCCL_MNNVL_ENABLE": "0"}))
+        return d, "NCCL_MNNVL_ENABLE=0 set: MNNVL looks available but IMEX is missing (NC8)"
+    return d, ""
 
 
 @register_backend
@@ -55,14 +72,8 @@ class NcclBackend(Backend):
     def setup(self) -> None:
         """ncclCommInitRank as the rules decide it. Every rank computes the same decision
         from the same view, so every rank fails init together (no vote needed)."""
-        env = dict(self.params.get("nccl_env", ()))
-        machine = machine_from_view(self.view)
-        d = decide(machine, parse_env(env))
-        self.adjusted = ""
-        if (d.init_error is not None and d.init_error[0] == "ncclSystemError"
-                and self.params.get("nccl_auto_env", True) and env.get("NCCL_MNNVL_ENABLE") != "1"):
-            d = decide(machine, parse_env({**env, "NCCL_MNNVL_ENABLE": "0"}))
-            self.adjusted = "NCCL_MNNVL_ENABLE=0 set: MNNVL looks available but IMEX is missing (NC8)"
+        env = tuple(sorted(dict(self.params.get("nccl_env", ())).items()))
+        d, self.adjusted = _decide(self.view, env, bool(self.params.get("nccl_auto_env", True)))
         self.decision = d
         if d.init_error is not None:
             raise SetupFailed(self.name, "init: ncclCommInitRank", self.rank, NcclError(*d.init_error))
