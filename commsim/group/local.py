@@ -8,7 +8,8 @@ arrives, and wakes the others. Arrival is O(1); completion is O(size).
 By value: what crosses a group is pickled once at completion and unpickled by each receiver,
 so ranks never share Python objects (a process boundary would not allow it, and handles must
 survive pickling). The senders are parked inside the collective until completion, so the
-snapshot equals the objects at call time. Immutable scalars skip pickling.
+snapshot equals the objects at call time. Values nothing can change (scalars, tuples and
+frozen dataclasses of them: commsim/group/sharing.py) are shared, not pickled.
 
 Arrays are the exception (`combine_arrays`, the data path of simulated collectives): the
 function of every rank's array is computed once, by the last arrival, over the ranks' own
@@ -30,6 +31,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from .base import REDUCE_OPS, readonly
+from .sharing import immutable
 from ..runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, RankFailed, rank_word,
                      short_error)
 from ..runtime.scheduler import (Event, Outcome, Scheduler, _BLOCKED, _RUNNABLE, current_rank,
@@ -50,7 +52,6 @@ NEW_SUBGROUP = "new_subgroup"
 COMBINE = "combine_arrays"
 
 _ABSENT = object()  # a round's slot for a rank that has not arrived
-_SCALARS = frozenset({int, float, bool, str, bytes, complex, type(None)})
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
 
@@ -281,7 +282,7 @@ class LocalGroup:
             raise cls(f"group {core.name!r} {slot.kind} (tag {slot.tag!r}) was abandoned ({why})")
         try:
             # By value, as through a store; immutable scalars need no copy.
-            slot.values[self._rank] = (False, obj) if type(obj) in _SCALARS else (
+            slot.values[self._rank] = (False, obj) if immutable(obj) else (
                 True, pickle.dumps(obj, _PICKLE))
         except Exception as exc:
             raise GroupError(f"group {core.name!r} {slot.kind}: the object of rank "
@@ -388,11 +389,11 @@ class LocalGroup:
                 return
             if kind == ALL_GATHER:
                 data: Any = rnd.values
-                scalar = all(type(v) in _SCALARS for v in data)
+                scalar = all(immutable(v) for v in data)
             else:
                 data = rnd.values[rnd.param] if kind == BROADCAST else _reduce(
                     rnd.param, rnd.values)
-                scalar = type(data) in _SCALARS
+                scalar = immutable(data)
             if scalar:
                 rnd.result = data
             else:
