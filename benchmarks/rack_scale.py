@@ -2,6 +2,7 @@
 run (prints; never asserts a speed).
 
     .venv/bin/python benchmarks/rack_scale.py [--sweep-count N] [--skip-576] [--limit-mb MB]
+                                              [--only rack|ar256|ladder|sweep|datapath ...]
 
 1. The shipped full-rack scenario (scenarios/topologies/gb200-nvl72.toml): wall and peak RSS
    (target <= 2 s, <= 600 MB).
@@ -31,6 +32,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
+SECTIONS = ("rack", "ar256", "ladder", "sweep", "datapath")
 
 
 # -- children -------------------------------------------------------------------------------------
@@ -217,35 +219,47 @@ def datapath(reps: int = 3, order: tuple[str, ...] = ("ipc", "nccl")) -> None:
         K._reduce = inner
 
 
+def ladder(skip_576: bool, limit_mb: int) -> None:
+    print("\nscale ladder (init, 3 checked all-reduces, capture, close); target for 576: <= 30 s:")
+    print("| ranks | wall (s) | CPU (s) | peak RSS (MB) | estimate (MB) | backends |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- |")
+    for n in (8, 72, 144) + (() if skip_576 else (576,)):
+        d = run_child("ladder", str(n), limit_mb)
+        if d.get("ok"):
+            print(f"| {n} | {d['wall']:.2f} | {d['cpu']:.2f} | {d['peak_rss'] / 1e6:.0f} | {d['estimate'] / 1e6:.0f} | "
+                  f"{', '.join(d['backends'])} |")
+        else:
+            print(f"| {n} | failed: {d.get('failures')} | | | | |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--sweep-count", type=int, default=1000, help="scenarios for the sweep rate (default 1000)")
     ap.add_argument("--skip-576", action="store_true", help="leave out the 576-rank rung")
     ap.add_argument("--limit-mb", type=int, default=6000, help="kill a child past this RSS (default 6000)")
+    ap.add_argument("--only", action="append", choices=SECTIONS, metavar="SECTION",
+                    help=f"run only this section ({', '.join(SECTIONS)}); repeat for several")
     a = ap.parse_args()
     if a.child:
         child(*a.child)
         return
+    run = set(a.only or SECTIONS)
     print(f"CPUs: {os.cpu_count()}")
-    rack = run_child("file", os.path.join(ROOT, "scenarios/topologies/gb200-nvl72.toml"), a.limit_mb)
-    print(_line("full rack (gb200-nvl72.toml)", rack) + "; target <= 2 s, <= 600 MB")
-    ar = run_child("ar256", "-", a.limit_mb)
-    print(_line("72-rank 256 MiB all-reduce", ar) + "; target <= 3 GB")
-    print("\nscale ladder (init, 3 checked all-reduces, capture, close):")
-    print("| ranks | wall (s) | CPU (s) | peak RSS (MB) | estimate (MB) | backends |")
-    print("| ---: | ---: | ---: | ---: | ---: | --- |")
-    for n in (8, 72, 144) + (() if a.skip_576 else (576,)):
-        d = run_child("ladder", str(n), a.limit_mb)
-        if d.get("ok"):
-            print(f"| {n} | {d['wall']:.2f} | {d['cpu']:.2f} | {d['peak_rss'] / 1e6:.0f} | {d['estimate'] / 1e6:.0f} | "
-                  f"{', '.join(d['backends'])} |")
-        else:
-            print(f"| {n} | failed: {d.get('failures')} | | | | |")
-    print()
-    sweep_rate(a.sweep_count)
-    print()
-    datapath()
+    if "rack" in run:
+        rack = run_child("file", os.path.join(ROOT, "scenarios/topologies/gb200-nvl72.toml"), a.limit_mb)
+        print(_line("full rack (gb200-nvl72.toml)", rack) + "; target <= 2 s, <= 600 MB")
+    if "ar256" in run:
+        ar = run_child("ar256", "-", a.limit_mb)
+        print(_line("72-rank 256 MiB all-reduce", ar) + "; target <= 3 GB")
+    if "ladder" in run:
+        ladder(a.skip_576, a.limit_mb)
+    if "sweep" in run:
+        print()
+        sweep_rate(a.sweep_count)
+    if "datapath" in run:
+        print()
+        datapath()
 
 
 if __name__ == "__main__":
