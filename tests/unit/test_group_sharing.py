@@ -34,6 +34,14 @@ class Loose:
     rank: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Reopens:
+    fd: int
+
+    def __reduce__(self):           # a class that acts on the receiving side
+        return (Reopens, (self.fd + 1,))
+
+
 def test_what_counts_as_immutable():
     assert immutable(Info(1, (True, None), b"x"))
     assert immutable((1, "a", frozenset({2}), (Info(0, (), b""),)))
@@ -41,6 +49,7 @@ def test_what_counts_as_immutable():
     assert not immutable(Loose(1))                    # not frozen
     assert not immutable((1, [2]))
     assert not immutable({"a": 1})
+    assert not immutable(Reopens(3))                  # pickles its own way: copied
     odd = Info(1, (), b"")
     object.__setattr__(odd, "extra", [1])             # an attribute beyond the fields
     assert not immutable(odd)
@@ -55,6 +64,7 @@ def test_immutable_values_are_shared_mutable_ones_copied():
     def body(g):
         shared = g.all_gather_object(Info(g.rank, (True,) * g.rank, bytes([g.rank])))
         copied = g.all_gather_object(Holder([g.rank]))
+        assert g.all_gather_object(Reopens(g.rank)) == [Reopens(1), Reopens(2), Reopens(3)]
         b = g.broadcast_object((Info(g.rank, (), b""), "x"), src=1)
         return shared, copied, b
 
