@@ -23,14 +23,14 @@ import Scheduler, wait_until` is the usual import for rank code.
 
 from __future__ import annotations
 
-import operator
 import pickle
-from functools import reduce
 from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
 from .base import REDUCE_OPS, readonly
+from .calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, COMBINE, NEW_SUBGROUP, label as _label,
+                    reduce_values as _reduce)
 from .sharing import immutable
 from ..runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, RankFailed, rank_word,
                      short_error)
@@ -43,13 +43,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-BARRIER = "barrier"
-ALL_GATHER = "all_gather_object"
-BROADCAST = "broadcast_object"
-ALL_REDUCE = "all_reduce_object"
-NEW_SUBGROUP = "new_subgroup"
-COMBINE = "combine_arrays"
 
 _ABSENT = object()  # a round's slot for a rank that has not arrived
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -153,32 +146,6 @@ class _StoreKey:
         if self.broken is None:
             cls = type(exc) if isinstance(exc, GroupError) else GroupError
             self.broken = (cls, f"rank {rec.rank} gave up on it with {type(exc).__name__}")
-
-
-def _label(kind: str, param: Any) -> str:
-    """The call as a person reads it: 'broadcast_object(src=1)'."""
-    if kind == BROADCAST:
-        return f"{kind}(src={param})"
-    if kind == ALL_REDUCE:
-        return f"{kind}(op={param!r})"
-    if kind == NEW_SUBGROUP:
-        return f"{kind}(ranks={list(param[0])}, name={param[1]!r})"
-    if kind == COMBINE:
-        fn, args = param
-        return f"{kind}(fn={getattr(fn, '__qualname__', fn)}, args={args!r})"
-    return kind
-
-
-def _reduce(op: str, values: list[Any]) -> Any:
-    if op == "min":
-        return min(values)
-    if op == "max":
-        return max(values)
-    if op == "and":
-        return all(values)
-    if op == "or":
-        return any(values)
-    return reduce(operator.add, values)  # "sum": works for numbers and numpy arrays
 
 
 def _check_timeout(timeout: float | None) -> None:

@@ -34,7 +34,8 @@ from ..runtime.diagnosis import (BLOCKED, FAILED, FINISHED, NOT_STARTED, RUNNING
                      CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, RankFailed,
                      RankState, rank_word)
 from .seal import ForgedValue, Seal, new_secret
-from .local import ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, _label, _reduce
+from .calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, label as _label,
+                    reduce_values as _reduce)
 from ..runtime import scheduler
 
 T = TypeVar("T")
