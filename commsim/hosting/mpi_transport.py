@@ -180,9 +180,10 @@ class ProcsTransport(Transport):
             item = f"{key}/{n}"
             if not pw.store.check([item]):
                 return
-            self.pending.setdefault(key, []).append(pw.seal.loads(item, pw.store.get(item)))
+            blob = pw.store.get(item)
             pw.store.delete_key(item)
-            self.taken[key] = n
+            self.taken[key] = n      # a forged item is refused once, not read again
+            self.pending.setdefault(key, []).append(pw.seal.loads(item, blob))
 
     def _queue(self, ctx: str, src: int, me: int) -> list | None:
         key = self._key(ctx, src, me)
