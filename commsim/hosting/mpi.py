@@ -47,6 +47,7 @@ from .mpi_comm import (ANY_SOURCE, ANY_TAG, COMM_TYPE_SHARED, ERR_ARG, ERR_COMM,
                        Request, Status)
 from .mpi_transport import (InprocTransport, SoloGroup, SoloTransport, Transport,
                             procs_transport)
+from .nesting import nested
 from .session import HostedRank, current
 from .surfaces import not_simulated, register_surface
 
@@ -257,8 +258,8 @@ COMM_NAMES = frozenset("""
     Abort Ack_failed Agree Allgatherv Alltoall Alltoallv Alltoallw Bsend Call_errhandler
     Compare Create Create_cart Create_graph Create_group Create_intercomm Disconnect
     Dup_with_info Gather Gatherv Get_attr Get_errhandler Get_group Get_info Get_parent
-    Get_topology Iallgather Iallreduce Ibarrier Ibcast Igather Improbe Iprobe Irecv Ireduce
-    Isend Iscatter Mprobe Probe Reduce Reduce_scatter Reduce_scatter_block Rsend Scatter
+    Get_topology Iallgather Iallreduce Ibarrier Ibcast Igather Improbe Iprobe Ireduce
+    Iscatter Mprobe Probe Reduce Reduce_scatter Reduce_scatter_block Rsend Scatter
     Scatterv Sendrecv Set_attr Set_errhandler Set_info Set_name Ssend Split_type_with_info
     exscan iprobe mprobe probe scan ibsend issend ssend bsend""".split())
 MPI_NAMES = frozenset("""
@@ -347,6 +348,8 @@ def _uninstall() -> None:
                 sys.modules[name] = old
 
 
-register_surface("mpi4py", _install, _uninstall)
+install, uninstall = nested(_install, _uninstall)
+register_surface("mpi4py", install, uninstall)
 
-__all__ = ["rank_state", "as_op", "SUM", "COMM_WORLD", "COMM_SELF", "COMM_NULL", "mpi_comm"]
+__all__ = ["rank_state", "as_op", "install", "uninstall", "SUM", "COMM_WORLD", "COMM_SELF",
+           "COMM_NULL", "mpi_comm"]

@@ -1,5 +1,5 @@
 """The uppercase (buffer) methods of the hosted mpi4py.MPI.Comm: Allgather, Bcast, Allreduce,
-Send, Recv on objects exposing the buffer interface (NumPy arrays, bytearray).
+Send, Recv, Isend, Irecv on objects exposing the buffer interface (NumPy arrays, bytearray).
 
 mpi4py's buffer arguments are a buffer, or a list/tuple whose first item is the buffer
 ([array, MPI.DOUBLE], [array, count, MPI.DOUBLE]); `MPI.IN_PLACE` as Allreduce's send buffer
@@ -91,3 +91,15 @@ def Recv(self: Any, buf: Any, source: int = -1, tag: int = -1, status: Any = Non
     data = self.recv(None, source, tag, status)
     if data is not None:
         _fill(_bytes(buf), data, "Recv")
+
+
+def Isend(self: Any, buf: Any, dest: int, tag: int = 0) -> Any:
+    from .mpi_comm import Request
+    Send(self, buf, dest, tag)         # eager, as the lowercase send (mpi_transport.py)
+    return Request(done=True)
+
+
+def Irecv(self: Any, buf: Any, source: int = -1, tag: int = -1) -> Any:
+    from .mpi_comm import Request
+    self._handle("Comm.Irecv")
+    return Request(lambda status: Recv(self, buf, source, tag, status))

@@ -374,7 +374,7 @@ class Comm:
         self._h = None       # mpi4py: the object becomes MPI.COMM_NULL
 
     # uppercase (buffer) methods: mpi_buffers.py
-    from .mpi_buffers import Allgather, Allreduce, Bcast, Recv, Send  # noqa: E402
+    from .mpi_buffers import Allgather, Allreduce, Bcast, Irecv, Isend, Recv, Send  # noqa: E402
 
     def __getattr__(self, name: str) -> Any:
         from .mpi import COMM_NAMES

@@ -38,7 +38,7 @@ def _expected(rank: int, hosts: list[str]) -> dict:
         "split": [odd.index(rank), len(odd), odd, odd], "null": [rank == 0, rank != 0],
         "freed": True,
         "buffers": [[q for q in range(n) for _ in (0, 1)], [float(sum(range(n))), float(n)],
-                    [0, 1, 2]],
+                    [0, 1, 2], [(rank - 1) % n] * 2],
         "not_simulated": "commsim hosting: mpi4py.MPI.Comm.Scatterv is not simulated",
         "bad_root": [8, "MPI_ERR_ROOT"], "finalized": True,
     }

@@ -50,7 +50,12 @@ s = np.zeros(2, dtype=np.float64)
 c.Allreduce(np.array([r, 1.0]), s, op=MPI.SUM)
 b = np.arange(3, dtype=np.int32) * (r + 1)
 c.Bcast([b, MPI.INT], root=0)
-out["buffers"] = [g.tolist(), s.tolist(), b.tolist()]
+peer = (r + 1) % n
+req = c.Isend(np.array([r, r], dtype=np.int16), dest=peer, tag=3)
+got = np.zeros(2, dtype=np.int16)
+c.Irecv(got, source=(r - 1) % n, tag=3).wait()
+req.wait()
+out["buffers"] = [g.tolist(), s.tolist(), b.tolist(), got.tolist()]
 try:
     c.Scatterv(None, None)
 except NotImplementedError as e:
