@@ -42,7 +42,7 @@ import numpy as np
 from . import mpi_comm
 from .mpi_buffers import IN_PLACE
 from .mpi_comm import (ANY_SOURCE, ANY_TAG, COMM_TYPE_SHARED, ERR_ARG, ERR_COMM, ERR_OTHER,
-                       ERR_RANK, ERR_ROOT, ERR_TAG, ERR_TRUNCATE, OMPI_COMM_TYPE_HOST,
+                       ERR_RANK, ERR_ROOT, ERR_TAG, ERR_TRUNCATE,
                        PROC_NULL, ROOT, UNDEFINED, Comm, Exception, Handle, Intracomm,
                        Request, Status)
 from .mpi_transport import (InprocTransport, SoloGroup, SoloTransport, Transport,

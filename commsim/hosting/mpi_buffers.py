@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 
-IN_PLACE_NAME = "IN_PLACE"
-
 
 class InPlace:
     """mpi4py.MPI.IN_PLACE."""
