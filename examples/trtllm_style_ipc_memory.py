@@ -16,7 +16,8 @@ cudaIpcOpenMemHandle with cudaErrorInvalidResourceHandle.
     commsim exec --launcher mpirun --machine gb200-nvl72:2 --nproc-per-host 4 -- python examples/trtllm_style_ipc_memory.py
     ... --fix   learns gpus_per_node from MPI itself, the size of
                 COMM_WORLD.Split_type(COMM_TYPE_SHARED) (the ranks that share this host's
-                memory), so a group spanning two trays declines IPC; the run is clean.
+                memory), so a group spanning two trays declines IPC (as one whose GPUs lack
+                peer access does); the run is clean.
 
 It uses cuda-python 12.x's `from cuda import cudart` names and mpi4py only; run it under a
 real `mpirun -np 8 python trtllm_style_ipc_memory.py` the same way.
@@ -73,9 +74,9 @@ class Mapping:
 class PeerMemory:
     """A buffer on every GPU of the tensor-parallel group and every peer's pointer to it."""
 
-    def __init__(self, mapping: Mapping, size: int) -> None:
+    def __init__(self, mapping: Mapping, size: int, peers_reachable: bool = True) -> None:
         self.mapping = mapping
-        self.use_ipc = mapping.tp_fits_in_node()
+        self.use_ipc = mapping.tp_fits_in_node() and peers_reachable
         self.local_ptr = 0
         self.peer_ptrs: list[int] = []
         if self.use_ipc:
@@ -118,21 +119,29 @@ def main() -> None:
     args = ap.parse_args()
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    gpus_per_node = 8
+    device = rank % check(cudart.cudaGetDeviceCount())
+    check(cudart.cudaSetDevice(device))
+    gpus_per_node, reachable = 8, True
     if args.fix:
         node = world.Split_type(MPI.COMM_TYPE_SHARED)
         gpus_per_node = node.Get_size()
+        # and every GPU of the node must reach every other one (what a can-access-peer
+        # check before opening IPC handles asks), agreed by all ranks
+        mine = all(check(cudart.cudaDeviceCanAccessPeer(device, d))
+                   for d in node.allgather(device) if d != device)
+        reachable = world.allreduce(mine, op=MPI.LAND)
         node.Free()
     mapping = Mapping(size, rank, args.tp or size, gpus_per_node)
-    check(cudart.cudaSetDevice(rank % check(cudart.cudaGetDeviceCount())))
-    mem = PeerMemory(mapping, BUFFER_BYTES)
+    mem = PeerMemory(mapping, BUFFER_BYTES, reachable)
     world.Barrier()      # every peer has mapped every buffer before any is freed
     if mem.use_ipc:
         print(f"rank {rank} on {MPI.Get_processor_name()}: IPC memory of {len(mem.peer_ptrs)} "
               f"ranks ready")
     else:
+        why = (f"spans nodes of {mapping.gpus_per_node}" if not mapping.tp_fits_in_node()
+               else "has GPUs without peer access")
         print(f"rank {rank} on {MPI.Get_processor_name()}: tensor-parallel group of "
-              f"{mapping.tp_size} spans nodes of {mapping.gpus_per_node}: IPC declined")
+              f"{mapping.tp_size} {why}: IPC declined")
     mem.close_peers()
     world.Barrier()      # every peer has closed its mapping of this buffer before it is freed
     mem.free()

@@ -186,7 +186,7 @@ def test_trtllm_style_example_verdicts(machine, per_host, fix, ok):
         assert out.count("IPC declined") == 8
     else:
         assert out.count("IPC memory of 8 ranks ready") == 8 and v.residue == 0
-    if machine.startswith("gb200"):          # both modes give the same verdict
+    if machine.startswith("gb200") or not fix:          # both modes give the same verdict
         p, _, _ = hosted(TRTLLM, machine, *args, mode="procs", nproc_per_host=per_host,
                          launcher="mpirun")
         assert _signature(p) == _signature(v), p.format()
@@ -202,3 +202,15 @@ def test_launcher_flag(capsys):
     helptext = subprocess.run([sys.executable, "-m", "commsim.cli", "exec", "--help"],
                               capture_output=True, text=True).stdout
     assert "--launcher torchrun|mpirun" in helptext and "OMPI_COMM_WORLD_RANK" in helptext
+
+
+def test_sweep_exec_launches_with_mpirun():
+    """`sweep --exec ... --exec-launcher mpirun`: a generated two-host GB200 machine breaks the
+    example (legacy IPC across hosts), and the replay carries the launcher."""
+    from commsim.hosting.sweep_exec import run_exec_sweep
+    rep = run_exec_sweep([str(TRTLLM)], ["s0-26"], launcher="mpirun")
+    (rec,) = rep.records
+    assert rec["shape"] == "gb200-nvl72:2*2" and rec["kind"] == "ipc-across-hosts", rec
+    assert "--launcher mpirun" in rec["replay"]
+    rep = run_exec_sweep([str(TRTLLM), "--fix"], ["s0-26"], launcher="mpirun")
+    assert rep.records[0]["kind"] == "ok", rep.records
