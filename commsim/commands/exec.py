@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--launcher", default="torchrun", metavar="torchrun|mpirun",
                    help="whose environment each rank gets: torchrun's (RANK, LOCAL_RANK, "
                         "WORLD_SIZE, MASTER_ADDR/PORT ...; default) or Open MPI mpirun's "
-                        "(OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE/_NODE_RANK), "
+                        "(OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK), "
                         "with mpi4py's COMM_WORLD spanning the ranks")
     p.add_argument("--quiet", action="store_true", help="do not echo the ranks' output")
     p.add_argument("command", nargs=argparse.REMAINDER,
