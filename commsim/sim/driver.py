@@ -26,6 +26,7 @@ from . import binding_args, real_fds, unconfirmed
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
 from .fd_channel import SimFdChannel
 from .kernel_context import SimKernelContext
+from .stream_capture import StreamCapture
 
 E = cudart.cudaError_t
 R = cu.CUresult
@@ -60,6 +61,10 @@ def api(nvals: int, runtime: bool):
             forced = self.proc.faults.before(name)
             if forced is not None:
                 return (forced,) + (None,) * nvals
+            # Rules CG1-CG3 (stream_capture.py): a call the runtime refuses during a capture.
+            refused = self.capture.refused(name)
+            if refused is not None:
+                return (refused,) + (None,) * nvals
             try:
                 out = fn(self, *args)
             except Fail as f:
@@ -136,6 +141,8 @@ class SimDriver:
         self._fds = real_fds.table_for(self)          # POSIX-fd handles: real OS fds
         self._ipc_open: dict[int, int] = {}           # aid -> base of our import
         self._peer_maps = 0
+        self.capture = StreamCapture()                # the workload's CUDA-graph capture
+        self._graphs = 0
         fabric.exit_hooks[proc.pid] = self._exit_release
         fabric.drivers[proc.pid] = self
         fabric.pre_exit_hooks[proc.pid] = lambda: real_fds.reap_at_exit(self)
@@ -465,6 +472,29 @@ class SimDriver:
             return self.view(src, self._memcpy_check(nbytes)).copy()
         except Fail:
             raise Fail(E.cudaErrorInvalidValue)
+
+    # ---- stream capture (commsim/sim/stream_capture.py, rules CG1-CG4) ---------------------
+    # The stream is the rank's one capturing stream: the argument is taken, not modelled.
+    @api(0, True)
+    def cudaStreamBeginCapture(self, stream: Any, mode: Any) -> None:
+        err = self.capture.begin(mode)
+        if err is not None:
+            raise Fail(err)
+
+    @api(1, True)
+    def cudaStreamEndCapture(self, stream: Any) -> int:
+        err = self.capture.end()
+        if err is not None:
+            raise Fail(err)          # CG2: an invalidated capture gives no graph
+        self._graphs += 1
+        return self._graphs
+
+    @api(1, True)
+    def cudaThreadExchangeStreamCaptureMode(self, mode: Any) -> Any:
+        old = self.capture.exchange(mode)
+        if old is None:
+            raise Fail(E.cudaErrorInvalidValue)
+        return old
 
     # ---- legacy IPC -----------------------------------------------------------------------
     @api(1, True)
