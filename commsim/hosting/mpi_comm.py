@@ -168,7 +168,11 @@ class Comm:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    __hash__ = None      # type: ignore[assignment]  # mpi4py: communicators are unhashable
+    def __hash__(self) -> int:
+        # UNCONFIRMED whether every mpi4py version hashes communicators; hashable by handle
+        # here, so a program that keys a cache by communicator runs either way.
+        h = self._h
+        return hash(h if h is None or isinstance(h, str) else id(h))
 
     def __bool__(self) -> bool:
         return self._h is not None
