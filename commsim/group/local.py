@@ -463,10 +463,25 @@ class LocalWorld:
         self._cores_of: list[list[_Core]] = [[] for _ in range(size)]
         core = self._new_core(name, tuple(range(size)))
         self._world = [LocalGroup(core, r, self) for r in range(size)]
+        self._shared: dict[str, _Core] = {}
 
     def group(self, rank: int) -> LocalGroup:
         """The world group handle of `rank` (the same object on every call)."""
         return self._world[rank]
+
+    def shared_group(self, key: str, name: str, global_ranks: Sequence[int],
+                     rank: int) -> LocalGroup:
+        """`rank`'s handle on a group made without a collective of its own: every member
+        asking for `key` gets a handle on the same group. For callers whose members already
+        agreed on the membership (MPI's Comm.Split settles it with an all-gather)."""
+        members = tuple(int(r) for r in global_ranks)
+        core = self._shared.get(key)
+        if core is None:
+            core = self._shared[key] = self._new_core(name, members)
+        elif core.global_ranks != members:
+            raise GroupError(f"shared group {name!r}: rank {members[rank]} asked for members "
+                             f"{list(members)}, the group has {list(core.global_ranks)}")
+        return LocalGroup(core, rank, self)
 
     def run(self, fn: Callable[[LocalGroup], T]) -> list[Outcome[T]]:
         """Run fn(world.group(rank)) as every rank."""
