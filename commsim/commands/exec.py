@@ -13,10 +13,12 @@ examples:
   commsim exec --machine gb200-nvl72:2 --nproc-per-host 4 -- python prog.py
   commsim exec --machine hgx-h100-8 --mode inproc --seed 3 -- python -m mypkg.worker --tp 8
   commsim exec --machine gb200-nvl72:2 --nproc-per-host 1 --visible one -- python prog.py
+  commsim exec --launcher mpirun --machine gb200-nvl72:2 --nproc-per-host 4 -- python mpi_prog.py
 
 Each rank gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-GROUP_RANK, MASTER_ADDR/PORT ...), its simulated host's hostname and /dev/shm, and CUDA,
-NVML and torch.distributed answered by the simulated machine. At the end: a verdict per rank
+GROUP_RANK, MASTER_ADDR/PORT ...) or, with --launcher mpirun, Open MPI's (OMPI_COMM_WORLD_*),
+its simulated host's hostname and /dev/shm, and CUDA, NVML, torch.distributed and mpi4py
+answered by the simulated machine. At the end: a verdict per rank
 (exit status, first CUDA error and where the program made the call, hangs, residue at exit)
 and the command that replays the run. Exit status 1 when any rank failed."""
 
@@ -46,6 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "them (default: the process's exit releases them, as on real hardware) "
                         "or fail the run on them (for code that must clean up, e.g. one that "
                         "re-creates its communicators)")
+    p.add_argument("--launcher", default="torchrun", metavar="torchrun|mpirun",
+                   help="whose environment each rank gets: torchrun's (RANK, LOCAL_RANK, "
+                        "WORLD_SIZE, MASTER_ADDR/PORT ...; default) or Open MPI mpirun's "
+                        "(OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK), "
+                        "with mpi4py's COMM_WORLD spanning the ranks")
     p.add_argument("--quiet", action="store_true", help="do not echo the ranks' output")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- python prog.py ARGS  (or -- python -m module ARGS)")
@@ -60,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = RunConfig(machine=args.machine, scenario=args.scenario,
                     nproc_per_host=args.nproc_per_host, mode=args.mode,
                     seed=args.seed or 0, visible=args.visible, timeout=args.timeout,
-                    residue=args.residue,
+                    residue=args.residue, launcher=args.launcher,
                     command=split_command(list(args.command)))
     v = execute(cfg, echo=not args.quiet)
     print(v.format(), file=sys.stderr, flush=True)

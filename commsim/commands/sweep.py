@@ -100,7 +100,8 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
                            enumerate_=args.enumerate, start=args.start, knobs=False), args.shard)
     say = None if args.quiet else progress_printer(len(ids))
     rep = run_exec_sweep(program, ids, mode=args.exec_mode, timeout=args.exec_timeout,
-                         residue=args.exec_residue, progress=say)
+                         residue=args.exec_residue, launcher=args.exec_launcher,
+                         progress=say)
     print(rep.summary())
     if args.json:
         import json
@@ -169,4 +170,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exec-residue", default="report", choices=("report", "fail"),
                    help="what an --exec process holding memory, mappings or fds at exit is: "
                         "reported (default; the exit releases them) or a defect (`leak`)")
+    p.add_argument("--exec-launcher", default="torchrun", choices=("torchrun", "mpirun"),
+                   help="whose environment each --exec rank gets: torchrun's (default) or Open "
+                        "MPI mpirun's, with mpi4py's COMM_WORLD spanning the ranks (see "
+                        "`commsim exec --launcher`)")
     p.set_defaults(func=cmd_sweep)

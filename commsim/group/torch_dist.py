@@ -29,12 +29,13 @@ from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
 
 from ..sim.shm import CREATE as SHM_CREATE, SHM_DIR
-from .base import REDUCE_OPS
+from .base import REDUCE_OPS, readonly
 from ..runtime.diagnosis import (BLOCKED, FAILED, FINISHED, NOT_STARTED, RUNNING, WAITING,
                      CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, RankFailed,
                      RankState, rank_word)
 from .seal import ForgedValue, Seal, new_secret
-from .local import ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, _label, _reduce
+from .calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, label as _label,
+                    reduce_values as _reduce)
 from ..runtime import scheduler
 
 T = TypeVar("T")
@@ -478,6 +479,12 @@ class TorchDistGroup:
         if op not in REDUCE_OPS:
             raise ValueError(f"all_reduce_object: op {op!r} is not one of {REDUCE_OPS}")
         return _reduce(op, self._collective(ALL_REDUCE, value, op, timeout, tag))
+
+    def combine_arrays(self, arr: Any, fn: Callable[..., Any], args: tuple = (), *,
+                       timeout: float | None = None, tag: str = "") -> Any:
+        """fn([every rank's arr], *args): each process computes it over the all-gathered
+        copies (by value, as anything crossing processes is)."""
+        return readonly(fn(self.all_gather_object(arr, timeout=timeout, tag=tag), *args))
 
     def exchange(self, key: str, obj: Any, *, timeout: float | None = None,
                  tag: str = "") -> list[Any]:

@@ -100,6 +100,11 @@ def build_rank(cfg: RunConfig, rank: int, slot: int, host: str, visible: tuple[i
                       slot=slot)
 
 
+def run_config() -> RunConfig | None:
+    """The run this process belongs to (None when it is not hosted through the bootstrap)."""
+    return _state.get("cfg")
+
+
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
     _state["exception"] = "".join(traceback.format_exception_only(tp, value)).strip().splitlines()[-1]
     _state["prev_hook"](tp, value, tb)

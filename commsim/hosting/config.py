@@ -19,6 +19,9 @@ from ..errors import UserError
 MODES = ("procs", "inproc")
 VISIBLE = ("all", "one")
 RESIDUE = ("report", "fail")   # --residue: what a process holding memory at exit is
+# --launcher: whose environment the ranks get (torchrun's RANK/LOCAL_RANK/..., or Open MPI's
+# mpirun OMPI_COMM_WORLD_*); under mpirun, mpi4py's COMM_WORLD spans the run's ranks.
+LAUNCHERS = ("torchrun", "mpirun")
 
 
 @functools.lru_cache(maxsize=8)
@@ -42,6 +45,7 @@ class RunConfig:
     visible: str = "all"              # "all": every GPU of the host; "one": CUDA_VISIBLE_DEVICES=<its GPU>
     timeout: float = 120.0
     residue: str = "report"           # "report": listed, the run passes; "fail": a process exiting holding any fails the run
+    launcher: str = "torchrun"        # "torchrun" | "mpirun": the launcher whose environment each rank gets
     command: list[str] = field(default_factory=list)   # the program: ["prog.py", args] or ["-m", "mod", args]
     run_dir: str = ""
     shm_prefix: str = ""
@@ -78,6 +82,9 @@ class RunConfig:
             raise UserError(f"--timeout: must be > 0 seconds, got {self.timeout}")
         if self.residue not in RESIDUE:
             raise UserError(f"--residue: {self.residue!r}; use one of {', '.join(RESIDUE)}")
+        if self.launcher not in LAUNCHERS:
+            raise UserError(f"--launcher: {self.launcher!r} is not a launcher commsim imitates; "
+                            f"use one of {', '.join(LAUNCHERS)}")
         if not self.command:
             raise UserError("no program: add `-- python prog.py ARGS` (or `-- python -m module`)")
         cluster = self.cluster()
@@ -155,4 +162,6 @@ class RunConfig:
             parts += ["--visible", self.visible]
         if self.residue != "report":
             parts += ["--residue", self.residue]
+        if self.launcher != "torchrun":
+            parts += ["--launcher", self.launcher]
         return shlex.join(parts + ["--", "python"] + list(self.command))

@@ -180,6 +180,11 @@ def unserve(soname_prefix: str) -> None:
 def lookup(name: Any) -> FakeLibrary | None:
     if not isinstance(name, (str, os.PathLike)):
         return None
+    from .session import hosted
+    if hosted() is None:
+        # Not a hosted rank (the launcher's own threads; a test runner or Ray in the same
+        # interpreter after an inproc run): the machine's real libraries, as without commsim.
+        return None
     name = os.fspath(name)
     prefix = _paths.get(os.path.realpath(name)) if os.sep in name else None
     if prefix is None:

@@ -106,9 +106,15 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
     tails: dict[int, deque] = {}
     pumps: list[threading.Thread] = []
     killed: dict[int, str] = {}
+    mpi = None
+    if cfg.launcher == "mpirun":
+        from .mpi_launch import MpiRendezvous
+        mpi = MpiRendezvous(cfg)
     try:
         for r in range(cfg.world_size):
             env = rank_env(cfg, r, cluster, base, boot_dir, port)
+            if mpi is not None:
+                env.update(mpi.env())
             p = subprocess.Popen([sys.executable] + list(cfg.command), env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
@@ -127,6 +133,10 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
             if not alive:
                 break
             now = time.monotonic()
+            if mpi is not None:
+                for r, p in procs.items():
+                    if p.returncode is not None:
+                        mpi.ended(r, p.returncode)
             failed = [r for r, p in procs.items() if p.returncode not in (None, 0)]
             if failed and grace_end is None:
                 grace_end = now + min(GRACE, cfg.timeout)
@@ -150,6 +160,8 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
         reap([Session(p) for p in procs.values()], 10)
         for t in pumps:
             t.join(5)
+        if mpi is not None:
+            mpi.close()
     reports = read_reports(cfg.run_dir)
     results = []
     for r in range(cfg.world_size):

@@ -30,7 +30,9 @@ from .session import hosted
 PER_RANK = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE",
             "WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH",
             "COMMSIM_HOSTING", "COMMSIM_HOSTING_RANK", "COMMSIM_HOSTING_SLOT",
-            "COMMSIM_HOSTING_HOST", "COMMSIM_HOSTING_VISIBLE")
+            "COMMSIM_HOSTING_HOST", "COMMSIM_HOSTING_VISIBLE", "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_NODE_RANK", "OMPI_UNIVERSE_SIZE")
 
 _base: dict | None = None       # the process's own environ mapping (outside ranks)
 _active: Any = None             # the HostedRank whose view is in place (None: the base)

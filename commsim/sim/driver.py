@@ -140,6 +140,9 @@ class SimDriver:
         self._next_handle = 0x1000 + (proc.pid % 997) * 16
         self._fds = real_fds.table_for(self)          # POSIX-fd handles: real OS fds
         self._ipc_open: dict[int, int] = {}           # aid -> base of our import
+        # Allocations this process gave a legacy IPC handle for: only those can have
+        # importers, so only their cudaFree asks every process (row L15).
+        self._ipc_exported: set[int] = set()
         self._peer_maps = 0
         self.capture = StreamCapture()                # the workload's CUDA-graph capture
         self._graphs = 0
@@ -414,7 +417,8 @@ class SimDriver:
             raise Fail(E.cudaErrorInvalidValue)
         a: PhysicalAlloc = m.target
         importers = [q for q in self.fabric.processes.values()
-                     if q.pid != self.proc.pid and q.ledger.has("ipc_mapping", ("aid", a.aid))]
+                     if q.pid != self.proc.pid and q.ledger.has("ipc_mapping", ("aid", a.aid))
+                     ] if a.aid in self._ipc_exported else []
         if importers and self.fabric.rule_on("L15"):
             # Row L15: freeing while peers still map it is undefined; poisoned for them.
             self.fabric.flag(f"pid {self.proc.pid} freed {hex(p)} while pids "
@@ -507,6 +511,7 @@ class SimDriver:
             raise Fail(E.cudaErrorInvalidValue)        # rows L2, H4: VMM memory has no legacy handle
         # Rows L3/H3: a pointer inside the allocation gives the handle of its base (identical
         # bytes, openucx/ucx#11724); the importer adds the offset itself (RANGE_START_ADDR).
+        self._ipc_exported.add(m.target.aid)
         return self.fabric.ipc_handle_for(m.target, self.proc.pid)   # rows L1, L4
 
     @api(1, True)

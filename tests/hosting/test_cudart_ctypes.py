@@ -121,16 +121,30 @@ def test_libcudart_is_in_proc_self_maps_as_a_private_file():
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
 
 
-def test_cdll_serves_libcudart_only():
+def test_cdll_serves_libcudart_only_to_hosted_ranks():
     path = cudart.mapped_path()
-    for lib in (ctypes.CDLL(path), ctypes.cdll.LoadLibrary(path), ctypes.CDLL("libcudart.so.13")):
-        assert isinstance(lib, fakelib.FakeLibrary)
-    libc = ctypes.CDLL("libc.so.6")                   # everything else loads for real
-    assert not isinstance(libc, fakelib.FakeLibrary) and libc.getpid() == os.getpid()
-    with pytest.raises(AttributeError, match="undefined symbol: cudaNoSuchCall"):
-        ctypes.CDLL(path).cudaNoSuchCall
+    _, (r,) = ranks("hgx-h100-8", [(0, 0)])
+
+    def inside():
+        for lib in (ctypes.CDLL(path), ctypes.cdll.LoadLibrary(path), ctypes.CDLL("libcudart.so.13")):
+            assert isinstance(lib, fakelib.FakeLibrary)
+        libc = ctypes.CDLL("libc.so.6")                   # everything else loads for real
+        assert not isinstance(libc, fakelib.FakeLibrary) and libc.getpid() == os.getpid()
+        with pytest.raises(AttributeError, match="undefined symbol: cudaNoSuchCall"):
+            ctypes.CDLL(path).cudaNoSuchCall
+        with pytest.raises(OSError):
+            ctypes.CDLL("/nonexistent/libcudart.so.13")
+
+    solo(r, inside)
+    # Outside any rank (the launcher's threads, a test runner or Ray sharing the interpreter)
+    # CDLL is the real loader: the stand-in file is no ELF library; a libcudart.so.13 that
+    # loads is a real one (the cuda-toolkit wheel's), never the simulated library.
     with pytest.raises(OSError):
-        ctypes.CDLL("/nonexistent/libcudart.so.13")
+        ctypes.CDLL(path)
+    try:
+        assert not isinstance(ctypes.CDLL("libcudart.so.13"), fakelib.FakeLibrary)
+    except OSError:
+        pass
 
 
 # ---- the seed ----------------------------------------------------------------------------------
