@@ -19,9 +19,10 @@ The estimate is an upper bound built from what the run actually holds:
 - the fallback (nccl) sums a message per rank at a time in float32.
 
 Calibrated against measured peak RSS (benchmarks/rack_scale.py prints both): the GB200 NVL72
-rack scenario (471 MB measured, 1158 MB estimated: its 8 MiB multicast results are shared
-between members, which the bound leaves out) and the ladder of 8, 72 and 144 ranks (259, 318
-and 504 MB measured; 363, 446 and 539 MB estimated) are each within the estimate.
+rack scenario (433 MB measured, 1158 MB estimated: its 8 MiB multicast results are shared
+between members, which the bound leaves out) and the ladder of 8, 72, 144 and 576 ranks (260,
+289, 267 and 327 MB measured; 363, 446, 539 and 1098 MB estimated) are each within the
+estimate.
 """
 
 from __future__ import annotations
