@@ -28,7 +28,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .driver import Driver, access_desc, alloc_prop, check
+from .driver import CAPTURE_MODE_RELAXED, Driver, access_desc, alloc_prop, check
 
 # c10/cuda/CUDACachingAllocator.cpp constants (rule AL1).
 MIN_BLOCK = 512                     # kMinBlockSize: every size rounds up to 512 B
@@ -134,11 +134,23 @@ class CachingAllocator:
         if self.expandable:
             return self._grow_expandable(size, small, pool)
         n = segment_size(size)
-        base = check("cudaMalloc", self.driver.cudaMalloc(n))
+        base = check("cudaMalloc", self.driver.cudaMalloc(n)) if pool is None else self._malloc_capturing(n)
         seg = Segment(base, n, small, False, pool)
         seg.blocks.append(Block(seg, 0, n))
         self.segments.append(seg)
         return seg.blocks[0]
+
+    def _malloc_capturing(self, n: int) -> int:
+        """A graph pool grows during a capture: PyTorch's `cudaMallocMaybeCapturing` puts the
+        thread in RELAXED capture mode around its own cudaMalloc (which a GLOBAL or
+        THREAD_LOCAL capture refuses otherwise, rule CG1 of docs/lifecycle-rules.md) and
+        restores the mode after."""
+        d = self.driver
+        old = check("cudaThreadExchangeStreamCaptureMode", d.cudaThreadExchangeStreamCaptureMode(CAPTURE_MODE_RELAXED))
+        try:
+            return check("cudaMalloc", d.cudaMalloc(n))
+        finally:
+            check("cudaThreadExchangeStreamCaptureMode", d.cudaThreadExchangeStreamCaptureMode(old))
 
     def _grow_expandable(self, size: int, small: bool, pool: GraphPool | None) -> Block:
         """Map more pages at the end of this pool's one expandable segment (Note [Expandable

@@ -162,16 +162,7 @@ class Communicator:
             raise ValueError(f"reduce_scatter needs numel divisible by {self.size}, got {x.numel()}")
         self.step = "op" if self._capture is None else "capture"
         if self._setup_pending:
-            self._setup_pending = False
-            try:
-                self._init_backends()
-            except BaseException as e:
-                e.commsim_step = self.step
-                e.commsim_trace = "\n".join(f"  {d.what}: {d.detail}" for d in self.decisions)
-                raise
-            i = next(i for i, d in enumerate(self.decisions) if d.what == "set-up")
-            self.decisions[i] = Decision("set-up", f"deferred to the first op, which ran at step "
-                                                   f"{self.step} (lazy workspaces, rules LC1-LC2)")
+            self._lazy_setup(f"the first op, which ran at step {self.step} (lazy workspaces, rules LC1-LC2)")
         b = self._pick(op, x)
         kind = "all_reduce" if op == "all_reduce_rmsnorm" else op
         if self._capture is not None and b.needs_graph_registration:
@@ -183,6 +174,18 @@ class Communicator:
                 self._capture.pending.append((b, kind, x.clone(), out))
                 return out
         return b.run(kind, x)
+
+    def _lazy_setup(self, when: str) -> None:
+        """Run the deferred set-up now; a failure carries the step it happened at."""
+        self._setup_pending = False
+        try:
+            self._init_backends()
+        except BaseException as e:
+            e.commsim_step = self.step
+            e.commsim_trace = "\n".join(f"  {d.what}: {d.detail}" for d in self.decisions)
+            raise
+        i = next(i for i, d in enumerate(self.decisions) if d.what == "set-up")
+        self.decisions[i] = Decision("set-up", f"deferred to {when}")
 
     def _out_shape(self, op: str, x: torch.Tensor) -> tuple[int, ...]:
         if op == "all_gather":
@@ -214,8 +217,18 @@ class Communicator:
     def capture(self, discard: bool = False) -> Iterator[Capture]:
         """Record the buffers ops use; at exit the backends that need it register them
         collectively. `discard=True` is the profiling pattern: capture, then throw the graphs
-        away, releasing their mappings (the fix for vLLM#46515, row G5)."""
+        away, releasing their mappings (the fix for vLLM#46515, row G5).
+
+        Entering is the library's capture hook, before the workload's stream capture begins:
+        a lazy set-up still pending runs here (rule LC3: sglang's pre-initialised workspaces,
+        vLLM's refusal to create one during capture), since inside a GLOBAL-mode capture its
+        cudaMalloc is refused and the capture invalidated (rules CG1-CG2). A policy with
+        `setup_in_capture=True` leaves it to the first captured op, as FlashInfer fusion
+        workspaces created on first use did (vllm-project/vllm#37461, #55973)."""
         cap = Capture()
+        if self._setup_pending and not self.policy.params.get("setup_in_capture", False):
+            self.step = "capture"
+            self._lazy_setup("the capture hook, before the stream capture began (rule LC3)")
         self._capture = cap
         try:
             yield cap

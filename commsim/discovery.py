@@ -9,6 +9,7 @@ same `GroupView`, so every rank reaches the same decision before any handle exch
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from cuda.bindings import driver as cu
@@ -162,15 +163,31 @@ class GroupView:
                 if a.rank != b.rank:
                     yield a, b
 
+    def host_pairs(self):
+        """The pairs of `pairs()` that share a host, in the same order: O(ranks x ranks per
+        host), not O(ranks^2) (a 576-rank group spans 144 hosts)."""
+        by_host: dict[str, list[RankInfo]] = {}
+        for r in self.ranks:
+            by_host.setdefault(r.host, []).append(r)
+        for a in self.ranks:
+            for b in by_host[a.host]:
+                if a.rank != b.rank:
+                    yield a, b
+
     def p2p_all(self) -> bool:
         return all(a.can_access(b) for a, b in self.pairs())
 
     def p2p_unreal(self) -> str:
         """The first pair whose reported P2P (cuDeviceCanAccessPeer = 1) the functional probe
         disproved (rows P1-P4), as a sentence; "" when none did. Where the peer is not
-        visible (row W1) the probe is the P2P fact itself (`can_access`), not a disproof."""
-        for a, b in self.pairs():
-            if a.host != b.host or b.gpu >= len(a.p2p_probe) or a.p2p[b.gpu] is not True:
+        visible (row W1) the probe is the P2P fact itself (`can_access`), not a disproof.
+        Computed once per view: every backend's eligibility asks."""
+        return self._unreal
+
+    @functools.cached_property
+    def _unreal(self) -> str:
+        for a, b in self.host_pairs():
+            if b.gpu >= len(a.p2p_probe) or a.p2p[b.gpu] is not True:
                 continue        # not reported (or not askable: then the probe is the P2P fact)
             if a.shm_namespace != b.shm_namespace:
                 continue        # other containers: the IPC open fails on namespaces (row W6), not P2P

@@ -35,6 +35,8 @@ FABRIC = int(HandleType.CU_MEM_HANDLE_TYPE_FABRIC)
 IPC_HANDLE_SIZE = 64                    # CUDA_IPC_HANDLE_SIZE (reference §1.1)
 FABRIC_HANDLE_SIZE = 64                 # CUmemFabricHandle.data
 LAZY_ENABLE_PEER_ACCESS = cudart.cudaIpcMemLazyEnablePeerAccess  # 0x01, required flag (§1.1)
+CAPTURE_MODE_GLOBAL = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal
+CAPTURE_MODE_RELAXED = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
 
 NVML_SUCCESS = 0
 NVML_P2P_STATUS_OK = 0
@@ -158,6 +160,9 @@ class Driver(Protocol):
     def cuDeviceCanAccessPeer(self, dev: int, peer_dev: int) -> tuple: ...
     def cudaDeviceCanAccessPeer(self, device: int, peer_device: int) -> tuple: ...
     def cudaDeviceSynchronize(self) -> tuple: ...
+    # The calling thread's stream-capture interaction mode (a cudaStreamCaptureMode): what
+    # PyTorch's allocator sets to RELAXED around its own cudaMalloc during a capture.
+    def cudaThreadExchangeStreamCaptureMode(self, mode: Any) -> tuple: ...
 
     # --- legacy memory and IPC ---
     def cudaMalloc(self, size: int) -> tuple: ...

@@ -14,6 +14,7 @@ picks among the eligible algorithms by its own cost model) or its graph search.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -105,15 +106,14 @@ def machine_from_view(view: "GroupView") -> NcclMachine:
         ranks.append(NcclRank(r.rank, r.host, r.shm_namespace, (r.host, r.gpu), arch, r.vmm,
                               True, r.multicast, r.fabric_handle, r.imex, r.fabric_uuid,
                               r.fabric_clique, r.fabric_state))
-    for a in view.ranks:
-        for b in view.ranks:
-            if a.rank != b.rank and a.host == b.host and a.gpu != b.gpu:
-                paths[(a.rank, b.rank)] = "NVL" if a.nvlink[b.gpu] else "SYS"
-                known = a.p2p[b.gpu] if b.gpu < len(a.p2p) else None
-                # A peer this process cannot see (None) is not asked: NCCL's p2p.cc
-                # ("CUDA 10.1 and later can use P2P with invisible devices") keeps P2P on.
-                if known is None or known:
-                    access.add((a.rank, b.rank))
+    for a, b in view.host_pairs():
+        if a.gpu != b.gpu:
+            paths[(a.rank, b.rank)] = "NVL" if a.nvlink[b.gpu] else "SYS"
+            known = a.p2p[b.gpu] if b.gpu < len(a.p2p) else None
+            # A peer this process cannot see (None) is not asked: NCCL's p2p.cc
+            # ("CUDA 10.1 and later can use P2P with invisible devices") keeps P2P on.
+            if known is None or known:
+                access.add((a.rank, b.rank))
     return NcclMachine(tuple(ranks), paths, frozenset(access), "discovery")
 
 
@@ -204,7 +204,7 @@ class NcclDecision:
     init_error: tuple[str, str] | None  # (ncclResult name, message) when init fails
     env: NcclEnv
 
-    @property
+    @functools.cached_property
     def nranks(self) -> int:
         return len({t.a for t in self.transports} | {t.b for t in self.transports}) or 1
 
@@ -229,6 +229,11 @@ class NcclDecision:
         return tuple(a for a in ALGORITHMS if a in ok and a in self.env.algos)
 
     def transport_summary(self) -> str:
+        return self._summary
+
+    @functools.cached_property
+    def _summary(self) -> str:
+        # Cached: O(ranks^2) over the pairs, and every rank's explain() asks for it.
         if self.init_error is not None:
             return f"init fails: {self.init_error[0]}"
         if not self.transports:

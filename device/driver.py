@@ -176,6 +176,10 @@ class CudaDriver:
     def cudaDeviceCanAccessPeer(self, device: int, peer_device: int) -> tuple:
         return _out(cudart.cudaDeviceCanAccessPeer(int(device), int(peer_device)), int)
 
+    @_guard(1, True)
+    def cudaThreadExchangeStreamCaptureMode(self, mode: Any) -> tuple:
+        return _out(cudart.cudaThreadExchangeStreamCaptureMode(_enum(cudart.cudaStreamCaptureMode, mode)))
+
     # ---- legacy memory ----------------------------------------------------------------------
     @_guard(1, True)
     def cudaMalloc(self, size: int) -> tuple:

@@ -41,6 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--visible", default="all", choices=("all", "one"),
                    help="GPUs a rank sees: all of its host's (torchrun) or only its own "
                         "(CUDA_VISIBLE_DEVICES=<gpu>, as Ray places ranks)")
+    p.add_argument("--residue", default="report", choices=("report", "fail"),
+                   help="allocations, mappings and fds a process still holds at exit: report "
+                        "them (default: the process's exit releases them, as on real hardware) "
+                        "or fail the run on them (for code that must clean up, e.g. one that "
+                        "re-creates its communicators)")
     p.add_argument("--quiet", action="store_true", help="do not echo the ranks' output")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- python prog.py ARGS  (or -- python -m module ARGS)")
@@ -55,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = RunConfig(machine=args.machine, scenario=args.scenario,
                     nproc_per_host=args.nproc_per_host, mode=args.mode,
                     seed=args.seed or 0, visible=args.visible, timeout=args.timeout,
+                    residue=args.residue,
                     command=split_command(list(args.command)))
     v = execute(cfg, echo=not args.quiet)
     print(v.format(), file=sys.stderr, flush=True)

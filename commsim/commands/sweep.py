@@ -102,7 +102,7 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
                            enumerate_=args.enumerate, start=args.start, knobs=False), args.shard)
     say = None if args.quiet else progress_printer(len(ids))
     rep = run_exec_sweep(program, ids, mode=args.exec_mode, timeout=args.exec_timeout,
-                         progress=say)
+                         residue=args.exec_residue, progress=say)
     print(rep.summary())
     if args.json:
         import json
@@ -168,4 +168,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="how --exec runs the ranks (default inproc: fast, replayable)")
     p.add_argument("--exec-timeout", type=seconds, default=60.0, metavar="S",
                    help="seconds before an --exec run counts as hung (default 60)")
+    p.add_argument("--exec-residue", default="report", choices=("report", "fail"),
+                   help="what an --exec process holding memory, mappings or fds at exit is: "
+                        "reported (default; the exit releases them) or a defect (`leak`)")
     p.set_defaults(func=cmd_sweep)

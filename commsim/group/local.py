@@ -8,7 +8,14 @@ arrives, and wakes the others. Arrival is O(1); completion is O(size).
 By value: what crosses a group is pickled once at completion and unpickled by each receiver,
 so ranks never share Python objects (a process boundary would not allow it, and handles must
 survive pickling). The senders are parked inside the collective until completion, so the
-snapshot equals the objects at call time. Immutable scalars skip pickling.
+snapshot equals the objects at call time. Values nothing can change (scalars, tuples and
+frozen dataclasses of them: commsim/group/sharing.py) are shared, not pickled.
+
+Arrays are the exception (`combine_arrays`, the data path of simulated collectives): the
+function of every rank's array is computed once, by the last arrival, over the ranks' own
+arrays (the senders are parked, so they are unchanged), and every rank gets the same
+read-only result. Pickling each rank's message into every receiver cost ranks x message per
+rank, ranks^2 x message in all (a 576-rank all-reduce moved gigabytes).
 
 The scheduler (`commsim.runtime.scheduler`) is re-exported here: `from commsim.group.local
 import Scheduler, wait_until` is the usual import for rank code.
@@ -16,12 +23,15 @@ import Scheduler, wait_until` is the usual import for rank code.
 
 from __future__ import annotations
 
-import operator
 import pickle
-from functools import reduce
 from typing import Any, Callable, Sequence, TypeVar
 
-from .base import REDUCE_OPS
+import numpy as np
+
+from .base import REDUCE_OPS, readonly
+from .calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, COMBINE, NEW_SUBGROUP, label as _label,
+                    reduce_values as _reduce)
+from .sharing import immutable
 from ..runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, RankFailed, rank_word,
                      short_error)
 from ..runtime.scheduler import (Event, Outcome, Scheduler, _BLOCKED, _RUNNABLE, current_rank,
@@ -34,14 +44,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-BARRIER = "barrier"
-ALL_GATHER = "all_gather_object"
-BROADCAST = "broadcast_object"
-ALL_REDUCE = "all_reduce_object"
-NEW_SUBGROUP = "new_subgroup"
-
 _ABSENT = object()  # a round's slot for a rank that has not arrived
-_SCALARS = frozenset({int, float, bool, str, bytes, complex, type(None)})
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
 
@@ -145,29 +148,6 @@ class _StoreKey:
             self.broken = (cls, f"rank {rec.rank} gave up on it with {type(exc).__name__}")
 
 
-def _label(kind: str, param: Any) -> str:
-    """The call as a person reads it: 'broadcast_object(src=1)'."""
-    if kind == BROADCAST:
-        return f"{kind}(src={param})"
-    if kind == ALL_REDUCE:
-        return f"{kind}(op={param!r})"
-    if kind == NEW_SUBGROUP:
-        return f"{kind}(ranks={list(param[0])}, name={param[1]!r})"
-    return kind
-
-
-def _reduce(op: str, values: list[Any]) -> Any:
-    if op == "min":
-        return min(values)
-    if op == "max":
-        return max(values)
-    if op == "and":
-        return all(values)
-    if op == "or":
-        return any(values)
-    return reduce(operator.add, values)  # "sum": works for numbers and numpy arrays
-
-
 def _check_timeout(timeout: float | None) -> None:
     if timeout is not None and timeout < 0:
         raise ValueError(f"negative timeout {timeout}")
@@ -233,6 +213,15 @@ class LocalGroup:
             raise ValueError(f"all_reduce_object: op {op!r} is not one of {REDUCE_OPS}")
         return self._collective(ALL_REDUCE, value, op, timeout, tag)
 
+    def combine_arrays(self, arr: np.ndarray, fn: Callable[..., np.ndarray], args: tuple = (), *,
+                       timeout: float | None = None, tag: str = "") -> np.ndarray:
+        """fn([every rank's arr], *args), computed once by the last arrival over the ranks'
+        own arrays (no copy: the others are parked until then), shared read-only by every
+        rank. fn and args (hashable) are matched like an all_reduce's op."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"combine_arrays: arr is a {type(arr).__name__}, not a numpy array")
+        return self._collective(COMBINE, arr, (fn, tuple(args)), timeout, tag)
+
     def exchange(self, key: str, obj: Any, *, timeout: float | None = None,
                  tag: str = "") -> list[Any]:
         """Post obj under `key` in the group's store and return every member's object once
@@ -260,7 +249,7 @@ class LocalGroup:
             raise cls(f"group {core.name!r} {slot.kind} (tag {slot.tag!r}) was abandoned ({why})")
         try:
             # By value, as through a store; immutable scalars need no copy.
-            slot.values[self._rank] = (False, obj) if type(obj) in _SCALARS else (
+            slot.values[self._rank] = (False, obj) if immutable(obj) else (
                 True, pickle.dumps(obj, _PICKLE))
         except Exception as exc:
             raise GroupError(f"group {core.name!r} {slot.kind}: the object of rank "
@@ -361,13 +350,17 @@ class LocalGroup:
                 gr = self._core.global_ranks
                 rnd.result = self._world._new_core(name, tuple(gr[r] for r in spec))
                 return
+            if kind == COMBINE:
+                fn, args = rnd.param
+                rnd.result = readonly(fn(list(rnd.values), *args))
+                return
             if kind == ALL_GATHER:
                 data: Any = rnd.values
-                scalar = all(type(v) in _SCALARS for v in data)
+                scalar = all(immutable(v) for v in data)
             else:
                 data = rnd.values[rnd.param] if kind == BROADCAST else _reduce(
                     rnd.param, rnd.values)
-                scalar = type(data) in _SCALARS
+                scalar = immutable(data)
             if scalar:
                 rnd.result = data
             else:
@@ -380,7 +373,7 @@ class LocalGroup:
         """The result could not be built (an object does not pickle, values do not reduce):
         every member learns why, naming the rank(s) whose object is at fault."""
         bad = []
-        if isinstance(exc, (pickle.PicklingError, TypeError, AttributeError)):
+        if rnd.kind != COMBINE and isinstance(exc, (pickle.PicklingError, TypeError, AttributeError)):
             for i, v in enumerate(rnd.values):
                 try:
                     pickle.dumps(v, _PICKLE)

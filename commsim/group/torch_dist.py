@@ -29,12 +29,13 @@ from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
 
 from ..sim.shm import CREATE as SHM_CREATE, SHM_DIR
-from .base import REDUCE_OPS
+from .base import REDUCE_OPS, readonly
 from ..runtime.diagnosis import (BLOCKED, FAILED, FINISHED, NOT_STARTED, RUNNING, WAITING,
                      CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, RankFailed,
                      RankState, rank_word)
 from .seal import ForgedValue, Seal, new_secret
-from .local import ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, _label, _reduce
+from .calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, label as _label,
+                    reduce_values as _reduce)
 from ..runtime import scheduler
 
 T = TypeVar("T")
@@ -163,10 +164,13 @@ def connect_store(host: str, port: int, timeout: float,
     return store
 
 
-def mark_dead(store: Any, rank: int, why: str) -> None:
+def mark_dead(store: Any, rank: int, why: str, seal: Seal) -> None:
     """Declare `rank` dead: every wait of its peers sees it within POLL seconds. The launcher
-    does this when a child exits without a report; a rank does it for itself on an error."""
-    store.set(f"dead/{rank}", why)
+    does this when a child exits without a report; a rank does it for itself on an error.
+    The mark is sealed like every other value: a death another local user writes into the
+    store would otherwise end a healthy run with a false failure."""
+    key = f"dead/{rank}"
+    store.set(key, seal.dumps(key, str(why)))
     store.add("ndead", 1)
 
 
@@ -287,12 +291,16 @@ class ProcessWorld:
             return {}
         out = {}
         for r in range(self.size):
-            if self.store.check([f"dead/{r}"]):
-                out[r] = self.store.get(f"dead/{r}").decode()
+            key = f"dead/{r}"
+            if self.store.check([key]):
+                try:
+                    out[r] = str(self.seal.loads(key, self.store.get(key)))
+                except ForgedValue:
+                    continue          # not written by this run: no death to believe
         return out
 
     def mark_dead(self, rank: int, why: str) -> None:
-        mark_dead(self.store, rank, why)
+        mark_dead(self.store, rank, why, self.seal)
 
     def states(self) -> tuple[RankState, ...]:
         """Where every rank is, from the board: dead, finished, in a collective, or absent."""
@@ -471,6 +479,12 @@ class TorchDistGroup:
         if op not in REDUCE_OPS:
             raise ValueError(f"all_reduce_object: op {op!r} is not one of {REDUCE_OPS}")
         return _reduce(op, self._collective(ALL_REDUCE, value, op, timeout, tag))
+
+    def combine_arrays(self, arr: Any, fn: Callable[..., Any], args: tuple = (), *,
+                       timeout: float | None = None, tag: str = "") -> Any:
+        """fn([every rank's arr], *args): each process computes it over the all-gathered
+        copies (by value, as anything crossing processes is)."""
+        return readonly(fn(self.all_gather_object(arr, timeout=timeout, tag=tag), *args))
 
     def exchange(self, key: str, obj: Any, *, timeout: float | None = None,
                  tag: str = "") -> list[Any]:

@@ -18,6 +18,7 @@ from ..errors import UserError
 
 MODES = ("procs", "inproc")
 VISIBLE = ("all", "one")
+RESIDUE = ("report", "fail")   # --residue: what a process holding memory at exit is
 
 
 @functools.lru_cache(maxsize=8)
@@ -40,6 +41,7 @@ class RunConfig:
     seed: int = 0
     visible: str = "all"              # "all": every GPU of the host; "one": CUDA_VISIBLE_DEVICES=<its GPU>
     timeout: float = 120.0
+    residue: str = "report"           # "report": listed, the run passes; "fail": a process exiting holding any fails the run
     command: list[str] = field(default_factory=list)   # the program: ["prog.py", args] or ["-m", "mod", args]
     run_dir: str = ""
     shm_prefix: str = ""
@@ -74,6 +76,8 @@ class RunConfig:
             raise UserError("give --machine PRESET[:HOSTS] (e.g. gb200-nvl72:2) or --scenario FILE")
         if self.timeout <= 0:
             raise UserError(f"--timeout: must be > 0 seconds, got {self.timeout}")
+        if self.residue not in RESIDUE:
+            raise UserError(f"--residue: {self.residue!r}; use one of {', '.join(RESIDUE)}")
         if not self.command:
             raise UserError("no program: add `-- python prog.py ARGS` (or `-- python -m module`)")
         cluster = self.cluster()
@@ -149,4 +153,6 @@ class RunConfig:
         parts += ["--mode", self.mode, "--seed", str(self.seed)]
         if self.visible != "all":
             parts += ["--visible", self.visible]
+        if self.residue != "report":
+            parts += ["--residue", self.residue]
         return shlex.join(parts + ["--", "python"] + list(self.command))

@@ -18,7 +18,7 @@ import functools
 from typing import Any
 
 from .session import HostedRank, hosted, user_site
-from .surfaces import register_surface, when_imported
+from .surfaces import wrap_torch_distributed
 
 KEY = "torch.distributed"
 NOT_SIMULATED = tuple("""
@@ -285,8 +285,6 @@ SERVED = {f.__name__: f for f in (
     all_gather_object, broadcast_object_list, gather_object, barrier, all_reduce, all_gather,
     broadcast)}
 
-_saved: list[tuple[Any, str, Any]] = []
-
 
 def _dispatcher(name: str, real: Any, impl: Any) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -296,7 +294,6 @@ def _dispatcher(name: str, real: Any, impl: Any) -> Any:
         return impl(r, *args, **kwargs)
     functools.update_wrapper(call, real) if real is not None else None
     call.__name__ = name
-    call.__commsim_inproc__ = True      # type: ignore[attr-defined]
     return call
 
 
@@ -307,35 +304,10 @@ def _not_simulated(name: str, real: Any) -> Any:
         raise NotImplementedError(f"commsim hosting: torch.distributed.{name} is not simulated "
                                   f"in inproc mode (run with --mode procs for real gloo)")
     functools.update_wrapper(call, real)
-    call.__commsim_inproc__ = True      # type: ignore[attr-defined]
     return call
 
 
-def _patch(dist: Any) -> None:
-    import torch.distributed.distributed_c10d as c10d
-    for mod in (dist, c10d):
-        for name, impl in SERVED.items():
-            real = getattr(mod, name, None)
-            if real is None or getattr(real, "__commsim_inproc__", False):
-                continue
-            _saved.append((mod, name, real))
-            setattr(mod, name, _dispatcher(name, real, impl))
-        for name in NOT_SIMULATED:
-            real = getattr(mod, name, None)
-            if real is None or getattr(real, "__commsim_inproc__", False):
-                continue
-            _saved.append((mod, name, real))
-            setattr(mod, name, _not_simulated(name, real))
-
-
-def _install() -> None:
-    when_imported("torch.distributed", _patch)
-
-
-def _uninstall() -> None:
-    while _saved:
-        mod, name, real = _saved.pop()
-        setattr(mod, name, real)
-
-
-register_surface("torch.distributed (inproc)", _install, _uninstall)
+wrap_torch_distributed(
+    "torch.distributed (inproc)", "__commsim_inproc__",
+    {**{name: functools.partial(_dispatcher, name, impl=impl) for name, impl in SERVED.items()},
+     **{name: functools.partial(_not_simulated, name) for name in NOT_SIMULATED if name not in SERVED}})

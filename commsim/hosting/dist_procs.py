@@ -12,9 +12,7 @@ import functools
 from typing import Any
 
 from .session import hosted
-from .surfaces import register_surface, when_imported
-
-_saved: list[tuple[Any, str, Any]] = []
+from .surfaces import wrap_torch_distributed
 
 
 def _gloo(backend: Any) -> Any:
@@ -34,7 +32,6 @@ def _wrap_init(real: Any) -> Any:
                 backend = "gloo"
             kwargs.pop("device_id", None)
         return real(backend, *args, **kwargs)
-    init_process_group.__commsim_procs__ = True   # type: ignore[attr-defined]
     return init_process_group
 
 
@@ -47,29 +44,8 @@ def _wrap_new_group(real: Any) -> Any:
                 kwargs["backend"] = _gloo(kwargs["backend"])
             kwargs.pop("device_id", None)
         return real(*args, **kwargs)
-    new_group.__commsim_procs__ = True   # type: ignore[attr-defined]
     return new_group
 
 
-def _patch(dist: Any) -> None:
-    import torch.distributed.distributed_c10d as c10d
-    for mod in (dist, c10d):
-        for name, wrap in (("init_process_group", _wrap_init), ("new_group", _wrap_new_group)):
-            real = getattr(mod, name, None)
-            if real is None or getattr(real, "__commsim_procs__", False):
-                continue
-            _saved.append((mod, name, real))
-            setattr(mod, name, wrap(real))
-
-
-def _install() -> None:
-    when_imported("torch.distributed", _patch)
-
-
-def _uninstall() -> None:
-    while _saved:
-        mod, name, real = _saved.pop()
-        setattr(mod, name, real)
-
-
-register_surface("torch.distributed (procs)", _install, _uninstall)
+wrap_torch_distributed("torch.distributed (procs)", "__commsim_procs__",
+                       {"init_process_group": _wrap_init, "new_group": _wrap_new_group})

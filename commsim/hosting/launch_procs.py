@@ -20,6 +20,7 @@ import time
 from collections import deque
 from typing import Any, TextIO
 
+from ..procs.reap import Session, reap
 from .config import RunConfig
 from .run import free_port, rank_env
 from .verdict import ProcResult, Verdict
@@ -141,16 +142,12 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
                 time.sleep(0.5)
                 for r in alive:
                     killed[r] = why
-                    _kill_group(procs[r])
-                for r in alive:
-                    procs[r].wait(10)
+                reap([Session(procs[r]) for r in alive], 10)
                 break
             time.sleep(0.02)
     finally:
-        for p in procs.values():
-            _kill_group(p)          # workers a rank left behind go with its session
-            if p.poll() is None:
-                p.wait(10)
+        # Every rank's session, also of ranks that exited: workers a rank left behind go too.
+        reap([Session(p) for p in procs.values()], 10)
         for t in pumps:
             t.join(5)
     reports = read_reports(cfg.run_dir)
@@ -175,9 +172,3 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
     flags = sorted({f for res in results for f in res.flags})
     return Verdict(cfg, results, flags=flags)
 
-
-def _kill_group(p: subprocess.Popen) -> None:
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

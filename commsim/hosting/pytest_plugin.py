@@ -38,6 +38,9 @@ def pytest_addoption(parser: Any) -> None:
                 help="inproc: ranks as greenlets (default); procs: a process per rank")
     g.addoption("--commsim-seed", type=int, default=0, help="seed of hosted runs")
     g.addoption("--commsim-timeout", type=float, default=120.0, help="seconds before a hang")
+    g.addoption("--commsim-residue", default="report", choices=("report", "fail"),
+                help="memory, mappings and fds a rank holds at exit: report them (default) or "
+                     "fail the test on them")
     g.addoption("--commsim-visible", default="all", choices=("all", "one"),
                 help="GPUs each rank sees: its host's (all) or its own (one)")
 
@@ -45,7 +48,7 @@ def pytest_addoption(parser: Any) -> None:
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line(
         "markers", "commsim(machine=None, ranks=None, nproc_per_host=None, mode=None, "
-                   "visible=None, seed=None): run this test as every rank of a simulated machine")
+                   "visible=None, seed=None, residue=None): run this test as every rank of a simulated machine")
 
 
 class _RankView:
@@ -84,6 +87,7 @@ def _config_for(item: Any) -> Any:
                      seed=int(kw.get("seed") if kw.get("seed") is not None else opt("--commsim-seed")),
                      visible=kw.get("visible") or opt("--commsim-visible"),
                      timeout=float(opt("--commsim-timeout")),
+                     residue=kw.get("residue") or opt("--commsim-residue"),
                      command=["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                               "-p", "no:randomly", item.nodeid])
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 __all__ = ["register_surface", "install_all", "uninstall_all", "installed", "surfaces",
-           "when_imported", "not_simulated", "SURFACE_MODULES"]
+           "when_imported", "not_simulated", "wrap_torch_distributed", "SURFACE_MODULES"]
 
 # Modules that declare surfaces; a name missing from the tree is skipped (16b's land later).
 SURFACE_MODULES = (
@@ -152,3 +152,34 @@ def when_imported(name: str, fn: Callable[[Any], None]) -> None:
     mod = sys.modules.get(name)
     if mod is not None:
         fn(mod)
+
+
+# ---- wrapped torch.distributed functions -----------------------------------------------------
+
+def wrap_torch_distributed(surface: str, marker: str,
+                           wrappers: dict[str, Callable[[Any], Any]]) -> None:
+    """Declare a surface that replaces functions of torch.distributed (and of its c10d module,
+    which callers also reach directly) with `wrappers[name](real)`, once torch.distributed is
+    imported, and puts the real ones back at uninstall. Each wrapper is marked with `marker`
+    (one per surface), so a module patched twice is wrapped once, while two surfaces may
+    wrap the same function in turn (inproc's dispatcher inside procs' gloo substitution)."""
+    saved: list[tuple[Any, str, Any]] = []
+
+    def patch(dist: Any) -> None:
+        import torch.distributed.distributed_c10d as c10d
+        for mod in (dist, c10d):
+            for name, wrap in wrappers.items():
+                real = getattr(mod, name, None)
+                if real is None or getattr(real, marker, False):
+                    continue
+                saved.append((mod, name, real))
+                wrapper = wrap(real)
+                setattr(wrapper, marker, True)
+                setattr(mod, name, wrapper)
+
+    def restore() -> None:
+        while saved:
+            mod, name, real = saved.pop()
+            setattr(mod, name, real)
+
+    register_surface(surface, lambda: when_imported("torch.distributed", patch), restore)

@@ -9,7 +9,7 @@ hosted on it (inproc by default: fast and replayable). The oracle reads the verd
   ranks span hosts: the hardware refuses that to any program (reference row L8);
 - fabric-outside-domain: a FABRIC handle import failed across NVLink domains / without IMEX;
 - cuda-error: any other CUDA error the program died of, not injected by the scenario;
-- hang, leak (residue at exit), crash (a non-CUDA exception);
+- hang, leak (residue at exit, with `--exec-residue fail`), crash (a non-CUDA exception);
 - injected: the program died of a fault the scenario injected (reported, not a defect).
 Each failure comes with the `commsim exec --scenario <id>` command that replays it.
 """
@@ -117,12 +117,13 @@ class ExecSweep:
 
 
 def run_exec_sweep(program: list[str], ids: list[str], *, mode: str = "inproc",
-                   timeout: float = 60.0, progress: Callable[[int, int], None] | None = None) -> ExecSweep:
+                   timeout: float = 60.0, residue: str = "report", progress: Callable[[int, int], None] | None = None) -> ExecSweep:
     rep = ExecSweep(program)
     t0 = time.monotonic()
     for i, sid in enumerate(ids):
         sc = load_scenario(sid)
-        cfg = RunConfig(scenario=sid, mode=mode, timeout=timeout, command=list(program))
+        cfg = RunConfig(scenario=sid, mode=mode, timeout=timeout, residue=residue,
+                        command=list(program))
         sink = io.StringIO()
         v = execute(cfg, out=sink, err=sink, echo=False)
         kind = classify(sc, v)

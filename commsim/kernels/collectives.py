@@ -34,25 +34,13 @@ def _barrier(ctx: KernelContext, ptrs: Sequence[int], me: int, which: int, rnd: 
 
 
 # -- arithmetic: numpy over raw bytes, accumulating in float32 (DESIGN.md §5) ------------------
-# torch's bfloat16 casts run at about a tenth of numpy's add on this CPU; a bfloat16 is the
-# high half of a float32, so widening is a 16-bit shift and narrowing a round-to-nearest-even
-# on the low half, both plain integer passes.
+# A bfloat16 is the high half of a float32, so widening is a 16-bit shift and narrowing a
+# round-to-nearest-even on the low half, both plain integer passes that do not depend on
+# torch's thread setting (torch's casts run at numpy-add speed on one thread, but about 50
+# times slower with its 2-thread pool: set_torch_threads). numpy's own float16 casts take
+# about 14 float32 adds here (no F16C path): measured, left as they are.
 _NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
-
-
-def _accumulate(acc: np.ndarray, src: np.ndarray, dtype: str, first: bool) -> None:
-    """acc (float32) = src (raw bytes in `dtype`) when `first`, else acc += src."""
-    v = src.view(_NP[dtype])
-    if dtype == "bfloat16":
-        if first:
-            np.left_shift(v, 16, out=acc.view(np.uint32), dtype=np.uint32)
-            return
-        wide = np.left_shift(v, 16, dtype=np.uint32)
-        np.add(acc, wide.view(np.float32), out=acc)
-    elif first:
-        np.copyto(acc, v)
-    else:
-        np.add(acc, v, out=acc)
+_BLOCK = 1 << 16        # elements per block of a 16-bit reduction (float32 accumulator: 256 KiB)
 
 
 def _store(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
@@ -74,11 +62,30 @@ def _store(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
 
 
 def _reduce(srcs: Sequence[np.ndarray], dtype: str, out: np.ndarray | None = None) -> np.ndarray:
-    """The float32 sum of the `srcs` (raw bytes in `dtype`), in order: one pass per input.
-    `out`: float32 memory to accumulate in (a float32 kernel sums straight into its result)."""
-    acc = out if out is not None else np.empty(srcs[0].size // np.dtype(_NP[dtype]).itemsize, np.float32)
-    for i, v in enumerate(srcs):
-        _accumulate(acc, v, dtype, i == 0)
+    """The float32 sum of the `srcs` (raw bytes in `dtype`), in order, in the passes numpy's
+    own sum would make: the first two inputs are added straight into the accumulator (no copy
+    pass first), each further one is added in place. `out`: float32 memory to accumulate in
+    (a float32 kernel sums straight into its result)."""
+    nt = _NP[dtype]
+    vs = [s.view(nt) for s in srcs]
+    acc = out if out is not None else np.empty(vs[0].size, np.float32)
+    if dtype == "bfloat16":
+        # Widen each input by a 16-bit shift into one scratch array reused for every input
+        # (a fresh one per input cost an allocation, and its page faults, per rank per round).
+        np.left_shift(vs[0], 16, out=acc.view(np.uint32), dtype=np.uint32)
+        if len(vs) > 1:
+            wide = np.empty(acc.size, np.uint32)
+            for v in vs[1:]:
+                np.left_shift(v, 16, out=wide, dtype=np.uint32)
+                np.add(acc, wide.view(np.float32), out=acc)
+        return acc
+    if len(vs) == 1:
+        np.copyto(acc, vs[0])
+        return acc
+    # dtype=float32: a float16 pair is widened before the add, never summed in float16.
+    np.add(vs[0], vs[1], out=acc, dtype=np.float32)
+    for v in vs[2:]:
+        np.add(acc, v, out=acc, dtype=np.float32)
     return acc
 
 
@@ -88,8 +95,17 @@ def _reduce_into(srcs: Sequence[np.ndarray], dst: np.ndarray, dtype: str) -> Non
     sit in this rank's own result range, which no peer reads before the next barrier."""
     if dtype == "float32":
         _reduce(srcs, dtype, out=dst.view(np.float32))
-    else:
-        _store(_reduce(srcs, dtype), dst, dtype)
+        return
+    # 16-bit: block by block, so the float32 accumulator and the widening and rounding scratch
+    # stay in the core's cache through the ~20 passes, and nothing of the message's size is
+    # allocated (whose page faults cost more than the sum). Each element still gets the same
+    # additions in the same order and one rounding: the bytes are those of an unblocked sum.
+    n = dst.size // 2
+    acc = np.empty(min(n, _BLOCK), np.float32)
+    for lo in range(0, n, _BLOCK):
+        hi = min(n, lo + _BLOCK)
+        part = _reduce([s[2 * lo:2 * hi] for s in srcs], dtype, out=acc[:hi - lo])
+        _store(part, dst[2 * lo:2 * hi], dtype)
 
 
 def one_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dtype: str,

@@ -35,6 +35,7 @@ from ..sim import shm
 from ..topology.model import Cluster, GpuRef
 from . import worker
 from .faults import ProcFaults
+from .reap import reap
 
 _CTX: Any = None
 IDLE_FACTOR = 2
@@ -142,7 +143,7 @@ def _launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int,
                     else:
                         why = f"{_exit_words(p.exitcode)} {last_status(store, r, seal)}"
                         gone[r] = why
-                        mark_dead(store, r, why)
+                        mark_dead(store, r, why, seal)
                         say(f"rank {r} {why}")
             if not alive:
                 break
@@ -163,23 +164,17 @@ def _launch(n: int, target: Callable[[Any], None], make_job: Callable[[int, int,
             if now > hard or (straggle is not None and now > straggle):
                 reason = (f"no rank progressed for {now - last_change:.0f} s" if now > hard
                           else "its peers had failed")
+                reap([procs[r] for r in alive], 5)
                 for r in alive:
                     why = (f"killed by the launcher after {now - t0:.1f} s ({reason}) "
                            f"{last_status(store, r, seal)}")
                     gone[r] = why
-                    procs[r].kill()
-                    mark_dead(store, r, why)
+                    mark_dead(store, r, why, seal)
                     say(f"rank {r} {why}")
-                for r in alive:
-                    procs[r].join(5)
                 break
             time.sleep(0.02)
     finally:
-        for p in procs.values():
-            if p.exitcode is None:
-                p.kill()
-        for p in procs.values():
-            p.join(10)
+        reap(procs.values(), 10)
         removed = shm.sweep(prefix)
         if removed:
             say(f"removed {len(removed)} shared-memory segment(s) left by the run")

@@ -335,12 +335,15 @@ def _knobs(pid: str) -> tuple[str, str, tuple[tuple[str, str], ...], str]:
 
 def knob_plan(seed: int, index: int) -> Plan:
     """`k<seed>-<index>`: the sampler's draw without its faults and workload knobs, under one
-    shortcut-policy knob (commsim/scenario/knobs.py). The base draw's own streams are reused,
-    so the machine, layout and placement are those of `s<seed>-<index>`."""
+    shortcut-policy knob (commsim/scenario/knobs.py), plus the fault a failure-hygiene knob
+    needs to act on (`Knob.provoke`). The base draw's own streams are reused, so the machine,
+    layout and placement are those of `s<seed>-<index>`."""
     base = sample_plan(seed, index)
     pid = f"k{seed}-{index}"
-    return dataclasses.replace(base, id=pid, faults=(), setup="init", allocator="caching",
+    plan = dataclasses.replace(base, id=pid, faults=(), setup="init", allocator="caching",
                                nccl_env=(), fd_transport="", knob=K.draw(pid))
+    # A knob that acts only on a set-up failure gets one, chosen from the truth (knobs.py).
+    return dataclasses.replace(plan, faults=K.provocation(build(plan), pid))
 
 
 def sample(seed: int, count: int, start: int = 0) -> Iterator[Scenario]:

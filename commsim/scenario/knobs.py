@@ -16,6 +16,25 @@ The oracle side: each knob states, from the ground truth (the placement and the 
 never a backend's own answer), whether on this machine and group it must make the run fail,
 and how (the verdict kind and the error the run must show), or must be harmless. `judge_knob`
 turns the expected failures into notes and flags a mismatch either way as `knob-outcome`.
+
+The failure-hygiene knobs (item 5, rules FH1-FH3: `rollback`, `agree`, `report_fallback`)
+act only when a backend's set-up fails, and on the sampled machines without faults it never
+does under the default admission: ipc is admitted only where the topology allows it, and the
+set-up failures the topology alone can cause (a legacy IPC handle refused across hosts, or
+between GPUs without P2P) are pairwise and symmetric, so they would fail every rank of a group
+alike and never split one (measured over s1-0..s1-399: 363 groups whose IPC opens fail, every
+one on all of its ranks). So a hygiene knob scenario provokes the commonest real set-up
+failure, on one rank: its first allocation, the ipc workspace `cudaMalloc`, runs out of memory
+(an `oom` fault at allocation 1, the fault kind the sampler already draws; the failure sglang
+guards against by probing the workspace allocation and BAND-voting it, reference §6.4). The provocation is chosen
+from the truth: only in a group where ipc is legal (`group_truth`), hence admitted and set up
+first at init, and only on a rank whose first communicator that group is; where no group
+qualifies there is no fault, set-up never fails, and the knob must be harmless. From the
+truth and that fault, the expectation: `rollback=False` leaves the workspaces of the group's
+other ranks allocated (a leak); `agree=False` lets the faulted rank drop ipc alone while its
+peers exchange IPC handles without it (a collective mismatch, or a hang); `report_fallback=
+False` makes every rank of the group fall back to nccl unreported (`SilentFallback`, and the
+oracle, finding no set-up failure in the decision record, calls the skipped ipc not-best).
 """
 
 from __future__ import annotations
@@ -25,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..policy import Policy
-from .model import Scenario
+from .model import Fault, Scenario
 
 Mi = 1 << 20
 KNOB_EVERY = 20
@@ -41,6 +60,11 @@ class Expectation:
     kind: str = ""
     detail: str = ""
     why: str = ""
+    alt: tuple[str, ...] = ()           # other substrings that show the same failure
+    collateral: tuple[str, ...] = ()    # verdict kinds the expected failure brings with it
+
+    def shown_by(self, f: Any) -> bool:
+        return f.kind == self.kind and any(d in f.detail for d in (self.detail, *self.alt))
 
 
 @dataclass(frozen=True)
@@ -49,6 +73,9 @@ class Knob:
     values: tuple[Any, ...]
     expect: Callable[[Scenario, Any], list[Expectation]]   # [] = harmless
     rules: str
+    # The faults a knob scenario adds so that the knob has something to act on, chosen from
+    # the truth of the base draw (rng: the id's own stream); None: the knob acts alone.
+    provoke: Callable[[Scenario, random.Random], tuple[Fault, ...]] | None = None
 
 
 def _ipc_best(sc: Scenario, params: dict[str, Any]) -> dict[tuple[str, str, int, str], int]:
@@ -133,6 +160,66 @@ def _expect_force_algorithm(sc: Scenario, value: Any) -> list[Expectation]:
     return out
 
 
+# -- failure hygiene (FH1-FH3) --------------------------------------------------------------------
+def _provoke_setup_failure(sc: Scenario, rng: random.Random) -> tuple[Fault, ...]:
+    """An out-of-memory on the ipc workspace allocation of one rank of the first group where
+    ipc is legal and that is each of its ranks' first communicator (so the rank's allocation
+    1 is that workspace: ipc is first in ORDER and set up at init); () where none is."""
+    from .oracle import group_truth
+    for g in sc.groups:
+        firsts = [r for r in g.ranks if next(h for h in sc.groups if r in h.ranks) is g]
+        if firsts == list(g.ranks) and "ipc" in group_truth(sc, g.ranks, g.name, ORDER).legal:
+            return (Fault("oom", rank=rng.choice(g.ranks), at_allocation=1),)
+    return ()
+
+
+def _setup_failure(sc: Scenario) -> tuple[Any, int] | None:
+    """(group, failing world rank) where, by the truth and the provocation, ipc set-up must
+    fail: ipc legal for the group (so admitted, and set up first at init), and the rank's
+    allocation 1 (that workspace) out of memory; None where set-up never fails."""
+    from .oracle import group_truth
+    for f in sc.faults:
+        if f.kind != "oom" or f.at_allocation != 1 or f.rank is None:
+            continue
+        g = next((h for h in sc.groups if f.rank in h.ranks), None)
+        if g is not None and "ipc" in group_truth(sc, g.ranks, g.name, ORDER).legal:
+            return g, f.rank
+    return None
+
+
+def _on_setup_failure(make: Callable[[Any, int], Expectation]) -> Callable[[Scenario, Any], list[Expectation]]:
+    """A hygiene knob's `expect`: harmless where set-up never fails, else `make(group, rank)`."""
+    def expect(sc: Scenario, value: Any) -> list[Expectation]:
+        hit = _setup_failure(sc)
+        return [] if hit is None else [make(*hit)]
+    return expect
+
+
+def _leaks(g: Any, r: int) -> Expectation:
+    """FH1: the voted failure stops every rank's ipc set-up after the workspace allocation;
+    without rollback, every rank but the one whose allocation failed keeps its workspace."""
+    return Expectation("leak", "allocation: cudaMalloc",
+                       f"group {g.name}: rank {r}'s ipc workspace allocation fails; the other "
+                       f"{len(g.ranks) - 1} rank(s) keep theirs")
+
+
+def _falls_out_of_step(g: Any, r: int) -> Expectation:
+    """FH2: rank-local, the faulted rank drops ipc alone and moves on (closing it, then nccl),
+    while its peers enter the IPC handle exchange without it: the group falls out of step. A
+    failure on every rank of the group would be harmless (all drop it); one rank never is."""
+    return Expectation("cuda-error", "CollectiveMismatch",
+                       f"group {g.name}: only rank {r}'s ipc set-up fails; it drops ipc alone "
+                       f"while {len(g.ranks) - 1} peer(s) exchange IPC handles", alt=(": hang:",))
+
+
+def _falls_back_silently(g: Any, r: int) -> Expectation:
+    """FH3: the voted failure makes every rank of the group fall back to nccl, unreported. The
+    decision record then shows no set-up failure, so the skipped ipc reads as not-best."""
+    return Expectation("cuda-error", "SilentFallback: silently fell back to nccl",
+                       f"group {g.name}: rank {r}'s ipc workspace allocation fails on a vote, "
+                       f"every rank falls back to nccl", collateral=("not-best",))
+
+
 def params_of(name: str, value: Any) -> dict[str, Any]:
     """The shortcut policy's parameters for one knob value."""
     if name == "force_algorithm":
@@ -151,6 +238,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("workspace_index", ("local_rank",), _expect_workspace_index, "RN1"),
     Knob("gpus_per_node", (8, 4, "device_count"), _expect_gpus_per_node, "RN2-RN3"),
     Knob("force_algorithm", ("one-shot/refuse", "one-shot/none"), _expect_force_algorithm, "AW1-AW2"),
+    Knob("rollback", (False,), _on_setup_failure(_leaks), "FH1", _provoke_setup_failure),
+    Knob("agree", (False,), _on_setup_failure(_falls_out_of_step), "FH2", _provoke_setup_failure),
+    Knob("report_fallback", (False,), _on_setup_failure(_falls_back_silently), "FH3", _provoke_setup_failure),
 )
 
 
@@ -163,6 +253,13 @@ def draw(pid: str) -> tuple[str, Any]:
     rng = random.Random(_seed_of("knob", pid))
     k = rng.choice(KNOBS)
     return k.name, rng.choice(k.values)
+
+
+def provocation(sc: Scenario, pid: str) -> tuple[Fault, ...]:
+    """The faults knob scenario `pid` adds to its base draw `sc` (see Knob.provoke)."""
+    from .generate import _seed_of
+    k = get_knob(sc.extra["knob"][0])
+    return () if k.provoke is None else k.provoke(sc, random.Random(_seed_of("knob-provoke", pid)))
 
 
 def policy_of(knob: tuple[str, Any]) -> Policy:
@@ -187,7 +284,7 @@ def judge_knob(sc: Scenario, v: Any) -> None:
             v.add("knob-outcome", f"{label} must be harmless on this machine and group, but the run "
                                   f"failed: {', '.join(v.kinds)}")
         return
-    missing = [e for e in exps if not any(f.kind == e.kind and e.detail in f.detail for f in v.failures)]
+    missing = [e for e in exps if not any(e.shown_by(f) for f in v.failures)]
     if missing:
         e = missing[0]
         v.add("knob-outcome", f"{label} must fail the run with {e.kind} ({e.detail}): {e.why}; "
@@ -195,7 +292,8 @@ def judge_knob(sc: Scenario, v: Any) -> None:
         return
     # Collateral of the expected failure: peers left waiting (cuda-error), a teardown without
     # agreement (leak flags, row L15).
-    absorbed = {e.kind for e in exps} | ({"cuda-error", "leak"} if any(e.kind == "cuda-error" for e in exps) else set())
+    absorbed = ({e.kind for e in exps} | {c for e in exps for c in e.collateral}
+                | ({"cuda-error", "leak"} if any(e.kind == "cuda-error" for e in exps) else set()))
     v.notes += [f"expected under {label} ({exps[0].why}): {f.kind}: {f.detail[:200]}"
                 for f in v.failures if f.kind in absorbed]
     v.failures[:] = [f for f in v.failures if f.kind not in absorbed]

@@ -18,7 +18,7 @@ from ..backends.base import SetupFailed
 from ..backends.nccl import NcclError
 from ..caching_allocator import CachingAllocator
 from ..communicator import Communicator
-from ..driver import CudaError
+from ..driver import CAPTURE_MODE_GLOBAL, CudaError, check
 from ..group import LocalWorld
 from ..runtime.diagnosis import GroupError, HangDetected
 from ..policy import Policy, resolve
@@ -161,6 +161,7 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
                 if ctx is not None:
                     ctx.__enter__()
                     state["step"] = "capture"
+                    _stream_capture(driver, begin=True)
                 for op in wl.ops:
                     for size in wl.sizes:
                         for dt in wl.dtypes:
@@ -186,6 +187,7 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
                                 verify()
                             mine["backends"][(g.name, op, size, dt)] = comm.chosen(op, numel * esz, dt)
                 if ctx is not None:
+                    _stream_capture(driver, begin=False)
                     state["step"] = "register"
                     # Counted after the ops: a lazy set-up inside the capture opened the
                     # workspace's own mappings, which are not the capture's (row G5).
@@ -213,6 +215,21 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
             raise
         comm.close()
     return mine
+
+
+def _stream_capture(driver: Any, begin: bool) -> None:
+    """The workload's own CUDA-graph capture on the rank's stream, in GLOBAL mode (the default
+    of torch.cuda.graph's capture_error_mode, which vLLM keeps: vllm-project/vllm#48053): begun
+    after the library's capture hook, ended before graph-buffer registration (vLLM registers
+    after capture, reference §7.1). Ending raises cudaErrorStreamCaptureInvalidated when a
+    call refused during the capture invalidated it (rules CG1-CG2, commsim/sim/stream_capture.py).
+    Only the simulated driver models the workload's capture; another driver has no such call."""
+    if not hasattr(driver, "cudaStreamBeginCapture"):
+        return
+    if begin:
+        check("cudaStreamBeginCapture", driver.cudaStreamBeginCapture(0, CAPTURE_MODE_GLOBAL))
+    else:
+        check("cudaStreamEndCapture", driver.cudaStreamEndCapture(0))
 
 
 def rank_error(r: int, error: BaseException) -> RankError:

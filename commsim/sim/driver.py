@@ -26,6 +26,7 @@ from . import binding_args, real_fds, unconfirmed
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
 from .fd_channel import SimFdChannel
 from .kernel_context import SimKernelContext
+from .stream_capture import StreamCapture
 
 E = cudart.cudaError_t
 R = cu.CUresult
@@ -60,6 +61,10 @@ def api(nvals: int, runtime: bool):
             forced = self.proc.faults.before(name)
             if forced is not None:
                 return (forced,) + (None,) * nvals
+            # Rules CG1-CG3 (stream_capture.py): a call the runtime refuses during a capture.
+            refused = self.capture.refused(name)
+            if refused is not None:
+                return (refused,) + (None,) * nvals
             try:
                 out = fn(self, *args)
             except Fail as f:
@@ -150,7 +155,12 @@ class SimDriver:
         self._next_handle = 0x1000 + (proc.pid % 997) * 16
         self._fds = real_fds.table_for(self)          # POSIX-fd handles: real OS fds
         self._ipc_open: dict[int, int] = {}           # aid -> base of our import
+        # Allocations this process gave a legacy IPC handle for: only those can have
+        # importers, so only their cudaFree asks every process (row L15).
+        self._ipc_exported: set[int] = set()
         self._peer_maps = 0
+        self.capture = StreamCapture()                # the workload's CUDA-graph capture
+        self._graphs = 0
         fabric.exit_hooks[proc.pid] = self._exit_release
         fabric.drivers[proc.pid] = self
         fabric.pre_exit_hooks[proc.pid] = lambda: real_fds.reap_at_exit(self)
@@ -411,7 +421,8 @@ class SimDriver:
             raise Fail(E.cudaErrorInvalidValue)
         a: PhysicalAlloc = m.target
         importers = [q for q in self.fabric.processes.values()
-                     if q.pid != self.proc.pid and q.ledger.has("ipc_mapping", ("aid", a.aid))]
+                     if q.pid != self.proc.pid and q.ledger.has("ipc_mapping", ("aid", a.aid))
+                     ] if a.aid in self._ipc_exported else []
         if importers and self.fabric.rule_on("L15"):
             # Row L15: freeing while peers still map it is undefined; poisoned for them.
             self.fabric.flag(f"pid {self.proc.pid} freed {hex(p)} while pids "
@@ -470,6 +481,29 @@ class SimDriver:
         except Fail:
             raise Fail(E.cudaErrorInvalidValue)
 
+    # ---- stream capture (commsim/sim/stream_capture.py, rules CG1-CG4) ---------------------
+    # The stream is the rank's one capturing stream: the argument is taken, not modelled.
+    @api(0, True)
+    def cudaStreamBeginCapture(self, stream: Any, mode: Any) -> None:
+        err = self.capture.begin(mode)
+        if err is not None:
+            raise Fail(err)
+
+    @api(1, True)
+    def cudaStreamEndCapture(self, stream: Any) -> int:
+        err = self.capture.end()
+        if err is not None:
+            raise Fail(err)          # CG2: an invalidated capture gives no graph
+        self._graphs += 1
+        return self._graphs
+
+    @api(1, True)
+    def cudaThreadExchangeStreamCaptureMode(self, mode: Any) -> Any:
+        old = self.capture.exchange(mode)
+        if old is None:
+            raise Fail(E.cudaErrorInvalidValue)
+        return old
+
     # ---- legacy IPC -----------------------------------------------------------------------
     @api(1, True)
     def cudaIpcGetMemHandle(self, dev_ptr: int) -> bytes:
@@ -481,6 +515,7 @@ class SimDriver:
             raise Fail(E.cudaErrorInvalidValue)        # rows L2, H4: VMM memory has no legacy handle
         # Rows L3/H3: a pointer inside the allocation gives the handle of its base (identical
         # bytes, openucx/ucx#11724); the importer adds the offset itself (RANGE_START_ADDR).
+        self._ipc_exported.add(m.target.aid)
         return self.fabric.ipc_handle_for(m.target, self.proc.pid)   # rows L1, L4
 
     @api(1, True)

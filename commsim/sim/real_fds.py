@@ -98,6 +98,7 @@ class FdTable:
         fd = _high(os.memfd_create(f"commsim-{target[0]}{target[1]}", os.MFD_CLOEXEC))
         os.write(fd, MAGIC + token)
         self._entries[fd] = (target, _identity(fd))
+        _holding.setdefault(drv.fabric, weakref.WeakSet()).add(self)
         return fd
 
     def reap(self) -> None:
@@ -143,6 +144,7 @@ class FdTable:
                             f"{drv.proc.host}; fds never leave their host (reference §2.5, row V9)")
             return None
         self._entries[fd] = (target, ident)
+        _holding.setdefault(drv.fabric, weakref.WeakSet()).add(self)
         obj = drv._obj(target)
         obj.refs += 1                 # the received descriptor keeps the memory alive
         drv.ledger.add("exported_fd", fd, f"POSIX fd {fd} received for {target[0]} {target[1]}")
@@ -150,17 +152,17 @@ class FdTable:
 
 
 _tables: "weakref.WeakValueDictionary[tuple[int, int], FdTable]" = weakref.WeakValueDictionary()
-# Each fabric's own tables, so reaping one fabric costs its processes only: a walk over every
-# table of the interpreter made each memory query O(all drivers ever made), quadratic over a
-# long run (the suite's 2,000 generated scenarios in one worker). Keyed by the fabric itself,
-# not id(), so a new fabric at a freed fabric's address never inherits its tables.
-_by_fabric: "weakref.WeakKeyDictionary[Any, weakref.WeakSet[FdTable]]" = weakref.WeakKeyDictionary()
+# Per fabric, the tables that held an fd since they were last reaped empty, so a memory query
+# reaps those only: a walk over every table of the interpreter made each query O(all drivers
+# ever made), and one over every process of the fabric O(ranks), quadratic over a 576-rank
+# run where no process holds an fd. Keyed by the fabric itself, not id(), so a new fabric at
+# a freed fabric's address never inherits its tables.
+_holding: "weakref.WeakKeyDictionary[Any, weakref.WeakSet[FdTable]]" = weakref.WeakKeyDictionary()
 
 
 def table_for(driver: "SimDriver") -> FdTable:
     t = FdTable(driver)
     _tables[(id(driver.fabric), driver.proc.pid)] = t
-    _by_fabric.setdefault(driver.fabric, weakref.WeakSet()).add(t)
     return t
 
 
@@ -198,8 +200,11 @@ def reap_fabric(fabric: Any) -> None:
     """Drop what any process of `fabric` living in this interpreter closed itself, so memory
     counts see a closed fd's release at once, as the hardware does (reference §2.3: the last
     reference going frees the memory). In process mode another OS process reaps its own."""
-    for t in list(_by_fabric.get(fabric, ())):
+    held = _holding.get(fabric)
+    for t in list(held or ()):
         t.reap()
+        if not t._entries:
+            held.discard(t)
 
 
 def reap_at_exit(driver: "SimDriver") -> None:

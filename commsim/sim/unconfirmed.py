@@ -41,6 +41,11 @@ UNCONFIRMED: dict[str, tuple[object, str]] = {
     "W6": (E.cudaErrorDeviceUninitialized, "cudaIpcOpenMemHandle of a handle from a process in another "
            "container (pid / IPC namespace) of the same host: 201, \"invalid device context\" as in "
            "vllm-project/vllm#55906"),
+    # issue 18, docs/lifecycle-rules.md (commsim/sim/stream_capture.py)
+    "CG3": (E.cudaErrorStreamCaptureUnsupported, "legacy IPC export / open during a capture that "
+            "is not RELAXED: refused like cudaMalloc (CG1), and the capture invalidated"),
+    "CG4": (E.cudaErrorIllegalState, "cudaStreamBeginCapture while capturing, or "
+            "cudaStreamEndCapture without a capture"),
 }
 
 

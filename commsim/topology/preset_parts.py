@@ -1,5 +1,7 @@
 """Parts the preset modules share: GPU and cluster UUIDs, per-host GPU lists, the two fabric
-states a board without MNNVL reports, and the two-socket PCIe layout of server boxes."""
+states a board without MNNVL reports, the two-socket PCIe layout of server boxes, and the three
+machine shapes every preset is built from (presets.py, presets_pcie.py, scale.py): an
+NVSwitch box, a rack of trays in one NVLink domain, and a single-host box without a fabric."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
-from .model import Cluster, FabricInfo, FabricState, Gpu, Link
+from .model import (
+    Cluster, FabricInfo, FabricState, Gpu, GpuRef, Host, Link, NvlinkDomain, full_matrix, matrix_from,
+)
 
 GiB = 1 << 30
 
@@ -48,3 +52,50 @@ def two_socket_pcie(i: int, j: int, per_socket: int, p2p_same_socket: bool,
     if i // 2 == j // 2:
         return Link("PIX", p2p=p2p_same_socket)
     return Link("NODE", p2p=p2p_same_socket)
+
+
+# ---- machine shapes --------------------------------------------------------------------------
+
+def nvswitch_box(name: str, host: str, source: str, *, model: str, cc: tuple[int, int], mem: int,
+                 nvlinks: int = 18) -> Cluster:
+    """One host of 8 GPUs on NVSwitch (HGX / DGX baseboards)."""
+    # All-to-all NVSwitch: every pair NV<nvlinks>, P2P on, multicast supported (§3.2, §5).
+    # HANDLE_TYPE_FABRIC_SUPPORTED is reported 1 even without IMEX, and cuMemCreate(FABRIC)
+    # then fails NOT_PERMITTED (DeepEP#487, row V3): no IMEX channels on these hosts.
+    g = gpus(host, 8, model=model, compute_capability=cc, memory_bytes=mem,
+             fabric_handle=True, multicast=True, fabric=SINGLE_NODE_FABRIC)
+    h = Host(name=host, gpus=g, links=full_matrix(8, Link("NV", nvlinks)))
+    dom = NvlinkDomain(f"{host}-nvswitch", tuple(GpuRef(host, i) for i in range(8)))
+    return Cluster(name=name, hosts=(h,), domains=(dom,), source=source)
+
+
+def tray_rack(name: str, trays: int, source: str, *, trays_per_clique: int | None = None,
+              gpus_per_tray: int = 4, unit: str = "tray", model: str = "NVIDIA GB200",
+              cc: tuple[int, int] = (10, 0), mem: int = 186 * GiB) -> Cluster:
+    """`trays` OS instances (`<name>-<unit>NN`) of `gpus_per_tray` GPUs in one NVLink domain,
+    NVML clique k + 1 for the k-th run of `trays_per_clique` trays (default: one clique)."""
+    # One GB200 compute tray = one OS instance with 4 GPUs (2 superchips), NV18 between them as
+    # `nvidia-smi topo -m` prints it (seeds/000); aarch64 Grace CPUs. Every tray has IMEX
+    # channel 0 and NVML reports one cluster UUID for the rack, state COMPLETED (§4-§5).
+    uuid = cluster_uuid(name)
+    per_clique = trays_per_clique or trays
+    hosts, members = [], []
+    for t in range(trays):
+        hn = f"{name}-{unit}{t:02d}"
+        fab = FabricInfo(cluster_uuid=uuid, clique_id=1 + t // per_clique, state=FabricState.COMPLETED)
+        g = gpus(hn, gpus_per_tray, model=model, compute_capability=cc,
+                 memory_bytes=mem, fabric_handle=True, multicast=True, fabric=fab)
+        hosts.append(Host(name=hn, gpus=g, links=full_matrix(gpus_per_tray, Link("NV", 18)),
+                          imex_channels=(0,), arch="aarch64"))
+        members += [GpuRef(hn, i) for i in range(gpus_per_tray)]
+    dom = NvlinkDomain(f"{name}-domain", tuple(members), cluster_uuid=uuid)
+    return Cluster(name=name, hosts=tuple(hosts), domains=(dom,), source=source)
+
+
+def pcie_box(name: str, host: str, n: int, cell: Callable[[int, int], Link], source: str,
+             arch: str = "x86_64", **attrs: object) -> Cluster:
+    """One host of `n` GPUs without an NVLink fabric (PCIe, bridges, meshes): `cell(i, j)` is
+    the link between GPUs i and j; `attrs` go to every GPU."""
+    h = Host(name=host, gpus=gpus(host, n, fabric=NO_FABRIC, **attrs),
+             links=matrix_from(n, cell), arch=arch)
+    return Cluster(name=name, hosts=(h,), source=source)

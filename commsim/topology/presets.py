@@ -7,76 +7,49 @@ Reference tags ([CUDA13-h], §5 ...) point into `shared/reference/domain.md`.
 
 from __future__ import annotations
 
-from typing import Callable
-
-from .model import (
-    Cluster, FabricInfo, FabricState, GpuRef, Host, Link, NvlinkDomain, TopologyError,
-    full_matrix, matrix_from,
-)
-
+from .model import Cluster, Link, TopologyError
 from .presets_pcie import PCIE_PRESETS
 from .preset_parts import (  # noqa: F401  (_uuid, _cluster_uuid: importers derive the same)
-    GiB, Preset, NO_FABRIC as _NO_FABRIC, SINGLE_NODE_FABRIC as _SINGLE_NODE_FABRIC, cluster_uuid as
-    _cluster_uuid, gpus as _gpus, gpu_uuid as _uuid, two_socket_pcie as _two_socket_pcie,
+    GiB, Preset, cluster_uuid as _cluster_uuid, gpu_uuid as _uuid, nvswitch_box, pcie_box,
+    tray_rack, two_socket_pcie,
 )
-
-
-def _nvswitch_box(name: str, host: str, model: str, cc: tuple[int, int], mem: int, nvlinks: int,
-                  source: str) -> Cluster:
-    # All-to-all NVSwitch: every pair NV<nvlinks>, P2P on, multicast supported (§3.2, §5).
-    # HANDLE_TYPE_FABRIC_SUPPORTED is reported 1 even without IMEX, and cuMemCreate(FABRIC)
-    # then fails NOT_PERMITTED (DeepEP#487, row V3): no IMEX channels on these hosts.
-    gpus = _gpus(host, 8, model=model, compute_capability=cc, memory_bytes=mem,
-                 fabric_handle=True, multicast=True, fabric=_SINGLE_NODE_FABRIC)
-    h = Host(name=host, gpus=gpus, links=full_matrix(8, Link("NV", nvlinks)))
-    dom = NvlinkDomain(f"{host}-nvswitch", tuple(GpuRef(host, i) for i in range(8)))
-    return Cluster(name=name, hosts=(h,), domains=(dom,), source=source)
 
 
 def hgx_h100_8() -> Cluster:
-    return _nvswitch_box(
-        "hgx-h100-8", "hgx-h100-0", "NVIDIA H100 80GB HBM3", (9, 0), 80 * GiB, 18,
+    return nvswitch_box(
+        "hgx-h100-8", "hgx-h100-0",
         "HGX/DGX H100: 8 GPUs all-to-all over NVSwitch, 18 NVLink-4 links per GPU, 900 GB/s "
-        "(reference §5: scaleway H100-SXM docs, NVIDIA vGPU NVSwitch page)")
+        "(reference §5: scaleway H100-SXM docs, NVIDIA vGPU NVSwitch page)",
+        model="NVIDIA H100 80GB HBM3", cc=(9, 0), mem=80 * GiB)
 
 
 def hgx_h200_8() -> Cluster:
-    return _nvswitch_box(
-        "hgx-h200-8", "hgx-h200-0", "NVIDIA H200", (9, 0), 141 * GiB, 18,
+    return nvswitch_box(
+        "hgx-h200-8", "hgx-h200-0",
         "HGX H200: same NVSwitch baseboard as H100 with 141 GB HBM3e (reference §5; NVIDIA vGPU "
-        "NVSwitch page lists HGX H200 8-GPU)")
+        "NVSwitch page lists HGX H200 8-GPU)",
+        model="NVIDIA H200", cc=(9, 0), mem=141 * GiB)
 
 
 def dgx_b200_8() -> Cluster:
-    return _nvswitch_box(
-        "dgx-b200-8", "dgx-b200-0", "NVIDIA B200", (10, 0), 180 * GiB, 18,
+    return nvswitch_box(
+        "dgx-b200-8", "dgx-b200-0",
         "DGX/HGX B200: 8 Blackwell GPUs over NVSwitch, NVLink 5, 1440 GB HBM3e in all; fabric "
-        "attribute 1 but no IMEX (reference §5, DeepEP#487)")
+        "attribute 1 but no IMEX (reference §5, DeepEP#487)",
+        model="NVIDIA B200", cc=(10, 0), mem=180 * GiB)
 
 
-def _gb200_rack(name: str, trays: int, cliques: Callable[[int], int], source: str,
-                model: str = "NVIDIA GB200", cc: tuple[int, int] = (10, 0),
-                mem: int = 186 * GiB) -> Cluster:
-    # One GB200 compute tray = one OS instance with 4 GPUs (2 superchips), NV18 between them as
-    # `nvidia-smi topo -m` prints it (seeds/000); aarch64 Grace CPUs. Every tray has IMEX
-    # channel 0 and NVML reports one cluster UUID for the rack, state COMPLETED (§4-§5).
-    uuid = _cluster_uuid(name)
-    hosts, members = [], []
-    for t in range(trays):
-        hn = f"{name}-tray{t:02d}"
-        fab = FabricInfo(cluster_uuid=uuid, clique_id=cliques(t), state=FabricState.COMPLETED)
-        gpus = _gpus(hn, 4, model=model, compute_capability=cc,
-                     memory_bytes=mem, fabric_handle=True, multicast=True, fabric=fab)
-        hosts.append(Host(name=hn, gpus=gpus, links=full_matrix(4, Link("NV", 18)),
-                          imex_channels=(0,), arch="aarch64"))
-        members += [GpuRef(hn, i) for i in range(4)]
-    dom = NvlinkDomain(f"{name}-domain", tuple(members), cluster_uuid=uuid)
-    return Cluster(name=name, hosts=tuple(hosts), domains=(dom,), source=source)
+def hgx_b300_8() -> Cluster:
+    return nvswitch_box(
+        "hgx-b300-8", "hgx-b300-0",
+        "HGX B300: 8 Blackwell Ultra GPUs (CC 10.3) over NVSwitch, fabric attribute 1 but no "
+        "IMEX by default (NVIDIA HGX B300 page; vllm-project/vllm#42324)",
+        model="NVIDIA B300", cc=(10, 3), mem=288 * GiB)
 
 
 def gb200_nvl72() -> Cluster:
-    return _gb200_rack(
-        "gb200-nvl72", 18, lambda t: 1,
+    return tray_rack(
+        "gb200-nvl72", 18,
         "GB200 NVL72: 18 x 1RU compute trays of 4 GPUs, each tray its own OS image, 72 GPUs in "
         "one NVLink domain (NVIDIA Multi-Node Tuning Guide, reference §5)")
 
@@ -84,89 +57,65 @@ def gb200_nvl72() -> Cluster:
 def gb300_nvl72() -> Cluster:
     # Same rack shape as GB200 NVL72 (18 trays x 4 GPUs, one NVLink domain, IMEX per tray);
     # Blackwell Ultra GPUs, compute capability 10.3 (docs/fidelity-rules.md G).
-    return _gb200_rack(
-        "gb300-nvl72", 18, lambda t: 1,
+    return tray_rack(
+        "gb300-nvl72", 18,
         "GB300 NVL72: 18 compute trays x 4 Blackwell Ultra GPUs (CC 10.3, 288 GB HBM3e), one "
         "NVLink domain (NVIDIA GB300 NVL72 product page; vllm-project/vllm#42324 SM 10.3)",
         model="NVIDIA GB300", cc=(10, 3), mem=288 * GiB)
-
-
-def hgx_b300_8() -> Cluster:
-    return _nvswitch_box(
-        "hgx-b300-8", "hgx-b300-0", "NVIDIA B300", (10, 3), 288 * GiB, 18,
-        "HGX B300: 8 Blackwell Ultra GPUs (CC 10.3) over NVSwitch, fabric attribute 1 but no "
-        "IMEX by default (NVIDIA HGX B300 page; vllm-project/vllm#42324)")
 
 
 def gb200_nvl36x2() -> Cluster:
     # Two racks of 9 x 2RU trays. The reference leaves how the racks join UNCONFIRMED; modelled
     # as one 72-GPU domain (one cluster UUID) with one NVML clique per rack, which is the
     # "same UUID, different clique" case NCCL treats specially (row F3).
-    return _gb200_rack(
-        "gb200-nvl36x2", 18, lambda t: 1 + t // 9,
+    return tray_rack(
+        "gb200-nvl36x2", 18,
         "GB200 NVL36x2: two racks of 9 compute trays x 4 GPUs, joined into one 72-GPU domain "
-        "(NVIDIA Multi-Node Tuning Guide; cross-rack detail UNCONFIRMED, reference §5)")
+        "(NVIDIA Multi-Node Tuning Guide; cross-rack detail UNCONFIRMED, reference §5)",
+        trays_per_clique=9)
 
 
 def gh200_nvl32() -> Cluster:
     # 16 nodes of 2 GH200 superchips (1 Hopper GPU each) on one NVLink switch system. The node
     # split (2 GPUs per OS instance) follows NVIDIA's GH200 NVL32 announcement; marked
     # UNCONFIRMED here because the reference does not cover GH200.
-    name = "gh200-nvl32"
-    uuid = _cluster_uuid(name)
-    hosts, members = [], []
-    for n in range(16):
-        hn = f"{name}-node{n:02d}"
-        fab = FabricInfo(cluster_uuid=uuid, clique_id=1, state=FabricState.COMPLETED)
-        gpus = _gpus(hn, 2, model="NVIDIA GH200 144G HBM3e", compute_capability=(9, 0),
-                     memory_bytes=144 * GiB, fabric_handle=True, multicast=True, fabric=fab)
-        hosts.append(Host(name=hn, gpus=gpus, links=full_matrix(2, Link("NV", 18)),
-                          imex_channels=(0,), arch="aarch64"))
-        members += [GpuRef(hn, i) for i in range(2)]
-    return Cluster(name=name, hosts=tuple(hosts),
-                   domains=(NvlinkDomain(f"{name}-domain", tuple(members), uuid),),
-                   source="GH200 NVL32: 32 Grace Hopper superchips, 16 nodes, one NVLink domain "
-                          "(NVIDIA GH200 NVL32 announcement; node split UNCONFIRMED)")
+    return tray_rack(
+        "gh200-nvl32", 16,
+        "GH200 NVL32: 32 Grace Hopper superchips, 16 nodes, one NVLink domain "
+        "(NVIDIA GH200 NVL32 announcement; node split UNCONFIRMED)",
+        gpus_per_tray=2, unit="node", model="NVIDIA GH200 144G HBM3e", cc=(9, 0), mem=144 * GiB)
 
 
 def l40s_8_pcie() -> Cluster:
     # L40S has no NVLink (PCIe Gen4 x16); whether PCIe P2P works is platform-dependent and
     # UNCONFIRMED (§5). This preset is the box *without* P2P, as the issue asks.
-    host = "l40s-0"
-    gpus = _gpus(host, 8, model="NVIDIA L40S", compute_capability=(8, 9), memory_bytes=48 * GiB,
-                 fabric=_NO_FABRIC)
-    links = matrix_from(8, lambda i, j: _two_socket_pcie(i, j, 4, False, False))
-    return Cluster(name="l40s-8-pcie", hosts=(Host(host, gpus, links),),
-                   source="8 x L40S PCIe, no NVLink, P2P disabled (vendor spec; reference §5)")
+    return pcie_box("l40s-8-pcie", "l40s-0", 8, lambda i, j: two_socket_pcie(i, j, 4, False, False),
+                    "8 x L40S PCIe, no NVLink, P2P disabled (vendor spec; reference §5)",
+                    model="NVIDIA L40S", compute_capability=(8, 9), memory_bytes=48 * GiB)
 
 
 def rtx4090_8() -> Cluster:
     # GeForce: cudaDeviceCanAccessPeer = 0 for every pair (sglang#4814, nccl-tests#287).
-    host = "rtx4090-0"
-    gpus = _gpus(host, 8, model="NVIDIA GeForce RTX 4090", compute_capability=(8, 9),
-                 memory_bytes=24 * GiB, fabric=_NO_FABRIC, gpu_direct_rdma=False)
-    links = matrix_from(8, lambda i, j: _two_socket_pcie(i, j, 4, False, False))
-    return Cluster(name="rtx4090-8", hosts=(Host(host, gpus, links),),
-                   source="8 x RTX 4090, PCIe only, P2P not supported on GeForce (sglang#4814, "
-                          "NVIDIA/nccl-tests#287; reference §5)")
+    return pcie_box("rtx4090-8", "rtx4090-0", 8, lambda i, j: two_socket_pcie(i, j, 4, False, False),
+                    "8 x RTX 4090, PCIe only, P2P not supported on GeForce (sglang#4814, "
+                    "NVIDIA/nccl-tests#287; reference §5)",
+                    model="NVIDIA GeForce RTX 4090", compute_capability=(8, 9),
+                    memory_bytes=24 * GiB, gpu_direct_rdma=False)
 
 
 def a100_pcie_bridge_8() -> Cluster:
     # NVLink bridges join GPU pairs (0,1), (2,3), ...; NV12 = three bridges of 4 links (pairing
     # and count UNCONFIRMED, §5). Same-socket PCIe P2P allowed, cross-socket not (the V100
     # PCIe cross-socket row of §5). No NVSwitch, so no multicast (§3.2).
-    host = "a100-pcie-0"
-    gpus = _gpus(host, 8, model="NVIDIA A100 80GB PCIe", compute_capability=(8, 0),
-                 memory_bytes=80 * GiB, fabric=_NO_FABRIC)
-
     def cell(i: int, j: int) -> Link:
         if i // 2 == j // 2:
             return Link("NV", 12)
-        return _two_socket_pcie(i, j, 4, True, False)
+        return two_socket_pcie(i, j, 4, True, False)
 
-    return Cluster(name="a100-pcie-bridge-8", hosts=(Host(host, gpus, matrix_from(8, cell)),),
-                   source="A100 PCIe with NVLink-bridge pairs (reference §5; vLLM "
-                          "flashinfer_all_reduce.py note on bridge-only machines)")
+    return pcie_box("a100-pcie-bridge-8", "a100-pcie-0", 8, cell,
+                    "A100 PCIe with NVLink-bridge pairs (reference §5; vLLM "
+                    "flashinfer_all_reduce.py note on bridge-only machines)",
+                    model="NVIDIA A100 80GB PCIe", compute_capability=(8, 0), memory_bytes=80 * GiB)
 
 
 # DGX-1 (V100) hybrid cube-mesh as `nvidia-smi topo -m` prints it on DGX-1V: two quads, each
@@ -185,16 +134,12 @@ _DGX1 = (
 
 
 def dgx1_v100() -> Cluster:
-    host = "dgx1-0"
-    gpus = _gpus(host, 8, model="Tesla V100-SXM2-32GB", compute_capability=(7, 0),
-                 memory_bytes=32 * GiB, fabric=_NO_FABRIC)
     # P2P only over NVLink: the SYS pairs cross sockets (reference §5, V100 cross-socket row).
-    links = matrix_from(8, lambda i, j: Link.parse(_DGX1[i][j], p2p=_DGX1[i][j].startswith("NV")))
-    return Cluster(name="dgx1-v100", hosts=(Host(host, gpus, links),),
-                   source="DGX-1 V100 hybrid cube-mesh (NVIDIA DGX-1 whitepaper; Azure NDv2 uses "
-                          "the same mesh, shared/data/nccl-topologies/azure_ndv2-topo.xml)")
-
-
+    return pcie_box("dgx1-v100", "dgx1-0", 8,
+                    lambda i, j: Link.parse(_DGX1[i][j], p2p=_DGX1[i][j].startswith("NV")),
+                    "DGX-1 V100 hybrid cube-mesh (NVIDIA DGX-1 whitepaper; Azure NDv2 uses "
+                    "the same mesh, shared/data/nccl-topologies/azure_ndv2-topo.xml)",
+                    model="Tesla V100-SXM2-32GB", compute_capability=(7, 0), memory_bytes=32 * GiB)
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (

@@ -7,15 +7,8 @@ P2P over PCIe follows the part (GeForce never, stock driver) and the socket layo
 
 from __future__ import annotations
 
-from .model import Cluster, Host, Link, matrix_from
-from .preset_parts import GiB, NO_FABRIC, Preset, gpus, two_socket_pcie
-
-
-def _box(name: str, host: str, n: int, cell, source: str, arch: str = "x86_64",
-         **attrs: object) -> Cluster:
-    h = Host(name=host, gpus=gpus(host, n, fabric=NO_FABRIC, **attrs),
-             links=matrix_from(n, cell), arch=arch)
-    return Cluster(name=name, hosts=(h,), source=source)
+from .model import Cluster, Host, Link
+from .preset_parts import GiB, NO_FABRIC, Preset, gpus, pcie_box, two_socket_pcie
 
 
 _H200_NVL = dict(model="NVIDIA H200 NVL", compute_capability=(9, 0), memory_bytes=141 * GiB)
@@ -26,7 +19,7 @@ def h200_nvl_2way_8() -> Cluster:
     # 900 GB/s per GPU). Same-socket PCIe P2P allowed, cross-socket not (as the A100 preset).
     def cell(i: int, j: int) -> Link:
         return Link("NV", 18) if i // 2 == j // 2 else two_socket_pcie(i, j, 4, True, False)
-    return _box("h200-nvl-2way-8", "h200-nvl-0", 8, cell,
+    return pcie_box("h200-nvl-2way-8", "h200-nvl-0", 8, cell,
                 "8 x H200 NVL (PCIe) with 2-way NVLink bridges: NV18 pairs, no NVSwitch, no "
                 "multicast (NVIDIA H200 NVL product brief; per-pair count derived from 18 links "
                 "per GPU, UNCONFIRMED)", **_H200_NVL)
@@ -37,7 +30,7 @@ def h200_nvl_4way_8() -> Cluster:
     # peers (NV6). A mesh is not a switch: no multicast, no NVLS (row T2).
     def cell(i: int, j: int) -> Link:
         return Link("NV", 6) if i // 4 == j // 4 else Link("SYS", p2p=False)
-    return _box("h200-nvl-4way-8", "h200-nvl-0", 8, cell,
+    return pcie_box("h200-nvl-4way-8", "h200-nvl-0", 8, cell,
                 "8 x H200 NVL (PCIe) with 4-way NVLink bridges: two NV6 meshes of 4, no "
                 "NVSwitch, no multicast (NVIDIA H200 NVL product brief; NV6 derived from 18 "
                 "links over 3 peers, UNCONFIRMED)", **_H200_NVL)
@@ -46,7 +39,7 @@ def h200_nvl_4way_8() -> Cluster:
 def rtx_pro_6000_4() -> Cluster:
     # Four RTX PRO 6000 Blackwell Server Edition on PCIe with peer access (vllm#56128: SM 12.0,
     # PCIe P2P, no NVLink, driver 580).
-    return _box("rtx-pro-6000-4", "rtxpro-0", 4,
+    return pcie_box("rtx-pro-6000-4", "rtxpro-0", 4,
                 lambda i, j: Link("PIX" if i // 2 == j // 2 else "NODE", p2p=True),
                 "4 x RTX PRO 6000 Blackwell Server Edition (SM 12.0), PCIe P2P, no NVLink "
                 "(vllm-project/vllm#56128)",
@@ -56,7 +49,7 @@ def rtx_pro_6000_4() -> Cluster:
 
 def rtx5090_2() -> Cluster:
     # GeForce: no peer access on the stock driver (patched drivers: row P3 faults).
-    return _box("rtx5090-2", "rtx5090-0", 2, lambda i, j: Link("PHB", p2p=False),
+    return pcie_box("rtx5090-2", "rtx5090-0", 2, lambda i, j: Link("PHB", p2p=False),
                 "2 x RTX 5090 (SM 12.0) behind a host bridge, P2P not supported on the stock "
                 "driver (aikitoria/open-gpu-kernel-modules#21 PHB topology)",
                 model="NVIDIA GeForce RTX 5090", compute_capability=(12, 0),
@@ -65,7 +58,7 @@ def rtx5090_2() -> Cluster:
 
 def rtx3090_2_nvlink() -> Cluster:
     # The 3090 is the last GeForce with an NVLink bridge: NV4 between the pair, P2P over it.
-    return _box("rtx3090-2-nvlink", "rtx3090-0", 2, lambda i, j: Link("NV", 4),
+    return pcie_box("rtx3090-2-nvlink", "rtx3090-0", 2, lambda i, j: Link("NV", 4),
                 "2 x RTX 3090 (SM 8.6) with an NVLink bridge (NV4), P2P over the bridge "
                 "(noonghunna/club-3090#922)",
                 model="NVIDIA GeForce RTX 3090", compute_capability=(8, 6),

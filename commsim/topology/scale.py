@@ -16,23 +16,20 @@ sweep of thousands into hours.
 from __future__ import annotations
 
 from .model import Cluster, TopologyError
-from .presets import _gb200_rack, build
+from .preset_parts import tray_rack
+from .presets import build
 
 LADDER = (8, 72, 144, 576)
 
-
-def gb200_nvl72x2() -> Cluster:
-    return _gb200_rack(
-        "gb200-nvl72x2", 36, lambda t: 1 + t // 18,
-        "two GB200 NVL72 racks, 36 trays x 4 GPUs, one 144-GPU NVLink domain, one clique per "
-        "rack (generated; the joining of two NVL72 racks is UNCONFIRMED)")
-
-
-def gb200_nvl576() -> Cluster:
-    return _gb200_rack(
-        "gb200-nvl576", 144, lambda t: 1,
-        "eight GB200 NVL72 racks, 144 trays x 4 GPUs, one 576-GPU NVLink domain (generated, "
-        "NVL576-class; one clique for the domain is UNCONFIRMED)")
+# The generated rungs: GB200 trays (tray_rack's defaults) in one NVLink domain.
+_GENERATED: dict[int, dict] = {
+    144: dict(name="gb200-nvl72x2", trays=36, trays_per_clique=18,
+              source="two GB200 NVL72 racks, 36 trays x 4 GPUs, one 144-GPU NVLink domain, one "
+                     "clique per rack (generated; the joining of two NVL72 racks is UNCONFIRMED)"),
+    576: dict(name="gb200-nvl576", trays=144,
+              source="eight GB200 NVL72 racks, 144 trays x 4 GPUs, one 576-GPU NVLink domain "
+                     "(generated, NVL576-class; one clique for the domain is UNCONFIRMED)"),
+}
 
 
 def ladder_cluster(ranks: int) -> Cluster:
@@ -41,9 +38,7 @@ def ladder_cluster(ranks: int) -> Cluster:
         return build("hgx-h100-8")
     if ranks == 72:
         return build("gb200-nvl72")
-    if ranks == 144:
-        return gb200_nvl72x2()
-    if ranks == 576:
-        return gb200_nvl576()
+    if ranks in _GENERATED:
+        return tray_rack(**_GENERATED[ranks])
     raise TopologyError(f"no scale-ladder machine of {ranks} ranks; the ladder is "
                         f"{', '.join(map(str, LADDER))}")

@@ -1372,6 +1372,52 @@ def _(rig):
     return res
 
 
+# ---- stream capture (docs/lifecycle-rules.md CG1-CG4) ---------------------------------------
+# Sim-only: the Driver protocol has no stream-capture begin/end (commsim's device path records
+# captured ops, it does not capture real graphs), so a GPU run cannot reach these yet.
+_GLOBAL = 0     # cudaStreamCaptureModeGlobal
+
+
+@case("CG1", "cudaMalloc during a GLOBAL-mode capture",
+      "CUDA runtime API cudaThreadExchangeStreamCaptureMode; PyTorch cudaMallocMaybeCapturing",
+      "hgx-h100-8", [(0, 0)], expect=E.cudaErrorStreamCaptureUnsupported, sim_only=True)
+def _(rig):
+    d = rig[0]
+    check("cudaStreamBeginCapture", d.cudaStreamBeginCapture(0, _GLOBAL))
+    res = d.cudaMalloc(4096)
+    d.cudaStreamEndCapture(0)
+    return res
+
+
+@case("CG2", "ending a capture a refused call invalidated",
+      "CUDA runtime API cudaStreamEndCapture (NULL graph); cudaError_t 901", "hgx-h100-8", [(0, 0)],
+      expect=E.cudaErrorStreamCaptureInvalidated, sim_only=True)
+def _(rig):
+    d = rig[0]
+    check("cudaStreamBeginCapture", d.cudaStreamBeginCapture(0, _GLOBAL))
+    d.cudaMalloc(4096)
+    return d.cudaStreamEndCapture(0)
+
+
+@case("CG3", "legacy IPC export during a GLOBAL-mode capture", "none: treated like cudaMalloc (CG1)",
+      "hgx-h100-8", [(0, 0)], expect=U("CG3"), sim_only=True)
+def _(rig):
+    d = rig[0]
+    p = check("cudaMalloc", d.cudaMalloc(4096))
+    check("cudaStreamBeginCapture", d.cudaStreamBeginCapture(0, _GLOBAL))
+    res = d.cudaIpcGetMemHandle(p)
+    d.cudaStreamEndCapture(0)
+    check("cudaFree", d.cudaFree(p))
+    return res
+
+
+@case("CG4", "ending a capture that was never begun",
+      "CUDA runtime API cudaStreamEndCapture (capture must have been initiated)", "hgx-h100-8",
+      [(0, 0)], expect=U("CG4"), sim_only=True)
+def _(rig):
+    return rig[0].cudaStreamEndCapture(0)
+
+
 # ---- the runner ---------------------------------------------------------------------------
 
 def _ids() -> list[str]:

@@ -28,7 +28,8 @@ def test_conformance_suite_in_process_mode():
     # Skipped: the sim_only cases (4 before issue 17; its P3/dropped, P3/corrupt, MC6 and MC7
     # exercise the simulator's own model of undefined or patched behaviour), the four W6
     # container cases (containers are the simulator's: a rig's workers share one set of
-    # namespaces) and row L7.
-    assert passed >= 50 and len(skipped) <= 12, out[-3000:]
+    # namespaces), the four stream-capture cases CG1-CG4 (the Driver protocol has no capture
+    # begin/end: only the simulator models the workload's capture) and row L7.
+    assert passed >= 50 and len(skipped) <= 16, out[-3000:]
     assert all("exercises the simulator itself" in s or "row L7" in s for s in skipped), skipped
     assert not shm.segments(f"{shm.PREFIX_HEAD}{p.pid}")

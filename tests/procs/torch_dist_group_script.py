@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -16,6 +17,10 @@ from commsim.sim import SimFabric, spawn_driver
 from commsim.topology.model import GpuRef
 from commsim.topology.presets import build
 from commsim.group.torch_dist import ProcessWorld
+
+
+def _scaled_sum(parts, k):
+    return np.sum(np.stack(parts), axis=0) * k
 
 
 def main() -> int:
@@ -30,6 +35,9 @@ def main() -> int:
     assert g.all_reduce_object(r, "min") == 0 and g.all_reduce_object(r == 0, "or") is True
     g.barrier()
     assert g.exchange("k0", {"r": r}) == [{"r": 0}, {"r": 1}]
+    mine = np.full(3, r + 1.0)
+    got = g.combine_arrays(mine, _scaled_sum, (2,), tag="combine")
+    assert got.tolist() == [6.0] * 3 and not got.flags.writeable and mine.flags.writeable
     sub = g.new_subgroup([1], "one")
     assert (sub is None) == (r == 0)
     if sub is not None:

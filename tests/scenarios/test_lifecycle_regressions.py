@@ -31,6 +31,8 @@ LIFECYCLE = {
     "nccl-mnnvl-imex-missing.toml": (
         "ncclSystemError", "init", 0, "a FABRIC handle could not be created or imported on rank 4 "
         "(host gb200-nvl72-tray01)", False, "nccl"),
+    "lazy-setup-inside-capture.toml": (
+        "cudaErrorStreamCaptureInvalidated", "capture", 0, "cudaStreamEndCapture failed", False, "ipc"),
     "silent-leaky-fallback.toml": (
         "SilentFallback", "init", 0, "silently fell back to multicast (ipc set-up failed", True, "multicast"),
 }

@@ -139,3 +139,29 @@ def test_a_forged_status_and_result_are_never_executed():
     assert not ran, "a forged store value was unpickled"
     assert out[0][0] == "error" and "rank 1" in out[0][1], out
     assert out[1][0] == "died" and "forged" in out[1][1], out
+
+
+def forge_a_death(wg, d):
+    """Rank 0 plays the attacker: a client without the secret declares rank 1 dead. Both ranks
+    then meet in a barrier, which must not believe the forged death."""
+    w = wg._world
+    if wg.rank == 0:
+        attacker = dist_client(w.store.port)
+        attacker.set("dead/1", "forged death")
+        attacker.add("ndead", 1)
+        w.store.set("forged", "1")
+    else:
+        w.store.wait(["forged"])
+    believed = dict(w.dead())
+    wg.barrier(timeout=20)
+    return believed
+
+
+def dist_client(port: int):
+    import torch.distributed as dist
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+
+
+def test_a_forged_death_mark_does_not_fail_a_healthy_run():
+    out = run_ranks_procs(forge_a_death, build_preset("hgx-h100-8"), PAIR, timeout=20)
+    assert out == [("ok", {}), ("ok", {})], out

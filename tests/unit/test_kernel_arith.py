@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from commsim.kernels.collectives import _accumulate, _reduce, _store
+from commsim.kernels import collectives
+from commsim.kernels.collectives import _reduce, _store
 
 
 def _specials() -> np.ndarray:
@@ -45,6 +46,26 @@ def test_reduce_widens_and_sums_in_order(dtype: str, tdt: torch.dtype) -> None:
     for x in xs:
         want += x.float()
     assert torch.equal(torch.from_numpy(acc), want)
-    one = np.empty(1001, np.float32)
-    _accumulate(one, xs[0].view(torch.uint8).numpy(), dtype, first=True)
+    one = _reduce([xs[0].view(torch.uint8).numpy()], dtype)      # a lone input is widened only
     assert torch.equal(torch.from_numpy(one), xs[0].float())
+
+
+@pytest.mark.parametrize("dtype,tdt", [("bfloat16", torch.bfloat16), ("float16", torch.float16)])
+def test_blocked_reduce_into_matches_one_rounded_sum(dtype: str, tdt: torch.dtype,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """16-bit kernels reduce block by block; a ragged last block, a NaN and infinities included,
+    every element is the in-order float32 sum rounded once, as with no blocks."""
+    monkeypatch.setattr(collectives, "_BLOCK", 64)
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(1001, generator=g).to(tdt) for _ in range(5)]
+    xs[1][7], xs[2][500], xs[3][999] = float("nan"), float("inf"), -float("inf")
+    dst = np.zeros(1001 * 2, np.uint8)
+    collectives._reduce_into([x.view(torch.uint8).numpy() for x in xs], dst, dtype)
+    want = torch.zeros(1001)
+    for x in xs:
+        want += x.float()
+    want = want.to(tdt)
+    got = torch.from_numpy(dst).view(tdt)
+    nan = torch.isnan(want)
+    assert nan[7] and torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
