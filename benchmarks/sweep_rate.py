@@ -1,27 +1,75 @@
 """Sweep throughput (prints figures; no assertions).
 
-    .venv/bin/python benchmarks/sweep_rate.py [--count N] [--profile-count M]
+    .venv/bin/python benchmarks/sweep_rate.py [--count N] [--cpu-count M] [--rounds R]
+                                              [--profile-count K]
 
-1. Scenarios/s for the default mix (sampler, seed 0) with 1 worker (in process) and with 2
-   worker processes, and the projected time for 10,000 scenarios (the issue's target: under
-   60 s with two workers).
-2. Cost by tier: the mean per-scenario time for small / medium / large messages and by
+1. CPU per scenario in this process (time.process_time, so other work on a shared machine
+   does not count), today's sweep against a baseline in the same process: the same ids with
+   the per-machine caches off (P2P probe verdicts not shared between fabrics) and the
+   collector walking the whole heap (no gc.freeze), as a sweep worker ran before issue 19
+   (changes that cannot be switched off, such as the driver's faster argument conversion,
+   are in both: the ratio understates the gain over the old code).
+   Rounds alternate baseline / today over the same ids (after a warm-up round) and the
+   minimum of each is printed, with the ratio and the rate two quiet cores would give.
+2. Scenarios/s wall for the default mix (sampler, seed 0) with 1 worker (in process) and with 2
+   worker processes, and the projected time for 10,000 scenarios (issue 19's target: >= 500/s
+   on 2 cores, 10,000 in 20 s; 1,000/s the aim).
+3. Cost by tier: the mean per-scenario time for small / medium / large messages and by
    world size, from the in-process run.
-3. A cProfile top-15 (by internal time, then cumulative) of 200 scenarios in process.
+4. A cProfile top-15 (by internal time, then cumulative) of K scenarios in process. Ranks run
+   as greenlets, which cProfile follows poorly: read cumulative figures inside a rank with
+   care (py-spy, sampling, attributes them better).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import os
 import pstats
 import time
 from collections import defaultdict
+from contextlib import contextmanager, nullcontext
 
 from commsim.scenario import generate as G
-from commsim.scenario.sweep import run_one, run_sweep, select_ids
+from commsim.scenario.sweep import run_one, run_sweep, select_ids, settle_heap
+from commsim.sim import p2p_probe
+
+
+@contextmanager
+def baseline():
+    """What a sweep worker did before issue 19's changes: every fabric probes every pair
+    itself, and full collections walk every object (nothing frozen)."""
+    shared = p2p_probe._verdicts
+    p2p_probe._verdicts = lambda host: {}
+    gc.unfreeze()
+    try:
+        yield
+    finally:
+        p2p_probe._verdicts = shared
+        settle_heap()
+
+
+def cpu_per_scenario(ids: list[str], rounds: int) -> None:
+    for sid in ids:                    # warm-up: imports, presets, caches
+        run_one(sid)
+    settle_heap()
+    got: dict[str, list[float]] = {"baseline": [], "today": []}
+    for _ in range(rounds):
+        for mode in got:
+            with baseline() if mode == "baseline" else nullcontext():
+                t = time.process_time()
+                for sid in ids:
+                    run_one(sid)
+                got[mode].append((time.process_time() - t) / len(ids))
+    b, n = min(got["baseline"]), min(got["today"])
+    for mode, v in got.items():
+        print(f"  {mode:<9} {1e3 * min(v):6.2f} ms CPU per scenario (min of {len(v)}: "
+              f"{', '.join(f'{1e3 * x:.2f}' for x in v)})")
+    print(f"  today / baseline: {b / n:.2f}x faster; two quiet cores: {2 / b:5.0f}/s -> "
+          f"{2 / n:5.0f}/s (target >= 500/s, i.e. <= 4 ms CPU per scenario)")
 
 
 def rate(ids: list[str], jobs: int) -> float:
@@ -71,9 +119,14 @@ def profile(ids: list[str]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=2000, help="scenarios per rate run (default 2000)")
+    ap.add_argument("--cpu-count", type=int, default=200,
+                    help="scenarios per round of the CPU comparison (default 200)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the CPU comparison (default 3)")
     ap.add_argument("--profile-count", type=int, default=200)
     a = ap.parse_args()
-    print(f"CPUs: {os.cpu_count()}; default mix, sampler seed 0")
+    print(f"CPUs: {os.cpu_count()}; default mix")
+    print(f"CPU per scenario in process, {a.cpu_count} ids (sampler seed 1), baseline vs today:")
+    cpu_per_scenario(select_ids(a.cpu_count, seed=1), a.rounds)
     ids = select_ids(a.count, seed=0)
     run_sweep(ids[:20], jobs=1)        # warm-up: imports, preset caches
     r1 = rate(ids, 1)

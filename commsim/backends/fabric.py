@@ -54,30 +54,32 @@ class FabricBackend(VmmPeerBackend):
 
     @classmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
-        def who(pred) -> str:
-            bad = [r.rank for r in view.ranks if pred(r)]
-            return ", ".join(map(str, bad[:6])) + (" ..." if len(bad) > 6 else "")
-
         rs = view.ranks
+
+        def every(fails, says: str) -> tuple[bool, str]:
+            # One pass; the failing ranks are named only when there are some (every rank of
+            # every group asks, and symm and multicast ask again: mostly all hold).
+            bad = [r.rank for r in rs if fails(r)]
+            if not bad:
+                return True, ""
+            return False, (f"rank(s) {', '.join(map(str, bad[:6]))}{' ...' if len(bad) > 6 else ''} "
+                           f"{says}")
+
         # Ranks of one host map each other's FABRIC memory over the same peer path a legacy
         # IPC mapping takes: where the functional probe finds it losing bytes, so do these.
         unreal = probe_verdict(view, params)
         return Eligibility.check([
             (view.size > 1, "a group of one rank needs no all-reduce"),
             kernel_width(view),
-            (all(r.vmm for r in rs), f"rank(s) {who(lambda r: not r.vmm)} lack VMM support (cuMem*)"),
-            (all(r.fabric_handle for r in rs),
-             f"rank(s) {who(lambda r: not r.fabric_handle)} lack HANDLE_TYPE_FABRIC_SUPPORTED (row V4)"),
-            (all(r.imex for r in rs),
-             f"rank(s) {who(lambda r: not r.imex)} have no IMEX channel; cuMemCreate(FABRIC) "
-             f"would fail NOT_PERMITTED (row V3)"),
-            (all(r.fabric_state == FabricState.COMPLETED and r.fabric_status == 0 for r in rs),
-             f"rank(s) {who(lambda r: not (r.fabric_state == FabricState.COMPLETED and r.fabric_status == 0))} "
-             f"report fabric state not COMPLETED/success (rows F1, F4)"),
+            every(lambda r: not r.vmm, "lack VMM support (cuMem*)"),
+            every(lambda r: not r.fabric_handle, "lack HANDLE_TYPE_FABRIC_SUPPORTED (row V4)"),
+            every(lambda r: not r.imex, "have no IMEX channel; cuMemCreate(FABRIC) "
+                                        "would fail NOT_PERMITTED (row V3)"),
+            every(lambda r: not (r.fabric_state == FabricState.COMPLETED and r.fabric_status == 0),
+                  "report fabric state not COMPLETED/success (rows F1, F4)"),
             (view.same_fabric_domain(),
              "ranks do not share one non-zero NVML cluster UUID: not one NVLink domain (rows F2, V7)"),
-            (all(r.nvlinks_up for r in rs),
-             f"rank(s) {who(lambda r: not r.nvlinks_up)} have NVLinks down (§4.2)"),
+            every(lambda r: not r.nvlinks_up, "have NVLinks down (§4.2)"),
             (not unreal, unreal),
         ])
 

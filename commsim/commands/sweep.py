@@ -20,7 +20,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from ..errors import UserError
     from ..fileio import check_output
     from ..scenario.executors import shard
-    from ..scenario.sweep import Progress, run_sweep, select_ids
+    from ..scenario.sweep import Progress, run_sweep, select_ids, settle_heap
 
     _positionals(args)
     if args.ray_address and args.executor != "ray":
@@ -42,6 +42,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                            enumerate_=args.enumerate, start=args.start), args.shard)
     prog = Progress(len(ids), sys.stderr, every_s=args.progress_every) if not args.quiet else None
     det = "all" if args.determinism else ("none" if args.no_determinism else "sample")
+    if args.jobs == 1 and args.executor == "local":
+        settle_heap()        # the scenarios run in this process, which exits after the report
     rep = run_sweep(ids, jobs=args.jobs, determinism=det, progress=prog, executor=args.executor,
                     ray_address=args.ray_address)
     rep.seed = None if args.enumerate else args.seed

@@ -81,13 +81,15 @@ def op_legal(backend: str, op: str, nbytes: int, ws: int, params: dict[str, Any]
     return cls is not None and cls.within_limits(op, nbytes, ws, params)
 
 
-def legal_backends(sc: Scenario, policy: Policy | None = None) -> dict[tuple[str, str, int, str], tuple[str, ...]]:
-    """(group, op, size, dtype) -> the legal backends, in the policy's order."""
+def legal_backends(sc: Scenario, policy: Policy | None = None,
+                   truths: dict[str, GroupTruth] | None = None) -> dict[tuple[str, str, int, str], tuple[str, ...]]:
+    """(group, op, size, dtype) -> the legal backends, in the policy's order. `truths`: each
+    group's `group_truth` in that order, where the caller has it already."""
     pol = policy or resolve(sc.policy, sc.path.parent if sc.path is not None else None)
     out = {}
     wl = sc.workload
     for g in sc.groups:
-        gt = group_truth(sc, g.ranks, g.name, tuple(pol.order))
+        gt = truths[g.name] if truths is not None else group_truth(sc, g.ranks, g.name, tuple(pol.order))
         ws = len(g.ranks)
         # A policy whose order depends on the group (the "model" preset) binds to the
         # ground-truth fabric and the legal set is listed in its order at each size. A
@@ -169,7 +171,8 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     """Check one run (and, when given, a second run with the same seed) against the oracle."""
     v = Verdict(sc.extra.get("id", sc.name) if sc.extra else sc.name)
     pol = policy or resolve(sc.policy, sc.path.parent if sc.path is not None else None)
-    legal = legal_backends(sc, pol)
+    truths = {g.name: group_truth(sc, g.ranks, g.name, tuple(pol.order)) for g in sc.groups}
+    legal = legal_backends(sc, pol, truths)
     v.legal, v.backends = legal, dict(res.backends)
     # Injected driver failures (out of memory, a failing set-up call): the error they cause
     # on the faulted rank, voted to its group, is expected; a backend they knock out may be
@@ -177,8 +180,7 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     oom = [f for f in sc.faults if get_fault(f.kind).injects is not None]
     oom_ranks = {f.rank for f in oom if f.rank is not None}
     errored = bool(res.errors)
-    must_fail = {g.name: set(group_truth(sc, g.ranks, g.name, tuple(pol.order)).setup_fails)
-                 for g in sc.groups}
+    must_fail = {name: set(gt.setup_fails) for name, gt in truths.items()}
     for key, ok_set in legal.items():
         chosen = res.backends.get(key)
         if chosen is None:

@@ -123,9 +123,22 @@ def run_one(sid: str, determinism: str = "sample") -> dict:
 _PROGRESS_DIR: str | None = None      # set in worker processes: where each notes its current id
 
 
+def settle_heap(collect: bool = True) -> None:
+    """Take what exists now out of the cyclic collector's reach (gc.freeze), after collecting
+    what is already garbage. For a process that does nothing but run scenarios (a sweep worker,
+    the CLI): the imported modules, torch's above all, are most of its heap, and every full
+    collection walked them again: 1.9 ms of collector time per generated scenario, 0.6 ms
+    after this (measured with gc.callbacks over 200 scenarios)."""
+    import gc
+    if collect:
+        gc.collect()
+    gc.freeze()
+
+
 def _worker_init(progress_dir: str) -> None:
     global _PROGRESS_DIR
     _PROGRESS_DIR = progress_dir
+    settle_heap(collect=False)   # a worker forked from the server: little garbage, 0.1 s to find
 
 
 def _run_chunk(args: tuple) -> list[dict]:

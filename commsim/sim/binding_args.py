@@ -40,18 +40,27 @@ def _c_integer(obj: Any, ctype: str, low: int, high: int) -> int:
     return n
 
 
+# Each converter first takes a plain int in range as is (the answer the general path gives
+# it, without its calls: every simulated driver call converts its arguments, a few hundred per
+# generated scenario).
 def size_t(obj: Any) -> int:
     """`size_t` and `unsigned long long` parameters."""
+    if type(obj) is int and 0 <= obj < U64:
+        return obj
     return _c_integer(obj, "size_t", 0, U64 - 1)
 
 
 def c_int(obj: Any) -> int:
     """`int` parameters (cudaSetDevice's device, cudaMemset's value)."""
+    if type(obj) is int and -(1 << 31) <= obj < (1 << 31):
+        return obj
     return _c_integer(obj, "int", -(1 << 31), (1 << 31) - 1)
 
 
 def c_uint(obj: Any) -> int:
     """`unsigned int` parameters (cudaIpcOpenMemHandle's flags)."""
+    if type(obj) is int and 0 <= obj < (1 << 32):
+        return obj
     return _c_integer(obj, "unsigned int", 0, (1 << 32) - 1)
 
 
@@ -63,6 +72,8 @@ def cu_device(obj: Any) -> int:
 def cu_value(obj: Any) -> int:
     """CUdeviceptr and CUmemGenericAllocationHandle parameters of the driver API: None is 0, a
     wrapper object gives its int, otherwise a size_t."""
+    if type(obj) is int and 0 <= obj < U64:
+        return obj
     if obj is None:
         return 0
     if hasattr(obj, "getPtr") and not isinstance(obj, (int, float)):
@@ -76,6 +87,8 @@ def dev_ptr(obj: Any) -> int:
     object with getPtr(), or a buffer (its address: the simulator knows no such pointer, so
     -1, which no mapping holds). Anything else, a negative or too large int included, is a
     TypeError, as cuda-python's _HelperInputVoidPtr raises."""
+    if type(obj) is int and 0 <= obj < U64:
+        return obj
     if obj is None:
         return 0
     if hasattr(obj, "getPtr") and not isinstance(obj, (int, float)):
@@ -172,4 +185,4 @@ def convert(name: str, args: tuple) -> tuple:
     if len(args) != len(sig):
         raise TypeError(f"{name}() takes {len(sig)} positional arguments but {len(args)} "
                         f"were given")
-    return tuple(conv(a) for conv, a in zip(sig, args))
+    return tuple([conv(a) for conv, a in zip(sig, args)])

@@ -124,6 +124,21 @@ def _handle_bytes(x: Any, attr: str) -> bytes | None:
         return None
 
 
+# cuDeviceGetAttribute: attribute -> how the GPU's model answers it (built once: the enum
+# lookups cost more than the answer, and discovery asks every rank several).
+_DEVICE_ATTRIBUTES: dict[int, Callable[[Any], Any]] = {
+    int(A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): lambda g: g.vmm,
+    int(A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED): lambda g: g.posix_fd,
+    int(A.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED): lambda g: g.gpu_direct_rdma,
+    int(A.CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED): lambda g: g.ipc_event,
+    int(A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED): lambda g: g.fabric_handle,
+    int(A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED): lambda g: g.multicast,
+    int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR): lambda g: g.compute_capability[0],
+    int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR): lambda g: g.compute_capability[1],
+    int(A.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING): lambda g: 1,
+}
+
+
 class SimDriver:
     """The Driver protocol for one simulated process (see commsim/driver.py)."""
 
@@ -227,21 +242,10 @@ class SimDriver:
     @api(1, False)
     def cuDeviceGetAttribute(self, attrib: Any, dev: int) -> int:
         g = self.cluster.gpu(self._dev(dev))
-        a = _attr_int(attrib)
-        table = {
-            int(A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): g.vmm,
-            int(A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED): g.posix_fd,
-            int(A.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED): g.gpu_direct_rdma,
-            int(A.CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED): g.ipc_event,
-            int(A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED): g.fabric_handle,
-            int(A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED): g.multicast,
-            int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR): g.compute_capability[0],
-            int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR): g.compute_capability[1],
-            int(A.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING): 1,
-        }
-        if a not in table:
+        read = _DEVICE_ATTRIBUTES.get(_attr_int(attrib))
+        if read is None:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-        return int(table[a])
+        return int(read(g))
 
     def _can_access(self, a: GpuRef, b: GpuRef) -> bool:
         return self.cluster.p2p(a, b)

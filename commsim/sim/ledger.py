@@ -27,18 +27,31 @@ _SKIP = (os.sep + os.path.join("commsim", "sim") + os.sep, os.sep + "commsim" + 
 _INSIDE: dict[str, bool] = {}     # file name -> part of the simulator (asked once per file)
 
 
-def call_site(depth: int = 2) -> str:
-    """The first frame outside the simulator: where user (or backend) code made the call."""
-    f = sys._getframe(depth)
+def _site(depth: int) -> tuple[str, int, str] | str:
+    """(file, line, function) of the first frame outside the simulator, unformatted."""
+    f = sys._getframe(depth + 1)
     while f is not None:
-        fn = f.f_code.co_filename
+        code = f.f_code
+        fn = code.co_filename
         inside = _INSIDE.get(fn)
         if inside is None:
             inside = _INSIDE[fn] = any(s in fn for s in _SKIP)
         if not inside:
-            return f"{os.path.basename(fn)}:{f.f_lineno} in {f.f_code.co_name}"
+            return fn, f.f_lineno, code.co_name
         f = f.f_back
     return "<unknown>"
+
+
+def _format(where: tuple[str, int, str] | str) -> str:
+    if isinstance(where, str):
+        return where
+    fn, line, name = where
+    return f"{os.path.basename(fn)}:{line} in {name}"
+
+
+def call_site(depth: int = 2) -> str:
+    """The first frame outside the simulator: where user (or backend) code made the call."""
+    return _format(_site(depth))
 
 
 @dataclass
@@ -46,8 +59,14 @@ class Item:
     kind: str
     key: object
     detail: str
-    site: str
+    # Where it was created: "file:line in function", or that frame's parts, formatted only
+    # when read (every allocation, mapping and handle of a run records one; few are read).
+    where: tuple[str, int, str] | str
     refs: int = 1
+
+    @property
+    def site(self) -> str:
+        return _format(self.where)
 
     def __str__(self) -> str:
         rc = f" x{self.refs}" if self.refs > 1 else ""
@@ -66,7 +85,7 @@ class Ledger:
         if it is not None:
             it.refs += 1
             return it
-        it = Item(kind, key, detail, site or call_site(3))
+        it = Item(kind, key, detail, site or _site(2))
         self.items[k] = it
         return it
 

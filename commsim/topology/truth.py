@@ -9,6 +9,7 @@ disagreement with this, instead of being agreed with.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from .model import Cluster, FabricState, GpuRef, ZERO_UUID
@@ -72,6 +73,13 @@ def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
     return frozenset(out)
 
 
+# GroupFacts.of's memo: (id(cluster), gpus) -> facts, least recently used first. Groups above
+# FACTS_KEPT_UP_TO GPUs are not kept (a 576-rank group's pair table is large, and asked once).
+_FACTS: "OrderedDict[tuple[int, tuple[GpuRef, ...]], GroupFacts]" = OrderedDict()
+FACTS_KEPT = 4096
+FACTS_KEPT_UP_TO = 32
+
+
 @dataclass(frozen=True)
 class GroupFacts:
     """One group's GPUs and what the topology says about every ordered pair of them."""
@@ -91,6 +99,23 @@ class GroupFacts:
 
     @classmethod
     def of(cls, cluster: Cluster, gpus: tuple[GpuRef, ...]) -> "GroupFacts":
+        """The facts, kept per (cluster object, GPUs) for small groups: both are immutable, a
+        preset cluster is built once per machine shape, and a sweep asks about the same
+        groups of the same shapes again and again (twice per scenario, by the oracle)."""
+        key = (id(cluster), gpus)
+        got = _FACTS.get(key)
+        if got is not None and got.cluster is cluster:   # the held cluster keeps its id
+            _FACTS.move_to_end(key)
+            return got
+        got = cls._of(cluster, gpus)
+        if len(gpus) <= FACTS_KEPT_UP_TO:
+            _FACTS[key] = got
+            while len(_FACTS) > FACTS_KEPT:
+                _FACTS.popitem(last=False)
+        return got
+
+    @classmethod
+    def _of(cls, cluster: Cluster, gpus: tuple[GpuRef, ...]) -> "GroupFacts":
         pairs = tuple((a, b) for i, a in enumerate(gpus) for j, b in enumerate(gpus) if i != j)
         caps = next((g.host for g in gpus if not cluster.host(g.host).container.nvidia_caps), None)
         split = next(((a, b) for a, b in pairs if not cluster.same_imex_domain(a.host, b.host)), None)
