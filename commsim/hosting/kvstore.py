@@ -30,6 +30,7 @@ __all__ = ["StoreServer", "StoreClient", "StoreTimeout"]
 
 MAX_FIELD = 64 << 20      # bytes in one field
 MAX_FIELDS = 1 << 14      # fields in one request
+MAX_MESSAGE = 256 << 20   # bytes in one request, all fields together
 _U32 = struct.Struct("!I")
 OK, TIMEOUT = 0, 1
 
@@ -61,10 +62,13 @@ def _recv_msg(sock: socket.socket) -> tuple[int, list[bytes]]:
     if n > MAX_FIELDS:
         raise ValueError(f"store message with {n} fields")
     fields = []
+    total = 0
     for _ in range(n):
         (size,) = _U32.unpack(_recv_exact(sock, 4))
-        if size > MAX_FIELD:
-            raise ValueError(f"store field of {size} bytes")
+        total += size
+        if size > MAX_FIELD or total > MAX_MESSAGE:
+            raise ValueError(f"store message over its bound ({size} bytes in a field, "
+                             f"{total} in all)")
         fields.append(_recv_exact(sock, size))
     return head, fields
 

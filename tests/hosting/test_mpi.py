@@ -214,3 +214,21 @@ def test_sweep_exec_launches_with_mpirun():
     assert "--launcher mpirun" in rec["replay"]
     rep = run_exec_sweep([str(TRTLLM), "--fix"], ["s0-26"], launcher="mpirun")
     assert rep.records[0]["kind"] == "ok", rep.records
+
+
+def test_a_store_request_is_bounded_in_all_not_only_per_field(monkeypatch):
+    """Each field within its bound, but more bytes in all than a request may carry: refused
+    once past the total, so a stranger cannot make the launcher buffer without limit."""
+    import socket
+    import struct
+    from commsim.hosting import kvstore
+    monkeypatch.setattr(kvstore, "MAX_MESSAGE", 1000)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"S" + struct.pack("!I", 3) + (struct.pack("!I", 400) + b"x" * 400) * 3)
+        with pytest.raises(ValueError, match="over its bound"):
+            kvstore._recv_msg(b)
+    a, b = socket.socketpair()                   # the server drops such a connection
+    with a, b:
+        a.sendall(b"S" + struct.pack("!I", 2) + (struct.pack("!I", 400) + b"x" * 400) * 2)
+        assert kvstore._recv_msg(b) == (ord("S"), [b"x" * 400] * 2)
