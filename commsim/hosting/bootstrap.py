@@ -171,6 +171,12 @@ def bootstrap() -> None:
     path = os.environ.get("COMMSIM_HOSTING")
     if not path or "cfg" in _state:
         return
+    if not os.path.exists(path):
+        # The run is over and its private directory gone: this process started after its
+        # run ended (multiprocessing's resource tracker, spawned by a rank just before the
+        # end, can start that late on a loaded machine). Nothing of the run is left to host
+        # it in, and it is not part of the verdict; it runs as a plain process.
+        return
     cfg = RunConfig.load(path)
     given = os.environ.get("COMMSIM_HOSTING_SLOT", "")
     slot = int(given) if given else _new_slot(cfg)

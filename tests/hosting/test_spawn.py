@@ -21,3 +21,26 @@ def test_spawned_workers_live_on_their_rank_host(mode, args):
     opened = 1 if mode == "procs" else 0
     for r, tray in enumerate(("gb200-nvl72-tray00", "gb200-nvl72-tray01")):
         assert f"rank {r} on {tray}: 1 workers on the same host, {opened} IPC buffers opened" in out
+
+
+def test_a_process_started_after_its_run_ended_runs_plain_and_says_nothing(tmp_path):
+    """multiprocessing's resource tracker, spawned by a rank just before the run ends, can
+    start after the run's directory is gone: it must not print an error into the user's
+    output after the verdict (it did, as a traceback from sitecustomize)."""
+    import os
+    import subprocess
+    import sys
+
+    from commsim.hosting.bootstrap import write_sitecustomize
+    boot = write_sitecustomize(str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([boot, os.environ.get("PYTHONPATH", "")]),
+               COMMSIM_HOSTING=str(tmp_path / "gone" / "config.json"))
+    r = subprocess.run([sys.executable, "-c", "import socket; print(socket.gethostname())"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.strip() == socket_hostname()
+
+
+def socket_hostname() -> str:
+    import socket
+    return socket.gethostname()
