@@ -1,0 +1,118 @@
+"""What every simulated driver call shares: the @api wrapper (argument conversion as
+cuda-python does it, a dead process, a sticky error, injected faults, capture refusals, then
+the body; a Fail becomes `(code, None...)`), a process's address-space mapping, and readers of
+struct fields and handle blobs. The calls themselves live in driver.py (identity, address
+space, memory, capture, NVML, kernels) and its mixins driver_ipc.py, driver_vmm.py and
+driver_multicast.py, grouped as domain.md §9 groups their rules.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from cuda.bindings import driver as cu
+from cuda.bindings import runtime as cudart
+
+from . import binding_args
+from .fabric import MulticastObject, PhysicalAlloc
+
+if TYPE_CHECKING:
+    from .driver import SimDriver
+
+E = cudart.cudaError_t
+R = cu.CUresult
+A = cu.CUdevice_attribute
+VA_ALIGN = 512          # cudaMalloc alignment seen in practice is >= 256 B
+
+
+class Fail(Exception):
+    """Internal: abort the current call with this code (caught by @api, never escapes)."""
+
+    def __init__(self, code: Any):
+        self.code = code
+
+
+def api(nvals: int, runtime: bool):
+    """Wrap a driver method: faults first, then the body; a Fail becomes `(code, None...)`."""
+    ok = E.cudaSuccess if runtime else R.CUDA_SUCCESS
+
+    def deco(fn: Callable) -> Callable:
+        name = fn.__name__
+
+        @functools.wraps(fn)
+        def wrapper(self: "SimDriver", *args: Any) -> tuple:
+            # What cuda-python's wrapper rejects while converting arguments, rejected the same
+            # way (an exception, before anything else); what converts gets a code below.
+            args = binding_args.convert(name, args)
+            if not self.proc.alive:
+                return (E.cudaErrorCudartUnloading if runtime else R.CUDA_ERROR_DEINITIALIZED,) + (None,) * nvals
+            if self.proc.sticky is not None:
+                # A sticky error (row MC6) answers every later call of the context with itself.
+                return (self.proc.sticky if runtime else R.CUDA_ERROR_ILLEGAL_ADDRESS,) + (None,) * nvals
+            forced = self.proc.faults.before(name)
+            if forced is not None:
+                return (forced,) + (None,) * nvals
+            # Rules CG1-CG3 (stream_capture.py): a call the runtime refuses during a capture.
+            refused = self.capture.refused(name)
+            if refused is not None:
+                return (refused,) + (None,) * nvals
+            try:
+                out = fn(self, *args)
+            except Fail as f:
+                return (f.code,) + (None,) * nvals
+            if nvals == 0:
+                return (ok,)
+            return (ok, out) if nvals == 1 else (ok,) + tuple(out)
+        return wrapper
+    return deco
+
+
+@dataclass(eq=False)
+class Mapping:
+    base: int
+    size: int
+    kind: str                       # "malloc" | "ipc" | "vmm" | "mc"
+    target: PhysicalAlloc | MulticastObject
+    offset: int = 0
+    access: bool = True
+    refs: int = 1
+    handle: int | None = None       # process-local VMM handle it was mapped from
+
+
+def _attr_int(x: Any) -> int:
+    """An int read from a struct field or an already converted argument; -1 (which every rule
+    refuses) for anything that is no finite number."""
+    try:
+        return int(x)
+    except (TypeError, ValueError, OverflowError):
+        return -1
+
+
+def _prop_handle_types(prop: Any) -> int:
+    """`prop.requestedHandleTypes` as an int. cuda-python's setter takes any mask, but its
+    getter raises ValueError for one that is no single enum member (FD|FABRIC, the "ANY" mode
+    of §2.2); then the raw field is read (CUmemAllocationProp: type, requestedHandleTypes,
+    both 32-bit, per cuda.h)."""
+    try:
+        return _attr_int(getattr(prop, "requestedHandleTypes", 0))
+    except ValueError:
+        try:
+            return int(ctypes.c_uint32.from_address(prop.getPtr() + 4).value)
+        except Exception:
+            return -1
+
+
+def _handle_bytes(x: Any, attr: str) -> bytes | None:
+    """The first 64 bytes of a handle blob (bytes-like, a cuda-python handle with `attr`, or
+    a ctypes struct), or None when `x` is no blob. Numbers are refused: `bytes(n)` would
+    build n zero bytes (a garbage pointer passed as a handle must give an error code)."""
+    x = getattr(x, attr, x)
+    if x is None or isinstance(x, (int, float, complex, str)):
+        return None
+    try:
+        return bytes(memoryview(x))[:64]
+    except (TypeError, ValueError, BufferError):
+        return None

@@ -1,0 +1,113 @@
+"""SimDriver's legacy CUDA IPC calls (cudaIpcGetMemHandle / OpenMemHandle / CloseMemHandle) and
+cuPointerGetAttribute, with the rules of domain.md §9 they follow (rows cited beside each)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..driver import LAZY_ENABLE_PEER_ACCESS
+from . import unconfirmed
+from .driver_calls import E, R, Fail, Mapping, _attr_int, _handle_bytes, api
+from .fabric import PhysicalAlloc
+
+
+
+class LegacyIpcCalls:
+    """Mixin of SimDriver (driver.py): these calls use its address space, ledger and fabric."""
+
+    # ---- legacy IPC -----------------------------------------------------------------------
+    @api(1, True)
+    def cudaIpcGetMemHandle(self, dev_ptr: int) -> bytes:
+        hit = self._find(_attr_int(dev_ptr))
+        if hit is None:
+            raise Fail(E.cudaErrorInvalidValue)
+        m, off = hit
+        if m.kind != "malloc":
+            raise Fail(E.cudaErrorInvalidValue)        # rows L2, H4: VMM memory has no legacy handle
+        # Rows L3/H3: a pointer inside the allocation gives the handle of its base (identical
+        # bytes, openucx/ucx#11724); the importer adds the offset itself (RANGE_START_ADDR).
+        self._ipc_exported.add(m.target.aid)
+        return self.fabric.ipc_handle_for(m.target, self.proc.pid)   # rows L1, L4
+
+    @api(1, True)
+    def cudaIpcOpenMemHandle(self, handle: Any, flags: int) -> int:
+        if _attr_int(flags) != int(LAZY_ENABLE_PEER_ACCESS):
+            raise Fail(unconfirmed.code("L13"))
+        key = _handle_bytes(handle, "reserved")
+        entry = self.fabric.resolve_ipc_handle(key) if key is not None else None
+        if entry is None:
+            raise Fail(unconfirmed.code("H5"))   # unknown, or its memory was freed (row H5)
+        aid, exporter = entry
+        a = self.fabric.allocs.get(aid)
+        exp = self.fabric.processes.get(exporter)
+        if a is None or exp is None or a.freed:
+            raise Fail(unconfirmed.code("H5"))
+        cross_host = exp.host != self.proc.host
+        if cross_host and self.fabric.rule_on("L8"):
+            # Row L8: a legacy handle names OS-local driver state; on another host, even in
+            # one NVLink domain (GB200 trays), it resolves to nothing (flashinfer#2006, vLLM#52778).
+            raise Fail(E.cudaErrorInvalidResourceHandle)
+        if exporter == self.proc.pid:
+            raise Fail(E.cudaErrorDeviceUninitialized)      # row L9 (ucx#11603)
+        if not cross_host and self.cluster.host(exp.host).process_namespace(exporter) != self.shm_namespace():
+            # Row W6: legacy IPC between containers of one host (no shared pid / IPC namespace)
+            # is refused: NVIDIA/nccl#360 (the driver checks the peer pid), vllm-project/vllm#55906
+            # ("invalid device context" with isolated pid namespaces). Code UNCONFIRMED.
+            raise Fail(unconfirmed.code("W6"))
+        me = self.device
+        if not cross_host and me != a.gpu and not self._can_access(me, a.gpu):
+            raise Fail(E.cudaErrorPeerAccessUnsupported)    # row L10 (sglang#4814)
+        if not cross_host and me != a.gpu:
+            refused = self.cluster.host(me.host).link(me.index, a.gpu.index).ipc_refused
+            if refused == "acs":
+                # Row P1: ACS redirects peer TLPs although P2P is reported (NCCL p2p.cc
+                # "failed to open CUDA IPC handle : 217", ray-project/ray#16979).
+                raise Fail(E.cudaErrorPeerAccessUnsupported)
+            if refused == "iommu":
+                # Row P2: IOMMU translation on; the open answers 101 while
+                # cudaDeviceCanAccessPeer says 1 (NVIDIA/TensorRT-LLM#17034).
+                raise Fail(E.cudaErrorInvalidDevice)
+        if aid in self._ipc_open and self.cluster.host(me.host).driver_major < unconfirmed.IPC_REOPEN_REFCOUNT_SINCE:
+            raise Fail(E.cudaErrorAlreadyMapped)             # row H2 (older drivers)
+        if aid in self._ipc_open:                            # rows L6/H1: same pointer, refcount
+            base = self._ipc_open[aid]
+            self._maps[base].refs += 1
+            self.ledger.add("ipc_mapping", ("aid", aid), "")
+            return base
+        if self._peer_maps >= unconfirmed.MAX_PEER_MAPPINGS:
+            raise Fail(E.cudaErrorTooManyPeers)              # row L12
+        base = self._va(a.size)
+        self._add_map(Mapping(base, max(a.size, 1), "ipc", a))
+        self._ipc_open[aid] = base
+        self._peer_maps += 1
+        self.ledger.add("ipc_mapping", ("aid", aid),
+                        f"cudaIpcOpenMemHandle of {a.gpu}'s allocation from pid {exporter}")
+        return base
+
+    @api(1, False)
+    def cuPointerGetAttribute(self, attribute: Any, ptr: int) -> int:
+        """The attributes graph-buffer registration asks (reference §1.3): 11 RANGE_START_ADDR
+        and 12 RANGE_SIZE of the allocation or mapping holding `ptr` (vLLM sends the base's
+        IPC handle plus the offset), 10 IS_LEGACY_CUDA_IPC_CAPABLE (1 only for cudaMalloc
+        memory, row L2). A pointer in no allocation is CUDA_ERROR_INVALID_VALUE (cuda.h).
+        Other attributes are not modelled: CUDA_ERROR_INVALID_VALUE here (UNCONFIRMED as an
+        answer; the real driver knows them)."""
+        hit = self._find(_attr_int(ptr))
+        a = _attr_int(attribute)
+        if hit is None or a not in (10, 11, 12):
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        m = hit[0]
+        return {10: int(m.kind == "malloc"), 11: m.base, 12: m.size}[a]
+
+    @api(0, True)
+    def cudaIpcCloseMemHandle(self, dev_ptr: int) -> None:
+        m = self._maps.get(_attr_int(dev_ptr))
+        if m is None or m.kind != "ipc":
+            raise Fail(E.cudaErrorInvalidValue)
+        a: PhysicalAlloc = m.target
+        m.refs -= 1                                           # row L14
+        self.ledger.remove("ipc_mapping", ("aid", a.aid))
+        if m.refs <= 0:
+            self._del_map(m)
+            self._ipc_open.pop(a.aid, None)
+            self._peer_maps -= 1
