@@ -234,6 +234,18 @@ def _reduce(op: Any, arrays: list) -> Any:
     raise NotImplementedError(f"commsim hosting: torch.distributed.all_reduce op {op} is not simulated")
 
 
+def _reduce_parts(parts: list, op: Any) -> Any:
+    """combine_arrays' fn for all_reduce: the ranks' arrays reduced in rank order."""
+    return _reduce(op, list(parts))        # np.add and the others make new arrays
+
+
+def _stack(parts: list) -> Any:
+    """combine_arrays' fn for all_gather: rank i's array at index i (a ragged gather raises
+    here, in Python, before any rank copies anything)."""
+    import numpy as np
+    return np.stack(parts)
+
+
 def _cpu(t: Any, what: str) -> None:
     if t.device.type != "cpu":
         raise RuntimeError(f"commsim hosting: {what}: only CPU tensors exist in a hosted run "
@@ -246,9 +258,11 @@ def all_reduce(r: HostedRank, tensor: Any, op: Any = None, group: Any = None,
     import torch.distributed as dist
     _cpu(tensor, "all_reduce")
     g = _group(r, group)
-    parts = g.all_gather_object(tensor.detach().numpy().copy(), tag=_tag("all_reduce"))
-    out = _reduce(dist.ReduceOp.SUM if op is None else op, parts)
-    tensor.copy_(torch.from_numpy(out).to(tensor.dtype))
+    # Every rank's array combined once, over the ranks' own arrays (no copy per receiver);
+    # the op is matched across ranks like the call itself.
+    out = g.combine_arrays(tensor.detach().numpy(), _reduce_parts,
+                           (dist.ReduceOp.SUM if op is None else op,), tag=_tag("all_reduce"))
+    tensor.copy_(torch.from_numpy(out.copy()).to(tensor.dtype))
     return _Done() if async_op else None
 
 
@@ -260,9 +274,9 @@ def all_gather(r: HostedRank, tensor_list: list, tensor: Any, group: Any = None,
     if len(tensor_list) != g.size:
         raise ValueError(f"all_gather: tensor_list has {len(tensor_list)} entries, the group "
                          f"has {g.size} ranks")
-    parts = g.all_gather_object(tensor.detach().numpy().copy(), tag=_tag("all_gather"))
+    parts = g.combine_arrays(tensor.detach().numpy(), _stack, tag=_tag("all_gather"))
     for dst, a in zip(tensor_list, parts):
-        dst.copy_(torch.from_numpy(a))
+        dst.copy_(torch.from_numpy(a.copy()))
     return _Done() if async_op else None
 
 
