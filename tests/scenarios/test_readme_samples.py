@@ -1,9 +1,13 @@
 """Every console sample in README.md and docs/*.md is what its command prints (issue 15,
 finding 10): each `$ ` line is run (through commsim's CLI, from the repository root) and the
-lines after it must appear in its output in order, a line `...` standing for any run of lines."""
+lines after it must appear in its output in order, a line `...` standing for any run of lines.
+A command that ends `# exit N` must exit with N, and its shown lines are matched against
+stdout and stderr together (a verdict, which `commsim exec` prints on stderr); any other
+command must exit 0 and its lines are its stdout."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -59,9 +63,12 @@ def test_the_readme_has_samples():
 def test_sample_output_is_what_the_command_prints(doc, cmd, shown, monkeypatch, capsys):
     argv = shlex.split(cmd, comments=True)
     assert argv[0].endswith("commsim"), f"{doc}: sample command {cmd!r} is not a commsim command"
+    marker = re.search(r"#\s*exit (\d+)\s*$", cmd)
     monkeypatch.chdir(ROOT)
-    assert main(argv[1:]) == 0
-    got = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    assert main(argv[1:]) == (int(marker.group(1)) if marker else 0)
+    cap = capsys.readouterr()
+    text = cap.out + cap.err if marker else cap.out
+    got = [line.rstrip() for line in text.splitlines()]
     while shown and not shown[-1]:
         shown = shown[:-1]
     assert matches(shown, got), (f"{doc}: `{cmd}` prints\n" + "\n".join(got) +
