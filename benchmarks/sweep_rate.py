@@ -6,7 +6,8 @@
 1. CPU per scenario in this process (time.process_time, so other work on a shared machine
    does not count), today's sweep against a baseline in the same process: the same ids with
    the per-machine caches off (P2P probe verdicts not shared between fabrics) and the
-   collector walking the whole heap (no gc.freeze), as a sweep worker ran before issue 19
+   collector walking the whole heap (no gc.freeze) at Python's default thresholds, as a
+   sweep worker ran before issue 19
    (changes that cannot be switched off, such as the driver's faster argument conversion,
    are in both: the ratio understates the gain over the old code).
    Rounds alternate baseline / today over the same ids (after a warm-up round) and the
@@ -41,10 +42,12 @@ from commsim.sim import p2p_probe
 @contextmanager
 def baseline():
     """What a sweep worker did before issue 19's changes: every fabric probes every pair
-    itself, and full collections walk every object (nothing frozen)."""
+    itself, full collections walk every object (nothing frozen), and the young generation is
+    collected at Python's default threshold."""
     shared = p2p_probe._verdicts
     p2p_probe._verdicts = lambda host: {}
     gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
     try:
         yield
     finally:

@@ -144,7 +144,10 @@ class GroupView:
     def size(self) -> int:
         return len(self.ranks)
 
-    @property
+    # The derived facts below are computed once per view (cached_property writes the
+    # instance dict, not a field: the view stays frozen): every backend's eligibility asks,
+    # symm asks again for its own and multicast's, and the pair scans are O(ranks^2).
+    @functools.cached_property
     def hosts(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.host for r in self.ranks))
 
@@ -152,7 +155,7 @@ class GroupView:
     def single_host(self) -> bool:
         return len(self.hosts) == 1
 
-    @property
+    @functools.cached_property
     def same_shm(self) -> bool:
         """vLLM's `in_the_same_node_as`: one POSIX shm namespace (reference §4.3)."""
         return len({r.shm_namespace for r in self.ranks}) == 1
@@ -175,6 +178,10 @@ class GroupView:
                     yield a, b
 
     def p2p_all(self) -> bool:
+        return self._p2p_all
+
+    @functools.cached_property
+    def _p2p_all(self) -> bool:
         return all(a.can_access(b) for a, b in self.pairs())
 
     def p2p_unreal(self) -> str:
@@ -199,10 +206,18 @@ class GroupView:
 
     def nvlink_all(self) -> bool:
         """vLLM `is_fully_connected`: NVML NVLink P2P status OK for every pair (§6.1.1)."""
+        return self._nvlink_all
+
+    @functools.cached_property
+    def _nvlink_all(self) -> bool:
         return all(a.host == b.host and a.nvlink[b.gpu] for a, b in self.pairs())
 
     def same_fabric_domain(self) -> bool:
         """NCCL's domain test: one non-zero cluster UUID over the group (§4.2)."""
+        return self._same_fabric_domain
+
+    @functools.cached_property
+    def _same_fabric_domain(self) -> bool:
         uuids = {r.fabric_uuid for r in self.ranks}
         return len(uuids) == 1 and any(next(iter(uuids)))
 

@@ -118,7 +118,8 @@ class SymmBackend(VmmPeerBackend):
             # PCIe P2P the kernels would crawl, so NVLink is required as for custom all-reduce
             # beyond two GPUs (row B3); vLLM enables torch symm-mem only on SM 9.0 / 10.x NVLink
             # parts (§8).
-            bad = next(((a.rank, b.rank) for a, b in view.pairs() if not a.can_access(b)), None)
+            bad = None if view.p2p_all() else next((a.rank, b.rank) for a, b in view.pairs()
+                                                   if not a.can_access(b))
             conds.append((bad is None, f"no P2P from rank {bad[0]} to rank {bad[1]}: peer loads "
                                        f"and stores of mapped symmetric memory need P2P (row L10)"
                           if bad else ""))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
-from . import binding_args
+from . import binding_args, stream_capture
 from .fabric import MulticastObject, PhysicalAlloc
 
 if TYPE_CHECKING:
@@ -38,31 +38,42 @@ class Fail(Exception):
 def api(nvals: int, runtime: bool):
     """Wrap a driver method: faults first, then the body; a Fail becomes `(code, None...)`."""
     ok = E.cudaSuccess if runtime else R.CUDA_SUCCESS
+    nones = (None,) * nvals
+    dead = (E.cudaErrorCudartUnloading if runtime else R.CUDA_ERROR_DEINITIALIZED,) + nones
 
     def deco(fn: Callable) -> Callable:
         name = fn.__name__
+        # Looked up once per method, not per call (a few hundred calls per generated scenario):
+        # its parameters' converters, and whether a capture can refuse it at all (CG1-CG3).
+        sig = binding_args.SIGNATURES.get(name)
+        may_refuse = name in stream_capture.UNSAFE
 
         @functools.wraps(fn)
         def wrapper(self: "SimDriver", *args: Any) -> tuple:
             # What cuda-python's wrapper rejects while converting arguments, rejected the same
             # way (an exception, before anything else); what converts gets a code below.
-            args = binding_args.convert(name, args)
-            if not self.proc.alive:
-                return (E.cudaErrorCudartUnloading if runtime else R.CUDA_ERROR_DEINITIALIZED,) + (None,) * nvals
-            if self.proc.sticky is not None:
+            if sig is not None:
+                if len(args) != len(sig):
+                    binding_args.convert(name, args)        # raises the TypeError
+                args = tuple([conv(a) for conv, a in zip(sig, args)]) if sig else args
+            proc = self.proc
+            if not proc.alive:
+                return dead
+            if proc.sticky is not None:
                 # A sticky error (row MC6) answers every later call of the context with itself.
-                return (self.proc.sticky if runtime else R.CUDA_ERROR_ILLEGAL_ADDRESS,) + (None,) * nvals
-            forced = self.proc.faults.before(name)
+                return (proc.sticky if runtime else R.CUDA_ERROR_ILLEGAL_ADDRESS,) + nones
+            forced = proc.faults.before(name)
             if forced is not None:
-                return (forced,) + (None,) * nvals
-            # Rules CG1-CG3 (stream_capture.py): a call the runtime refuses during a capture.
-            refused = self.capture.refused(name)
-            if refused is not None:
-                return (refused,) + (None,) * nvals
+                return (forced,) + nones
+            if may_refuse:
+                # Rules CG1-CG3 (stream_capture.py): a call the runtime refuses during a capture.
+                refused = self.capture.refused(name)
+                if refused is not None:
+                    return (refused,) + nones
             try:
                 out = fn(self, *args)
             except Fail as f:
-                return (f.code,) + (None,) * nvals
+                return (f.code,) + nones
             if nvals == 0:
                 return (ok,)
             return (ok, out) if nvals == 1 else (ok,) + tuple(out)

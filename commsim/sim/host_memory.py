@@ -18,18 +18,23 @@ MMAP_MIN = 1 << 20
 PAGE = mmap.PAGESIZE
 
 
+def _page_flags(array: np.ndarray) -> np.ndarray | None:
+    """The pagemap entries behind `array` when it is an anonymous mapping, else None."""
+    base = array.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or array.nbytes == 0:
+        return None
+    return shared_pages.page_flags(array.ctypes.data, array.nbytes)
+
+
 def written_pages(array: np.ndarray, shared: np.ndarray | None = None) -> np.ndarray | None:
     """Per page behind `array` (an anonymous mapping), whether it holds written data: present
     and either mapped exclusively (written here; an untouched page read maps the shared zero
     page, which is not exclusive and costs nothing) or a file page (copy-on-write, shared with
     identical bytes elsewhere: commsim/sim/shared_pages.py), from /proc/self/pagemap; or
     marked in `shared` (mapped from a file, not yet read). None for any other buffer."""
-    base = array.base
-    if isinstance(base, memoryview):
-        base = base.obj
-    if not isinstance(base, mmap.mmap) or array.nbytes == 0:
-        return None
-    v = shared_pages.page_flags(array.ctypes.data, array.nbytes)
+    v = _page_flags(array)
     if v is None:
         return None
     w = ((v & shared_pages.PRESENT) != 0) & ((v & (shared_pages.EXCLUSIVE | shared_pages.FILE_PAGE)) != 0)
@@ -38,10 +43,21 @@ def written_pages(array: np.ndarray, shared: np.ndarray | None = None) -> np.nda
     return w
 
 
+def written_bytes(array: np.ndarray) -> int | None:
+    """`written_pages(array)` counted, in bytes (None where that is None). Only present pages
+    can count, and of a workspace few are (a release reads every page's entry: 33k for a
+    128 MiB symmetric buffer), so the flags are tested on those alone."""
+    v = _page_flags(array)
+    if v is None:
+        return None
+    present = v[v >= shared_pages.PRESENT]        # bit 63, the highest of the entry
+    return int(np.count_nonzero(present & (shared_pages.EXCLUSIVE | shared_pages.FILE_PAGE))) * PAGE
+
+
 def resident_bytes(array: np.ndarray) -> int:
     """Simulated bytes written behind `array` (`written_pages`); any other buffer counts whole."""
-    w = written_pages(array)
-    return int(array.nbytes) if w is None else int(np.count_nonzero(w)) * PAGE
+    n = written_bytes(array)
+    return int(array.nbytes) if n is None else n
 
 
 class MemoryProvider:
@@ -83,8 +99,12 @@ class MemoryProvider:
     def release(self, array: np.ndarray, tag: str) -> None:
         start = array.ctypes.data
         o = self._shared.pop(start, None)
-        w = written_pages(array, None if o is None else o.src != 0)
-        self.touched += int(array.nbytes) if w is None else int(np.count_nonzero(w)) * PAGE
+        if o is None:
+            n = written_bytes(array)
+            self.touched += int(array.nbytes) if n is None else n
+        else:
+            w = written_pages(array, o.src != 0)
+            self.touched += int(array.nbytes) if w is None else int(np.count_nonzero(w)) * PAGE
         entry = self._ends.pop(start, None)
         if entry is not None:
             del self._starts[bisect.bisect_left(self._starts, start)]

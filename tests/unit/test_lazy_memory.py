@@ -13,7 +13,7 @@ from commsim.scenario.memory_estimate import MiB, estimate_host_bytes
 from commsim.scenario.model import Group, Scenario, Workload
 from commsim.scenario.schema import load
 from commsim.sim import SimFabric, spawn_driver
-from commsim.sim.host_memory import PAGE, MemoryProvider, resident_bytes
+from commsim.sim.host_memory import PAGE, MemoryProvider, resident_bytes, written_pages
 from commsim.topology import build_preset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +28,8 @@ def test_untouched_memory_commits_nothing_and_reads_as_zeros() -> None:
     a[5] = 1
     a[3 * MiB: 3 * MiB + 2 * PAGE] = 7           # two more pages
     assert resident_bytes(a) == 3 * PAGE
+    # The count over present pages only (release's) agrees with the per-page map.
+    assert int(np.count_nonzero(written_pages(a))) * PAGE == 3 * PAGE
     mem.release(a, "a1")
     assert mem.touched == 3 * PAGE
 
