@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..errors import UserError
+from ..hosting.config import MODES, RESIDUE, VISIBLE
 from .args import seconds
 
 EPILOG = """\
@@ -34,16 +35,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(s<seed>-<index>): topology, placement of the ranks, faults and seed")
     p.add_argument("--nproc-per-host", type=int, default=0, metavar="N",
                    help="ranks per host (default: one per GPU)")
-    p.add_argument("--mode", default="procs", choices=("procs", "inproc"),
+    p.add_argument("--mode", default="procs", choices=MODES,
                    help="procs: one OS process per rank, real torch.distributed (gloo); "
                         "inproc: ranks as greenlets under the seeded scheduler (deterministic)")
     p.add_argument("--seed", type=int, default=None, help="seed of the run (default 0, or the scenario's)")
     p.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
                    help="seconds before ranks still running count as hung (default 120)")
-    p.add_argument("--visible", default="all", choices=("all", "one"),
+    p.add_argument("--visible", default="all", choices=VISIBLE,
                    help="GPUs a rank sees: all of its host's (torchrun) or only its own "
                         "(CUDA_VISIBLE_DEVICES=<gpu>, as Ray places ranks)")
-    p.add_argument("--residue", default="report", choices=("report", "fail"),
+    p.add_argument("--residue", default="report", choices=RESIDUE,
                    help="allocations, mappings and fds a process still holds at exit: report "
                         "them (default: the process's exit releases them, as on real hardware) "
                         "or fail the run on them (for code that must clean up, e.g. one that "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..hosting.config import LAUNCHERS, MODES, RESIDUE
 from .args import bounded_int, non_negative_int, seconds
 
 # A sweep keeps one record per scenario (about 1 KB) for its report; a million is hours of work
@@ -165,14 +166,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run this Python program (\"prog.py ARGS\", or \"-m module ARGS\") hosted on "
                         "each generated machine instead of the scenario workload, and report "
                         "the machine shapes that break it (see `commsim exec`)")
-    p.add_argument("--exec-mode", default="inproc", choices=("inproc", "procs"),
+    p.add_argument("--exec-mode", default="inproc", choices=MODES,
                    help="how --exec runs the ranks (default inproc: fast, replayable)")
     p.add_argument("--exec-timeout", type=seconds, default=60.0, metavar="S",
                    help="seconds before an --exec run counts as hung (default 60)")
-    p.add_argument("--exec-residue", default="report", choices=("report", "fail"),
+    p.add_argument("--exec-residue", default="report", choices=RESIDUE,
                    help="what an --exec process holding memory, mappings or fds at exit is: "
                         "reported (default; the exit releases them) or a defect (`leak`)")
-    p.add_argument("--exec-launcher", default="torchrun", choices=("torchrun", "mpirun"),
+    p.add_argument("--exec-launcher", default="torchrun", choices=LAUNCHERS,
                    help="whose environment each --exec rank gets: torchrun's (default) or Open "
                         "MPI mpirun's, with mpi4py's COMM_WORLD spanning the ranks (see "
                         "`commsim exec --launcher`)")

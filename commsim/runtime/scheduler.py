@@ -399,11 +399,7 @@ class Scheduler:
                     if r.state != _RUNNABLE:
                         self._add_timer(r, r.deadline)  # type: ignore[arg-type]
                 return
-            diags = self._diagnose_all("timeout", due)
-            for r, d in zip(due, diags):
-                self.trace.append(("timeout", r.rank, d.group, d.seq, d.tag or d.what))
-            for r, d in zip(due, diags):
-                self._interrupt(r, GroupTimeout(d.message(), d))
+            self._deliver("timeout", due, GroupTimeout)
             return
         self._hang()
 
@@ -421,11 +417,16 @@ class Scheduler:
                     f"{self.max_hang_rounds}; aborting")
             self._begin_abort(Diagnosis("hang", self.rank_states(), self._now, note=note))
             return
-        diags = self._diagnose_all("hang", parked)
-        for r, d in zip(parked, diags):
-            self.trace.append(("hang", r.rank, d.group, d.seq, d.tag or d.what))
-        for r, d in zip(parked, diags):
-            self._interrupt(r, HangDetected(d.message(), d))
+        self._deliver("hang", parked, HangDetected)
+
+    def _deliver(self, kind: str, ranks: list[_Rank], exc: type) -> None:
+        """Diagnose `ranks` together, trace each verdict, then interrupt each with `exc`
+        (every trace entry first: the trace must not depend on what an interrupt runs)."""
+        diags = self._diagnose_all(kind, ranks)
+        for r, d in zip(ranks, diags):
+            self.trace.append((kind, r.rank, d.group, d.seq, d.tag or d.what))
+        for r, d in zip(ranks, diags):
+            self._interrupt(r, exc(d.message(), d))
 
     def _step_limit(self) -> bool:
         """Past max_steps: abort once (livelock); past the abort budget: hard stop."""
