@@ -235,7 +235,9 @@ class Run:
             ok, res = self.call(i, op, h, t, 0)
             if ok:
                 assert held(h, p.handles)
-                if t == FD:
+                # The handle type is read with int() (driver_calls._attr_int), as the binding
+                # reads an enum argument: 1.5 exports a POSIX fd.
+                if int(t) == FD:
                     p.fds.add(res[1])
                 else:
                     self.fabric_blobs.append(res[1])
@@ -353,7 +355,7 @@ class Run:
         elif name == "cuMemMap":
             p.maps[args[0]] = args[1]
         elif name == "cuMemExportToShareableHandle":
-            (p.fds.add(res[1]) if args[1] == FD else self.fabric_blobs.append(res[1]))
+            (p.fds.add(res[1]) if int(args[1]) == FD else self.fabric_blobs.append(res[1]))
         elif name == "cudaIpcGetMemHandle":
             self.ipc_handles.append(res[1])
 
