@@ -65,12 +65,16 @@ class MemoryProvider:
     simulated 128 MiB workspace costs nothing until it is used: a reservation is address
     space only, an allocation is an anonymous mapping whose pages materialise on first write,
     and reads of untouched memory return zeros without allocating (the zero page).
-    `touched` sums the written bytes of every allocation at its release, pages shared with
-    identical bytes elsewhere included: divided into the run's peak RSS growth, it is the host
-    cost per simulated byte touched."""
+    With `count_touched`, `touched` sums the written bytes of every allocation at its release,
+    pages shared with identical bytes elsewhere included: divided into the run's peak RSS
+    growth, it is the host cost per simulated byte touched. Only a caller that reports that
+    figure asks for it (benchmarks/rack_scale.py): the count reads /proc/self/pagemap at every
+    release (4 % of a sweep's CPU), and a provider that does not count has no `touched`."""
 
-    def __init__(self) -> None:
-        self.touched = 0
+    def __init__(self, count_touched: bool = False) -> None:
+        if count_touched:
+            self.touched = 0
+        self._count = count_touched
         self._starts: list[int] = []          # sorted start addresses of the mappings below
         # start -> (end, the mapping) of each anonymous mapping not yet released
         self._ends: dict[int, tuple[int, weakref.ref]] = {}
@@ -99,12 +103,8 @@ class MemoryProvider:
     def release(self, array: np.ndarray, tag: str) -> None:
         start = array.ctypes.data
         o = self._shared.pop(start, None)
-        if o is None:
-            n = written_bytes(array)
-            self.touched += int(array.nbytes) if n is None else n
-        else:
-            w = written_pages(array, o.src != 0)
-            self.touched += int(array.nbytes) if w is None else int(np.count_nonzero(w)) * PAGE
+        if self._count:
+            self.touched += self._written(array, o)
         entry = self._ends.pop(start, None)
         if entry is not None:
             del self._starts[bisect.bisect_left(self._starts, start)]
@@ -115,6 +115,15 @@ class MemoryProvider:
                 # peak RSS would follow dead memory). What a freed range holds is undefined
                 # on a GPU; every access through the driver faults already.
                 m.madvise(mmap.MADV_DONTNEED)
+
+    @staticmethod
+    def _written(array: np.ndarray, origins: shared_pages.Origins | None) -> int:
+        """The bytes of `array` written so far (its pages shared with a sealed file included)."""
+        if origins is None:
+            n = written_bytes(array)
+            return int(array.nbytes) if n is None else n
+        w = written_pages(array, origins.src != 0)
+        return int(array.nbytes) if w is None else int(np.count_nonzero(w)) * PAGE
 
     def _alloc_of(self, a: np.ndarray) -> int | None:
         """The start of the live private anonymous allocation of this provider that holds

@@ -89,7 +89,11 @@ def probe_pair(fabric, me: GpuRef, peer: GpuRef) -> str:
     host = fabric.cluster.host(me.host)
     shared = _verdicts(host)
     i, j = me.index, peer.index
-    skey = (fabric.disabled_rules, i, j, host.gpus[i], host.gpus[j], host.links[i][j], host.links[j][i])
+    # Whether the fabric's memory counts touched bytes is part of the key: a verdict moves
+    # that count as its round trip did, and one from a fabric that did not count has none.
+    counting = hasattr(fabric.memory, "touched")
+    skey = (fabric.disabled_rules, counting, i, j, host.gpus[i], host.gpus[j], host.links[i][j],
+            host.links[j][i])
     v = shared.get(skey)
     # The one piece of run state the round trip can meet: a peer GPU too full for the probe's
     # buffer (cudaMalloc's own test, before any fd reaping, which only frees). Then it runs.
@@ -97,7 +101,7 @@ def probe_pair(fabric, me: GpuRef, peer: GpuRef) -> str:
                           <= fabric.cluster.gpu(peer).memory_bytes):
         fabric._next_pid += v.pids
         fabric._next_aid += v.aids
-        if hasattr(fabric.memory, "touched"):
+        if counting:
             fabric.memory.touched += v.touched
         cache[key] = v.text
         return v.text

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 from commsim.sim import SimFabric, p2p_probe, spawn_driver
+from commsim.sim.host_memory import MemoryProvider
 from commsim.topology import build_preset
 from commsim.topology.model import GpuRef
 
@@ -41,6 +42,10 @@ def _state(f: SimFabric) -> tuple:
     return f._next_pid, f._next_aid, f.memory.touched
 
 
+def _counted(cluster, seed: int = 0) -> SimFabric:
+    return SimFabric(cluster, seed, memory=MemoryProvider(count_touched=True))
+
+
 def _with_link(cluster, i: int, j: int, **facts):
     h = cluster.host(HOST)
     rows = [list(r) for r in h.links]
@@ -52,7 +57,7 @@ def _with_link(cluster, i: int, j: int, **facts):
 def test_a_second_fabric_takes_the_verdict_and_moves_its_counters_the_same(monkeypatch) -> None:
     runs = _counting(monkeypatch)
     c = build_preset("hgx-h100-8")
-    first, second = SimFabric(c, seed=1), SimFabric(c, seed=2)
+    first, second = _counted(c, seed=1), _counted(c, seed=2)
     assert p2p_probe.probe_pair(first, A, B) == ""
     assert p2p_probe.probe_pair(second, A, B) == ""
     assert runs == [(A, B)]
@@ -60,7 +65,7 @@ def test_a_second_fabric_takes_the_verdict_and_moves_its_counters_the_same(monke
     # What follows is the same as after a real probe: the next process gets the same pid.
     assert spawn_driver(first, A).proc.pid == spawn_driver(second, A).proc.pid
     # An equal machine built anew (another Cluster object) finds it by value.
-    assert p2p_probe.probe_pair(SimFabric(build_preset("hgx-h100-8")), A, B) == "" and len(runs) == 1
+    assert p2p_probe.probe_pair(_counted(build_preset("hgx-h100-8")), A, B) == "" and len(runs) == 1
 
 
 @pytest.mark.parametrize("facts, says", [({"ipc_refused": "acs"}, "cudaIpcOpenMemHandle"),
@@ -99,3 +104,15 @@ def test_switched_off_rules_are_part_of_the_key(monkeypatch) -> None:
     p2p_probe.probe_pair(SimFabric(c), A, B)
     p2p_probe.probe_pair(SimFabric(c, disabled_rules=frozenset({"L10"})), A, B)
     assert len(runs) == 2
+
+
+def test_a_verdict_moves_the_touched_count_only_where_it_was_counted(monkeypatch) -> None:
+    runs = _counting(monkeypatch)
+    c = build_preset("hgx-h100-8")
+    p2p_probe.probe_pair(SimFabric(c), A, B)            # no count kept: nothing to replay
+    counted = _counted(c)
+    p2p_probe.probe_pair(counted, A, B)
+    assert len(runs) == 2 and counted.memory.touched == p2p_probe.PROBE_BYTES
+    again = _counted(c)
+    p2p_probe.probe_pair(again, A, B)
+    assert len(runs) == 2 and _state(again) == _state(counted)
