@@ -122,7 +122,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         return self.cluster.host(self.proc.host).process_namespace(self.proc.pid)
 
     def _dev(self, ordinal: Any, runtime: bool = False) -> GpuRef:
-        o = _attr_int(ordinal)
+        o = ordinal if type(ordinal) is int else _attr_int(ordinal)   # a struct field may be anything
         if not 0 <= o < len(self.proc.gpus):
             raise Fail(E.cudaErrorInvalidDevice if runtime else R.CUDA_ERROR_INVALID_DEVICE)
         return self.proc.gpus[o]
@@ -147,7 +147,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     @api(1, False)
     def cuDeviceGetAttribute(self, attrib: Any, dev: int) -> int:
         g = self.cluster.gpu(self._dev(dev))
-        read = _DEVICE_ATTRIBUTES.get(_attr_int(attrib))
+        read = _DEVICE_ATTRIBUTES.get(attrib)
         if read is None:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         return int(read(g))
@@ -302,7 +302,6 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     # ---- legacy memory --------------------------------------------------------------------
     @api(1, True)
     def cudaMalloc(self, size: int) -> int:
-        size = _attr_int(size)
         if size < 0:
             raise Fail(E.cudaErrorInvalidValue)
         g = self.device
@@ -318,7 +317,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
 
     @api(0, True)
     def cudaFree(self, dev_ptr: int) -> None:
-        p = _attr_int(dev_ptr)
+        p = dev_ptr
         if p == 0:
             return None   # cudaFree(0) is a no-op by the runtime's contract
         m = self._maps.get(p)
@@ -338,10 +337,9 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         self.ledger.remove("allocation", p, all_refs=True)
 
     def _memcpy_check(self, count: int) -> int:
-        c = _attr_int(count)
-        if c < 0:
+        if count < 0:
             raise Fail(E.cudaErrorInvalidValue)
-        return c
+        return count
 
     @api(0, True)
     def cudaMemcpy(self, dst: int, src: int, count: int, kind: Any) -> None:
@@ -359,7 +357,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     def cudaMemset(self, dev_ptr: int, value: int, count: int) -> None:
         c = self._memcpy_check(count)
         try:
-            self.view(dev_ptr, c)[:] = _attr_int(value) & 0xFF
+            self.view(dev_ptr, c)[:] = value & 0xFF
         except Fail:
             raise Fail(E.cudaErrorInvalidValue)
 
@@ -412,7 +410,10 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     # ---- NVML --------------------------------------------------------------------------------
     def _nvml_gpu(self, index: int):
         h = self.cluster.host(self.proc.host)
-        i = _attr_int(index) if isinstance(index, int) or hasattr(index, "__index__") else -1
+        if type(index) is int:
+            i = index
+        else:
+            i = _attr_int(index) if isinstance(index, int) or hasattr(index, "__index__") else -1
         if not 0 <= i < len(h.gpus):
             return None
         return h.gpus[i]

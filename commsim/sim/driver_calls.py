@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -55,7 +56,8 @@ def api(nvals: int, runtime: bool):
             if sig is not None:
                 if len(args) != len(sig):
                     binding_args.convert(name, args)        # raises the TypeError
-                args = tuple([conv(a) for conv, a in zip(sig, args)]) if sig else args
+                if sig:
+                    args = tuple(map(operator.call, sig, args))   # each converter, its argument
             proc = self.proc
             if not proc.alive:
                 return dead
@@ -94,8 +96,9 @@ class Mapping:
 
 
 def _attr_int(x: Any) -> int:
-    """An int read from a struct field or an already converted argument; -1 (which every rule
-    refuses) for anything that is no finite number."""
+    """An int read from a struct field or a parameter the binding passes through as it is
+    (binding_args.passthrough); -1 (which every rule refuses) for anything that is no finite
+    number. A parameter with a converter reaches the body as the converted int already."""
     try:
         return int(x)
     except (TypeError, ValueError, OverflowError):

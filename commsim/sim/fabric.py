@@ -101,12 +101,12 @@ class SimFabric:
 
     # -- processes ------------------------------------------------------------------------
     def spawn(self, host: str, gpus: Iterable[GpuRef], faults: ProcessFaults | None = None) -> SimProcess:
-        self.cluster.host(host)
+        on_host = self.cluster.host(host).gpus
         gpus = tuple(gpus)
         for g in gpus:
             if g.host != host:
                 raise ValueError(f"{g} is not on host {host}: a process sees only its host's GPUs")
-            self.cluster.gpu(g)
+            on_host[g.index]            # raises for a GPU the host does not have (Cluster.gpu)
         pid = self._next_pid
         self._next_pid += 1
         p = SimProcess(pid, host, gpus, Ledger(pid), faults or ProcessFaults())
