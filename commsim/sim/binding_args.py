@@ -66,6 +66,8 @@ def c_uint(obj: Any) -> int:
 
 def cu_device(obj: Any) -> int:
     """CUdevice parameters: None is device 0, otherwise a C int."""
+    if type(obj) is int and -(1 << 31) <= obj < (1 << 31):
+        return obj
     return 0 if obj is None else c_int(obj)
 
 

@@ -51,6 +51,8 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         self.fabric = fabric
         self.proc = proc
         self.cluster = fabric.cluster
+        # The process's own host (immutable, as the cluster is): NVML and identity calls ask it.
+        self._host = fabric.cluster.host(proc.host)
         self._maps: dict[int, Mapping] = {}
         self._bases: list[int] = []
         self._reserved: dict[int, int] = {}           # VA reservations: base -> size
@@ -114,12 +116,12 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     def imex_channels(self) -> tuple[int, ...]:
         """IMEX channels this process can open: configured on its host and the device node
         present in its container (rows I1, W5)."""
-        return self.cluster.host(self.proc.host).usable_imex_channels
+        return self._host.usable_imex_channels
 
     def shm_namespace(self) -> str:
         """What vLLM's same-node test observes: hosts that share /dev/shm (reference §4.3);
         a process in a container of its own has its own (row W6)."""
-        return self.cluster.host(self.proc.host).process_namespace(self.proc.pid)
+        return self._host.process_namespace(self.proc.pid)
 
     def _dev(self, ordinal: Any, runtime: bool = False) -> GpuRef:
         o = ordinal if type(ordinal) is int else _attr_int(ordinal)   # a struct field may be anything
@@ -162,7 +164,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         where helper processes cannot be started (process mode: one OS process per rank)."""
         if type(self.fabric) is not SimFabric:
             return None
-        h = self.cluster.host(self.proc.host)
+        h = self._host
         if not (0 <= gpu < len(h.gpus) and 0 <= peer < len(h.gpus)):
             return None
         from .p2p_probe import probe_pair
@@ -176,7 +178,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
 
     def nvmlDeviceGetCount(self) -> tuple:
         """NVML sees every GPU of the host; CUDA_VISIBLE_DEVICES does not apply (row W1)."""
-        return (0, len(self.cluster.host(self.proc.host).gpus))
+        return (0, len(self._host.gpus))
 
     @api(1, False)
     def cuDeviceCanAccessPeer(self, dev: int, peer_dev: int) -> int:
@@ -243,9 +245,10 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         if start + nbytes > a.data.size:
             raise Fail(E.cudaErrorIllegalAddress)   # past the bytes behind it (0-byte malloc)
         live = a.data[start:start + nbytes]
-        bad = self._bad_peer_path(a)
-        if bad:
-            return self._unreal_p2p(live, bad)
+        if self.fabric.unreal_p2p:          # only then can a peer path lose writes (row P3)
+            bad = self._bad_peer_path(a)
+            if bad:
+                return self._unreal_p2p(live, bad)
         return live
 
     def _bad_peer_path(self, a: PhysicalAlloc) -> str:
@@ -409,7 +412,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
 
     # ---- NVML --------------------------------------------------------------------------------
     def _nvml_gpu(self, index: int):
-        h = self.cluster.host(self.proc.host)
+        h = self._host
         if type(index) is int:
             i = index
         else:
@@ -427,7 +430,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
 
     def nvmlDeviceGetP2PStatus(self, index1: int, index2: int) -> tuple:
         """NVML_P2P_CAPS_INDEX_NVLINK status, what vLLM's `is_fully_connected` reads (§6.1.1)."""
-        h = self.cluster.host(self.proc.host)
+        h = self._host
         a, b = self._nvml_gpu(index1), self._nvml_gpu(index2)
         if a is None or b is None:
             return (2, None)

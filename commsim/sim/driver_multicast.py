@@ -32,7 +32,7 @@ class MulticastCalls:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # a duck-typed prop with inf or garbage
         if not self.cluster.gpu(g).multicast or self.cluster.domain_of(g) is None:
             raise Fail(unconfirmed.code("M1"))                          # rows M1, MC1
-        if not self.cluster.host(self.proc.host).container.nvidia_caps:
+        if not self._host.container.nvidia_caps:
             # Row MC3: a container without /dev/nvidia-caps: NCCL nvls.cc:251 "Cuda failure 1
             # 'invalid argument'" at cuMulticastCreate (pie-project/pie#500, NVIDIA/nccl#1672).
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
@@ -59,7 +59,7 @@ class MulticastCalls:
     def cuMulticastAddDevice(self, mc_handle: int, dev: int) -> None:
         mc = self._mc(mc_handle)
         g = self._dev(dev)
-        if not self.cluster.host(self.proc.host).container.nvidia_caps:
+        if not self._host.container.nvidia_caps:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # row MC3: no /dev/nvidia-caps here either
         if not self.cluster.gpu(g).multicast:
             raise Fail(unconfirmed.code("M1"))

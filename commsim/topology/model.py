@@ -377,7 +377,8 @@ class Cluster:
         raise TopologyError(f"cluster {self.name}: no host {name!r}; hosts: {', '.join(h.name for h in self.hosts)}")
 
     def gpu(self, ref: GpuRef) -> Gpu:
-        return self.host(ref.host).gpus[ref.index]
+        h = self._by_name.get(ref.host)  # type: ignore[attr-defined]
+        return (h if h is not None else self.host(ref.host)).gpus[ref.index]
 
     def gpu_refs_of(self, host: str) -> tuple[GpuRef, ...]:
         """The GPUs of `host`, in index order. Kept per host: GpuRefs are immutable values and
