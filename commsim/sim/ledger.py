@@ -85,6 +85,11 @@ class Item:
     def site(self) -> str:
         return _format(self.where)
 
+    def __getstate__(self) -> dict:
+        # A code object does not pickle (a ledger crosses processes in the rig): a copy
+        # carries its site formatted.
+        return {**self.__dict__, "where": self.site}
+
     def __str__(self) -> str:
         rc = f" x{self.refs}" if self.refs > 1 else ""
         return f"{self.kind}{rc}: {self.detail} (created at {self.site})"

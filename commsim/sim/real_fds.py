@@ -69,7 +69,10 @@ class FdTable:
         joins the tables other processes ask (`_held_by`) and gets its finalizer: a table that
         never held an fd answers like an absent one (most processes of a run hold none, and a
         finalizer per process was a tenth of spawning a driver)."""
-        _holding.setdefault(fabric, weakref.WeakSet()).add(self)
+        held = _holding.get(fabric)
+        if held is None:            # (setdefault would build a WeakSet at every fd)
+            held = _holding[fabric] = weakref.WeakSet()
+        held.add(self)
         if self._armed:
             return
         self._armed = True
