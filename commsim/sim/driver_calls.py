@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -47,6 +46,7 @@ def api(nvals: int, runtime: bool):
         # Looked up once per method, not per call (a few hundred calls per generated scenario):
         # its parameters' converters, and whether a capture can refuse it at all (CG1-CG3).
         sig = binding_args.SIGNATURES.get(name)
+        conv = binding_args.converter(sig) if sig else None
         may_refuse = name in stream_capture.UNSAFE
 
         @functools.wraps(fn)
@@ -56,8 +56,8 @@ def api(nvals: int, runtime: bool):
             if sig is not None:
                 if len(args) != len(sig):
                     binding_args.convert(name, args)        # raises the TypeError
-                if sig:
-                    args = tuple(map(operator.call, sig, args))   # each converter, its argument
+                if conv is not None:
+                    args = conv(args)
             proc = self.proc
             if not proc.alive:
                 return dead

@@ -98,6 +98,7 @@ class SimFabric:
         self.unreal_p2p = any(lk is not None and lk.peer_writes != "ok"
                               for h in cluster.hosts for row in h.links for lk in row)
         self._used: dict[GpuRef, int] = {}     # live allocation bytes per GPU
+        self._blobs: dict[tuple[bytes, tuple[int, ...]], bytes] = {}   # handle bytes made (_blob)
 
     # -- processes ------------------------------------------------------------------------
     def spawn(self, host: str, gpus: Iterable[GpuRef], faults: ProcessFaults | None = None) -> SimProcess:
@@ -174,9 +175,15 @@ class SimFabric:
 
     # -- handles as bytes -----------------------------------------------------------------
     def _blob(self, kind: bytes, *fields: int) -> bytes:
-        head = kind + struct.pack("<" + "Q" * len(fields), *fields)
-        pad = hashlib.blake2b(head + struct.pack("<Q", self.seed), digest_size=64).digest()
-        return (head + pad)[:64]
+        # Kept per fabric: the bytes are a function of (kind, fields) and the fabric's seed,
+        # and a handle is asked for again by every process an fd of it reaches.
+        key = (kind, fields)
+        blob = self._blobs.get(key)
+        if blob is None:
+            head = kind + struct.pack("<" + "Q" * len(fields), *fields)
+            pad = hashlib.blake2b(head + struct.pack("<Q", self.seed), digest_size=64).digest()
+            blob = self._blobs[key] = (head + pad)[:64]
+        return blob
 
     def ipc_handle_for(self, a: PhysicalAlloc, pid: int) -> bytes:
         # Row L4: a new allocation at a recycled address gets a different handle, because the
