@@ -24,6 +24,7 @@ from .driver_multicast import MulticastCalls
 from .driver_vmm import VmmCalls
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
 from .kernel_context import SimKernelContext
+from .p2p_probe import probe_pair
 from .stream_capture import StreamCapture
 
 __all__ = ["SimDriver", "Fail", "Mapping", "api", "E", "R", "FD"]
@@ -164,11 +165,10 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         where helper processes cannot be started (process mode: one OS process per rank)."""
         if type(self.fabric) is not SimFabric:
             return None
-        h = self._host
-        if not (0 <= gpu < len(h.gpus) and 0 <= peer < len(h.gpus)):
+        refs = self.cluster.gpu_refs_of(self.proc.host)
+        if not (0 <= gpu < len(refs) and 0 <= peer < len(refs)):
             return None
-        from .p2p_probe import probe_pair
-        return probe_pair(self.fabric, GpuRef(h.name, gpu), GpuRef(h.name, peer))
+        return probe_pair(self.fabric, refs[gpu], refs[peer])
 
     def nvml_index(self, ordinal: int) -> int:
         """The NVML index of a CUDA ordinal (what nvmlDeviceGetHandleByPciBusId of the
