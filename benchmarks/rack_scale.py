@@ -73,8 +73,8 @@ def child(kind: str, arg: str) -> None:
     providers = []
     orig = F.MemoryProvider.__init__
 
-    def init(self):   # note every provider, to read what its allocations touched
-        orig(self)
+    def init(self):   # note every provider, counting what its allocations touched
+        orig(self, count_touched=True)
         providers.append(self)
 
     F.MemoryProvider.__init__ = init

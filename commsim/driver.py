@@ -82,12 +82,13 @@ def check(api: str, result: Any) -> Any:
     """
     if not isinstance(result, tuple):
         result = (result,)
-    err, rest = result[0], result[1:]
+    err = result[0]
     if int(err) != 0:
         raise CudaError(api, int(err), error_name(err), error_string(err))
-    if not rest:
+    n = len(result)
+    if n == 1:
         return None
-    return rest[0] if len(rest) == 1 else rest
+    return result[1] if n == 2 else result[1:]
 
 
 @dataclass(frozen=True)

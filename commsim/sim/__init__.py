@@ -22,11 +22,15 @@ def spawn_driver(fabric: SimFabric, gpu, faults: ProcessFaults | None = None,
     host (how vLLM/sglang workers run: all GPUs visible, torch.cuda.set_device(local_rank));
     `visible` is its CUDA_VISIBLE_DEVICES as host GPU indices, in order: ordinals are
     remapped to that list (row W1; e.g. one GPU per process as Ray places trays)."""
-    host = fabric.cluster.host(gpu.host)
-    order = [g.index for g in host.gpus] if visible is None else list(visible)
+    refs = fabric.cluster.gpu_refs_of(gpu.host)
+    if visible is None:
+        order, seen = [g.index for g in refs], refs
+    else:
+        order = list(visible)
+        seen = [type(gpu)(gpu.host, i) for i in order]
     if gpu.index not in order:
         raise ValueError(f"{gpu} is not among the visible devices {order}")
-    proc = fabric.spawn(gpu.host, [type(gpu)(gpu.host, i) for i in order], faults)
+    proc = fabric.spawn(gpu.host, seen, faults)
     proc.current = order.index(gpu.index)
     return SimDriver(fabric, proc)
 

@@ -66,6 +66,8 @@ def c_uint(obj: Any) -> int:
 
 def cu_device(obj: Any) -> int:
     """CUdevice parameters: None is device 0, otherwise a C int."""
+    if type(obj) is int and -(1 << 31) <= obj < (1 << 31):
+        return obj
     return 0 if obj is None else c_int(obj)
 
 
@@ -173,6 +175,30 @@ SIGNATURES: dict[str, tuple[Conv, ...]] = {
     "cuMulticastBindMem": (V, S, V, S, S, S),
     "cuMulticastUnbind": (V, D, S, S),
 }
+
+
+def converter(sig: tuple[Conv, ...]) -> Callable[[tuple], tuple]:
+    """One function applying `sig`'s converters to a call's arguments (their count checked
+    already). Written out per arity: a call per argument from Python code costs about half of
+    one made from map() or a comprehension, and every simulated driver call converts (a few
+    hundred per generated scenario)."""
+    n = len(sig)
+    if n == 1:
+        (c0,) = sig
+        return lambda a: (c0(a[0]),)
+    if n == 2:
+        c0, c1 = sig
+        return lambda a: (c0(a[0]), c1(a[1]))
+    if n == 3:
+        c0, c1, c2 = sig
+        return lambda a: (c0(a[0]), c1(a[1]), c2(a[2]))
+    if n == 4:
+        c0, c1, c2, c3 = sig
+        return lambda a: (c0(a[0]), c1(a[1]), c2(a[2]), c3(a[3]))
+    if n == 5:
+        c0, c1, c2, c3, c4 = sig
+        return lambda a: (c0(a[0]), c1(a[1]), c2(a[2]), c3(a[3]), c4(a[4]))
+    return lambda a: tuple([c(x) for c, x in zip(sig, a)])
 
 
 def convert(name: str, args: tuple) -> tuple:

@@ -24,6 +24,7 @@ from .driver_multicast import MulticastCalls
 from .driver_vmm import VmmCalls
 from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
 from .kernel_context import SimKernelContext
+from .p2p_probe import probe_pair
 from .stream_capture import StreamCapture
 
 __all__ = ["SimDriver", "Fail", "Mapping", "api", "E", "R", "FD"]
@@ -51,6 +52,8 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         self.fabric = fabric
         self.proc = proc
         self.cluster = fabric.cluster
+        # The process's own host (immutable, as the cluster is): NVML and identity calls ask it.
+        self._host = fabric.cluster.host(proc.host)
         self._maps: dict[int, Mapping] = {}
         self._bases: list[int] = []
         self._reserved: dict[int, int] = {}           # VA reservations: base -> size
@@ -114,15 +117,15 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     def imex_channels(self) -> tuple[int, ...]:
         """IMEX channels this process can open: configured on its host and the device node
         present in its container (rows I1, W5)."""
-        return self.cluster.host(self.proc.host).usable_imex_channels
+        return self._host.usable_imex_channels
 
     def shm_namespace(self) -> str:
         """What vLLM's same-node test observes: hosts that share /dev/shm (reference §4.3);
         a process in a container of its own has its own (row W6)."""
-        return self.cluster.host(self.proc.host).process_namespace(self.proc.pid)
+        return self._host.process_namespace(self.proc.pid)
 
     def _dev(self, ordinal: Any, runtime: bool = False) -> GpuRef:
-        o = _attr_int(ordinal)
+        o = ordinal if type(ordinal) is int else _attr_int(ordinal)   # a struct field may be anything
         if not 0 <= o < len(self.proc.gpus):
             raise Fail(E.cudaErrorInvalidDevice if runtime else R.CUDA_ERROR_INVALID_DEVICE)
         return self.proc.gpus[o]
@@ -147,7 +150,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     @api(1, False)
     def cuDeviceGetAttribute(self, attrib: Any, dev: int) -> int:
         g = self.cluster.gpu(self._dev(dev))
-        read = _DEVICE_ATTRIBUTES.get(_attr_int(attrib))
+        read = _DEVICE_ATTRIBUTES.get(attrib)
         if read is None:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         return int(read(g))
@@ -162,11 +165,10 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         where helper processes cannot be started (process mode: one OS process per rank)."""
         if type(self.fabric) is not SimFabric:
             return None
-        h = self.cluster.host(self.proc.host)
-        if not (0 <= gpu < len(h.gpus) and 0 <= peer < len(h.gpus)):
+        refs = self.cluster.gpu_refs_of(self.proc.host)
+        if not (0 <= gpu < len(refs) and 0 <= peer < len(refs)):
             return None
-        from .p2p_probe import probe_pair
-        return probe_pair(self.fabric, GpuRef(h.name, gpu), GpuRef(h.name, peer))
+        return probe_pair(self.fabric, refs[gpu], refs[peer])
 
     def nvml_index(self, ordinal: int) -> int:
         """The NVML index of a CUDA ordinal (what nvmlDeviceGetHandleByPciBusId of the
@@ -176,7 +178,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
 
     def nvmlDeviceGetCount(self) -> tuple:
         """NVML sees every GPU of the host; CUDA_VISIBLE_DEVICES does not apply (row W1)."""
-        return (0, len(self.cluster.host(self.proc.host).gpus))
+        return (0, len(self._host.gpus))
 
     @api(1, False)
     def cuDeviceCanAccessPeer(self, dev: int, peer_dev: int) -> int:
@@ -243,9 +245,10 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         if start + nbytes > a.data.size:
             raise Fail(E.cudaErrorIllegalAddress)   # past the bytes behind it (0-byte malloc)
         live = a.data[start:start + nbytes]
-        bad = self._bad_peer_path(a)
-        if bad:
-            return self._unreal_p2p(live, bad)
+        if self.fabric.unreal_p2p:          # only then can a peer path lose writes (row P3)
+            bad = self._bad_peer_path(a)
+            if bad:
+                return self._unreal_p2p(live, bad)
         return live
 
     def _bad_peer_path(self, a: PhysicalAlloc) -> str:
@@ -302,7 +305,6 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     # ---- legacy memory --------------------------------------------------------------------
     @api(1, True)
     def cudaMalloc(self, size: int) -> int:
-        size = _attr_int(size)
         if size < 0:
             raise Fail(E.cudaErrorInvalidValue)
         g = self.device
@@ -318,7 +320,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
 
     @api(0, True)
     def cudaFree(self, dev_ptr: int) -> None:
-        p = _attr_int(dev_ptr)
+        p = dev_ptr
         if p == 0:
             return None   # cudaFree(0) is a no-op by the runtime's contract
         m = self._maps.get(p)
@@ -338,10 +340,9 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         self.ledger.remove("allocation", p, all_refs=True)
 
     def _memcpy_check(self, count: int) -> int:
-        c = _attr_int(count)
-        if c < 0:
+        if count < 0:
             raise Fail(E.cudaErrorInvalidValue)
-        return c
+        return count
 
     @api(0, True)
     def cudaMemcpy(self, dst: int, src: int, count: int, kind: Any) -> None:
@@ -359,7 +360,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     def cudaMemset(self, dev_ptr: int, value: int, count: int) -> None:
         c = self._memcpy_check(count)
         try:
-            self.view(dev_ptr, c)[:] = _attr_int(value) & 0xFF
+            self.view(dev_ptr, c)[:] = value & 0xFF
         except Fail:
             raise Fail(E.cudaErrorInvalidValue)
 
@@ -411,8 +412,11 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
 
     # ---- NVML --------------------------------------------------------------------------------
     def _nvml_gpu(self, index: int):
-        h = self.cluster.host(self.proc.host)
-        i = _attr_int(index) if isinstance(index, int) or hasattr(index, "__index__") else -1
+        h = self._host
+        if type(index) is int:
+            i = index
+        else:
+            i = _attr_int(index) if isinstance(index, int) or hasattr(index, "__index__") else -1
         if not 0 <= i < len(h.gpus):
             return None
         return h.gpus[i]
@@ -426,7 +430,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
 
     def nvmlDeviceGetP2PStatus(self, index1: int, index2: int) -> tuple:
         """NVML_P2P_CAPS_INDEX_NVLINK status, what vLLM's `is_fully_connected` reads (§6.1.1)."""
-        h = self.cluster.host(self.proc.host)
+        h = self._host
         a, b = self._nvml_gpu(index1), self._nvml_gpu(index2)
         if a is None or b is None:
             return (2, None)

@@ -46,6 +46,7 @@ def api(nvals: int, runtime: bool):
         # Looked up once per method, not per call (a few hundred calls per generated scenario):
         # its parameters' converters, and whether a capture can refuse it at all (CG1-CG3).
         sig = binding_args.SIGNATURES.get(name)
+        conv = binding_args.converter(sig) if sig else None
         may_refuse = name in stream_capture.UNSAFE
 
         @functools.wraps(fn)
@@ -55,7 +56,8 @@ def api(nvals: int, runtime: bool):
             if sig is not None:
                 if len(args) != len(sig):
                     binding_args.convert(name, args)        # raises the TypeError
-                args = tuple([conv(a) for conv, a in zip(sig, args)]) if sig else args
+                if conv is not None:
+                    args = conv(args)
             proc = self.proc
             if not proc.alive:
                 return dead
@@ -94,8 +96,9 @@ class Mapping:
 
 
 def _attr_int(x: Any) -> int:
-    """An int read from a struct field or an already converted argument; -1 (which every rule
-    refuses) for anything that is no finite number."""
+    """An int read from a struct field or a parameter the binding passes through as it is
+    (binding_args.passthrough); -1 (which every rule refuses) for anything that is no finite
+    number. A parameter with a converter reaches the body as the converted int already."""
     try:
         return int(x)
     except (TypeError, ValueError, OverflowError):

@@ -18,7 +18,7 @@ class LegacyIpcCalls:
     # ---- legacy IPC -----------------------------------------------------------------------
     @api(1, True)
     def cudaIpcGetMemHandle(self, dev_ptr: int) -> bytes:
-        hit = self._find(_attr_int(dev_ptr))
+        hit = self._find(dev_ptr)
         if hit is None:
             raise Fail(E.cudaErrorInvalidValue)
         m, off = hit
@@ -31,7 +31,7 @@ class LegacyIpcCalls:
 
     @api(1, True)
     def cudaIpcOpenMemHandle(self, handle: Any, flags: int) -> int:
-        if _attr_int(flags) != int(LAZY_ENABLE_PEER_ACCESS):
+        if flags != int(LAZY_ENABLE_PEER_ACCESS):
             raise Fail(unconfirmed.code("L13"))
         key = _handle_bytes(handle, "reserved")
         entry = self.fabric.resolve_ipc_handle(key) if key is not None else None
@@ -101,7 +101,7 @@ class LegacyIpcCalls:
 
     @api(0, True)
     def cudaIpcCloseMemHandle(self, dev_ptr: int) -> None:
-        m = self._maps.get(_attr_int(dev_ptr))
+        m = self._maps.get(dev_ptr)
         if m is None or m.kind != "ipc":
             raise Fail(E.cudaErrorInvalidValue)
         a: PhysicalAlloc = m.target

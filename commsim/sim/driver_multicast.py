@@ -9,7 +9,7 @@ from ..driver import FABRIC
 from ..runtime.scheduler import wait_until
 from ..topology.model import FabricState
 from . import unconfirmed
-from .driver_calls import R, Fail, _attr_int, api
+from .driver_calls import R, Fail, api
 from .fabric import MulticastObject, PhysicalAlloc
 
 
@@ -20,7 +20,7 @@ class MulticastCalls:
     # ---- multicast -------------------------------------------------------------------------
     @api(1, False)
     def cuMulticastGetGranularity(self, prop: Any, option: Any) -> int:
-        return unconfirmed.MULTICAST_GRANULARITY_RECOMMENDED if _attr_int(option) == 1 \
+        return unconfirmed.MULTICAST_GRANULARITY_RECOMMENDED if option == 1 \
             else unconfirmed.MULTICAST_GRANULARITY_MIN
 
     @api(1, False)
@@ -32,7 +32,7 @@ class MulticastCalls:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # a duck-typed prop with inf or garbage
         if not self.cluster.gpu(g).multicast or self.cluster.domain_of(g) is None:
             raise Fail(unconfirmed.code("M1"))                          # rows M1, MC1
-        if not self.cluster.host(self.proc.host).container.nvidia_caps:
+        if not self._host.container.nvidia_caps:
             # Row MC3: a container without /dev/nvidia-caps: NCCL nvls.cc:251 "Cuda failure 1
             # 'invalid argument'" at cuMulticastCreate (pie-project/pie#500, NVIDIA/nccl#1672).
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
@@ -59,7 +59,7 @@ class MulticastCalls:
     def cuMulticastAddDevice(self, mc_handle: int, dev: int) -> None:
         mc = self._mc(mc_handle)
         g = self._dev(dev)
-        if not self.cluster.host(self.proc.host).container.nvidia_caps:
+        if not self._host.container.nvidia_caps:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # row MC3: no /dev/nvidia-caps here either
         if not self.cluster.gpu(g).multicast:
             raise Fail(unconfirmed.code("M1"))
@@ -81,7 +81,7 @@ class MulticastCalls:
         if target[0] != "mem":
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         a: PhysicalAlloc = self._obj(target)
-        mc_off, mem_off, size = _attr_int(mc_offset), _attr_int(mem_offset), _attr_int(size)
+        mc_off, mem_off = mc_offset, mem_offset
         gran = unconfirmed.MULTICAST_GRANULARITY_MIN
         if min(mc_off, mem_off) < 0 or size <= 0 or mc_off % gran or mem_off % gran or size % gran:
             raise Fail(unconfirmed.code("M5"))
@@ -110,7 +110,7 @@ class MulticastCalls:
         b = mc.bindings.get(g)
         if b is None:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-        if (b[2], b[3]) != (_attr_int(mc_offset), _attr_int(size)):
+        if (b[2], b[3]) != (mc_offset, size):
             self.fabric.flag(f"pid {self.proc.pid}: cuMulticastUnbind with offset/size other than "
                              f"bound (undefined, row M6)")
             raise Fail(unconfirmed.code("M6"))

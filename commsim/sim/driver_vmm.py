@@ -32,7 +32,7 @@ class VmmCalls:
     @api(1, False)
     def cuMemGetAllocationGranularity(self, prop: Any, option: Any) -> int:
         self._prop_device(prop)
-        return unconfirmed.GRANULARITY_RECOMMENDED if _attr_int(option) == 1 else unconfirmed.GRANULARITY_MIN
+        return unconfirmed.GRANULARITY_RECOMMENDED if option == 1 else unconfirmed.GRANULARITY_MIN
 
     def _fabric_ready(self, g: GpuRef) -> bool:
         return self.cluster.gpu(g).fabric.state == FabricState.COMPLETED
@@ -41,7 +41,6 @@ class VmmCalls:
     def cuMemCreate(self, size: int, prop: Any, flags: int) -> int:
         g = self._prop_device(prop)
         gpu = self.cluster.gpu(g)
-        size = _attr_int(size)
         types = _prop_handle_types(prop)
         if size <= 0 or size % unconfirmed.GRANULARITY_MIN or types < 0 or types & ~(FD | FABRIC | 0x6):
             raise Fail(unconfirmed.code("V1"))
@@ -72,7 +71,7 @@ class VmmCalls:
         return h
 
     def _handle(self, handle: Any) -> tuple[str, int]:
-        t = self._handles.get(_attr_int(handle))
+        t = self._handles.get(handle)
         if t is None:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         return t
@@ -195,7 +194,7 @@ class VmmCalls:
 
     @api(1, False)
     def cuMemAddressReserve(self, size: int, alignment: int, addr: int, flags: int) -> int:
-        size, align = _attr_int(size), _attr_int(alignment)
+        align = alignment
         if size <= 0 or size % unconfirmed.HOST_PAGE or align < 0 or (align & (align - 1)):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         base = self._va(size, max(align, unconfirmed.GRANULARITY_MIN))
@@ -224,7 +223,6 @@ class VmmCalls:
 
     @api(0, False)
     def cuMemMap(self, ptr: int, size: int, offset: int, handle: int, flags: int) -> None:
-        ptr, size, offset = _attr_int(ptr), _attr_int(size), _attr_int(offset)
         target = self._handle(handle)
         obj = self._obj(target)
         gran = unconfirmed.GRANULARITY_MIN if target[0] == "mem" else unconfirmed.MULTICAST_GRANULARITY_MIN
@@ -239,12 +237,11 @@ class VmmCalls:
                        f"{obj.num_devices} devices added (row M2)")
         obj.maps += 1
         kind = "vmm" if target[0] == "mem" else "mc"
-        self._add_map(Mapping(ptr, size, kind, obj, access=False, handle=_attr_int(handle)))
+        self._add_map(Mapping(ptr, size, kind, obj, access=False, handle=handle))
         self.ledger.add("vmm_mapping", ptr, f"cuMemMap {kind} {target[1]} at {ptr:#x}+{size}")
 
     @api(0, False)
     def cuMemSetAccess(self, ptr: int, size: int, desc: Sequence[Any], count: int) -> None:
-        ptr, size = _attr_int(ptr), _attr_int(size)
         cur, hits = ptr, []
         while cur < ptr + size:       # §2.3: must cover a fully mapped range
             m = self._maps.get(cur)
@@ -255,7 +252,7 @@ class VmmCalls:
         if cur != ptr + size or size <= 0:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         try:
-            devs = [self._dev(d.location.id) for d in list(desc)[:max(_attr_int(count), 0)]]
+            devs = [self._dev(d.location.id) for d in list(desc)[:max(count, 0)]]
         except (AttributeError, TypeError):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         for m in hits:
@@ -263,10 +260,10 @@ class VmmCalls:
 
     @api(0, False)
     def cuMemUnmap(self, ptr: int, size: int) -> None:
-        m = self._maps.get(_attr_int(ptr))
+        m = self._maps.get(ptr)
         if m is None or m.kind not in ("vmm", "mc"):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-        if _attr_int(size) != m.size:
+        if size != m.size:
             raise Fail(unconfirmed.code("V12"))                        # row V12: whole range only
         self._del_map(m)
         self.ledger.remove("vmm_mapping", m.base, all_refs=True)
@@ -280,7 +277,7 @@ class VmmCalls:
 
     @api(0, False)
     def cuMemRelease(self, handle: int) -> None:
-        h = _attr_int(handle)
+        h = handle
         target = self._handle(h)
         kind, oid = target
         obj = (self.fabric.allocs if kind == "mem" else self.fabric.multicasts).get(oid)
@@ -296,7 +293,6 @@ class VmmCalls:
 
     @api(0, False)
     def cuMemAddressFree(self, ptr: int, size: int) -> None:
-        ptr, size = _attr_int(ptr), _attr_int(size)
         if self._reserved.get(ptr) != size:
             raise Fail(unconfirmed.code("V15"))
         i = bisect.bisect_left(self._bases, ptr)

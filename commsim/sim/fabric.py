@@ -98,15 +98,16 @@ class SimFabric:
         self.unreal_p2p = any(lk is not None and lk.peer_writes != "ok"
                               for h in cluster.hosts for row in h.links for lk in row)
         self._used: dict[GpuRef, int] = {}     # live allocation bytes per GPU
+        self._blobs: dict[tuple[bytes, tuple[int, ...]], bytes] = {}   # handle bytes made (_blob)
 
     # -- processes ------------------------------------------------------------------------
     def spawn(self, host: str, gpus: Iterable[GpuRef], faults: ProcessFaults | None = None) -> SimProcess:
-        self.cluster.host(host)
+        on_host = self.cluster.host(host).gpus
         gpus = tuple(gpus)
         for g in gpus:
             if g.host != host:
                 raise ValueError(f"{g} is not on host {host}: a process sees only its host's GPUs")
-            self.cluster.gpu(g)
+            on_host[g.index]            # raises for a GPU the host does not have (Cluster.gpu)
         pid = self._next_pid
         self._next_pid += 1
         p = SimProcess(pid, host, gpus, Ledger(pid), faults or ProcessFaults())
@@ -174,9 +175,15 @@ class SimFabric:
 
     # -- handles as bytes -----------------------------------------------------------------
     def _blob(self, kind: bytes, *fields: int) -> bytes:
-        head = kind + struct.pack("<" + "Q" * len(fields), *fields)
-        pad = hashlib.blake2b(head + struct.pack("<Q", self.seed), digest_size=64).digest()
-        return (head + pad)[:64]
+        # Kept per fabric: the bytes are a function of (kind, fields) and the fabric's seed,
+        # and a handle is asked for again by every process an fd of it reaches.
+        key = (kind, fields)
+        blob = self._blobs.get(key)
+        if blob is None:
+            head = kind + struct.pack("<" + "Q" * len(fields), *fields)
+            pad = hashlib.blake2b(head + struct.pack("<Q", self.seed), digest_size=64).digest()
+            blob = self._blobs[key] = (head + pad)[:64]
+        return blob
 
     def ipc_handle_for(self, a: PhysicalAlloc, pid: int) -> bytes:
         # Row L4: a new allocation at a recycled address gets a different handle, because the

@@ -35,19 +35,20 @@ class ProcessFaults:
 
     oom_at: int | None = None
     calls: list[CallFault] = field(default_factory=list)
-    _allocs: int = 0
-    _counts: dict[str, int] = field(default_factory=dict)
+    _counts: dict[str, int] = field(default_factory=dict)     # calls made so far, per api
 
     def before(self, api: str):
-        """The code this call must fail with, or None to run it normally."""
-        n = self._counts.get(api, 0) + 1
-        self._counts[api] = n
+        """The code this call must fail with, or None to run it normally (every call counts,
+        armed or not: a fault armed later still finds its nth call)."""
+        n = self._counts[api] = self._counts.get(api, 0) + 1
         for f in self.calls:
             if f.api == api and f.nth == n:
                 return f.code
-        if api in ALLOCATING_CALLS:
-            self._allocs += 1
-            if self.oom_at is not None and self._allocs == self.oom_at:
-                return cudart.cudaError_t.cudaErrorMemoryAllocation if api.startswith("cuda") \
-                    else cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+        if self.oom_at is not None and api in ALLOCATING_CALLS and self._allocations() == self.oom_at:
+            return cudart.cudaError_t.cudaErrorMemoryAllocation if api.startswith("cuda") \
+                else cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
         return None
+
+    def _allocations(self) -> int:
+        """Allocating calls made so far, this one included."""
+        return sum(self._counts.get(a, 0) for a in ALLOCATING_CALLS)

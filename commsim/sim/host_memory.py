@@ -7,6 +7,7 @@ shared memory instead (commsim/sim/shm.py ShmMemory, the same interface)."""
 from __future__ import annotations
 
 import bisect
+import ctypes
 import mmap
 import weakref
 
@@ -18,6 +19,17 @@ MMAP_MIN = 1 << 20
 PAGE = mmap.PAGESIZE
 
 
+def _address(array: np.ndarray) -> int:
+    """The address of `array`'s first byte. `array.ctypes.data` builds numpy's ctypes helper
+    object each time (a microsecond, ~40 asks per generated scenario); a ctypes view of the
+    buffer costs a quarter of that. Read-only or empty arrays (no writable buffer to view)
+    take numpy's way."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    except (TypeError, ValueError, BufferError):
+        return array.ctypes.data
+
+
 def _page_flags(array: np.ndarray) -> np.ndarray | None:
     """The pagemap entries behind `array` when it is an anonymous mapping, else None."""
     base = array.base
@@ -25,7 +37,7 @@ def _page_flags(array: np.ndarray) -> np.ndarray | None:
         base = base.obj
     if not isinstance(base, mmap.mmap) or array.nbytes == 0:
         return None
-    return shared_pages.page_flags(array.ctypes.data, array.nbytes)
+    return shared_pages.page_flags(_address(array), array.nbytes)
 
 
 def written_pages(array: np.ndarray, shared: np.ndarray | None = None) -> np.ndarray | None:
@@ -65,12 +77,16 @@ class MemoryProvider:
     simulated 128 MiB workspace costs nothing until it is used: a reservation is address
     space only, an allocation is an anonymous mapping whose pages materialise on first write,
     and reads of untouched memory return zeros without allocating (the zero page).
-    `touched` sums the written bytes of every allocation at its release, pages shared with
-    identical bytes elsewhere included: divided into the run's peak RSS growth, it is the host
-    cost per simulated byte touched."""
+    With `count_touched`, `touched` sums the written bytes of every allocation at its release,
+    pages shared with identical bytes elsewhere included: divided into the run's peak RSS
+    growth, it is the host cost per simulated byte touched. Only a caller that reports that
+    figure asks for it (benchmarks/rack_scale.py): the count reads /proc/self/pagemap at every
+    release (4 % of a sweep's CPU), and a provider that does not count has no `touched`."""
 
-    def __init__(self) -> None:
-        self.touched = 0
+    def __init__(self, count_touched: bool = False) -> None:
+        if count_touched:
+            self.touched = 0
+        self._count = count_touched
         self._starts: list[int] = []          # sorted start addresses of the mappings below
         # start -> (end, the mapping) of each anonymous mapping not yet released
         self._ends: dict[int, tuple[int, weakref.ref]] = {}
@@ -87,7 +103,7 @@ class MemoryProvider:
             except OSError as e:    # ENOMEM (an address-space limit): the GPU answers OOM
                 raise MemoryError(str(e)) from e
             a = np.frombuffer(m, dtype=np.uint8)
-            start = a.ctypes.data
+            start = _address(a)
             # An allocation dropped without release left its entry: the address is new now.
             self._shared.pop(start, None)
             if start not in self._ends:
@@ -97,14 +113,10 @@ class MemoryProvider:
         return np.zeros(size, dtype=np.uint8)
 
     def release(self, array: np.ndarray, tag: str) -> None:
-        start = array.ctypes.data
+        start = _address(array)
         o = self._shared.pop(start, None)
-        if o is None:
-            n = written_bytes(array)
-            self.touched += int(array.nbytes) if n is None else n
-        else:
-            w = written_pages(array, o.src != 0)
-            self.touched += int(array.nbytes) if w is None else int(np.count_nonzero(w)) * PAGE
+        if self._count:
+            self.touched += self._written(array, o)
         entry = self._ends.pop(start, None)
         if entry is not None:
             del self._starts[bisect.bisect_left(self._starts, start)]
@@ -116,10 +128,19 @@ class MemoryProvider:
                 # on a GPU; every access through the driver faults already.
                 m.madvise(mmap.MADV_DONTNEED)
 
+    @staticmethod
+    def _written(array: np.ndarray, origins: shared_pages.Origins | None) -> int:
+        """The bytes of `array` written so far (its pages shared with a sealed file included)."""
+        if origins is None:
+            n = written_bytes(array)
+            return int(array.nbytes) if n is None else n
+        w = written_pages(array, origins.src != 0)
+        return int(array.nbytes) if w is None else int(np.count_nonzero(w)) * PAGE
+
     def _alloc_of(self, a: np.ndarray) -> int | None:
         """The start of the live private anonymous allocation of this provider that holds
         `a` (memory only this process sees, so its pages may be remapped), or None."""
-        addr = a.ctypes.data
+        addr = _address(a)
         i = bisect.bisect_right(self._starts, addr) - 1
         if i < 0:
             return None
@@ -140,33 +161,33 @@ class MemoryProvider:
         start = (self._alloc_of(dst) if dst.nbytes >= shared_pages.SHARE_MIN
                  and shared_pages.AVAILABLE else None)
         hit = shared_pages.sealed_source(src) if start is not None else None
-        if hit is None or (dst.ctypes.data - hit[1]) % PAGE:
+        if hit is None or (_address(dst) - hit[1]) % PAGE:
             np.copyto(dst, src)
             if start in self._shared:
-                self._shared[start].forget(dst.ctypes.data, dst.nbytes)
+                self._shared[start].forget(_address(dst), dst.nbytes)
             return
         sealed, offset, keep = hit
         mapped = shared_pages.map_pages(sealed, offset, dst, src, keep)
-        self._origins(start).record(dst.ctypes.data, dst.nbytes, sealed, offset, mapped)
+        self._origins(start).record(_address(dst), dst.nbytes, sealed, offset, mapped)
 
     def broadcast(self, dsts: list[np.ndarray], src: np.ndarray) -> None:
         """Every dst[:] = src (1-D uint8): a multimem.st to every member of a multicast
         object. One sealed copy of the bytes backs every member's whole pages."""
         starts = [self._alloc_of(d) for d in dsts]
-        off = dsts[0].ctypes.data % PAGE
+        off = _address(dsts[0]) % PAGE
         if (len(dsts) < 2 or src.nbytes < shared_pages.SHARE_MIN or not shared_pages.AVAILABLE
                 or None in starts
-                or any(d.ctypes.data % PAGE != off for d in dsts)):
+                or any(_address(d) % PAGE != off for d in dsts)):
             for d, s in zip(dsts, starts):
                 np.copyto(d, src)
                 if s in self._shared:
-                    self._shared[s].forget(d.ctypes.data, d.nbytes)
+                    self._shared[s].forget(_address(d), d.nbytes)
             return
         stamp = shared_pages.stamp(src, off)
         try:
             for d, s in zip(dsts, starts):
                 mapped = shared_pages.map_pages(stamp, off, d, src)
-                self._origins(s).record(d.ctypes.data, d.nbytes, stamp, off, mapped)
+                self._origins(s).record(_address(d), d.nbytes, stamp, off, mapped)
         finally:
             stamp.close()        # mapped now; no more mappings of it are made
 
@@ -180,7 +201,7 @@ class MemoryProvider:
         o = self._shared.get(start) if start is not None else None
         if o is None:
             return None
-        hit = o.single(view.ctypes.data, view.nbytes)
+        hit = o.single(_address(view), view.nbytes)
         if hit is None:
             return None
         return hit[0].view[hit[1]:hit[1] + view.nbytes]
@@ -192,6 +213,6 @@ class MemoryProvider:
         if o is None:
             return view.copy()
         out = np.empty(view.nbytes, np.uint8)
-        for lo, hi, src, off in o.runs(view.ctypes.data, view.nbytes):
+        for lo, hi, src, off in o.runs(_address(view), view.nbytes):
             out[lo:hi] = view[lo:hi] if src is None else src.view[off:off + hi - lo]
         return out

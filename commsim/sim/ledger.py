@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Iterator
 
 KINDS = ("allocation", "vmm_handle", "imported_handle", "ipc_mapping", "vmm_mapping",
@@ -27,8 +28,13 @@ _SKIP = (os.sep + os.path.join("commsim", "sim") + os.sep, os.sep + "commsim" + 
 _INSIDE: dict[str, bool] = {}     # file name -> part of the simulator (asked once per file)
 
 
-def _site(depth: int) -> tuple[str, int, str] | str:
-    """(file, line, function) of the first frame outside the simulator, unformatted."""
+Where = tuple[str, CodeType, int] | str
+
+
+def _site(depth: int) -> Where:
+    """(file, code, instruction offset) of the first frame outside the simulator, unformatted.
+    Its line is worked out only when read (`_format`): `f_lineno` walks the code's line
+    table up to the offset, a microsecond in a long function, at every ledger item."""
     f = sys._getframe(depth + 1)
     while f is not None:
         code = f.f_code
@@ -37,16 +43,27 @@ def _site(depth: int) -> tuple[str, int, str] | str:
         if inside is None:
             inside = _INSIDE[fn] = any(s in fn for s in _SKIP)
         if not inside:
-            return fn, f.f_lineno, code.co_name
+            return fn, code, f.f_lasti
         f = f.f_back
     return "<unknown>"
 
 
-def _format(where: tuple[str, int, str] | str) -> str:
+def _line(code: CodeType, offset: int) -> int | None:
+    """The source line of the instruction at `offset` in `code` (what the frame's f_lineno
+    said there)."""
+    if offset < 0:
+        return code.co_firstlineno
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return line
+    return None
+
+
+def _format(where: Where) -> str:
     if isinstance(where, str):
         return where
-    fn, line, name = where
-    return f"{os.path.basename(fn)}:{line} in {name}"
+    fn, code, offset = where
+    return f"{os.path.basename(fn)}:{_line(code, offset)} in {code.co_name}"
 
 
 def call_site(depth: int = 2) -> str:
@@ -61,12 +78,17 @@ class Item:
     detail: str
     # Where it was created: "file:line in function", or that frame's parts, formatted only
     # when read (every allocation, mapping and handle of a run records one; few are read).
-    where: tuple[str, int, str] | str
+    where: Where
     refs: int = 1
 
     @property
     def site(self) -> str:
         return _format(self.where)
+
+    def __getstate__(self) -> dict:
+        # A code object does not pickle (a ledger crosses processes in the rig): a copy
+        # carries its site formatted.
+        return {**self.__dict__, "where": self.site}
 
     def __str__(self) -> str:
         rc = f" x{self.refs}" if self.refs > 1 else ""

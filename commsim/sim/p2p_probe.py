@@ -9,110 +9,104 @@ the verdict is cached on the fabric per GPU pair. It finds the two classes of P2
 reported but not real: an open that is refused (rows P1, P2) and writes that do not arrive
 intact (row P3).
 
-The verdict is a function of the host's ground truth (the pair's GPUs and links, the host's
-container and driver: parts of an immutable Host), the rules switched off and the pair, given the
-peer GPU has room for the probe's buffer: nothing else of a run's state reaches helper
-processes that inject no faults. So it is also kept by that value, and a later fabric with
-an equal host and pair takes it from there instead of re-running the round trip: a sweep spent a fifth of its time
-re-probing the same pairs of the same machine shapes. A hit advances the fabric's pid and allocation counters and
-its touched-bytes count as the real round trip does, so everything after it (pids,
-addresses, handles, reports) is the same as with the probe run.
+The round trip reads, of the machine, only: the rules switched off, the host's container
+capabilities (container_per_process: row W6), the link from the probing GPU to its peer (its
+p2p, ipc_refused and peer_writes: rows L10, P1-P3) and room on the peer GPU for the buffer;
+the helper processes inject no faults and start with nothing mapped, so no other rule of
+their calls can answer differently (tests/unit/test_p2p_probe_cache.py changes every other
+field of the host, its GPUs and links and finds the same outcome). So its outcome is kept by
+that value, and a later pair with an equal value, in any fabric, takes it from there instead
+of re-running the round trip: a sweep spent a fifth of its time re-probing equal pairs. The
+message names the pair and is written for each. A hit advances the fabric's pid and
+allocation counters and its touched-bytes count as the real round trip does, so everything
+after it (pids, addresses, handles, reports) is the same as with the probe run.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import weakref
 from collections import OrderedDict
-from typing import Any
 
 import numpy as np
 
 from ..topology.model import GpuRef
 
 PROBE_BYTES = 4096
-_NO_ROOM = "the probe could not allocate on"
 _PATTERN = (np.arange(PROBE_BYTES, dtype=np.uint32) * 2654435761 % 251).astype(np.uint8)
 
 
-# Verdict tables, one per host without its GPUs and links (its name, container, driver, GPU
-# count, ...), each mapping (disabled rules, GPU index, peer index, the two GPUs, the two
-# links between them) -> _Verdict: a fault that changes one GPU or link (the usual machine
-# fault, drawn anew per scenario) keeps every other pair's verdict. Found by the Host object's identity first (a preset's
-# hosts are built once per shape), then by value (hashing a host's GPUs costs microseconds).
-_by_host_id: dict[int, tuple[weakref.ref, dict]] = {}
-_by_host_value: "OrderedDict[tuple, dict]" = OrderedDict()
-HOSTS_KEPT = 1024               # by value; least recently used go first
+# (switched-off rules, touched bytes counted?, container, link) -> _Verdict; least recently
+# used go first past VERDICTS_KEPT (a sweep meets a few dozen values).
+_verdicts: "OrderedDict[tuple, _Verdict]" = OrderedDict()
+VERDICTS_KEPT = 4096
+
+# A round trip's outcome, written for the pair it is about: "" is sound.
+_NO_ROOM = "the probe could not allocate on"
+_MESSAGES = {
+    "sound": "",
+    "no_room": _NO_ROOM + " {peer} ({detail})",
+    "get": "cudaIpcGetMemHandle on {peer} returned {detail}",
+    "open": "cudaIpcOpenMemHandle of {peer}'s buffer on {me} returned {detail} (rows L10, P1, P2)",
+    "differ": ("{me} wrote " + str(PROBE_BYTES) + " B into {peer}'s buffer through the IPC mapping "
+               "and {detail} B differ, with every call returning success (row P3)"),
+}
 
 
 class _Verdict:
-    """A probe's answer and what running it did to the fabric's counters."""
+    """A probe's outcome (a key of _MESSAGES and its detail) and what running it did to the
+    fabric's counters."""
 
-    __slots__ = ("text", "pids", "aids", "touched")
+    __slots__ = ("outcome", "pids", "aids", "touched")
 
-    def __init__(self, text: str, pids: int, aids: int, touched: int):
-        self.text, self.pids, self.aids, self.touched = text, pids, aids, touched
+    def __init__(self, outcome: tuple[str, str], pids: int, aids: int, touched: int):
+        self.outcome, self.pids, self.aids, self.touched = outcome, pids, aids, touched
 
 
-def _verdicts(host: Any) -> dict:
-    k = id(host)
-    ent = _by_host_id.get(k)
-    if ent is not None and ent[0]() is host:
-        return ent[1]
-    # Every field but the links and GPUs (the pair's own are in the pair's key; a fault
-    # usually changes one GPU), so a field added to Host is part of the key by itself.
-    value = tuple(getattr(host, f.name) for f in dataclasses.fields(host)
-                  if f.name not in ("links", "gpus")) + (len(host.gpus),)
-    table = _by_host_value.get(value)
-    if table is None:
-        table = _by_host_value[value] = {}
-        while len(_by_host_value) > HOSTS_KEPT:
-            _by_host_value.popitem(last=False)
-    else:
-        _by_host_value.move_to_end(value)
-
-    def gone(ref: weakref.ref, k: int = k) -> None:
-        if _by_host_id.get(k, (None,))[0] is ref:
-            del _by_host_id[k]
-    _by_host_id[k] = (weakref.ref(host, gone), table)
-    return table
+def _message(outcome: tuple[str, str], me: GpuRef, peer: GpuRef) -> str:
+    kind, detail = outcome
+    return _MESSAGES[kind].format(me=me, peer=peer, detail=detail)
 
 
 def probe_pair(fabric, me: GpuRef, peer: GpuRef) -> str:
     """"" when a process on `me` can open `peer`'s IPC handle and write to it intact; else
-    what went wrong, naming the call and its code. Cached on the fabric, and per host
-    value (see the module doc)."""
+    what went wrong, naming the call and its code. Cached on the fabric, and by the value
+    the round trip reads (see the module doc)."""
     cache = fabric.__dict__.setdefault("_p2p_probe_cache", {})
     key = (me, peer)
     if key in cache:
         return cache[key]
     host = fabric.cluster.host(me.host)
-    shared = _verdicts(host)
-    i, j = me.index, peer.index
-    skey = (fabric.disabled_rules, i, j, host.gpus[i], host.gpus[j], host.links[i][j], host.links[j][i])
-    v = shared.get(skey)
+    # Whether the fabric's memory counts touched bytes is part of the key: a verdict moves
+    # that count as its round trip did, and one from a fabric that did not count has none.
+    counting = hasattr(fabric.memory, "touched")
+    skey = (fabric.disabled_rules, counting, host.container, host.links[me.index][peer.index])
+    v = _verdicts.get(skey)
     # The one piece of run state the round trip can meet: a peer GPU too full for the probe's
     # buffer (cudaMalloc's own test, before any fd reaping, which only frees). Then it runs.
     if v is not None and (fabric.device_bytes_used(peer) + PROBE_BYTES
                           <= fabric.cluster.gpu(peer).memory_bytes):
+        _verdicts.move_to_end(skey)
         fabric._next_pid += v.pids
         fabric._next_aid += v.aids
-        if hasattr(fabric.memory, "touched"):
+        if counting:
             fabric.memory.touched += v.touched
-        cache[key] = v.text
-        return v.text
+        cache[key] = text = _message(v.outcome, me, peer)
+        return text
     touched = lambda: getattr(fabric.memory, "touched", 0)
     pid0, aid0, touched0, flags0 = fabric._next_pid, fabric._next_aid, touched(), len(fabric.flags)
-    cache[key] = text = _run(fabric, me, peer)
-    if len(fabric.flags) == flags0 and not text.startswith(_NO_ROOM):
+    outcome = _run(fabric, me, peer)
+    if len(fabric.flags) == flags0 and outcome[0] != "no_room":
         # Not kept: a probe that found no room (the run's state), or raised a flag (the
         # fabric's record of it must come from a real run).
-        shared[skey] = _Verdict(text, fabric._next_pid - pid0, fabric._next_aid - aid0,
-                                touched() - touched0)
+        _verdicts[skey] = _Verdict(outcome, fabric._next_pid - pid0, fabric._next_aid - aid0,
+                                   touched() - touched0)
+        while len(_verdicts) > VERDICTS_KEPT:
+            _verdicts.popitem(last=False)
+    cache[key] = text = _message(outcome, me, peer)
     return text
 
 
-def _run(fabric, me: GpuRef, peer: GpuRef) -> str:
+def _run(fabric, me: GpuRef, peer: GpuRef) -> tuple[str, str]:
+    """The round trip itself, in two helper processes; its outcome (see _MESSAGES)."""
     from . import spawn_driver
 
     owner = spawn_driver(fabric, peer)
@@ -120,24 +114,22 @@ def _run(fabric, me: GpuRef, peer: GpuRef) -> str:
     try:
         err, ptr = owner.cudaMalloc(PROBE_BYTES)
         if int(err):
-            return f"{_NO_ROOM} {peer} ({err.name})"
+            return "no_room", err.name
         owner.cudaMemset(ptr, 0, PROBE_BYTES)
         err, handle = owner.cudaIpcGetMemHandle(ptr)
         if int(err):
-            return f"cudaIpcGetMemHandle on {peer} returned {err.name}"
+            return "get", err.name
         err, q = user.cudaIpcOpenMemHandle(handle, 1)
         if int(err):
-            return (f"cudaIpcOpenMemHandle of {peer}'s buffer on {me} returned {err.name} "
-                    f"(rows L10, P1, P2)")
+            return "open", err.name
         user.memcpy_htod(q, _PATTERN)
         err, got = owner.memcpy_dtoh(ptr, PROBE_BYTES)
         user.cudaIpcCloseMemHandle(q)
         owner.cudaFree(ptr)
         if int(err) or not np.array_equal(got, _PATTERN):
             wrong = int(np.count_nonzero(got != _PATTERN)) if got is not None else PROBE_BYTES
-            return (f"{me} wrote {PROBE_BYTES} B into {peer}'s buffer through the IPC mapping "
-                    f"and {wrong} B differ, with every call returning success (row P3)")
-        return ""
+            return "differ", str(wrong)
+        return "sound", ""
     finally:
         fabric.exit_process(user.proc.pid)
         fabric.exit_process(owner.proc.pid)

@@ -61,6 +61,22 @@ class FdTable:
     def __init__(self, driver: "SimDriver"):
         self._driver = weakref.ref(driver)
         self._entries: dict[int, tuple[tuple[str, int], tuple[int, int]]] = {}
+        self._key = (id(driver.fabric), driver.proc.pid)
+        self._armed = False
+
+    def _hold(self, fabric: Any) -> None:
+        """The table takes an fd: reaps of `fabric` visit it from now on. At the first one it
+        joins the tables other processes ask (`_held_by`) and gets its finalizer: a table that
+        never held an fd answers like an absent one (most processes of a run hold none, and a
+        finalizer per process was a tenth of spawning a driver)."""
+        held = _holding.get(fabric)
+        if held is None:            # (setdefault would build a WeakSet at every fd)
+            held = _holding[fabric] = weakref.WeakSet()
+        held.add(self)
+        if self._armed:
+            return
+        self._armed = True
+        _tables[self._key] = self
         # Whatever the owner never closed is closed when the table goes (a dropped driver
         # must not leak descriptors into the test process).
         # Not at interpreter exit: the OS closes them then, and the exit report (run from
@@ -98,7 +114,7 @@ class FdTable:
         fd = _high(os.memfd_create(f"commsim-{target[0]}{target[1]}", os.MFD_CLOEXEC))
         os.write(fd, MAGIC + token)
         self._entries[fd] = (target, _identity(fd))
-        _holding.setdefault(drv.fabric, weakref.WeakSet()).add(self)
+        self._hold(drv.fabric)
         return fd
 
     def reap(self) -> None:
@@ -144,7 +160,7 @@ class FdTable:
                             f"{drv.proc.host}; fds never leave their host (reference §2.5, row V9)")
             return None
         self._entries[fd] = (target, ident)
-        _holding.setdefault(drv.fabric, weakref.WeakSet()).add(self)
+        self._hold(drv.fabric)
         obj = drv._obj(target)
         obj.refs += 1                 # the received descriptor keeps the memory alive
         drv.ledger.add("exported_fd", fd, f"POSIX fd {fd} received for {target[0]} {target[1]}")
@@ -161,14 +177,17 @@ _holding: "weakref.WeakKeyDictionary[Any, weakref.WeakSet[FdTable]]" = weakref.W
 
 
 def table_for(driver: "SimDriver") -> FdTable:
-    t = FdTable(driver)
-    _tables[(id(driver.fabric), driver.proc.pid)] = t
-    return t
+    """The fd table of `driver`'s process (registered for other processes' lookups once it
+    holds an fd, FdTable._hold)."""
+    return FdTable(driver)
 
 
 def _held_by(fabric: Any, pid: int, fd: int, ident: tuple[int, int]) -> bool:
     t = _tables.get((id(fabric), pid))
-    if t is None:
+    drv = t._driver() if t is not None else None
+    if t is None or (drv is not None and drv.fabric is not fabric):
+        # No table holds an fd for that process (or only one of a collected fabric that
+        # had the same id: a table registers when it first holds an fd, FdTable._hold).
         return False
     t.reap()
     ent = t._entries.get(fd)

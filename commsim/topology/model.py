@@ -365,6 +365,9 @@ class Cluster:
                     for h in dom.hosts:
                         imex.setdefault(h, dom)
         object.__setattr__(self, "_imex", imex)
+        # host name -> GpuRef of each of its GPUs, filled on first ask (gpu_refs_of): every
+        # simulated process is spawned with the GPUs of its host.
+        object.__setattr__(self, "_refs_of", {})
 
     # -- lookups ------------------------------------------------------------------------
     def host(self, name: str) -> Host:
@@ -374,7 +377,17 @@ class Cluster:
         raise TopologyError(f"cluster {self.name}: no host {name!r}; hosts: {', '.join(h.name for h in self.hosts)}")
 
     def gpu(self, ref: GpuRef) -> Gpu:
-        return self.host(ref.host).gpus[ref.index]
+        h = self._by_name.get(ref.host)  # type: ignore[attr-defined]
+        return (h if h is not None else self.host(ref.host)).gpus[ref.index]
+
+    def gpu_refs_of(self, host: str) -> tuple[GpuRef, ...]:
+        """The GPUs of `host`, in index order. Kept per host: GpuRefs are immutable values and
+        a host's GPU count never changes (the cluster is frozen)."""
+        refs = self._refs_of.get(host)  # type: ignore[attr-defined]
+        if refs is None:
+            refs = tuple(GpuRef(host, g.index) for g in self.host(host).gpus)
+            self._refs_of[host] = refs  # type: ignore[attr-defined]
+        return refs
 
     def gpu_refs(self) -> Iterator[GpuRef]:
         for h in self.hosts:

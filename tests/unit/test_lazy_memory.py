@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_untouched_memory_commits_nothing_and_reads_as_zeros() -> None:
-    mem = MemoryProvider()
+    mem = MemoryProvider(count_touched=True)
     a = mem.allocate(64 * MiB, "a1")
     assert resident_bytes(a) == 0
     assert int(a.sum()) == 0                    # a read of every page: the zero page
@@ -35,7 +35,7 @@ def test_untouched_memory_commits_nothing_and_reads_as_zeros() -> None:
 
 
 def test_driver_memory_is_lazy_end_to_end() -> None:
-    fabric = SimFabric(build_preset("hgx-h100-8"))
+    fabric = SimFabric(build_preset("hgx-h100-8"), memory=MemoryProvider(count_touched=True))
     d = spawn_driver(fabric, next(iter(fabric.cluster.gpu_refs())))
     err, ptr = d.cudaMalloc(256 * MiB)
     assert err == cudart.cudaError_t.cudaSuccess

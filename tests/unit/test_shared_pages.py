@@ -78,7 +78,7 @@ def test_broadcast_reads_map_no_member_page_until_one_writes() -> None:
 
 
 def test_released_allocations_leave_no_origins() -> None:
-    mem = MemoryProvider()
+    mem = MemoryProvider(count_touched=True)
     a = mem.allocate(2 * MiB, "a")
     mem.broadcast([a[: MiB], a[MiB:]], np.ones(MiB, np.uint8))
     mem.release(a, "a")
@@ -94,7 +94,7 @@ def test_a_multicast_all_reduce_costs_about_one_copy_not_one_per_rank() -> None:
     orig_init, orig_release = F.MemoryProvider.__init__, F.MemoryProvider.release
 
     def init(self: MemoryProvider) -> None:
-        orig_init(self)
+        orig_init(self, count_touched=True)
         providers.append(self)
 
     def release(self: MemoryProvider, array: np.ndarray, tag: str) -> None:
@@ -126,7 +126,7 @@ def test_the_reference_tape_is_sealed_from_the_shared_size_on() -> None:
 
 
 def test_freed_memory_returns_its_pages_while_a_view_still_holds_it() -> None:
-    fabric = SimFabric(build_preset("hgx-h100-8"))
+    fabric = SimFabric(build_preset("hgx-h100-8"), memory=MemoryProvider(count_touched=True))
     d = spawn_driver(fabric, next(iter(fabric.cluster.gpu_refs())))
     err, ptr = d.cudaMalloc(8 * MiB)
     assert err == cudart.cudaError_t.cudaSuccess
