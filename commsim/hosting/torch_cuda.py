@@ -9,8 +9,9 @@ libcudart and NVML: `is_available`, `device_count`, `current_device`, `set_devic
 `is_initialized`, `init`, `current_stream` / `default_stream` / `Stream` (with
 `.cuda_stream`, the cudaStream_t value). Outside a hosted rank every name is torch's own.
 
-The limit (DESIGN.md §9): CPU torch makes no CUDA tensors; `torch.empty(..., device="cuda")`
-still fails. A CUDA error raises `torch.AcceleratorError("CUDA error: <text>")` as torch's
+`memory_allocated`, `max_memory_allocated`, `memory_reserved`, `reset_peak_memory_stats`
+and `empty_cache` answer from the rank's caching allocator of CUDA tensors (torch_memory.py;
+the tensors themselves: torch_tensors.py, torch_factories.py). A CUDA error raises `torch.AcceleratorError("CUDA error: <text>")` as torch's
 C10_CUDA_CHECK does (torch 2.13: AcceleratorError, a RuntimeError).
 """
 
@@ -247,13 +248,37 @@ def default_stream(device: Any = None) -> HostedStream:
     return HostedStream(device, stream_ptr=0)
 
 
+def _memory_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A torch.cuda memory statistic of the rank's caching allocator (torch_memory.py)."""
+    @functools.wraps(fn)
+    def call(device: Any = None) -> Any:
+        _lazy_init()
+        return fn(current(), _index(device))
+    return call
+
+
+def empty_cache() -> None:
+    from . import torch_memory
+    torch_memory.empty_cache(current())
+
+
+def _stats() -> dict[str, Any]:
+    from . import torch_memory as m
+    return {"memory_allocated": _memory_call(m.memory_allocated),
+            "max_memory_allocated": _memory_call(m.max_memory_allocated),
+            "memory_reserved": _memory_call(m.memory_reserved),
+            "reset_peak_memory_stats": _memory_call(m.reset_peak),
+            "reset_max_memory_allocated": _memory_call(m.reset_peak),
+            "empty_cache": empty_cache}
+
+
 _HOSTED: dict[str, Any] = {
     "is_available": is_available, "device_count": device_count, "current_device": current_device,
     "set_device": set_device, "get_device_properties": get_device_properties,
     "get_device_capability": get_device_capability, "get_device_name": get_device_name,
     "can_device_access_peer": can_device_access_peer, "synchronize": synchronize,
     "mem_get_info": mem_get_info, "is_initialized": is_initialized, "init": init,
-    "current_stream": current_stream, "default_stream": default_stream,
+    "current_stream": current_stream, "default_stream": default_stream, **_stats(),
 }
 SIMULATED = tuple(sorted(_HOSTED) + ["Stream", "device"])
 _saved: dict[str, Any] = {}
