@@ -121,7 +121,7 @@ def init_process_group(r: HostedRank, backend: Any = None, init_method: Any = No
                          f"run has {r.world_size} ranks; match --nproc-per-host and the machine")
     st.backend = str(backend or "gloo")
     if "nccl" in st.backend:
-        r.events.note(f"backend {st.backend!r} served in-process")
+        r.events.note(f"backend {st.backend!r} served in-process, as gloo")
     st.world = r.world.group(r.rank)
 
 
@@ -265,9 +265,13 @@ def _array(h: Any) -> Any:
 
 
 def _store(h: Any, a: Any) -> None:
+    """h[...] = a, written into h's own bytes (the combined arrays are shared read-only)."""
     import numpy as np
     import torch
-    h.copy_(torch.from_numpy(np.ascontiguousarray(a)).reshape(h.shape).to(h.dtype))
+    if h.dtype == torch.bfloat16:
+        h.copy_(torch.from_numpy(np.array(a, dtype=np.float32)).reshape(h.shape))
+    else:
+        h.detach().numpy()[...] = np.asarray(a).reshape(h.shape)
 
 
 def _op(op: Any) -> Any:

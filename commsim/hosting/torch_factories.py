@@ -31,10 +31,14 @@ _mode: list[Any] = []          # the one mode instance, once torch is imported
 _active = [False]
 
 
+def _is_ordinal(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _cuda_index(dev: Any) -> int | None:
     """The device index a `device=` argument names when it is a CUDA device, else None."""
     import torch
-    if isinstance(dev, int) and not isinstance(dev, bool):
+    if _is_ordinal(dev):
         d = torch.device("cuda", dev)
     elif isinstance(dev, (str, torch.device)):
         d = torch.device(dev)
@@ -78,6 +82,11 @@ def _to(func: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     from .torch_tensors import HostedCudaTensor, inner_of, place
     copy = bool(kwargs.get("copy", False))
     rest = {k: v for k, v in kwargs.items() if k != "copy"}
+    # An int names a CUDA ordinal here; torch's parser would ask for an accelerator.
+    if _is_ordinal(rest.get("device")):
+        rest["device"] = torch.device("cuda", rest["device"])
+    if args and _is_ordinal(args[0]):
+        args = (torch.device("cuda", args[0]), *args[1:])
     device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **rest)
     index = _cuda_index(device) if device is not None else None
     if index is None:
