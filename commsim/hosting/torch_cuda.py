@@ -344,6 +344,10 @@ def _patch(module: Any) -> None:
     for name, fn in _HOSTED.items():
         _saved[name] = getattr(_tc[0], name)
         setattr(_tc[0], name, _dispatch(name, fn, _saved[name]))
+    # torch's C++ calls torch.cuda._lazy_init before it makes a CUDA tensor (a factory
+    # reached without the tensor surface's mode: another thread of a procs-mode rank).
+    _saved["_lazy_init"] = _tc[0]._lazy_init
+    _tc[0]._lazy_init = _dispatch("_lazy_init", _lazy_init, _saved["_lazy_init"])
     for name, hosted in (("Stream", HostedStream), ("device", HostedDevice)):
         _saved[name] = getattr(_tc[0], name)
         setattr(_tc[0], name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": _saved[name]}))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cuda_state import maybe_rank
+from .session import hosted
 from .nesting import nested
 from .surfaces import register_surface, when_imported
 
@@ -138,7 +138,7 @@ def _make_mode() -> Any:
 
         def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
-            if not _active[0] or maybe_rank() is None:
+            if not _active[0] or hosted() is None:
                 return func(*args, **kwargs)
             special = methods.get(func)
             if special is not None:
@@ -164,7 +164,7 @@ def _empty_kernel(name: str) -> Any:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         import torch
         from .torch_tensors import new_empty
-        if maybe_rank() is None or not _active[0]:
+        if hosted() is None or not _active[0]:
             raise NotImplementedError(f"Could not run 'aten::{name}' with arguments from the "
                                       f"'CUDA' backend (a CPU-only build of torch)")
         device = kwargs.pop("device", None)

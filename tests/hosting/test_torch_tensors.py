@@ -227,3 +227,26 @@ def test_collectives_on_cuda_tensors_in_place(mode):
         assert (d["grid_delta"], d["grid_offset"]) == (76, 19)
         assert d["repr"] == f"tensor([6., 6., 6.], device='cuda:{rank}', dtype=torch.float16)"
         assert d["allocated"] > 0
+
+
+def test_a_thread_of_a_process_rank_allocates_through_torchs_own_path():
+    """A thread has no torch function mode of its own: torch's C++ factory path reaches the
+    CUDA kernels this surface registers (procs mode: the process is the rank)."""
+    import threading
+
+    from commsim.hosting import session
+    r = _one()
+    seen = {}
+
+    def body():
+        t = torch.zeros(3, device="cuda:1")
+        seen["t"] = (type(t) is HostedCudaTensor, t.device, t.cpu().tolist(),
+                     pointer_info(r.driver, t.data_ptr()) is not None)
+    session.set_process_rank(r)
+    try:
+        th = threading.Thread(target=body)
+        th.start()
+        th.join()
+    finally:
+        session.set_process_rank(None)
+    assert seen["t"] == (True, torch.device("cuda", 1), [0.0, 0.0, 0.0], True)
