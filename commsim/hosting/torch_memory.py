@@ -119,7 +119,7 @@ def allocate(r: HostedRank, device: int, nbytes: int) -> tuple[Any, DeviceBlock 
     alloc = mem.allocators[device]
     view: np.ndarray = r.driver.view(ptr, nbytes)
     block = DeviceBlock(ptr, nbytes, device, int(view.ctypes.data))
-    size = alloc.block_of(ptr).size
+    size = alloc.size_of(ptr)
     mem.allocated[device] = mem.allocated.get(device, 0) + size
     mem.peak[device] = max(mem.peak.get(device, 0), mem.allocated[device])
     # The block returns to its allocator when the storage lets go of this view (the last

@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 from . import torch_memory
 from .session import current
@@ -160,6 +159,28 @@ def _no_autograd() -> None:
                               "(requires_grad=True) is not simulated")
 
 
+def _map(fn: Any, x: Any) -> Any:
+    """fn over the leaves of an aten op's arguments (tuples, lists and dicts are all the
+    containers an op schema has; torch's pytree costs 4x more per call)."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(_map(fn, v) for v in x)
+    if isinstance(x, dict):
+        return {k: _map(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
+def _leaves(x: Any, out: list) -> list:
+    if isinstance(x, (tuple, list)):
+        for v in x:
+            _leaves(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _leaves(v, out)
+    else:
+        out.append(x)
+    return out
+
+
 def is_hosted_cuda(t: Any) -> bool:
     return isinstance(t, HostedCudaTensor)
 
@@ -176,7 +197,7 @@ def _unwrap_index(index: Any, owner: HostedCudaTensor) -> Any:
                 _device_mismatch(owner.device, x.device)
             return x._inner
         return x
-    return tree_map(un, index) if isinstance(index, (tuple, list)) else un(index)
+    return _map(un, index)
 
 
 def _device_mismatch(a: Any, b: Any) -> None:
@@ -253,7 +274,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             f"extension's kernel; only PyTorch's own aten ops run, on the CPU)")
     if name in _NO_OP:
         return None
-    flat, _ = tree_flatten((args, kwargs))
+    flat = _leaves((args, kwargs), [])
     wrappers = [x for x in flat if isinstance(x, HostedCudaTensor)]
     if name not in _MIXING:
         seen = None
@@ -269,7 +290,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if name == "resize_" and tuple(args[1]) != tuple(args[0].shape):
         raise NotImplementedError("commsim hosting: resizing a CUDA tensor (aten.resize_) "
                                   "is not simulated")
-    out = func(*tree_map(inner_of, args), **tree_map(inner_of, kwargs))
+    out = func(*_map(inner_of, args), **_map(inner_of, kwargs))
     if target is not None and target.type == "cpu":
         return out                    # moved to the host (.cpu(), .to("cpu"), new_* on cpu)
     device = target.index if target is not None else wrappers[0].device.index
@@ -289,4 +310,4 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         if id(o) in plain:            # a CPU tensor written in place (cpu.copy_(cuda))
             return o
         return _adopt(o, device, wrappers, fresh)
-    return tree_map(wrap, out)
+    return _map(wrap, out)
