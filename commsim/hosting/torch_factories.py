@@ -179,6 +179,20 @@ def _empty_kernel(name: str) -> Any:
 _CUDA_FACTORIES = ("empty.memory_format", "empty_strided")
 
 
+def _guard_dlpack(torch: Any) -> None:
+    """torch.utils.dlpack.to_dlpack of a CUDA tensor would export a capsule whose pointer no
+    kernel can use: refused in a hosted rank, naming itself."""
+    import torch.utils.dlpack as dl
+    real = dl.to_dlpack
+
+    def to_dlpack(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        from .torch_tensors import HostedCudaTensor, _no_dlpack
+        if isinstance(tensor, HostedCudaTensor):
+            _no_dlpack()
+        return real(tensor, *args, **kwargs)
+    dl.to_dlpack = to_dlpack
+
+
 def _push(torch_module: Any) -> None:
     if not _active[0] or _mode:
         return
@@ -186,6 +200,7 @@ def _push(torch_module: Any) -> None:
     lib = torch.library.Library("aten", "IMPL")        # noqa: TOR901 (kept for the process)
     for name in _CUDA_FACTORIES:
         lib.impl(name, _empty_kernel(name), "CUDA")
+    _guard_dlpack(torch)
     _mode.append(_make_mode())
     _mode.append(lib)
     _mode[0].__enter__()      # stays on this thread's mode stack for the process's life

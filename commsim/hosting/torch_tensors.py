@@ -148,10 +148,71 @@ class HostedCudaTensor(torch.Tensor):
         if value:
             _no_autograd()
 
+    def untyped_storage(self) -> "HostedStorage":
+        return HostedStorage(self)
+
+    def storage(self) -> Any:
+        raise NotImplementedError("commsim hosting: Tensor.storage() (TypedStorage) of a CUDA "
+                                  "tensor is not simulated; untyped_storage() is")
+
+    def is_shared(self) -> bool:
+        return True                   # torch: CUDA storage counts as shared
+
+    def share_memory_(self) -> "HostedCudaTensor":
+        return self                   # torch: a no-op for CUDA tensors
+
+    def __deepcopy__(self, memo: dict) -> "HostedCudaTensor":
+        if id(self) not in memo:
+            memo[id(self)] = self.clone()
+        return memo[id(self)]
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        _no_dlpack()
+
     def __reduce_ex__(self, proto: Any) -> Any:
         raise NotImplementedError("commsim hosting: pickling a CUDA tensor of a hosted rank "
                                   "(torch.save, multiprocessing) is not simulated; move it "
                                   "with .cpu() first")
+
+
+class HostedStorage:
+    """What `untyped_storage()` gives for a hosted CUDA tensor: the device bytes' address and
+    size (the block's), as torch's CUDA storage reports them; sharing it is not simulated."""
+
+    def __init__(self, t: HostedCudaTensor) -> None:
+        st = t._inner.untyped_storage()
+        self.device = t.device
+        self._nbytes = st.nbytes()
+        self._ptr = t._block.device_address(st.data_ptr()) if t._block is not None else 0
+
+    is_cuda = True
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def size(self) -> int:
+        return self._nbytes
+
+    __len__ = size
+
+    def element_size(self) -> int:
+        return 1
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotImplementedError(f"commsim hosting: UntypedStorage.{name} of a CUDA tensor is "
+                                  f"not simulated")
+
+    def __repr__(self) -> str:
+        return (f"<commsim hosted CUDA storage of {self._nbytes} bytes at {self._ptr:#x} "
+                f"on {self.device}>")
+
+
+def _no_dlpack() -> None:
+    raise NotImplementedError("commsim hosting: DLPack export of a CUDA tensor (how kernel "
+                              "libraries take tensors) is not simulated")
 
 
 def _no_autograd() -> None:

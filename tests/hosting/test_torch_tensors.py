@@ -85,6 +85,19 @@ def test_data_ptr_arithmetic_follows_storage_offsets():
     assert solo(_one(), program) == (80, 10, 19 * 8, 19, 5, 0)
 
 
+def test_storage_and_copies():
+    def program():
+        import copy
+        x = torch.arange(8, dtype=torch.int32, device="cuda")
+        st, sub = x.untyped_storage(), x[3:].untyped_storage()
+        y = copy.deepcopy(x)
+        x.fill_(1)
+        return (st.data_ptr() == x.data_ptr() == sub.data_ptr(), st.nbytes(), sub.device,
+                y.device, y.cpu().tolist(), y.data_ptr() != x.data_ptr(), x.is_shared())
+    assert solo(_one(), program) == (True, 32, torch.device("cuda", 0), torch.device("cuda", 0),
+                                     list(range(8)), True, True)
+
+
 def test_ops_run_on_the_same_bytes_and_stay_on_the_device():
     def program():
         x = torch.arange(6, dtype=torch.float32, device="cuda:1")
@@ -133,6 +146,7 @@ def test_what_is_not_simulated_fails_naming_itself():
                           (NotImplementedError, lambda: x.requires_grad_()),
                           (NotImplementedError, lambda: torch.nn.Linear(2, 2).cuda()),
                           (TypeError, lambda: x.numpy()),
+                          (NotImplementedError, lambda: torch.utils.dlpack.to_dlpack(x)),
                           (torch.AcceleratorError, lambda: torch.zeros(1, device="cuda:8"))):
             with pytest.raises(exc) as e:
                 call()
@@ -143,7 +157,8 @@ def test_what_is_not_simulated_fails_naming_itself():
     assert "pinned host memory" in msgs[1] and "autograd" in msgs[2] and "Module" in msgs[3]
     assert msgs[4] == ("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() "
                        "to copy the tensor to host memory first.")
-    assert msgs[5] == "CUDA error: invalid device ordinal" and cpu_ok == [2.0]
+    assert "DLPack" in msgs[5]
+    assert msgs[6] == "CUDA error: invalid device ordinal" and cpu_ok == [2.0]
 
 
 def test_blocks_return_to_the_caching_allocator_and_empty_cache_frees_segments():
