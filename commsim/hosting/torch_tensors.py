@@ -16,9 +16,11 @@ move data between devices (`copy_`, `_to_copy`, indexing with CPU indices). Ops 
 PyTorch's own (a compiled extension's kernel) fail loudly, naming the op: running them on
 the CPU would be computing on the wrong device.
 
-The methods that torch's C++ bindings implement with a CUDA device guard or a subclass
-refusal (`__getitem__`, `__setitem__`, `numpy`, `tolist`, `__format__`, `__repr__`,
-`data_ptr`) are given here in Python, with torch's behaviour for a CUDA tensor.
+The methods that torch's C++ bindings implement with a CUDA device guard (the CPU build has
+none: "PyTorch is not linked with support for cuda devices") or refuse for a subclass
+(`__getitem__`, `__setitem__`, `copy_`, `contiguous`, `nonzero`, `new_tensor`, `__float__`,
+`__int__`, `__index__`, `numpy`, `tolist`, `__format__`, `__repr__`, `data_ptr`,
+`untyped_storage`) are given here in Python, with torch's behaviour for a CUDA tensor.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ __all__ = ["HostedCudaTensor", "place", "new_empty", "inner_of", "is_hosted_cuda
 # Ops that take operands on different devices by definition (torch's cross-device copy and
 # indexing with CPU index tensors).
 _MIXING = frozenset({"copy_", "_to_copy", "index", "index_put_", "index_put", "_index_put_impl_",
-                     "_copy_from", "_copy_from_and_resize", "set_", "lift_fresh"})
+                     "_copy_from", "_copy_from_and_resize", "lift_fresh"})
+# Ops that would move a tensor's elements out of its device memory.
+_REFUSED = frozenset({"set_", "_pin_memory", "pin_memory"})
 # Namespaces whose ops are PyTorch's own and run on the CPU like on the GPU.
 _OWN_NAMESPACES = frozenset({"aten", "prims"})
 # Ops with nothing to compute on a simulated device.
@@ -71,7 +75,10 @@ class HostedCudaTensor(torch.Tensor):
         return self._block.device_address(self._inner.data_ptr())
 
     def numpy(self, *, force: bool = False) -> Any:
-        # torch/csrc/utils/tensor_numpy.cpp: a CUDA tensor is refused even with force=True
+        # torch/csrc/utils/tensor_numpy.cpp: a CUDA tensor is refused; force=True is
+        # `detach().cpu()...numpy()` (Tensor.numpy docs): a host copy.
+        if force:
+            return self._inner.detach().clone().numpy()
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
                         f"Tensor.cpu() to copy the tensor to host memory first.")
 
@@ -335,6 +342,8 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             f"extension's kernel; only PyTorch's own aten ops run, on the CPU)")
     if name in _NO_OP:
         return None
+    if name in _REFUSED:
+        raise NotImplementedError(f"commsim hosting: {func} on a CUDA tensor is not simulated")
     flat = _leaves((args, kwargs), [])
     wrappers = [x for x in flat if isinstance(x, HostedCudaTensor)]
     if name not in _MIXING:
@@ -348,9 +357,11 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             elif x.device != seen:
                 _device_mismatch(seen, x.device)
     kwargs, target = _target(kwargs)
-    if name == "resize_" and tuple(args[1]) != tuple(args[0].shape):
-        raise NotImplementedError("commsim hosting: resizing a CUDA tensor (aten.resize_) "
-                                  "is not simulated")
+    new_shape = tuple(args[1]) if name == "resize_" else \
+        tuple(args[1].shape) if name == "resize_as_" else None
+    if new_shape is not None and new_shape != tuple(args[0].shape):
+        raise NotImplementedError(f"commsim hosting: resizing a CUDA tensor ({func}) "
+                                  f"is not simulated")
     out = func(*_map(inner_of, args), **_map(inner_of, kwargs))
     if target is not None and target.type == "cpu":
         return out                    # moved to the host (.cpu(), .to("cpu"), new_* on cpu)
