@@ -61,17 +61,24 @@ def _not_pinned() -> None:
 
 def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
     import torch
-    from .torch_tensors import HostedCudaTensor, new_empty, place
+    from .torch_tensors import HostedCudaTensor, inner_of, new_empty, place
     if kwargs.get("pin_memory"):
         _not_pinned()
     if kwargs.get("requires_grad"):
         from .torch_tensors import _no_autograd
         _no_autograd()
-    if func in (torch.empty, torch.empty_strided, torch.Tensor.new_empty) and "out" not in kwargs \
-            and not any(isinstance(a, HostedCudaTensor) for a in args):
+    direct = func in (torch.empty, torch.empty_strided, torch.Tensor.new_empty, torch.zeros,
+                      torch.ones, torch.full)
+    if direct and "out" not in kwargs and not any(isinstance(a, HostedCudaTensor) for a in args):
+        # Made in place on the device: no host-sized temporary (a 128 MiB workspace stays
+        # uncommitted until written when it is torch.empty).
         meta = func(*args, **{**kwargs, "device": "meta"})      # shape, strides, dtype only
         t = new_empty(meta.shape, meta.stride(), meta.dtype, index)
-        return t.requires_grad_(True) if meta.requires_grad else t
+        if func is torch.zeros or func is torch.ones:
+            inner_of(t).fill_(int(func is torch.ones))
+        elif func is torch.full:
+            inner_of(t).fill_(kwargs["fill_value"] if "fill_value" in kwargs else args[1])
+        return t
     out = func(*args, **{**kwargs, "device": torch.device("cpu")})
     return place(out, index) if isinstance(out, torch.Tensor) else out
 
