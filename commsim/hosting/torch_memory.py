@@ -87,8 +87,9 @@ def _release_at_exit(r: HostedRank, mem: RankMemory) -> None:
 def _with_device(r: HostedRank, device: int, fn: Any) -> Any:
     d = r.driver
     prev = int(d.cudaGetDevice()[1])
-    if prev != device:
-        d.cudaSetDevice(device)
+    if prev != device and int(d.cudaSetDevice(device)[0]) != 0:
+        import torch
+        raise torch.AcceleratorError("CUDA error: invalid device ordinal")
     try:
         return fn()
     finally:

@@ -327,10 +327,9 @@ def _target(kwargs: dict) -> tuple[dict, Any]:
     dev = kwargs.get("device")
     if dev is None:
         return kwargs, None
-    dev = torch.device(dev)
-    if dev.type == "cuda" and dev.index is None:
-        from .torch_cuda import current_device
-        dev = torch.device("cuda", current_device())
+    from .torch_factories import _cuda_index
+    index = _cuda_index(dev)          # validates the ordinal as torch does
+    dev = torch.device("cuda", index) if index is not None else torch.device(dev)
     return {**kwargs, "device": torch.device("cpu")}, dev
 
 
