@@ -147,7 +147,9 @@ def test_what_is_not_simulated_fails_naming_itself():
                           (NotImplementedError, lambda: torch.nn.Linear(2, 2).cuda()),
                           (TypeError, lambda: x.numpy()),
                           (NotImplementedError, lambda: torch.utils.dlpack.to_dlpack(x)),
-                          (torch.AcceleratorError, lambda: torch.zeros(1, device="cuda:8"))):
+                          (torch.AcceleratorError, lambda: torch.zeros(1, device="cuda:8")),
+                          (torch.AcceleratorError, lambda: x.to("cuda:9")),
+                          (torch.AcceleratorError, lambda: x.new_zeros(1, device="cuda:8"))):
             with pytest.raises(exc) as e:
                 call()
             msgs.append(str(e.value).splitlines()[0])
@@ -158,7 +160,7 @@ def test_what_is_not_simulated_fails_naming_itself():
     assert msgs[4] == ("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() "
                        "to copy the tensor to host memory first.")
     assert "DLPack" in msgs[5]
-    assert msgs[6] == "CUDA error: invalid device ordinal" and cpu_ok == [2.0]
+    assert msgs[6:] == ["CUDA error: invalid device ordinal"] * 3 and cpu_ok == [2.0]
 
 
 def test_blocks_return_to_the_caching_allocator_and_empty_cache_frees_segments():
