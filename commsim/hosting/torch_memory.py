@@ -143,7 +143,12 @@ def close(r: HostedRank) -> None:
         return
     mem.closed = True
     for device, a in mem.allocators.items():
-        _with_device(r, device, a.close)
+        try:
+            _with_device(r, device, a.close)
+        except Exception:
+            # A context left unusable (a sticky error) refuses cudaFree: the process's exit
+            # frees what is left all the same (SimFabric.exit_process), listed as residue.
+            pass
 
 
 # ---- torch.cuda's memory statistics --------------------------------------------------------
