@@ -239,12 +239,13 @@ class CachingAllocator:
 
     # -- CUDA graphs -----------------------------------------------------------------------
     @contextlib.contextmanager
-    def capture(self) -> Iterator[GraphPool]:
-        """Allocations inside come from a new graph-private pool; frees inside return blocks
-        to that pool, where the capture reuses them (rule AL5)."""
+    def capture(self, pool: GraphPool | None = None) -> Iterator[GraphPool]:
+        """Allocations inside come from a graph-private pool (`pool`, shared with earlier
+        graphs as `torch.cuda.graph(pool=...)` asks, else a new one); frees inside return
+        blocks to that pool, where the capture reuses them (rule AL5)."""
         if self._capturing is not None:
             raise RuntimeError("a capture is already in progress on this allocator")
-        pool = self._capturing = self.new_graph_pool()
+        pool = self._capturing = pool or self.new_graph_pool()
         try:
             yield pool
         finally:

@@ -61,7 +61,7 @@ def _not_pinned() -> None:
 
 def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
     import torch
-    from .torch_tensors import HostedCudaTensor, inner_of, new_empty, place
+    from .torch_tensors import HostedCudaTensor, new_empty, place
     if kwargs.get("pin_memory"):
         _not_pinned()
     if kwargs.get("requires_grad"):
@@ -74,11 +74,15 @@ def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
         # uncommitted until written when it is torch.empty).
         meta = func(*args, **{**kwargs, "device": "meta"})      # shape, strides, dtype only
         t = new_empty(meta.shape, meta.stride(), meta.dtype, index)
-        if func is torch.zeros or func is torch.ones:
-            inner_of(t).fill_(int(func is torch.ones))
-        elif func is torch.full:
-            inner_of(t).fill_(kwargs["fill_value"] if "fill_value" in kwargs else args[1])
+        if func is torch.zeros or func is torch.ones or func is torch.full:
+            value = int(func is torch.ones) if func is not torch.full else \
+                kwargs["fill_value"] if "fill_value" in kwargs else args[1]
+            # Through the dispatch: a fill inside a CUDA graph capture is recorded, not run.
+            torch.ops.aten.fill_.Scalar(t, value)
         return t
+    from .torch_graphs import check_no_host_copy
+    check_no_host_copy(index, f"{getattr(func, '__name__', func)}(device=cuda) (made on the host, "
+                              f"then copied)")
     out = func(*args, **{**kwargs, "device": torch.device("cpu")})
     return place(out, index) if isinstance(out, torch.Tensor) else out
 
@@ -102,10 +106,24 @@ def _to(func: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     if same and not copy and (dtype is None or dtype == self.dtype) and \
             memory_format in (None, torch.preserve_format):
         return self
+    if not isinstance(self, HostedCudaTensor):
+        from .torch_graphs import check_no_host_copy
+        check_no_host_copy(index, "Tensor.to(cuda) of a CPU tensor")
     src = inner_of(self)
     moved = src.to(dtype=dtype or src.dtype, memory_format=memory_format or torch.preserve_format,
                    copy=True)
-    return place(moved, index)
+    out = place(moved, index)
+    _record_device_copy(self, out)
+    return out
+
+
+def _record_device_copy(src: Any, out: Any) -> None:
+    """A device-to-device `.to()` inside a CUDA graph capture: replay copies again."""
+    from . import torch_graphs
+    if torch_graphs.CAPTURING[0]:
+        cap = torch_graphs.capture_for((src.device.index, out.device.index))
+        if cap is not None:
+            cap.work.append(lambda: out._inner.copy_(src._inner))
 
 
 def _cuda(func: Any, self: Any, device: Any = None, non_blocking: bool = False,

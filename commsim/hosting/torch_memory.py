@@ -40,6 +40,7 @@ class DeviceBlock:
     nbytes: int
     device: int
     host: int
+    clock: list[int] = field(default_factory=lambda: [0])   # the device's op clock (below)
 
     def device_address(self, host_addr: int) -> int:
         return self.ptr + (host_addr - self.host)
@@ -52,6 +53,9 @@ class RankMemory:
     allocators: dict[int, CachingAllocator] = field(default_factory=dict)
     allocated: dict[int, int] = field(default_factory=dict)      # device -> live block bytes
     peak: dict[int, int] = field(default_factory=dict)
+    # device -> [ops dispatched on its tensors]: the simulated clock torch.cuda.Event reads
+    # (torch_events.py); shared by reference with every block of the device.
+    clocks: dict[int, list[int]] = field(default_factory=dict)
     closed: bool = False
 
 
@@ -119,7 +123,7 @@ def allocate(r: HostedRank, device: int, nbytes: int) -> tuple[Any, DeviceBlock 
             f"capacity of {_human(total)} ({e})") from None
     alloc = mem.allocators[device]
     view: np.ndarray = r.driver.view(ptr, nbytes)
-    block = DeviceBlock(ptr, nbytes, device, int(view.ctypes.data))
+    block = DeviceBlock(ptr, nbytes, device, int(view.ctypes.data), device_clock(r, device))
     size = alloc.size_of(ptr)
     mem.allocated[device] = mem.allocated.get(device, 0) + size
     mem.peak[device] = max(mem.peak.get(device, 0), mem.allocated[device])
@@ -127,6 +131,17 @@ def allocate(r: HostedRank, device: int, nbytes: int) -> tuple[Any, DeviceBlock 
     # tensor over it is gone), as PyTorch's storage deleter frees its block.
     weakref.finalize(view, _free, mem, alloc, device, ptr, size)
     return torch.from_numpy(view), block
+
+
+def device_clock(r: HostedRank, device: int) -> list[int]:
+    """The rank's op counter of `device` (one list, shared by that device's blocks)."""
+    return _memory(r).clocks.setdefault(device, [0])
+
+
+def allocator_of(r: HostedRank, device: int) -> CachingAllocator:
+    """The rank's caching allocator of `device` (made on first use)."""
+    mem = _memory(r)
+    return _with_device(r, device, lambda: _allocator(r, mem, device))
 
 
 def _free(mem: RankMemory, alloc: CachingAllocator, device: int, ptr: int, size: int) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import torch_memory
+from . import torch_graphs, torch_memory
 from .session import current
 
 __all__ = ["HostedCudaTensor", "place", "new_empty", "inner_of", "is_hosted_cuda"]
@@ -78,15 +78,18 @@ class HostedCudaTensor(torch.Tensor):
         # torch/csrc/utils/tensor_numpy.cpp: a CUDA tensor is refused; force=True is
         # `detach().cpu()...numpy()` (Tensor.numpy docs): a host copy.
         if force:
+            _no_host_read(self, "Tensor.numpy(force=True)")
             return self._inner.detach().clone().numpy()
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
                         f"Tensor.cpu() to copy the tensor to host memory first.")
 
     def tolist(self) -> Any:
+        _no_host_read(self, "Tensor.tolist()")
         return self._inner.tolist()
 
     def __format__(self, spec: str) -> str:
         if self.dim() == 0:
+            _no_host_read(self, "formatting a CUDA tensor")
             return self._inner.item().__format__(spec)
         return object.__format__(self, spec)
 
@@ -94,16 +97,40 @@ class HostedCudaTensor(torch.Tensor):
         from torch import _tensor_str
         body = tensor_contents
         if body is None and self.numel() > 0:
+            _no_host_read(self, "printing a CUDA tensor")
             body = _tensor_str._tensor_str(self._inner.detach(), len("tensor("))
         text = _tensor_str._str(self, tensor_contents=body)
         return "tensor(" + text.partition("(")[2]           # torch's prefix, not the class name
 
     def __getitem__(self, index: Any) -> Any:
-        out = self._inner[_unwrap_index(index, self)]
-        return _adopt(out, self.device.index, [self])
+        idx = _unwrap_index(index, self)
+        cap = self._capture_of_item(index, None)
+        out = _adopt(self._inner[idx], self.device.index, [self])
+        if cap is not None and out._block is not self._block:       # a gather: new memory
+            cap.work.append(lambda: out._inner.copy_(self._inner[idx]))
+        return out
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        self._inner[_unwrap_index(index, self)] = inner_of(value) if isinstance(value, torch.Tensor) else value
+        idx = _unwrap_index(index, self)
+        v = inner_of(value) if isinstance(value, torch.Tensor) else value
+        cap = self._capture_of_item(index, value)
+        if cap is not None:             # captured: written at replay, not now
+
+            def write() -> None:
+                self._inner[idx] = v
+            cap.work.append(write)
+            return
+        self._inner[idx] = v
+
+    def _capture_of_item(self, index: Any, value: Any) -> Any:
+        """The capture that records an indexing of this tensor (host operands refused)."""
+        if not torch_graphs.CAPTURING[0]:
+            return None
+        cap = torch_graphs.capture_for((self.device.index,))
+        if cap is not None and any(isinstance(x, torch.Tensor) and not isinstance(x, HostedCudaTensor)
+                                   and x.dim() > 0 for x in _leaves((index, value), [])):
+            torch_graphs.host_sync("indexing a CUDA tensor with a CPU tensor")
+        return cap
 
     # Bindings that take a CUDA device guard before dispatching (python_variable_methods.cpp):
     # the same operations through the dispatcher.
@@ -361,7 +388,13 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if new_shape is not None and new_shape != tuple(args[0].shape):
         raise NotImplementedError(f"commsim hosting: resizing a CUDA tensor ({func}) "
                                   f"is not simulated")
-    out = func(*_map(inner_of, args), **_map(inner_of, kwargs))
+    inner_args, inner_kwargs = _map(inner_of, args), _map(inner_of, kwargs)
+    cap = _capture(func, name, flat, wrappers, target) if torch_graphs.CAPTURING[0] else None
+    if cap is not None and func._schema.is_mutable:
+        return cap.record_write(func, args, kwargs, inner_args, inner_kwargs)
+    out = func(*inner_args, **inner_kwargs)
+    if wrappers and wrappers[0]._block is not None:
+        wrappers[0]._block.clock[0] += 1          # the device's op clock (torch_events.py)
     if target is not None and target.type == "cpu":
         return out                    # moved to the host (.cpu(), .to("cpu"), new_* on cpu)
     device = target.index if target is not None else wrappers[0].device.index
@@ -381,4 +414,29 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         if id(o) in plain:            # a CPU tensor written in place (cpu.copy_(cuda))
             return o
         return _adopt(o, device, wrappers, fresh)
-    return _map(wrap, out)
+    result = _map(wrap, out)
+    if cap is not None:
+        cap.record_result(func, inner_args, inner_kwargs, result)
+    return result
+
+
+def _capture(func: Any, name: str, flat: list, wrappers: list, target: Any) -> Any:
+    """The graph capture that records this op (torch_graphs.py), or None when it runs as
+    usual: no capture on its device's capture stream, or a view (no device work)."""
+    devices = {w.device.index for w in wrappers}
+    if target is not None and target.type == "cuda":
+        devices.add(target.index)
+    cap = torch_graphs.capture_for(devices)
+    if cap is None or torch_graphs.is_viewlike(func, name):
+        return None
+    if (target is not None and target.type == "cpu") or name == "_local_scalar_dense":
+        torch_graphs.host_sync(f"reading a CUDA tensor on the host ({func})")
+    if any(isinstance(x, torch.Tensor) and not isinstance(x, HostedCudaTensor) and x.dim() > 0
+           for x in flat):
+        torch_graphs.host_sync(f"a copy between host and device ({func} with a CPU tensor)")
+    return cap
+
+
+def _no_host_read(t: "HostedCudaTensor", what: str) -> None:
+    if torch_graphs.CAPTURING[0] and torch_graphs.capture_for((t.device.index,)) is not None:
+        torch_graphs.host_sync(what)
