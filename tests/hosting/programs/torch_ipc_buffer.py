@@ -13,31 +13,12 @@ import os
 
 import torch
 import torch.distributed as dist
+
+from ctypes_cudart import IpcHandle, check, libcudart
 from cuda.bindings import driver as cu
 
 D2H, H2D = 2, 1                     # cudaMemcpyKind
 SIZE = 64 << 10
-
-
-class IpcHandle(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_byte * 128)]
-
-
-def libcudart() -> ctypes.CDLL:
-    with open("/proc/self/maps") as f:
-        path = next(ln.split()[-1] for ln in f if "libcudart" in ln and len(ln.split()) >= 6)
-    lib = ctypes.CDLL(path)
-    lib.cudaGetErrorString.restype = ctypes.c_char_p
-    lib.cudaIpcGetMemHandle.argtypes = [ctypes.POINTER(IpcHandle), ctypes.c_void_p]
-    lib.cudaIpcOpenMemHandle.argtypes = [ctypes.POINTER(ctypes.c_void_p), IpcHandle, ctypes.c_uint]
-    lib.cudaIpcCloseMemHandle.argtypes = [ctypes.c_void_p]
-    lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return lib
-
-
-def check(lib: ctypes.CDLL, err: int) -> None:
-    if err:
-        raise RuntimeError(f"CUDART error: {lib.cudaGetErrorString(err).decode()}")
 
 
 def pattern(rank: int) -> torch.Tensor:
