@@ -250,7 +250,9 @@ def _stack(parts: list) -> Any:
 def _host(t: Any, what: str) -> Any:
     """The CPU tensor whose bytes are `t`'s: `t` itself, or a hosted CUDA tensor's inner
     tensor over its simulated device memory (writing it writes the device's bytes)."""
+    from .torch_graphs import check_outside_capture
     from .torch_tensors import inner_of
+    check_outside_capture(t, f"torch.distributed.{what}")
     h = inner_of(t)
     if h.device.type != "cpu":
         raise RuntimeError(f"commsim hosting: {what}: a tensor on {t.device} is not simulated "

@@ -60,8 +60,11 @@ def _wrap_tensors(real: Any) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         r = hosted()
         if r is not None and r.mode == "procs":
-            from torch.utils._pytree import tree_map
+            from torch.utils._pytree import tree_leaves, tree_map
+            from .torch_graphs import check_outside_capture
             from .torch_tensors import inner_of
+            for t in tree_leaves((args, kwargs)):
+                check_outside_capture(t, f"torch.distributed.{real.__name__}")
             args, kwargs = tree_map(inner_of, args), tree_map(inner_of, kwargs)
         return real(*args, **kwargs)
     return call

@@ -7,7 +7,10 @@ libcudart and NVML: `is_available`, `device_count`, `current_device`, `set_devic
 `device` (context manager), `get_device_capability`, `get_device_name`,
 `get_device_properties`, `can_device_access_peer`, `synchronize`, `mem_get_info`,
 `is_initialized`, `init`, `current_stream` / `default_stream` / `Stream` (with
-`.cuda_stream`, the cudaStream_t value). Outside a hosted rank every name is torch's own.
+`.cuda_stream`, the cudaStream_t value), `stream` / `StreamContext` / `set_stream` (the
+current stream per device, per rank). `Event` is torch_events.py's; `CUDAGraph`, `graph`,
+`graph_pool_handle` and `is_current_stream_capturing` are torch_graphs.py's. Outside a
+hosted rank every name is torch's own.
 
 `memory_allocated`, `max_memory_allocated`, `memory_reserved`, `reset_peak_memory_stats`
 and `empty_cache` answer from the rank's caching allocator of CUDA tensors (torch_memory.py;

@@ -138,6 +138,15 @@ def check_no_host_copy(device: int, what: str) -> None:
         host_sync(what)
 
 
+def check_outside_capture(t: Any, what: str) -> None:
+    """A collective on a CUDA tensor of a capturing device: on a GPU it would be captured and
+    re-run by every replay, which this model cannot do (it records aten ops only)."""
+    if CAPTURING[0] and getattr(t, "is_cuda", False) and capture_for((t.device.index,)) is not None:
+        raise NotImplementedError(f"commsim hosting: {what} on a CUDA tensor inside a CUDA graph "
+                                  f"capture is not simulated (a replay re-runs only the aten ops "
+                                  f"recorded during the capture)")
+
+
 def _written(func: Any, args: tuple, kwargs: dict) -> Any:
     """What a writing op returns: the arguments its schema says it writes (self for an
     in-place op, `out` for an out= op), without running it."""

@@ -242,3 +242,13 @@ def test_vllm_style_capture_with_lazy_ipc_setup_fails_at_the_graph_exit(mode):
         assert (e["api"], e["name"], e["code"]) == ("cudaIpcOpenMemHandle",
                                                     "cudaErrorStreamCaptureUnsupported", 900)
         assert e["site"].startswith("torch_graph_capture.py:")
+
+
+@pytest.mark.parametrize("mode", ["inproc", "procs"])
+def test_a_collective_inside_a_capture_fails_naming_itself(mode):
+    v, res, out = hosted(PROGRAMS / "torch_graph_capture.py", "hgx-h100-8", "--all-reduce-inside",
+                         mode=mode, nproc_per_host=2)
+    assert v.exit_code == 1 and not res, v.format()
+    for p in v.ranks:
+        assert "torch.distributed.all_reduce on a CUDA tensor inside a CUDA graph capture is " \
+               "not simulated" in p.exception, v.format()

@@ -8,6 +8,8 @@ is replayed and timed with CUDA events. One RESULT line per rank.
 `--lazy` opens the peers' handles inside the capture instead (a lazy set-up at the first
 captured op): on a GPU the open is refused (cudaErrorStreamCaptureUnsupported) and the
 capture is invalidated, so the graph's exit raises cudaErrorStreamCaptureInvalidated.
+`--all-reduce-inside` puts a torch.distributed all-reduce in the captured body, which
+commsim's replay cannot re-run: refused, naming itself.
 """
 
 import ctypes
@@ -58,12 +60,15 @@ def main() -> None:
     buf = torch.zeros(SIZE, dtype=torch.uint8, device="cuda")
     handles = share(lib, buf, world)
     opened, mapped = ({}, []) if lazy else open_peers(lib, handles, rank)
+    dist.barrier()                     # every rank has opened its peers' buffers
     x = torch.full((4,), float(rank), device="cuda")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=torch.cuda.Stream()):
         if lazy:
             opened, mapped = open_peers(lib, handles, rank)    # refused inside the capture
         x.add_(world)
+        if "--all-reduce-inside" in sys.argv[1:]:
+            dist.all_reduce(x)          # NCCL would capture it; commsim refuses, naming it
         out = x * 2
     after_capture = x.cpu().tolist()
     # Register the graph's buffer with the peers: each writes a marker into its right
