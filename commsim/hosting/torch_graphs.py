@@ -6,7 +6,7 @@ Capture goes through the rank's SimDriver, as torch's CUDAGraph does on a GPU
 private pool, then calls `cudaStreamBeginCapture(stream, mode)` with `capture_error_mode`
 ("global" by default); `capture_end` calls `cudaStreamEndCapture`. While the capture runs,
 the driver's rules CG1-CG4 apply (commsim/sim/stream_capture.py): a `cudaMalloc` or a legacy
-IPC call the program makes itself (cuda-python, libcudart through ctypes) is refused with
+IPC call (CG3, UNCONFIRMED) the program makes itself (cuda-python, libcudart through ctypes) is refused with
 cudaErrorStreamCaptureUnsupported and invalidates the capture, and the graph's exit raises
 torch's `AcceleratorError("CUDA error: operation failed due to a previous error during
 capture")` (cudaErrorStreamCaptureInvalidated), as on a real GPU. The caching allocator's own
