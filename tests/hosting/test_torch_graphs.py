@@ -97,16 +97,20 @@ def test_capture_records_writes_and_replay_runs_them():
             y.copy_(z)
             y[0] = 100.0
             w = y.to(torch.float64)         # a device-to-device copy
+            v = torch.full((4,), 7.0, device="cuda")     # the fill is device work: recorded
+            torch.add(v, x, out=v)          # out=: recorded
         after_capture = (x.cpu().tolist(), y.cpu().tolist())
         g.replay()
-        once = (x.cpu().tolist(), y.cpu().tolist(), z.cpu().tolist(), w.cpu().tolist())
+        once = (x.cpu().tolist(), y.cpu().tolist(), z.cpu().tolist(), w.cpu().tolist(),
+                v.cpu().tolist())
         g.replay()
         twice = (x.cpu().tolist(), y.cpu().tolist())
         return before, during, torch.cuda.is_current_stream_capturing(), after_capture, once, twice
     before, during, after, captured, once, twice = solo(_one(), program)
     assert (before, during, after) == (False, True, False)
     assert captured == ([1.0] * 4, [0.0] * 4)
-    assert once == ([2.0] * 4, [100.0, 3.0, 3.0, 3.0], [3.0] * 4, [100.0, 3.0, 3.0, 3.0])
+    assert once == ([2.0] * 4, [100.0, 3.0, 3.0, 3.0], [3.0] * 4, [100.0, 3.0, 3.0, 3.0],
+                    [9.0] * 4)
     assert twice == ([4.0] * 4, [100.0, 5.0, 5.0, 5.0])
 
 
@@ -227,7 +231,7 @@ def test_vllm_style_capture_with_eager_ipc_setup(mode, world):
         assert d["after_capture"] == [rank] * 4           # the capture ran nothing
         assert d["after_replay"] == [rank + 2 * world] * 4  # two replays of += world
         assert d["peer_seen"] == 200 + (rank - 1) % world   # the left peer's write via IPC
-        assert d["graph_ms"] > 0
+        assert d["graph_ms"] == pytest.approx(4e-3)          # 2 replays x 2 recorded ops, 1 us each
 
 
 @pytest.mark.parametrize("mode", ["inproc", "procs"])
