@@ -103,6 +103,7 @@ class CachingAllocator:
         self.device = check("cudaGetDevice", driver.cudaGetDevice())
         self.segments: list[Segment] = []
         self._blocks: dict[int, Block] = {}            # ptr of an allocated block -> block
+        self._free: set[Block] = set()                 # every free block (best fit looks here)
         self._capturing: GraphPool | None = None
         self._next_pool = 1
 
@@ -122,12 +123,13 @@ class CachingAllocator:
             block = self._grow(size, small, pool)
         self._split(block, size, small)
         block.allocated = True
+        self._free.discard(block)
         self._blocks[block.ptr] = block
         return block.ptr
 
     def _best_fit(self, size: int, small: bool, pool: GraphPool | None) -> Block | None:
-        fits = [b for s in self.segments if s.pool is pool and s.small == small
-                for b in s.blocks if not b.allocated and b.size >= size]
+        fits = [b for b in self._free if b.segment.pool is pool and b.segment.small == small
+                and b.size >= size]
         return min(fits, key=lambda b: (b.size, b.ptr), default=None)
 
     def _grow(self, size: int, small: bool, pool: GraphPool | None) -> Block:
@@ -138,6 +140,7 @@ class CachingAllocator:
         seg = Segment(base, n, small, False, pool)
         seg.blocks.append(Block(seg, 0, n))
         self.segments.append(seg)
+        self._free.add(seg.blocks[0])
         return seg.blocks[0]
 
     def _malloc_capturing(self, n: int) -> int:
@@ -183,6 +186,7 @@ class CachingAllocator:
         else:
             tail = Block(seg, seg.size, grow)
             seg.blocks.append(tail)
+            self._free.add(tail)
         seg.size += grow
         return tail
 
@@ -194,6 +198,7 @@ class CachingAllocator:
             seg = block.segment
             i = seg.blocks.index(block)
             seg.blocks.insert(i + 1, Block(seg, block.offset + size, rest))
+            self._free.add(seg.blocks[i + 1])
             block.size = size
 
     # -- free ------------------------------------------------------------------------------
@@ -204,11 +209,13 @@ class CachingAllocator:
         if block is None:
             raise ValueError(f"free of {ptr:#x}: not a pointer this allocator handed out")
         block.allocated = False
+        self._free.add(block)
         seg = block.segment
         i = seg.blocks.index(block)
         for j in (i + 1, i):                       # merge with free neighbours
             if 0 < j < len(seg.blocks) and not seg.blocks[j].allocated and not seg.blocks[j - 1].allocated:
                 seg.blocks[j - 1].size += seg.blocks[j].size
+                self._free.discard(seg.blocks[j])
                 del seg.blocks[j]
         if seg.pool is not None and seg.pool.released and seg.idle():
             self._release(seg)
@@ -221,6 +228,7 @@ class CachingAllocator:
     def _release(self, seg: Segment) -> None:
         d = self.driver
         self.segments.remove(seg)
+        self._free.difference_update(seg.blocks)
         if not seg.expandable:
             check("cudaFree", d.cudaFree(seg.base))
             return
@@ -231,12 +239,13 @@ class CachingAllocator:
 
     # -- CUDA graphs -----------------------------------------------------------------------
     @contextlib.contextmanager
-    def capture(self) -> Iterator[GraphPool]:
-        """Allocations inside come from a new graph-private pool; frees inside return blocks
-        to that pool, where the capture reuses them (rule AL5)."""
+    def capture(self, pool: GraphPool | None = None) -> Iterator[GraphPool]:
+        """Allocations inside come from a graph-private pool (`pool`, shared with earlier
+        graphs as `torch.cuda.graph(pool=...)` asks, else a new one); frees inside return
+        blocks to that pool, where the capture reuses them (rule AL5)."""
         if self._capturing is not None:
             raise RuntimeError("a capture is already in progress on this allocator")
-        pool = self._capturing = self.new_graph_pool()
+        pool = self._capturing = pool or self.new_graph_pool()
         try:
             yield pool
         finally:
@@ -264,6 +273,10 @@ class CachingAllocator:
                     if b.ptr <= ptr < b.ptr + b.size:
                         return b
         raise ValueError(f"{ptr:#x} is not inside memory this allocator holds")
+
+    def size_of(self, ptr: int) -> int:
+        """The size of the allocated block at `ptr` (what torch's memory_allocated counts)."""
+        return self._blocks[ptr].size
 
     def reserved_bytes(self) -> int:
         return sum(s.size for s in self.segments)

@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 from dataclasses import asdict
 from typing import Any
 
@@ -106,7 +105,7 @@ def run_config() -> RunConfig | None:
 
 
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
-    _state["exception"] = "".join(traceback.format_exception_only(tp, value)).strip().splitlines()[-1]
+    _state["exception"] = session.exception_line(tp, value)
     _state["prev_hook"](tp, value, tb)
 
 

@@ -7,9 +7,10 @@ mismatch diagnosis as for commsim's own groups); called from anywhere else they 
 functions. Served: init_process_group, is_initialized, destroy_process_group, get_rank,
 get_world_size, get_backend, new_group, get_process_group_ranks, get_global_rank,
 get_group_rank, all_gather_object, broadcast_object_list, gather_object, barrier, and
-all_reduce / all_gather / broadcast on CPU tensors. Any other collective fails loudly, naming
-itself. A backend of "nccl" is served like gloo (CPU tensors): the hosted surface is the
-control plane.
+all_reduce / all_gather / broadcast / all_gather_into_tensor / reduce_scatter_tensor, in
+place, on CPU tensors and on the rank's CUDA tensors (torch_tensors.py: their bytes are the
+simulated device memory, read and written where they are). Any other collective fails
+loudly, naming itself. A backend of "nccl" is served the same way.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .surfaces import wrap_torch_distributed
 
 KEY = "torch.distributed"
 NOT_SIMULATED = tuple("""
-    reduce reduce_scatter reduce_scatter_tensor all_gather_into_tensor all_to_all
+    reduce reduce_scatter all_to_all
     all_to_all_single send recv isend irecv scatter gather scatter_object_list
     batch_isend_irecv monitored_barrier all_gather_coalesced new_subgroups send_object_list
     recv_object_list all_reduce_coalesced""".split())
@@ -120,7 +121,7 @@ def init_process_group(r: HostedRank, backend: Any = None, init_method: Any = No
                          f"run has {r.world_size} ranks; match --nproc-per-host and the machine")
     st.backend = str(backend or "gloo")
     if "nccl" in st.backend:
-        r.events.note(f"backend {st.backend!r} served in-process (CPU tensors, as gloo)")
+        r.events.note(f"backend {st.backend!r} served in-process, as gloo")
     st.world = r.world.group(r.rank)
 
 
@@ -246,50 +247,97 @@ def _stack(parts: list) -> Any:
     return np.stack(parts)
 
 
-def _cpu(t: Any, what: str) -> None:
-    if t.device.type != "cpu":
-        raise RuntimeError(f"commsim hosting: {what}: only CPU tensors exist in a hosted run "
-                           f"(got one on {t.device})")
+def _host(t: Any, what: str) -> Any:
+    """The CPU tensor whose bytes are `t`'s: `t` itself, or a hosted CUDA tensor's inner
+    tensor over its simulated device memory (writing it writes the device's bytes)."""
+    from .torch_graphs import check_outside_capture
+    from .torch_tensors import inner_of
+    check_outside_capture(t, f"torch.distributed.{what}")
+    h = inner_of(t)
+    if h.device.type != "cpu":
+        raise RuntimeError(f"commsim hosting: {what}: a tensor on {t.device} is not simulated "
+                           f"(CPU tensors and the rank's CUDA tensors are)")
+    return h
+
+
+def _array(h: Any) -> Any:
+    """numpy view of a CPU tensor (numpy has no bfloat16: such tensors travel as float32)."""
+    import torch
+    return (h.detach().float() if h.dtype == torch.bfloat16 else h.detach()).numpy()
+
+
+def _store(h: Any, a: Any) -> None:
+    """h[...] = a, written into h's own bytes (the combined arrays are shared read-only)."""
+    import numpy as np
+    import torch
+    if h.dtype == torch.bfloat16:
+        h.copy_(torch.from_numpy(np.array(a, dtype=np.float32)).reshape(h.shape))
+    else:
+        h.detach().numpy()[...] = np.asarray(a).reshape(h.shape)
+
+
+def _op(op: Any) -> Any:
+    import torch.distributed as dist
+    return dist.ReduceOp.SUM if op is None else op
 
 
 def all_reduce(r: HostedRank, tensor: Any, op: Any = None, group: Any = None,
                async_op: bool = False) -> Any:
-    import torch
-    import torch.distributed as dist
-    _cpu(tensor, "all_reduce")
+    h = _host(tensor, "all_reduce")
     g = _group(r, group)
     # Every rank's array combined once, over the ranks' own arrays (no copy per receiver);
     # the op is matched across ranks like the call itself.
-    out = g.combine_arrays(tensor.detach().numpy(), _reduce_parts,
-                           (dist.ReduceOp.SUM if op is None else op,), tag=_tag("all_reduce"))
-    tensor.copy_(torch.from_numpy(out.copy()).to(tensor.dtype))
+    out = g.combine_arrays(_array(h), _reduce_parts, (_op(op),), tag=_tag("all_reduce"))
+    _store(h, out)
     return _Done() if async_op else None
 
 
 def all_gather(r: HostedRank, tensor_list: list, tensor: Any, group: Any = None,
                async_op: bool = False) -> Any:
-    import torch
-    _cpu(tensor, "all_gather")
+    h = _host(tensor, "all_gather")
     g = _group(r, group)
     if len(tensor_list) != g.size:
         raise ValueError(f"all_gather: tensor_list has {len(tensor_list)} entries, the group "
                          f"has {g.size} ranks")
-    parts = g.combine_arrays(tensor.detach().numpy(), _stack, tag=_tag("all_gather"))
+    parts = g.combine_arrays(_array(h), _stack, tag=_tag("all_gather"))
     for dst, a in zip(tensor_list, parts):
-        dst.copy_(torch.from_numpy(a.copy()))
+        _store(_host(dst, "all_gather"), a)
+    return _Done() if async_op else None
+
+
+def all_gather_into_tensor(r: HostedRank, output_tensor: Any, input_tensor: Any,
+                           group: Any = None, async_op: bool = False) -> Any:
+    h, out = _host(input_tensor, "all_gather_into_tensor"), _host(output_tensor, "all_gather_into_tensor")
+    g = _group(r, group)
+    if out.numel() != g.size * h.numel():
+        # ProcessGroupNCCL::_allgather_base's check
+        raise ValueError("output tensor size must be equal to world_size times input tensor size")
+    parts = g.combine_arrays(_array(h), _stack, tag=_tag("all_gather_into_tensor"))
+    _store(out, parts)
+    return _Done() if async_op else None
+
+
+def reduce_scatter_tensor(r: HostedRank, output: Any, input: Any, op: Any = None,
+                          group: Any = None, async_op: bool = False) -> Any:
+    h, out = _host(input, "reduce_scatter_tensor"), _host(output, "reduce_scatter_tensor")
+    g = _group(r, group)
+    if h.numel() != g.size * out.numel():
+        # ProcessGroupNCCL::_reduce_scatter_base's check
+        raise ValueError("input tensor must be the same size as output size times world size")
+    full = g.combine_arrays(_array(h), _reduce_parts, (_op(op),), tag=_tag("reduce_scatter_tensor"))
+    _store(out, full.reshape(g.size, -1)[g.rank])
     return _Done() if async_op else None
 
 
 def broadcast(r: HostedRank, tensor: Any, src: Any = None, group: Any = None,
               async_op: bool = False, group_src: Any = None) -> Any:
-    import torch
-    _cpu(tensor, "broadcast")
+    h = _host(tensor, "broadcast")
     g = _group(r, group)
     s = _group_src(g, src, group_src)
-    got = g.broadcast_object(tensor.detach().numpy().copy() if g.rank == s else None, s,
+    got = g.broadcast_object(_array(h).copy() if g.rank == s else None, s,
                              tag=_tag("broadcast"))
     if g.rank != s:
-        tensor.copy_(torch.from_numpy(got))
+        _store(h, got)
     return _Done() if async_op else None
 
 
@@ -297,7 +345,7 @@ SERVED = {f.__name__: f for f in (
     init_process_group, is_initialized, destroy_process_group, get_rank, get_world_size,
     get_backend, new_group, get_process_group_ranks, get_global_rank, get_group_rank,
     all_gather_object, broadcast_object_list, gather_object, barrier, all_reduce, all_gather,
-    broadcast)}
+    broadcast, all_gather_into_tensor, reduce_scatter_tensor)}
 
 
 def _dispatcher(name: str, real: Any, impl: Any) -> Any:

@@ -36,7 +36,7 @@ from .config import RunConfig
 from .driver_view import HostedDriver
 from .launch_procs import read_reports, worker_results
 from .run import free_port, rank_env, visible_of
-from .session import HostedRank, RankEvents, bound, hosted
+from .session import HostedRank, RankEvents, bound, exception_line, hosted
 from .surfaces import install_all
 from .verdict import ProcResult, Verdict
 
@@ -133,7 +133,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _exception_line(exc: BaseException) -> str:
-    return traceback.format_exception_only(type(exc), exc)[-1].strip().splitlines()[-1]
+    return exception_line(type(exc), exc)
 
 
 def _hang_of(exc: BaseException | None) -> HangDetected | None:

@@ -30,6 +30,7 @@ SURFACE_MODULES = (
     "commsim.hosting.cudart",
     "commsim.hosting.nvml",
     "commsim.hosting.torch_cuda",
+    "commsim.hosting.torch_factories",
     "commsim.hosting.mpi",
 )
 

@@ -7,10 +7,14 @@ libcudart and NVML: `is_available`, `device_count`, `current_device`, `set_devic
 `device` (context manager), `get_device_capability`, `get_device_name`,
 `get_device_properties`, `can_device_access_peer`, `synchronize`, `mem_get_info`,
 `is_initialized`, `init`, `current_stream` / `default_stream` / `Stream` (with
-`.cuda_stream`, the cudaStream_t value). Outside a hosted rank every name is torch's own.
+`.cuda_stream`, the cudaStream_t value), `stream` / `StreamContext` / `set_stream` (the
+current stream per device, per rank). `Event` is torch_events.py's; `CUDAGraph`, `graph`,
+`graph_pool_handle` and `is_current_stream_capturing` are torch_graphs.py's. Outside a
+hosted rank every name is torch's own.
 
-The limit (DESIGN.md §9): CPU torch makes no CUDA tensors; `torch.empty(..., device="cuda")`
-still fails. A CUDA error raises `torch.AcceleratorError("CUDA error: <text>")` as torch's
+`memory_allocated`, `max_memory_allocated`, `memory_reserved`, `reset_peak_memory_stats`
+and `empty_cache` answer from the rank's caching allocator of CUDA tensors (torch_memory.py;
+the tensors themselves: torch_tensors.py, torch_factories.py). A CUDA error raises `torch.AcceleratorError("CUDA error: <text>")` as torch's
 C10_CUDA_CHECK does (torch 2.13: AcceleratorError, a RuntimeError).
 """
 
@@ -123,6 +127,15 @@ class HostedStream:
 
     def wait_stream(self, stream: "HostedStream") -> None:
         pass
+
+    def record_event(self, event: Any = None) -> Any:
+        from .torch_events import HostedEvent
+        event = event if event is not None else HostedEvent()
+        event.record(self)
+        return event
+
+    def wait_event(self, event: Any) -> None:
+        event.wait(self)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, HostedStream) and (self.cuda_stream, self.device_index) == \
@@ -238,13 +251,79 @@ def init() -> None:
     _lazy_init()
 
 
+def _current_streams() -> dict[int, int]:
+    """device -> the cudaStream_t torch.cuda.current_stream(device) names, for the rank."""
+    return rank_state(current(), "torch.cuda", dict).setdefault("streams", {})
+
+
 def current_stream(device: Any = None) -> HostedStream:
     # torch's current stream starts as the default (legacy NULL) stream: cuda_stream 0.
-    return HostedStream(device, stream_ptr=0)
+    _lazy_init()
+    d = _index(device)
+    return HostedStream(d, stream_ptr=_current_streams().get(d, 0))
+
+
+def set_stream(stream: Any) -> None:
+    """The stream's device gets it as its current stream (the current device stays)."""
+    if stream is None:
+        return
+    _lazy_init()
+    _current_streams()[stream.device_index] = stream.cuda_stream
+
+
+class HostedStreamContext:
+    """`with torch.cuda.stream(s):` for a hosted rank: `s` is its device's current stream
+    inside (torch.cuda.StreamContext's semantics: the current device does not change)."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+        self.prev: list[HostedStream] = []
+
+    def __enter__(self) -> None:
+        if self.stream is None:
+            return
+        self.prev = [current_stream(None)]
+        if self.stream.device_index != self.prev[0].device_index:
+            self.prev.append(current_stream(self.stream.device_index))
+        set_stream(self.stream)
+
+    def __exit__(self, *exc: Any) -> bool:
+        for s in reversed(self.prev):
+            set_stream(s)
+        self.prev = []
+        return False
+
+
+def stream(stream: Any) -> HostedStreamContext:
+    return HostedStreamContext(stream)
 
 
 def default_stream(device: Any = None) -> HostedStream:
     return HostedStream(device, stream_ptr=0)
+
+
+def _memory_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A torch.cuda memory statistic of the rank's caching allocator (torch_memory.py)."""
+    @functools.wraps(fn)
+    def call(device: Any = None) -> Any:
+        _lazy_init()
+        return fn(current(), _index(device))
+    return call
+
+
+def empty_cache() -> None:
+    from . import torch_memory
+    torch_memory.empty_cache(current())
+
+
+def _stats() -> dict[str, Any]:
+    from . import torch_memory as m
+    return {"memory_allocated": _memory_call(m.memory_allocated),
+            "max_memory_allocated": _memory_call(m.max_memory_allocated),
+            "memory_reserved": _memory_call(m.memory_reserved),
+            "reset_peak_memory_stats": _memory_call(m.reset_peak),
+            "reset_max_memory_allocated": _memory_call(m.reset_peak),
+            "empty_cache": empty_cache}
 
 
 _HOSTED: dict[str, Any] = {
@@ -254,8 +333,10 @@ _HOSTED: dict[str, Any] = {
     "can_device_access_peer": can_device_access_peer, "synchronize": synchronize,
     "mem_get_info": mem_get_info, "is_initialized": is_initialized, "init": init,
     "current_stream": current_stream, "default_stream": default_stream,
+    "set_stream": set_stream, "stream": stream, **_stats(),
 }
-SIMULATED = tuple(sorted(_HOSTED) + ["Stream", "device"])
+SIMULATED = tuple(sorted(_HOSTED) + ["Stream", "device", "StreamContext", "Event", "CUDAGraph",
+                                     "graph", "graph_pool_handle", "is_current_stream_capturing"])
 _saved: dict[str, Any] = {}
 
 
@@ -285,8 +366,7 @@ class _ClassDispatch(type):
 # own functions stay (torch.manual_seed calls torch.cuda.manual_seed_all).
 _PASSTHROUGH = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed"})
 # torch.cuda classes a hosted program may construct that commsim does not simulate.
-_UNSIMULATED_CLASSES = ("Event", "ExternalStream", "CUDAGraph", "graph", "MemPool",
-                        "GreenContext", "CUDAPluggableAllocator", "StreamContext")
+_UNSIMULATED_CLASSES = ("ExternalStream", "MemPool", "GreenContext", "CUDAPluggableAllocator")
 
 
 _tc: list[Any] = [None]      # the torch.cuda module once patched
@@ -319,7 +399,19 @@ def _patch(module: Any) -> None:
     for name, fn in _HOSTED.items():
         _saved[name] = getattr(_tc[0], name)
         setattr(_tc[0], name, _dispatch(name, fn, _saved[name]))
-    for name, hosted in (("Stream", HostedStream), ("device", HostedDevice)):
+    # torch's C++ calls torch.cuda._lazy_init before it makes a CUDA tensor (a factory
+    # reached without the tensor surface's mode: another thread of a procs-mode rank).
+    _saved["_lazy_init"] = _tc[0]._lazy_init
+    _tc[0]._lazy_init = _dispatch("_lazy_init", _lazy_init, _saved["_lazy_init"])
+    from .torch_events import HostedEvent
+    from . import torch_graphs as tg
+    for name, fn in (("graph_pool_handle", tg.graph_pool_handle),
+                     ("is_current_stream_capturing", tg.is_current_stream_capturing)):
+        _saved[name] = getattr(_tc[0], name)
+        setattr(_tc[0], name, _dispatch(name, fn, _saved[name]))
+    for name, hosted in (("Stream", HostedStream), ("device", HostedDevice),
+                         ("StreamContext", HostedStreamContext), ("Event", HostedEvent),
+                         ("CUDAGraph", tg.HostedCUDAGraph), ("graph", tg.HostedGraphContext)):
         _saved[name] = getattr(_tc[0], name)
         setattr(_tc[0], name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": _saved[name]}))
     # Everything else public fails loudly in a hosted rank, naming itself.

@@ -66,5 +66,5 @@ def test_unserved_call_fails_naming_itself():
     v, _, out = hosted(PROGRAMS / "not_simulated.py", "hgx-h100-8", nproc_per_host=2)
     assert not v.ok
     assert all(p.exception.startswith("NotImplementedError: commsim hosting: "
-                                      "torch.distributed.reduce_scatter_tensor is not simulated")
+                                      "torch.distributed.all_to_all_single is not simulated")
                for p in v.ranks), v.format()

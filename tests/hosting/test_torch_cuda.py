@@ -100,11 +100,13 @@ def test_other_threads_keep_cpu_torch():
     assert solo(r, program) is True and seen["avail"] is False
 
 
-def test_no_cuda_tensors_on_cpu_torch():
-    """The stated limit: the hosted surface is the control plane, not CUDA tensors."""
+def test_cuda_tensors_only_inside_a_rank():
+    """Outside a hosted rank the CPU build makes no CUDA tensor; inside, it is the rank's."""
     _, (r,) = ranks("hgx-h100-8", [(0, 0)])
     with pytest.raises((AssertionError, RuntimeError)):
-        solo(r, lambda: torch.empty(4, device="cuda"))
+        torch.empty(4, device="cuda")
+    t = solo(r, lambda: torch.empty(4, device="cuda"))
+    assert t.is_cuda and t.device == torch.device("cuda", 0)
 
 
 def test_unsimulated_torch_cuda_fails_loudly_and_seeding_still_works():
@@ -113,8 +115,8 @@ def test_unsimulated_torch_cuda_fails_loudly_and_seeding_still_works():
     def program():
         torch.cuda.set_device(1)
         torch.manual_seed(1234)            # calls torch.cuda.manual_seed_all: harmless
-        for call in (torch.cuda.memory_allocated, torch.cuda.empty_cache, torch.cuda.Event,
-                     lambda: torch.cuda.stream(torch.cuda.Stream())):
+        for call in (torch.cuda.memory_stats, torch.cuda.memory_summary, torch.cuda.MemPool,
+                     lambda: torch.cuda.make_graphed_callables(lambda x: x, (torch.ones(1),))):
             with pytest.raises(NotImplementedError, match=r"commsim hosting: torch\.cuda\.\w+ is not simulated"):
                 call()
         return torch.rand(1).item()

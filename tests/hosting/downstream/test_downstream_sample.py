@@ -27,3 +27,15 @@ def test_one_gpu_per_rank(commsim_rank):
     import os
     assert os.environ["CUDA_VISIBLE_DEVICES"] == str(commsim_rank.rank)
     assert len(commsim_rank.visible) == 1
+
+
+@pytest.mark.commsim(machine="hgx-h100-8", ranks=2)
+def test_all_reduce_of_cuda_tensors(commsim_rank):
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank())
+    inputs = [torch.randn(64, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    x = inputs[dist.get_rank()].cuda()
+    dist.all_reduce(x)
+    assert x.device == torch.device("cuda", dist.get_rank())
+    torch.testing.assert_close(x.cpu(), inputs[0] + inputs[1])
+    dist.destroy_process_group()
