@@ -11,8 +11,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from .. import caching_allocator as allocators
 from ..backends.base import SetupFailed
 from ..backends.nccl import NcclError
@@ -27,7 +25,7 @@ from ..sim.faults import ProcessFaults
 from .faults import arm_driver_faults
 from .model import Scenario
 
-from .reference import RTOL, TORCH, Inputs, make_input  # noqa: F401  (re-exported)
+from .reference import ESIZE, RTOL, TORCH, Inputs, make_input  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -165,18 +163,16 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
                 for op in wl.ops:
                     for size in wl.sizes:
                         for dt in wl.dtypes:
-                            esz = torch.empty(0, dtype=TORCH[dt]).element_size()
+                            esz = ESIZE[dt]
                             numel = max(size // esz, 1)
                             if op == "reduce_scatter":
                                 numel = max(numel // sub.size, 1) * sub.size
                             state["step"] = "capture" if ctx else "op"
                             ref = inputs.get(g.name, sub.size, op, numel, dt)
                             x = ref.input(sub.rank)
-                            if op == "all_reduce_rmsnorm":
-                                resid = torch.ones(numel, dtype=TORCH[dt])
-                                w = torch.ones(numel, dtype=TORCH[dt])
-                                out, y = comm.all_reduce_rmsnorm(x, resid, w)
-                                del out, resid, w
+                            if op == "all_reduce_rmsnorm":    # residual and weight: ones
+                                out, y = comm.all_reduce_rmsnorm(x, ref.ones(), ref.ones())
+                                del out
                             else:
                                 y = getattr(comm, op)(x)
                             checks.append((y, ref, f"group {g.name} rank {sub.rank}: {op} {size} B {dt}"))
