@@ -230,7 +230,6 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     # What the communicator admitted (its decision record), against what the topology allows:
     # admitting an illegal backend is a wrong eligibility rule even when its set-up then fails
     # and the communicator falls back to a legal one.
-    truths = {g.name: group_truth(sc, g.ranks, g.name, tuple(pol.order)) for g in sc.groups}
     for gname, text in res.explain.items():
         gt = truths.get(gname)
         if gt is None:

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import as_strided
 
 from ..sim import shared_pages
 from ..sim.shared_pages import PAGE, SealedArray
@@ -42,6 +41,9 @@ ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}     # bytes per element of e
 # Tolerances against the float64 reference: inputs are exact in every dtype, so the error is
 # the final rounding of a float32 sum back into the dtype (one ulp of the result).
 RTOL = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
+# Integers of at most this magnitude are exact in the dtype (2 ** its significand's bits,
+# IEEE 754 binary32 / binary16, bfloat16's 8): a reference made of them rounds to itself.
+EXACT_INT = {"float32": 2 ** 24, "float16": 2 ** 11, "bfloat16": 2 ** 8}
 STRIDE = 61          # elements between consecutive ranks' windows on the tape (a prime)
 SHARED_MIN = 64 * 1024   # message bytes from which windows are page-aligned and the tape sealed
 LOW, HIGH = -8, 8    # input values
@@ -92,9 +94,12 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def windows(tape: np.ndarray, stride: int, size: int, numel: int) -> np.ndarray:
-    """Every rank's window of the tape as the rows of one read-only (size, numel) view."""
-    return as_strided(tape, (size, numel), (stride * tape.strides[0], tape.strides[0]),
-                      writeable=False)
+    """Every rank's window of a contiguous tape as the rows of one read-only (size, numel)
+    view (numpy refuses one that would reach past the tape's end). Made by the ndarray
+    constructor over the tape's buffer: a quarter of numpy's as_strided cost (1.6 us vs 5.8)."""
+    v = np.ndarray((size, numel), tape.dtype, buffer=tape, strides=(stride * tape.itemsize, tape.itemsize))
+    v.flags.writeable = False
+    return v
 
 
 COLUMNS = 32         # tape columns per block of window_sum: its temporaries stay in cache
@@ -238,8 +243,9 @@ class Reference:
             peak = max((max(abs(float(v.max()) + c), abs(float(v.min()) + c)) if len(v) else abs(c))
                        for _, v, c in parts)
             tol = RTOL[self.dtype] * peak + 1e-6
-            exact = all(self._rounding_error(rank, j, off, v, c) <= tol
-                        for j, (off, v, c) in enumerate(parts))
+            # An integer reference within EXACT_INT rounds to itself: no error to measure.
+            exact = peak <= EXACT_INT[self.dtype] or all(
+                self._rounding_error(rank, j, off, v, c) <= tol for j, (off, v, c) in enumerate(parts))
             sp = self._spans[key] = Span(parts, n_out, tol,
                                          self._rounded_bytes(rank, n_out) if exact else None)
         return sp

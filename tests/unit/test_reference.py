@@ -91,3 +91,20 @@ def test_window_sum_is_the_rank_by_rank_sum(stride: int, size: int, numel: int) 
         want += ints[stride * r: stride * r + numel]
     got = window_sum(ints, stride, size, numel, np.int16)
     assert got.dtype == np.int16 and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("size", [8, 2000])
+def test_fast_path_is_offered_exactly_when_the_rounded_reference_is_within_tolerance(dt: str, size: int) -> None:
+    # 2000 ranks: sums beyond 256, which bfloat16 cannot hold exactly (the rounding is measured)
+    from commsim.scenario.reference import EXACT_INT
+
+    ref = Reference(1, "g", size, "all_reduce", 4096, dt)
+    sp = ref.span(0)
+    (off, v, c), = sp.parts
+    err = ref._rounding_error(0, 0, off, v, c)
+    assert (sp.rounded is not None) == (err <= sp.tol)
+    peak = max(abs(int(v.max())), abs(int(v.min())))
+    if peak <= EXACT_INT[dt]:
+        assert err == 0.0
+    assert ref.check(ref._expected_all(), 0) is None
