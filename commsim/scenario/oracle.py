@@ -52,14 +52,15 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
     the legal ones in `order` (default: the registry's), the fallbacks appended."""
     gpus = tuple(sc.placement[r] for r in ranks)
     facts = GroupFacts.of(sc.cluster, gpus)
+    registry = backends()
     why: dict[str, str] = {}
-    for b, cls in backends().items():
+    for b, cls in registry.items():
         reason = cls.truth(facts)
         if reason is not None:
             why[b] = reason
     legal = tuple(b for b in (default_order() if order is None else order) if b not in why)
     legal += tuple(b for b in fallbacks() if b not in legal)
-    fails = {b: r for b in legal if (r := backends()[b].setup_fails(facts))}
+    fails = {b: r for b in legal if (r := registry[b].setup_fails(facts))}
     return GroupTruth(name, ranks, gpus, legal, why, fails)
 
 

@@ -49,6 +49,7 @@ SHARED_MIN = 64 * 1024   # message bytes from which windows are page-aligned and
 LOW, HIGH = -8, 8    # input values
 CHUNK = 1 << 20      # elements per step of the float64 comparison (bounds its temporaries)
 MEMO = 3             # references kept per run (ranks of a group move through ops together)
+BYTES_COMPARED = 64 * 1024   # up to this size outputs are compared as bytes objects
 
 
 def _key(*parts: Any) -> int:
@@ -86,9 +87,13 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
 def _equal(a: np.ndarray, b: np.ndarray) -> bool:
     """np.array_equal block by block: its temporary is a block's size, not the message's
     (a 256 MiB result compared whole made a 256 MiB mask on every rank's check). Blocks are
-    rows of a 2-D pair (an all-gather's windows), slices of a 1-D one."""
+    rows of a 2-D pair (an all-gather's windows), slices of a 1-D one. Up to BYTES_COMPARED
+    the two are compared as bytes objects instead: a copy of each, compared in C, costs less
+    than np.array_equal's Python layer (0.1 us vs 1.6 at 16 bytes, 2.0 vs 3.4 at 64 KiB)."""
     if a.shape != b.shape:
         return False
+    if a.nbytes <= BYTES_COMPARED:
+        return a.tobytes() == b.tobytes()
     step = 8 * CHUNK if a.ndim == 1 else max(1, 8 * CHUNK // max(a.shape[1], 1))
     return all(np.array_equal(a[i:i + step], b[i:i + step]) for i in range(0, a.shape[0], step))
 
