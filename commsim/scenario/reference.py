@@ -245,8 +245,7 @@ class Reference:
         if sp is None:
             parts = self._parts(rank)
             n_out = sum(len(v) for _, v, _ in parts)
-            peak = max((max(abs(float(v.max()) + c), abs(float(v.min()) + c)) if len(v) else abs(c))
-                       for _, v, c in parts)
+            peak = self._peak(parts)
             tol = RTOL[self.dtype] * peak + 1e-6
             # An integer reference within EXACT_INT rounds to itself: no error to measure.
             exact = peak <= EXACT_INT[self.dtype] or all(
@@ -254,6 +253,15 @@ class Reference:
             sp = self._spans[key] = Span(parts, n_out, tol,
                                          self._rounded_bytes(rank, n_out) if exact else None)
         return sp
+
+    def _peak(self, parts: list[tuple[int, np.ndarray, float]]) -> float:
+        """max |ref| over the parts; an all-gather's over its windows at once (two passes over
+        one view, not two per rank)."""
+        if self.op == "all_gather":
+            w = windows(self.ints, self.stride, self.size, self.numel)
+            return max(abs(float(w.max())), abs(float(w.min())))
+        return max((max(abs(float(v.max()) + c), abs(float(v.min()) + c)) if len(v) else abs(c))
+                   for _, v, c in parts)
 
     def _rounding_error(self, rank: int, j: int, off: int, v: np.ndarray, c: float) -> float:
         """max |rounded - exact| over one part of the output."""
