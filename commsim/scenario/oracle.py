@@ -24,10 +24,10 @@ from ..topology.model import GpuRef
 from ..topology.truth import GroupFacts
 from .faults import OOM_ERRORS, get_fault, injected_errors
 from .model import Scenario
+from .reference import ESIZE, message_numel
 
 KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic",
          "knob-outcome")
-ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 # -- groups -------------------------------------------------------------------------------------
@@ -67,11 +67,7 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
 def op_nbytes(op: str, size: int, dtype: str, ws: int) -> int:
     """The bytes an op hands the communicator for a workload size (the runner's rounding:
     whole elements, at least one, reduce_scatter a multiple of the group size)."""
-    esz = ESIZE[dtype]
-    numel = max(size // esz, 1)
-    if op == "reduce_scatter":
-        numel = max(numel // ws, 1) * ws
-    return numel * esz
+    return message_numel(op, size, dtype, ws) * ESIZE[dtype]
 
 
 def op_legal(backend: str, op: str, nbytes: int, ws: int, params: dict[str, Any]) -> bool:

@@ -108,3 +108,17 @@ def test_fast_path_is_offered_exactly_when_the_rounded_reference_is_within_toler
     if peak <= EXACT_INT[dt]:
         assert err == 0.0
     assert ref.check(ref._expected_all(), 0) is None
+
+
+def test_references_made_ahead_are_kept_and_equal_those_made_on_demand() -> None:
+    small = ("g", 4, "all_reduce", 256, "bfloat16")
+    large = ("g", 4, "all_gather", 1 << 16, "float32")       # 256 KiB: stays on demand
+    inp = Inputs(9, ahead=[small, large, small])
+    assert list(inp.kept) == [small]
+    ref = inp.kept[small]
+    for n in (16, 32, 64, 128):                               # more than MEMO others asked for
+        inp.get("g", 4, "all_reduce", n, "float32")
+    assert inp.get(*small) is ref
+    fresh = Inputs(9).get(*small)
+    assert torch.equal(ref.values, fresh.values) and (ref.total == fresh.total).all()
+    assert inp.get(*large) is inp.memo[large]
