@@ -38,13 +38,30 @@ def _barrier(ctx: KernelContext, ptrs: Sequence[int], me: int, which: int, rnd: 
 # round-to-nearest-even on the low half, both plain integer passes that do not depend on
 # torch's thread setting (torch's casts run at numpy-add speed on one thread, but about 50
 # times slower with its 2-thread pool: set_torch_threads). numpy's own float16 casts take
-# about 14 float32 adds here (no F16C path): measured, left as they are.
+# about 14 float32 adds here (no F16C path); torch's are vectorised, so from TORCH_F16_FROM
+# elements on, on one torch thread, float16 is widened and narrowed by torch: 8 inputs of
+# 32 Ki elements summed in 50 us instead of 472, stored in 2.6 us instead of 56. The values
+# are the same (each input widened exactly, float32 adds in order, one round-to-nearest-even
+# at the store; NaN payloads aside); below it torch's per-call cost is more than numpy's.
 _NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 _BLOCK = 1 << 16        # elements per block of a 16-bit reduction (float32 accumulator: 256 KiB)
+TORCH_F16_FROM = 2048
+
+
+def _torch_f16(n: int) -> bool:
+    return n >= TORCH_F16_FROM and torch.get_num_threads() == 1
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    # torch.from_numpy warns about a read-only array (an input shared between buffers): copy it.
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 def _store(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
     """dst (raw bytes in `dtype`) = acc (float32), rounded to nearest even like a GPU cvt.rn."""
+    if dtype == "float16" and _torch_f16(acc.size):
+        torch.from_numpy(dst.view(np.float16)).copy_(torch.from_numpy(acc))
+        return
     if dtype != "bfloat16":
         np.copyto(dst.view(_NP[dtype]), acc, casting="same_kind")
         return
@@ -78,6 +95,12 @@ def _reduce(srcs: Sequence[np.ndarray], dtype: str, out: np.ndarray | None = Non
             for v in vs[1:]:
                 np.left_shift(v, 16, out=wide, dtype=np.uint32)
                 np.add(acc, wide.view(np.float32), out=acc)
+        return acc
+    if dtype == "float16" and _torch_f16(acc.size):
+        t = torch.from_numpy(acc)
+        t.copy_(_tensor(vs[0]))
+        for v in vs[1:]:
+            t.add_(_tensor(v))           # float32 += float16: widened, then a float32 add
         return acc
     if len(vs) == 1:
         np.copyto(acc, vs[0])

@@ -69,6 +69,7 @@ BIG_SHAPES = ("gb200-nvl72:9", "gb200-nvl72:18", "gb200-nvl36x2:10", "gb200-nvl3
               "gh200-nvl32:16")
 BIG_FRACTION = 0.03
 DEFAULT_SHAPES = _default_shapes()
+_SHAPE_NAMES, _SHAPE_WEIGHTS = [s for s, _ in DEFAULT_SHAPES], [w for _, w in DEFAULT_SHAPES]
 
 
 def shape_family(spec: str) -> str:
@@ -195,6 +196,15 @@ def _place(cluster: Cluster, world: int, how: str, rng: random.Random) -> tuple[
     return tuple(rng.sample(refs, world))
 
 
+@functools.lru_cache(maxsize=256)
+def placement_of(shape: str, world: int, how: str, pid: str) -> tuple[GpuRef, ...]:
+    """The GPUs of generated scenario `pid`'s ranks, on its machine shape before faults: the
+    random placement draws from a stream seeded by the id, so this is a pure function of its
+    arguments, kept for the calls one scenario makes (its plan's fault targets, its build,
+    its tags) instead of drawn again for each."""
+    return _place(build_shape(shape), world, how, random.Random(_seed_of("place", pid)))
+
+
 def _groups(tp: int, dp: int, dp_groups: bool) -> tuple[Group, ...]:
     gs = [Group(f"tp{d}" if dp > 1 else "tp", tuple(range(d * tp, (d + 1) * tp))) for d in range(dp)]
     if dp_groups and dp > 1:
@@ -212,8 +222,7 @@ def _resolve_fault(kind: F.FaultKind, cluster: Cluster, placement: tuple[GpuRef,
 def build(plan: Plan) -> Scenario:
     """The Scenario a plan describes (topology faults applied to the cluster)."""
     cluster = build_shape(plan.shape)
-    rng = random.Random(_seed_of("place", plan.id))
-    placement = _place(cluster, plan.world, plan.placement, rng)
+    placement = placement_of(plan.shape, plan.world, plan.placement, plan.id)
     faults = plan.faults
     for f in faults:
         if not F.is_driver_fault(f):          # driver faults act on calls, not on the machine
@@ -245,8 +254,7 @@ def build(plan: Plan) -> Scenario:
 def plan_tags(plan: Plan, placement: tuple[GpuRef, ...] | None = None) -> str:
     """The words a `--filter` substring is matched against."""
     if placement is None:
-        placement = _place(build_shape(plan.shape), plan.world, plan.placement,
-                           random.Random(_seed_of("place", plan.id)))
+        placement = placement_of(plan.shape, plan.world, plan.placement, plan.id)
     tags = [plan.id, plan.shape, plan.layout, plan.placement, *plan.ops, *plan.dtypes,
             *(f.kind for f in plan.faults), "capture" if plan.graph_capture else "eager",
             "discard" if plan.graph_capture and plan.discard else "",
@@ -273,6 +281,14 @@ def _layouts(n_gpus: int, max_world: int) -> list[tuple[int, int]]:
     return [(t, d) for t in TP_SIZES for d in (1, 2, 4) if t * d <= cap]
 
 
+@functools.lru_cache(maxsize=None)
+def _layout_draw(n_gpus: int, max_world: int) -> tuple[list[tuple[int, int]], list[float]]:
+    """The layouts a machine of `n_gpus` allows up to `max_world` ranks, and their weights
+    (constants per pair: made once, not per draw)."""
+    lays = _layouts(n_gpus, max_world)
+    return lays, [_layout_weight(t, d) for t, d in lays]
+
+
 def _layout_weight(t: int, d: int) -> float:
     w = t * d
     base = {1: 0.3, 2: 2.0, 4: 1.6, 6: 0.4, 8: 1.1, 16: 0.5}[t]
@@ -285,12 +301,12 @@ def sample_plan(seed: int, index: int) -> Plan:
     if rng.random() < BIG_FRACTION:
         shape = rng.choice(BIG_SHAPES)
     else:
-        shape = _wchoice(rng, [s for s, _ in DEFAULT_SHAPES], [w for _, w in DEFAULT_SHAPES])
+        shape = _wchoice(rng, _SHAPE_NAMES, _SHAPE_WEIGHTS)
     cluster = build_shape(shape)
     tier = _wchoice(rng, ("small", "medium", "large"), (925, 70, 5))
     max_world = {"small": MAX_WORLD, "medium": 8, "large": 2}[tier]
-    lays = _layouts(cluster.num_gpus, max_world)
-    tp, dp = _wchoice(rng, lays, [_layout_weight(t, d) for t, d in lays])
+    lays, weights = _layout_draw(cluster.num_gpus, max_world)
+    tp, dp = _wchoice(rng, lays, weights)
     dp_groups = dp > 1 and (tp == 1 or rng.random() < 0.4)
     placement = _wchoice(rng, PLACEMENTS, (45, 20, 15, 20))
     if tier == "small":
@@ -310,7 +326,7 @@ def sample_plan(seed: int, index: int) -> Plan:
     kinds = [_wchoice(rng, drawn, [k.weight for k in drawn]) for _ in range(nf)]
     sc_seed = rng.randrange(1 << 31)
     # The placement (hence the faults' targets) comes from the id-seeded placement stream.
-    placement_refs = _place(cluster, tp * dp, placement, random.Random(_seed_of("place", pid)))
+    placement_refs = placement_of(shape, tp * dp, placement, pid)
     frng = random.Random(_seed_of("faults", pid))
     faults = tuple(_resolve_fault(k, cluster, placement_refs, frng) for k in kinds)
     return Plan(pid, shape, tp, dp, dp_groups, placement, faults, ops, sizes, dtypes,
@@ -405,7 +421,7 @@ def enum_plan(index: int) -> Plan:
         size = ms[rng.randrange(len(ms))]
     placement = PLACEMENTS[pi]
     capture, discard = ENUM_CAPTURE[ci]
-    placement_refs = _place(cluster, tp * dp, placement, random.Random(_seed_of("place", pid)))
+    placement_refs = placement_of(shape, tp * dp, placement, pid)
     kind = ENUM_FAULTS[fi]
     faults = () if kind is None else (
         _resolve_fault(kind, cluster, placement_refs, random.Random(_seed_of("faults", pid))),)

@@ -24,10 +24,10 @@ from ..topology.model import GpuRef
 from ..topology.truth import GroupFacts
 from .faults import OOM_ERRORS, get_fault, injected_errors
 from .model import Scenario
+from .reference import ESIZE, message_numel
 
 KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic",
          "knob-outcome")
-ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 # -- groups -------------------------------------------------------------------------------------
@@ -52,25 +52,22 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
     the legal ones in `order` (default: the registry's), the fallbacks appended."""
     gpus = tuple(sc.placement[r] for r in ranks)
     facts = GroupFacts.of(sc.cluster, gpus)
+    registry = backends()
     why: dict[str, str] = {}
-    for b, cls in backends().items():
+    for b, cls in registry.items():
         reason = cls.truth(facts)
         if reason is not None:
             why[b] = reason
     legal = tuple(b for b in (default_order() if order is None else order) if b not in why)
     legal += tuple(b for b in fallbacks() if b not in legal)
-    fails = {b: r for b in legal if (r := backends()[b].setup_fails(facts))}
+    fails = {b: r for b in legal if (r := registry[b].setup_fails(facts))}
     return GroupTruth(name, ranks, gpus, legal, why, fails)
 
 
 def op_nbytes(op: str, size: int, dtype: str, ws: int) -> int:
     """The bytes an op hands the communicator for a workload size (the runner's rounding:
     whole elements, at least one, reduce_scatter a multiple of the group size)."""
-    esz = ESIZE[dtype]
-    numel = max(size // esz, 1)
-    if op == "reduce_scatter":
-        numel = max(numel // ws, 1) * ws
-    return numel * esz
+    return message_numel(op, size, dtype, ws) * ESIZE[dtype]
 
 
 def op_legal(backend: str, op: str, nbytes: int, ws: int, params: dict[str, Any]) -> bool:
@@ -230,7 +227,6 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     # What the communicator admitted (its decision record), against what the topology allows:
     # admitting an illegal backend is a wrong eligibility rule even when its set-up then fails
     # and the communicator falls back to a legal one.
-    truths = {g.name: group_truth(sc, g.ranks, g.name, tuple(pol.order)) for g in sc.groups}
     for gname, text in res.explain.items():
         gt = truths.get(gname)
         if gt is None:

@@ -11,8 +11,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from .. import caching_allocator as allocators
 from ..backends.base import SetupFailed
 from ..backends.nccl import NcclError
@@ -27,7 +25,7 @@ from ..sim.faults import ProcessFaults
 from .faults import arm_driver_faults
 from .model import Scenario
 
-from .reference import RTOL, TORCH, Inputs, make_input  # noqa: F401  (re-exported)
+from .reference import ESIZE, RTOL, TORCH, Inputs, make_input, message_numel  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -165,18 +163,13 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
                 for op in wl.ops:
                     for size in wl.sizes:
                         for dt in wl.dtypes:
-                            esz = torch.empty(0, dtype=TORCH[dt]).element_size()
-                            numel = max(size // esz, 1)
-                            if op == "reduce_scatter":
-                                numel = max(numel // sub.size, 1) * sub.size
+                            numel = message_numel(op, size, dt, sub.size)
                             state["step"] = "capture" if ctx else "op"
                             ref = inputs.get(g.name, sub.size, op, numel, dt)
                             x = ref.input(sub.rank)
-                            if op == "all_reduce_rmsnorm":
-                                resid = torch.ones(numel, dtype=TORCH[dt])
-                                w = torch.ones(numel, dtype=TORCH[dt])
-                                out, y = comm.all_reduce_rmsnorm(x, resid, w)
-                                del out, resid, w
+                            if op == "all_reduce_rmsnorm":    # residual and weight: ones
+                                out, y = comm.all_reduce_rmsnorm(x, ref.ones(), ref.ones())
+                                del out
                             else:
                                 y = getattr(comm, op)(x)
                             checks.append((y, ref, f"group {g.name} rank {sub.rank}: {op} {size} B {dt}"))
@@ -185,7 +178,7 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
                             del x, y, ref
                             if ctx is None:
                                 verify()
-                            mine["backends"][(g.name, op, size, dt)] = comm.chosen(op, numel * esz, dt)
+                            mine["backends"][(g.name, op, size, dt)] = comm.chosen(op, numel * ESIZE[dt], dt)
                 if ctx is not None:
                     _stream_capture(driver, begin=False)
                     state["step"] = "register"
@@ -261,6 +254,14 @@ def collect(res: RunResult, values: list[dict | None], errors: list[RankError | 
             res.errors.append(err)
 
 
+def input_keys(sc: Scenario) -> list[tuple[str, int, str, int, str]]:
+    """(group, group size, op, elements, dtype) of every message the workload sends, in the
+    order a rank meets them (`Inputs` keys)."""
+    wl = sc.workload
+    return [(g.name, len(g.ranks), op, message_numel(op, size, dt, len(g.ranks)), dt)
+            for g in sc.groups for op in wl.ops for size in wl.sizes for dt in wl.dtypes]
+
+
 def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | None = None,
                  disabled_rules: frozenset[str] = frozenset()) -> RunResult:
     """Run `sc` in this process under its own policy, or under `policy` when given.
@@ -276,7 +277,7 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
                             else None)
                for r, g in enumerate(sc.placement)]
     world = LocalWorld(sc.world_size, seed)
-    inputs = Inputs(seed)
+    inputs = Inputs(seed, ahead=input_keys(sc))
     outcomes = world.run(lambda wg: run_rank(sc, pol, wg, drivers[wg.rank], inputs, disabled_rules))
     res.trace_hash = world.trace_hash()
     collect(res, [o.value if o.ok else None for o in outcomes],

@@ -1,12 +1,13 @@
 """Sweeps: run many generated scenarios, judge each against the oracle, report.
 
     ids = select_ids(count=1000, seed=0)                   # sampler ids s0-0 ... s0-999
-    rep = run_sweep(ids, jobs=2)                          # worker processes (forkserver)
+    rep = run_sweep(ids, jobs=2)                          # worker processes (`_context`)
     print(rep.summary()); rep.write_json("out.json"); rep.write_html("out.html")
 
 A scenario's record carries its id; `commsim replay <id>` rebuilds it from the id alone.
-Worker processes never see monkeypatches of the parent: run with `jobs=1` to test a planted
-defect (the work then runs in this process).
+Worker processes may or may not see monkeypatches of the parent (they are forked from it or
+from a forkserver, `_context`): run with `jobs=1` to test a planted defect (the work then runs
+in this process).
 """
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ def run_one(sid: str, determinism: str = "sample") -> dict:
     return rec
 
 
-_PROGRESS_DIR: str | None = None      # set in worker processes: where each notes its current id
-
+# Set in worker processes: the file (a descriptor) where each notes the id it is running.
+_PROGRESS_FD: int | None = None
 
 SWEEP_GC_THRESHOLD = (10_000, 10, 10)     # gc.set_threshold of a scenario-running process
 
@@ -148,18 +149,26 @@ def settle_heap(collect: bool = True) -> None:
 
 
 def _worker_init(progress_dir: str) -> None:
-    global _PROGRESS_DIR
-    _PROGRESS_DIR = progress_dir
-    settle_heap(collect=False)   # a worker forked from the server: little garbage, 0.1 s to find
+    global _PROGRESS_FD
+    # One file per worker, opened once: noting an id is then one pwrite, not an open, a write
+    # and a close per scenario.
+    _PROGRESS_FD = os.open(os.path.join(progress_dir, str(os.getpid())),
+                           os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    settle_heap(collect=False)   # a worker forked from a clean process: little garbage, 0.1 s to find
+
+
+def _note_running(sid: str) -> None:
+    """So the parent learns which id a dead worker was running: the id and a newline from
+    the file's start (the reader takes the first line; a longer id's tail may follow it)."""
+    if _PROGRESS_FD is not None:
+        os.pwrite(_PROGRESS_FD, f"{sid}\n".encode(), 0)
 
 
 def _run_chunk(args: tuple) -> list[dict]:
     ids, det, crash = args
     out = []
     for sid in ids:
-        if _PROGRESS_DIR is not None:   # so the parent learns which id a dead worker was running
-            with open(os.path.join(_PROGRESS_DIR, str(os.getpid())), "w") as f:
-                f.write(sid)
+        _note_running(sid)
         if sid in crash:                # harness self-test: die the way a native crash does
             import signal
             os.kill(os.getpid(), signal.SIGSEGV)
@@ -326,10 +335,35 @@ def _chunks(ids: list[str], jobs: int) -> list[list[str]]:
     return [ids[i:i + size] for i in range(0, len(ids), size)]
 
 
+def _os_threads() -> int:
+    """This process's OS threads (Linux: /proc/self/task), or 0 where that is unknown."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
+# The threads a process has once it has imported this module: the main one plus what the
+# imports start (numpy's BLAS pool starts at import; torch's intra-op pool does not, it starts
+# on a first parallel op). A forkserver that preloads the runner forks its workers with these.
+_IMPORT_THREADS = _os_threads()
+
+
 def _context() -> mp.context.BaseContext:
-    # fork would copy torch's threads' state; forkserver forks workers from a clean server
-    # that imported commsim (and torch) once.
-    if "forkserver" in mp.get_all_start_methods():
+    """How worker processes start. A fork copies only the forking thread: a thread pool of
+    torch's (OpenMP) would be missing in the child with its state copied, and its first use
+    there could hang. So workers come from a clean process: this one, forked, while it has
+    no thread besides those its imports started (then it is in the state a forkserver
+    preloading the runner forks from, and its workers start at once instead of after the
+    server imported torch again, 1.5-2 s of a sweep's wall time measured on the 2-core
+    machine); else a forkserver that imported commsim (and torch) once."""
+    import threading
+    methods = mp.get_all_start_methods()
+    if ("fork" in methods and _IMPORT_THREADS and threading.active_count() == 1
+            and _os_threads() == _IMPORT_THREADS):
+        from . import runner  # noqa: F401  (imported once, here, not again in every worker)
+        return mp.get_context("fork")
+    if "forkserver" in methods:
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["commsim.scenario.runner", "commsim.scenario.sweep"])
         return ctx
@@ -369,7 +403,7 @@ def _run_pool(ids: list[str], jobs: int, determinism: str, take: Callable[[dict]
             running = set()
             for name in os.listdir(tmp):
                 with open(os.path.join(tmp, name)) as fh:
-                    running.add(fh.read().strip())
+                    running.add(fh.readline().strip())
                 os.unlink(os.path.join(tmp, name))
             suspects = [s for s in rest if s in running] or rest[:1]
             for sid in suspects:

@@ -163,3 +163,25 @@ def test_positional_words_serve_merge_and_exec_arguments(capsys) -> None:
     assert (a.action, a.reports, a.exec_args) == ("merge", ["a.json", "b.json"], [])
     rc, out, err = run(capsys, "sweep", "x.json")
     assert rc == 2 and "sweep merge A.json" in err and "--exec PROG" in err, err
+
+
+def test_workers_fork_from_this_process_only_while_it_runs_no_threads_of_its_own() -> None:
+    """A fork copies one thread: workers are forked from the sweep's process while it has only
+    the threads its imports started (what a forkserver would fork from), from a forkserver once
+    it runs another thread. In a fresh process: the test's own may run threads (xdist)."""
+    import subprocess
+    import sys
+    if not sys.platform.startswith("linux"):
+        pytest.skip("threads are counted in /proc/self/task (Linux)")
+    prog = ("import threading\n"
+            "from commsim.scenario import sweep as S\n"
+            "from commsim.scenario.sweep import run_one\n"
+            "run_one('s4-1')\n"                       # a scenario in process starts no thread
+            "print(S._context().get_start_method())\n"
+            "ev = threading.Event(); t = threading.Thread(target=ev.wait); t.start()\n"
+            "print(S._context().get_start_method())\n"
+            "ev.set(); t.join()\n"
+            "print(S._context().get_start_method())\n")
+    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["fork", "forkserver", "fork"]

@@ -69,3 +69,37 @@ def test_blocked_reduce_into_matches_one_rounded_sum(dtype: str, tdt: torch.dtyp
     nan = torch.isnan(want)
     assert nan[7] and torch.equal(torch.isnan(got), nan)
     assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+@pytest.fixture(params=["numpy", "torch"])
+def f16_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """float16 through numpy's casts, or through torch's (from TORCH_F16_FROM elements, on one
+    torch thread)."""
+    monkeypatch.setattr(collectives, "TORCH_F16_FROM", 1 if request.param == "torch" else 1 << 62)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield request.param
+    torch.set_num_threads(threads)
+
+
+def test_float16_arithmetic_is_the_same_whichever_library_casts(f16_path: str) -> None:
+    acc = _specials()
+    out = np.zeros(acc.size * 2, np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):
+        _store(acc.copy(), out, "float16")
+    want = torch.from_numpy(acc).to(torch.float16)
+    got = torch.from_numpy(out).view(torch.float16)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(4099, generator=g).to(torch.float16) for _ in range(5)]
+    xs[2][9] = float("inf")
+    srcs = [x.view(torch.uint8).numpy() for x in xs]
+    srcs[1] = srcs[1].copy()
+    srcs[1].flags.writeable = False                        # an input shared read-only
+    acc = _reduce(srcs, "float16")
+    want = torch.zeros(4099)
+    for x in xs:
+        want += x.float()
+    assert torch.equal(torch.from_numpy(acc), want)

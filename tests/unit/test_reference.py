@@ -91,3 +91,52 @@ def test_window_sum_is_the_rank_by_rank_sum(stride: int, size: int, numel: int) 
         want += ints[stride * r: stride * r + numel]
     got = window_sum(ints, stride, size, numel, np.int16)
     assert got.dtype == np.int16 and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("size", [8, 2000])
+def test_fast_path_is_offered_exactly_when_the_rounded_reference_is_within_tolerance(dt: str, size: int) -> None:
+    # 2000 ranks: sums beyond 256, which bfloat16 cannot hold exactly (the rounding is measured)
+    from commsim.scenario.reference import EXACT_INT
+
+    ref = Reference(1, "g", size, "all_reduce", 4096, dt)
+    sp = ref.span(0)
+    (off, v, c), = sp.parts
+    err = ref._rounding_error(0, 0, off, v, c)
+    assert (sp.rounded is not None) == (err <= sp.tol)
+    peak = max(abs(int(v.max())), abs(int(v.min())))
+    if peak <= EXACT_INT[dt]:
+        assert err == 0.0
+    assert ref.check(ref._expected_all(), 0) is None
+
+
+def test_references_made_ahead_are_kept_and_equal_those_made_on_demand() -> None:
+    small = ("g", 4, "all_reduce", 256, "bfloat16")
+    large = ("g", 4, "all_gather", 1 << 16, "float32")       # 256 KiB: stays on demand
+    inp = Inputs(9, ahead=[small, large, small])
+    assert list(inp.kept) == [small]
+    ref = inp.kept[small]
+    for n in (16, 32, 64, 128):                               # more than MEMO others asked for
+        inp.get("g", 4, "all_reduce", n, "float32")
+    assert inp.get(*small) is ref
+    fresh = Inputs(9).get(*small)
+    assert torch.equal(ref.values, fresh.values) and (ref.total == fresh.total).all()
+    assert inp.get(*large) is inp.memo[large]
+
+
+@pytest.mark.parametrize("n", [16, 1 << 17, (1 << 17) + 3])
+def test_equal_finds_a_single_differing_byte(n: int) -> None:
+    import numpy as np
+
+    from commsim.scenario.reference import _equal, windows
+    a = np.random.default_rng(n).integers(0, 255, n, dtype=np.uint8)
+    for i in (0, n // 2, n - 1):
+        b = a.copy()
+        b[i] ^= 1
+        assert _equal(a, a.copy()) and not _equal(a, b)
+    tape = np.random.default_rng(1).integers(0, 255, 4096 * 3 + n, dtype=np.uint8)
+    rows = windows(tape, 4096, 4, n)                     # an all-gather's strided rows
+    got = np.ascontiguousarray(rows)
+    assert _equal(got, rows)
+    got[3, n - 1] ^= 1
+    assert not _equal(got, rows)
