@@ -144,7 +144,20 @@ class Backend(ABC):
     @classmethod
     @abstractmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
-        """Whether every rank meets the requirements, from the group-agreed view only."""
+        """Whether every rank meets the requirements, from the group-agreed view only: a pure
+        function of the view and the params' values (`admitted` reuses its verdict)."""
+
+    @classmethod
+    def admitted(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
+        """`eligibility`, computed once per view and params value: every rank of the group
+        asks with the same view (GroupView.of), and symm asks again for multicast's."""
+        seen: list[tuple[dict[str, Any], Eligibility]] = view.derived(("eligibility", cls), list)
+        for p, verdict in seen:
+            if p == params:
+                return verdict
+        verdict = cls.eligibility(view, params)
+        seen.append((dict(params), verdict))
+        return verdict
 
     def accepts(self, op: str, nbytes: int, dtype: str) -> tuple[bool, str]:
         """Per-call admission (size limits, alignment); (False, reason) hands over."""

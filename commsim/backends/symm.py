@@ -139,7 +139,7 @@ class SymmBackend(VmmPeerBackend):
         super().__init__(*a, **k)
         self.htype = self._handle_type()
         self.want_multicast = (self.params.get("symm_multicast", True)
-                               and MulticastBackend.eligibility(self.view, self.params).ok)
+                               and MulticastBackend.admitted(self.view, self.params).ok)
         self.own_fd: int | None = None   # the exported fd, until sent (or closed by close())
         self.mc_handle = 0
         self.mc = 0                 # the multicast address; 0 without multicast (row M8)
