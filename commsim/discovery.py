@@ -224,6 +224,8 @@ class GroupView:
 
     @functools.cached_property
     def _unreal(self) -> str:
+        if not any(any(r.p2p_probe) for r in self.ranks):
+            return ""           # no probe failed anywhere (the usual case): no pair to scan
         for a, b in self.host_pairs():
             if b.gpu >= len(a.p2p_probe) or a.p2p[b.gpu] is not True:
                 continue        # not reported (or not askable: then the probe is the P2P fact)
@@ -260,7 +262,7 @@ class GroupView:
 
 
 _views: dict[tuple[int, ...], GroupView] = {}     # GroupView.of, by the RankInfos' ids
-_VIEWS_KEPT = 64
+_VIEWS_KEPT = 16
 
 
 def discover(driver: Driver, group, tag: str = "discover") -> GroupView:

@@ -113,7 +113,8 @@ def backends() -> Mapping[str, type["Backend"]]:
 
 
 def get_backend(name: str) -> type["Backend"] | None:
-    _load()
+    if not _loaded:
+        _load()
     return _registry.get(name)
 
 
