@@ -55,7 +55,7 @@ def immutable(v: Any, depth: int = 0) -> bool:
     if depth >= _DEPTH:
         return False
     if t is tuple or t is frozenset:
-        return _all_immutable(v, depth + 1)
+        return all_immutable(v, depth + 1)
     shape = _shapes.get(t, _shapes)
     if shape is _shapes:
         if "<locals>" in t.__qualname__:
@@ -66,11 +66,13 @@ def immutable(v: Any, depth: int = 0) -> bool:
     d = getattr(v, "__dict__", None)
     if d and not shape.names.issuperset(d):
         return False        # an attribute beyond the fields (set through object.__setattr__)
-    return _all_immutable(shape.values(v), depth + 1)
+    return all_immutable(shape.values(v), depth + 1)
 
 
-def _all_immutable(items: Any, depth: int) -> bool:
-    # Most members are scalars: one set test over their types, the walk only for the rest.
+def all_immutable(items: Any, depth: int = 0) -> bool:
+    """Whether every one of `items` is `immutable` (at nesting `depth`)."""
+    # Most are scalars (votes are None): one set test over their types, the walk only when
+    # some are not.
     if SCALARS.issuperset(map(type, items)):
         return True
     return all(immutable(x, depth) for x in items)
