@@ -191,12 +191,11 @@ class Backend(ABC):
         posts its value (a handle, a pid), or its failure in its place, through `share` (an
         all-gather, or a store exchange), and every rank raises the first failure or gets
         every rank's value. A library that agrees on set-up failures needs no round of its
-        own for the verdict: the exchange it makes anyway carries it. Under `agree=False` the
-        failure stops its own rank before the exchange, as `vote` does, and the peers go on
-        to the exchange without it."""
+        own for the verdict: the exchange it makes anyway carries it. Under `agree=False` it
+        is `vote` (which then stops only this rank, on its own failure) and the exchange, so
+        the peers go on to the exchange without a failed rank."""
         if not self.params.get("agree", True):
-            if error is not None:
-                raise SetupFailed(self.name, step, self.rank, error)
+            self.vote(step, error)
             return share(value)
         posted = share((None, value) if error is None else ((self.rank, error), None))
         for failed, _ in posted:
