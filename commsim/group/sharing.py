@@ -70,12 +70,13 @@ def immutable(v: Any, depth: int = 0) -> bool:
 
 
 def all_immutable(items: Any, depth: int = 0) -> bool:
-    """Whether every one of `items` is `immutable` (at nesting `depth`)."""
+    """Whether every one of `items` (a collection: read twice) is `immutable` (at nesting
+    `depth`)."""
     # Most are scalars (votes are None): one set test over their types, the walk only when
     # some are not.
     if SCALARS.issuperset(map(type, items)):
         return True
-    return all(immutable(x, depth) for x in items)
+    return all(immutable(x, depth) for x in items if type(x) not in SCALARS)
 
 
 def _custom_pickle(t: type) -> bool:
