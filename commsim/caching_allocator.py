@@ -24,7 +24,6 @@ allocation a pointer belongs to.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -290,15 +289,20 @@ class CachingAllocator:
 
 # The allocator of each simulated process (the Driver stands for the process), as torch has
 # one per process: set by the runner from `[workload] allocator`, else a plain one on first use.
-_PROCESS: "weakref.WeakKeyDictionary[Any, CachingAllocator]" = weakref.WeakKeyDictionary()
+# Kept in the driver object's own dict (not through getattr: a hosted driver view forwards
+# attributes to the driver it wraps), so it lives and dies with its process. A
+# WeakKeyDictionary did not let it die: its value, the allocator, holds the driver, so no
+# entry was ever dropped and every scenario's simulated machine stayed alive (thousands of
+# drivers after a few hundred scenarios, all walked by each garbage collection).
+_ATTR = "_commsim_process_allocator"
 
 
 def install(driver: Driver, allocator: CachingAllocator) -> None:
-    _PROCESS[driver] = allocator
+    vars(driver)[_ATTR] = allocator
 
 
 def for_process(driver: Driver) -> CachingAllocator:
-    alloc = _PROCESS.get(driver)
+    alloc = vars(driver).get(_ATTR)
     if alloc is None:
-        alloc = _PROCESS[driver] = CachingAllocator(driver)
+        alloc = vars(driver)[_ATTR] = CachingAllocator(driver)
     return alloc

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable, Hashable, Iterable, TypeVar
 
 from cuda.bindings import driver as cu
 
@@ -18,6 +19,7 @@ from .driver import Driver, NVML_P2P_STATUS_OK, check
 from .topology.model import FabricState
 
 A = cu.CUdevice_attribute
+T = TypeVar("T")
 
 # Why a same-host group whose ranks see different /dev/shm cannot share host-local handles
 # (row W6: a container per process, as Docker gives without --ipc=host / --pid=host).
@@ -140,6 +142,35 @@ class GroupView:
 
     ranks: tuple[RankInfo, ...]
 
+    @classmethod
+    def of(cls, ranks: Iterable[RankInfo]) -> "GroupView":
+        """The view of these RankInfos, one per group: an in-process all-gather hands every
+        rank the same RankInfo objects (immutable, so shared: commsim/group/sharing.py), and
+        the ranks then share one view, whose derived facts (pair scans, eligibility, NCCL's
+        decision) are pure functions of those objects, computed once instead of once per
+        rank. Found by the RankInfos' identities; the table holds its views, so an id stays
+        its object's while its entry lives, and forgets the oldest past _VIEWS_KEPT."""
+        ranks = tuple(ranks)
+        key = tuple(map(id, ranks))
+        view = _views.get(key)
+        if view is not None and view.ranks == ranks:
+            return view
+        view = _views[key] = cls(ranks)
+        if len(_views) > _VIEWS_KEPT:
+            del _views[next(iter(_views))]
+        return view
+
+    def derived(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """`compute()` once per view and `key`, for facts that are a pure function of the view
+        (and of what `key` names): every rank's communicator asks for the same ones."""
+        memo = self.__dict__.get("_derived")
+        if memo is None:
+            memo = self.__dict__["_derived"] = {}     # like cached_property: not a field
+        if key in memo:
+            return memo[key]
+        value = memo[key] = compute()
+        return value
+
     @property
     def size(self) -> int:
         return len(self.ranks)
@@ -193,6 +224,8 @@ class GroupView:
 
     @functools.cached_property
     def _unreal(self) -> str:
+        if not any(any(r.p2p_probe) for r in self.ranks):
+            return ""           # no probe failed anywhere (the usual case): no pair to scan
         for a, b in self.host_pairs():
             if b.gpu >= len(a.p2p_probe) or a.p2p[b.gpu] is not True:
                 continue        # not reported (or not askable: then the probe is the P2P fact)
@@ -228,7 +261,11 @@ class GroupView:
         return None
 
 
+_views: dict[tuple[int, ...], GroupView] = {}     # GroupView.of, by the RankInfos' ids
+_VIEWS_KEPT = 16
+
+
 def discover(driver: Driver, group, tag: str = "discover") -> GroupView:
     """Probe locally, then all-gather: the one exchange before any decision."""
     info = probe(driver, group.rank)
-    return GroupView(tuple(group.all_gather_object(info, tag=f"{tag}: all-gather rank info")))
+    return GroupView.of(group.all_gather_object(info, tag=f"{tag}: all-gather rank info"))

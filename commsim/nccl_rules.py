@@ -209,7 +209,16 @@ class NcclDecision:
         return len({t.a for t in self.transports} | {t.b for t in self.transports}) or 1
 
     def algorithms(self, op: str) -> tuple[str, ...]:
-        """The algorithm classes NCCL can use for `op` (NC7, NC9), in ALGORITHMS order."""
+        """The algorithm classes NCCL can use for `op` (NC7, NC9), in ALGORITHMS order. Kept
+        per op (a pure function of this frozen decision): every rank's describe() and each
+        op's dispatch ask."""
+        memo = self.__dict__.setdefault("_algorithms", {})    # not a field, as cached_property
+        got = memo.get(op)
+        if got is None:
+            got = memo[op] = self._algorithms_for(op)
+        return got
+
+    def _algorithms_for(self, op: str) -> tuple[str, ...]:
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
         if self.init_error is not None:

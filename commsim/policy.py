@@ -37,7 +37,7 @@ class Policy:
     fallback_on_setup_error: bool = True
 
     def admit(self, backend: type[Backend], view: GroupView) -> Eligibility:
-        return backend.eligibility(view, self.params)
+        return backend.admitted(view, self.params)
 
     def candidates(self, op: str, nbytes: int) -> tuple[str, ...]:
         return self.order

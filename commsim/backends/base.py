@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ import torch
 from ..discovery import GroupView
 from ..driver import CudaError, Driver, check
 from ..kernels import collectives as K, workspace as W
+from ..runtime.diagnosis import GroupError
 
 if TYPE_CHECKING:
     from ..topology.truth import GroupFacts
@@ -144,7 +145,20 @@ class Backend(ABC):
     @classmethod
     @abstractmethod
     def eligibility(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
-        """Whether every rank meets the requirements, from the group-agreed view only."""
+        """Whether every rank meets the requirements, from the group-agreed view only: a pure
+        function of the view and the params' values (`admitted` reuses its verdict)."""
+
+    @classmethod
+    def admitted(cls, view: GroupView, params: dict[str, Any]) -> Eligibility:
+        """`eligibility`, computed once per view and params value: every rank of the group
+        asks with the same view (GroupView.of), and symm asks again for multicast's."""
+        seen: list[tuple[dict[str, Any], Eligibility]] = view.derived(("eligibility", cls), list)
+        for p, verdict in seen:
+            if p == params:
+                return verdict
+        verdict = cls.eligibility(view, params)
+        seen.append((dict(params), verdict))
+        return verdict
 
     def accepts(self, op: str, nbytes: int, dtype: str) -> tuple[bool, str]:
         """Per-call admission (size limits, alignment); (False, reason) hands over."""
@@ -171,6 +185,24 @@ class Backend(ABC):
             if e is not None:
                 raise SetupFailed(self.name, step, e[0], e[1])
 
+    def vote_and_share(self, step: str, error: Exception | None, value: Any,
+                       share: Callable[[Any], list[Any]]) -> list[Any]:
+        """The vote on `step` and the exchange that follows it, in one collective: each rank
+        posts its value (a handle, a pid), or its failure in its place, through `share` (an
+        all-gather, or a store exchange), and every rank raises the first failure or gets
+        every rank's value. A library that agrees on set-up failures needs no round of its
+        own for the verdict: the exchange it makes anyway carries it. Under `agree=False` it
+        is `vote` (which then stops only this rank, on its own failure) and the exchange, so
+        the peers go on to the exchange without a failed rank."""
+        if not self.params.get("agree", True):
+            self.vote(step, error)
+            return share(value)
+        posted = share((None, value) if error is None else ((self.rank, error), None))
+        for failed, _ in posted:
+            if failed is not None:
+                raise SetupFailed(self.name, step, failed[0], failed[1])
+        return [v for _, v in posted]
+
     def setup(self) -> None:
         pass
 
@@ -186,7 +218,6 @@ class Backend(ABC):
         a hang was diagnosed) nobody else will arrive: release what this rank holds anyway,
         so the ledger still returns to zero; a peer still mapping our memory is what the
         simulator then flags (row L15), which is the truth of a teardown without agreement."""
-        from ..runtime.diagnosis import GroupError
         try:
             self.group.barrier(tag=tag)
             return True

@@ -101,8 +101,8 @@ class FabricBackend(VmmPeerBackend):
                          d.cuMemExportToShareableHandle(self.own_handle, FABRIC, 0))
         except CudaError as e:
             err = e
-        self.vote("init: create fabric memory", err)
-        blobs = self.group.all_gather_object(blob, tag="fabric.init: exchange fabric handles")
+        blobs = self.vote_and_share("init: create fabric memory", err, blob, lambda b: self.group.all_gather_object(
+            b, tag="fabric.init: exchange fabric handles"))
         err = None
         try:
             handles = []

@@ -107,8 +107,8 @@ class IpcBackend(PeerBackend):
             handle = check("cudaIpcGetMemHandle", d.cudaIpcGetMemHandle(self.own))
         except CudaError as e:
             err, handle = e, None
-        self.vote("init: allocate workspace", err)
-        handles = self.group.all_gather_object(handle, tag="ipc.init: exchange IPC handles")
+        handles = self.vote_and_share("init: allocate workspace", err, handle, lambda h: self.group.all_gather_object(
+            h, tag="ipc.init: exchange IPC handles"))
         err = None
         self.ptrs = [0] * self.ws
         try:
@@ -166,8 +166,9 @@ class IpcBackend(PeerBackend):
             mine = export_buffers(d, cap.buffers) if ok else []
         except CudaError as e:
             err = e
-        self.vote("register: export graph buffers", err)
-        shared = self.group.all_gather_object((ok, mine), tag="ipc.register: exchange graph handles")
+        shared = self.vote_and_share("register: export graph buffers", err, (ok, mine),
+                                     lambda v: self.group.all_gather_object(
+                                         v, tag="ipc.register: exchange graph handles"))
         if not all(o for o, _ in shared):
             cap.registered = True      # nothing to open: replays copy into the workspace
             return

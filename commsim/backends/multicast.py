@@ -126,8 +126,8 @@ class MulticastBackend(Backend):
                                        d.cuMulticastCreate(multicast_prop(self.ws, self.size, self.types)))
         except CudaError as e:
             err = e
-        self.vote("init: create multicast object", err)
-        pids = self.group.all_gather_object(d.getpid(), tag="multicast.init: exchange pids")
+        pids = self.vote_and_share("init: create multicast object", err, d.getpid(),
+                                   lambda p: self.group.all_gather_object(p, tag="multicast.init: exchange pids"))
         err = None
         try:
             if self.types == FABRIC:

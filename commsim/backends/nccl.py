@@ -11,7 +11,6 @@ NCCL's own advice for the latter and sets NCCL_MNNVL_ENABLE=0 before init."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -33,12 +32,16 @@ class NcclError(RuntimeError):
         self.name = name
 
 
-@functools.lru_cache(maxsize=8)
 def _decide(view: GroupView, env: tuple[tuple[str, str], ...], auto: bool) -> tuple[NcclDecision, str]:
     """The decision for one group view and environment, and the note of an automatic
-    adjustment. Cached: it is O(ranks^2) (a transport per pair), every rank of the group asks
-    with an equal view, and the result is immutable, so the ranks of one process share one
-    (576 ranks each holding their own 165,600 pair transports was gigabytes)."""
+    adjustment. Kept on the view (GroupView.derived): it is O(ranks^2) (a transport per pair),
+    every rank of the group asks with the same view, and the result is immutable, so the
+    ranks of one process share one (576 ranks each holding their own 165,600 pair transports
+    was gigabytes)."""
+    return view.derived(("nccl", env, auto), lambda: _decision(view, env, auto))
+
+
+def _decision(view: GroupView, env: tuple[tuple[str, str], ...], auto: bool) -> tuple[NcclDecision, str]:
     machine = machine_from_view(view)
     envd = dict(env)
     d = decide(machine, parse_env(envd))

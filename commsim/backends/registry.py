@@ -15,7 +15,8 @@ import importlib
 import importlib.metadata
 import pkgutil
 import re
-from typing import TYPE_CHECKING, Iterator, TypeVar
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Iterator, Mapping, TypeVar
 
 from ..errors import UserError
 
@@ -28,6 +29,10 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _COLOUR = re.compile(r"^#[0-9a-fA-F]{6}$")
 
 _registry: dict[str, type["Backend"]] = {}
+# The registry in default order, built on the first ask after a registration: the order is
+# each class's declared `order` (then name), read when it is registered, and every policy,
+# oracle call and cost-model query asks for it (a sort per ask was ~100 sorts a scenario).
+_ordered: "MappingProxyType[str, type[Backend]] | None" = None
 _loaded = False
 _loading = False
 
@@ -68,7 +73,9 @@ def register_backend(cls: B) -> B:
     if old is not None and old is not cls:
         raise BackendDeclarationError(f"backend name {cls.name!r} is taken by {old.__module__}."
                                       f"{old.__qualname__}; {where} needs another name")
+    global _ordered
     _registry[cls.name] = cls
+    _ordered = None
     return cls
 
 
@@ -96,14 +103,18 @@ def _load() -> None:
         _loading = False
 
 
-def backends() -> dict[str, type["Backend"]]:
-    """Every registered backend by name, in default order (`order`, then name)."""
+def backends() -> Mapping[str, type["Backend"]]:
+    """Every registered backend by name, in default order (`order`, then name); read-only."""
+    global _ordered
     _load()
-    return dict(sorted(_registry.items(), key=lambda kv: (kv[1].order, kv[0])))
+    if _ordered is None:
+        _ordered = MappingProxyType(dict(sorted(_registry.items(), key=lambda kv: (kv[1].order, kv[0]))))
+    return _ordered
 
 
 def get_backend(name: str) -> type["Backend"] | None:
-    _load()
+    if not _loaded:
+        _load()
     return _registry.get(name)
 
 

@@ -139,7 +139,7 @@ class SymmBackend(VmmPeerBackend):
         super().__init__(*a, **k)
         self.htype = self._handle_type()
         self.want_multicast = (self.params.get("symm_multicast", True)
-                               and MulticastBackend.eligibility(self.view, self.params).ok)
+                               and MulticastBackend.admitted(self.view, self.params).ok)
         self.own_fd: int | None = None   # the exported fd, until sent (or closed by close())
         self.mc_handle = 0
         self.mc = 0                 # the multicast address; 0 without multicast (row M8)
@@ -155,15 +155,41 @@ class SymmBackend(VmmPeerBackend):
             return FD
         return group_handle_type(self.view)
 
+    def _per_process_counter(self) -> bool:
+        return self.params.get("symm_rendezvous_counter", "group") == "process"
+
     def _key(self, what: str) -> str:
         """The store key of this rendezvous. The counter is per group, so every member's n-th
         rendezvous in a group has the same key whatever else each took part in."""
-        per_process = self.params.get("symm_rendezvous_counter", "group") == "process"
         counters = _COUNTERS.setdefault(self.driver, {})
-        scope = "*" if per_process else self.group.name
+        scope = "*" if self._per_process_counter() else self.group.name
         n = counters.get(scope, 0)
         counters[scope] = n + 1
         return f"symm/{self.group.name}/{n}/{what}"
+
+    def _voted_exchange(self, step: str, error: Exception | None, what: str, value: Any,
+                        tag: str) -> list[Any]:
+        """The vote on `step` and this rendezvous' store exchange in one (vote_and_share). A
+        failure voted there gives the key's number back, so later keys are what they were with
+        the vote first (no rank reached the rendezvous then). Under the per-process counter
+        the members' keys may differ (the bug that knob reproduces), so the verdict goes by a
+        vote of its own first, which reaches every member whatever their keys."""
+        if self._per_process_counter():
+            self.vote(step, error)
+            return self.group.exchange(self._key(what), value, tag=tag)
+        counted = False
+
+        def share(v: Any) -> list[Any]:
+            nonlocal counted
+            key = self._key(what)
+            counted = True
+            return self.group.exchange(key, v, tag=tag)
+        try:
+            return self.vote_and_share(step, error, value, share)
+        except SetupFailed:
+            if counted:
+                _COUNTERS[self.driver][self.group.name] -= 1
+            raise
 
     def algorithm(self, op: str, nbytes: int) -> str:
         if op not in ("all_reduce", "all_reduce_rmsnorm"):
@@ -190,10 +216,10 @@ class SymmBackend(VmmPeerBackend):
                 self.own_fd = mine
         except CudaError as e:
             err = e
-        self.vote("init: allocate symmetric buffer", err)
-        err = None
+        alloc_err, err = err, None
         try:
-            self.map_peers(self._rendezvous(mine), me)
+            # The allocation's vote travels with the rendezvous exchange (_voted_exchange).
+            self.map_peers(self._rendezvous(mine, alloc_err), me)
         except (CudaError, FdTransportError) as e:
             err = e
         self.vote("init: rendezvous and map peers", err)
@@ -209,15 +235,21 @@ class SymmBackend(VmmPeerBackend):
                 self.want_multicast = False
                 self.mc_note = (f"multicast set-up failed ({e.step}: rank {e.rank}: {e.error}); "
                                 f"carrying on with multicast address 0 (row S1)")
-        # PyTorch's rendezvous ends in a store barrier: no peer signals a flag before every
-        # rank has zeroed its own.
-        self.group.barrier(tag="symm.init: rendezvous done")
+        if not self.params.get("agree", True):
+            # PyTorch's rendezvous ends in a store barrier: no peer signals a flag before
+            # every rank has zeroed its own. With votes the last vote is that barrier: every
+            # rank zeroed its flags (map_peers) before the map vote, and leaves the last vote
+            # only once every rank has arrived in it.
+            self.group.barrier(tag="symm.init: rendezvous done")
 
-    def _rendezvous(self, mine: Any) -> list[int]:
-        """Every rank's buffer as a handle in this process (own handle at own rank)."""
+    def _rendezvous(self, mine: Any, alloc_err: Exception | None) -> list[int]:
+        """Every rank's buffer as a handle in this process (own handle at own rank); the
+        allocation's vote (`alloc_err`: this rank's failure) goes with the first exchange."""
         d, kind = self.driver, HANDLE_NAMES[self.htype]
+        step = "init: allocate symmetric buffer"
         if self.htype == FABRIC:
-            blobs = self.group.exchange(self._key("fabric"), mine, tag="symm.init: exchange fabric handles")
+            blobs = self._voted_exchange(step, alloc_err, "fabric", mine,
+                                         tag="symm.init: exchange fabric handles")
             out = []
             for j, b in enumerate(blobs):
                 if j == self.rank:
@@ -230,10 +262,11 @@ class SymmBackend(VmmPeerBackend):
         if self.params.get("symm_fd_exchange") == "pidfd":
             # Row W7: the fds are pulled with pidfd_getfd, not passed over sockets; this
             # choice is the exchange mechanism itself, so it comes before the socket transport.
-            return self._rendezvous_pidfd(mine)
+            return self._rendezvous_pidfd(mine, self._voted_exchange(
+                step, alloc_err, "pidfd", (d.getpid(), mine), tag="symm.init: exchange pids and fds"))
         # POSIX fd (§2.5): pids meet in the store, then the fds travel by the policy's fd
         # transport: PyTorch's ring (default) or FlashInfer's mesh (rules FX1-FX5).
-        pids = self.group.exchange(self._key(kind), d.getpid(), tag="symm.init: exchange pids")
+        pids = self._voted_exchange(step, alloc_err, kind, d.getpid(), tag="symm.init: exchange pids")
         try:
             fds = self._fd_transport().all_gather(d, self.rank, pids, self._hosts(), mine)
         finally:
@@ -284,10 +317,9 @@ class SymmBackend(VmmPeerBackend):
                              d.cuMemExportToShareableHandle(self.mc_handle, self.htype, 0))
         except CudaError as e:
             err = e
-        self.vote("init: create multicast object", err)
-        err = None
+        create_err, err = err, None
         try:
-            self._share_multicast(blob)
+            self._share_multicast(blob, create_err)
             check("cuMulticastAddDevice", d.cuMulticastAddDevice(self.mc_handle, me))
         except (CudaError, FdTransportError) as e:
             err = e
@@ -305,12 +337,10 @@ class SymmBackend(VmmPeerBackend):
             err = e
         self.vote("init: bind and map multicast", err)
 
-    def _rendezvous_pidfd(self, mine: int) -> list[int]:
-        """The pidfd_getfd exchange (row W7): (pid, fd) pairs meet in the store, every rank
+    def _rendezvous_pidfd(self, mine: int, pairs: list[tuple[int, int]]) -> list[int]:
+        """The pidfd_getfd exchange (row W7): the (pid, fd) pairs met in the store, every rank
         pulls each peer's fd, and the owners close theirs only after everyone pulled."""
         d = self.driver
-        pairs = self.group.exchange(self._key("pidfd"), (d.getpid(), mine),
-                                    tag="symm.init: exchange pids and fds")
         out = [0] * self.ws
         out[self.rank] = self.own_handle
         err = None
@@ -351,19 +381,21 @@ class SymmBackend(VmmPeerBackend):
             d.cuMemAddressFree(self.mc, self.slot)
             self.mc = 0
 
-    def _share_multicast(self, blob: Any) -> None:
+    def _share_multicast(self, blob: Any, create_err: Exception | None) -> None:
         """Rank 0's exported multicast handle to every other rank: a fabric blob through the
-        store, or an fd over each peer's Unix socket after the pids meet in the store."""
+        store, or an fd over each peer's Unix socket after the pids meet in the store. The
+        vote on rank 0's create (`create_err`) goes with that store exchange."""
         d = self.driver
+        step = "init: create multicast object"
         if self.htype == FABRIC:
-            blob = self.group.exchange(self._key("multicast"), blob,
-                                       tag="symm.init: share multicast handle")[0]
+            blob = self._voted_exchange(step, create_err, "multicast", blob,
+                                        tag="symm.init: share multicast handle")[0]
             if self.rank != 0:
                 self.mc_handle = check("cuMemImportFromShareableHandle",
                                        d.cuMemImportFromShareableHandle(blob, FABRIC))
             return
-        pids = self.group.exchange(self._key("multicast"), d.getpid(),
-                                   tag="symm.init: share multicast handle")
+        pids = self._voted_exchange(step, create_err, "multicast", d.getpid(),
+                                    tag="symm.init: share multicast handle")
         try:
             fd = self._fd_transport().broadcast(d, self.rank, 0, pids, self._hosts(),
                                                 blob if self.rank == 0 else None)

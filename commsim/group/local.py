@@ -31,7 +31,7 @@ import numpy as np
 from .base import REDUCE_OPS, readonly
 from .calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, COMBINE, NEW_SUBGROUP, label as _label,
                     reduce_values as _reduce)
-from .sharing import immutable
+from .sharing import all_immutable, immutable
 from ..runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, RankFailed, rank_word,
                      short_error)
 from ..runtime.scheduler import (Event, Outcome, Scheduler, _BLOCKED, _RUNNABLE, current_rank,
@@ -356,7 +356,7 @@ class LocalGroup:
                 return
             if kind == ALL_GATHER:
                 data: Any = rnd.values
-                scalar = all(immutable(v) for v in data)
+                scalar = all_immutable(data)
             else:
                 data = rnd.values[rnd.param] if kind == BROADCAST else _reduce(
                     rnd.param, rnd.values)

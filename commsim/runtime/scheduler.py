@@ -537,12 +537,11 @@ class Scheduler:
         return [Event(*e) for e in self.trace]
 
     def trace_hash(self) -> str:
-        """sha256 of the event sequence: equal for equal seeds and programs."""
-        h = hashlib.sha256()
-        for e in self.trace:
-            h.update(repr(e).encode())
-            h.update(b"\n")
-        return h.hexdigest()
+        """sha256 of the event sequence (each event's repr and a newline): equal for equal
+        seeds and programs. One update over the joined text hashes the same bytes as one
+        update per event, without two calls per event (a sweep hashes every scenario)."""
+        text = "\n".join(map(repr, self.trace))
+        return hashlib.sha256((text + "\n" if self.trace else "").encode()).hexdigest()
 
 
 # ---- module-level access for code deep inside a rank ------------------------------------

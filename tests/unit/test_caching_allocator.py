@@ -204,3 +204,23 @@ def test_default_copies_instead_of_registering_expandable_buffers():
     assert all(o.ok for o in outs), [o.error for o in outs]
     assert all(o.value == (1, [1.0, 3.0, 5.0, 7.0]) for o in outs)   # only the workspace is open
     assert all(d.ledger.count() == 0 for d in ds)
+
+
+def test_a_process_allocator_does_not_keep_its_process_alive():
+    """The allocator lives as long as its simulated process, not longer: once nothing refers
+    to the driver, both go (a table whose entries held their drivers kept every scenario's
+    machine alive in a sweep worker)."""
+    import gc
+    import weakref
+
+    from commsim import caching_allocator as allocators
+    fabric, (d,) = drivers(1)
+    allocators.install(d, CachingAllocator(d))
+    assert allocators.for_process(d) is allocators.for_process(d)
+    p = allocators.for_process(d).malloc(4096)
+    allocators.for_process(d).free(p)
+    allocators.for_process(d).close()
+    gone = weakref.ref(d)
+    del d, fabric
+    gc.collect()
+    assert gone() is None

@@ -209,3 +209,30 @@ def test_pidfd_exchange_works_and_is_refused_without_ptrace():
     c = build_preset("hgx-h100-8").replace_host("hgx-h100-0", container=ContainerCaps(pidfd_getfd=False))
     chosen, text = run_group("hgx-h100-8", n=4, cluster=c, capture=False, sizes=(16 * KiB,), policy=pol)
     assert set(chosen.values()) == {"nccl"} and "EPERM: pidfd_getfd" in text
+
+
+def test_a_voted_allocation_failure_leaves_the_rendezvous_keys_where_they_were():
+    """The allocation's vote travels with the rendezvous exchange; a failure voted there gives
+    the key's number back, so the next set-up in the group meets at key 0 again, as when no
+    rank reached the rendezvous (a shifted key on some members would hang them)."""
+    cluster = build_preset("hgx-h100-8")
+    fabric = SimFabric(cluster, seed=0)
+    faults = {2: ProcessFaults(calls=[CallFault("cuMemCreate", CUDA_OOM, 1)])}
+    drivers = [spawn_driver(fabric, g, faults.get(r)) for r, g in enumerate(list(cluster.gpu_refs())[:4])]
+
+    def rank(world):
+        first = Communicator(world, drivers[world.rank], POLICY)
+        first.close()
+        second = Communicator(world, drivers[world.rank], POLICY)
+        y = second.all_reduce(torch.ones(64, dtype=torch.bfloat16))
+        second.close()
+        return first.explain(), second.chosen("all_reduce", 128), float(y[0])
+
+    w = LocalWorld(4, seed=0)
+    outs = w.run(rank)
+    assert all(o.ok for o in outs), [o.error for o in outs]
+    assert all("symm: declined after set-up failure: symm init: allocate symmetric buffer: rank 2"
+               in o.value[0] for o in outs), outs[0].value[0]
+    assert [o.value[1:] for o in outs] == [("symm", 4.0)] * 4
+    pid_keys = [e.seq for e in w.scheduler.events() if e.tag == "symm.init: exchange pids"]
+    assert pid_keys == ["symm/world/0/fd"] * 8, pid_keys      # both set-ups, every rank
