@@ -181,6 +181,10 @@ def test_workers_fork_from_this_process_only_while_it_runs_no_threads_of_its_own
             "ev = threading.Event(); t = threading.Thread(target=ev.wait); t.start()\n"
             "print(S._context().get_start_method())\n"
             "ev.set(); t.join()\n"
+            # join() returns when the thread's Python state is gone; its OS thread leaves
+            # /proc/self/task a moment later (seen on a loaded machine)
+            "import time; end = time.monotonic() + 10\n"
+            "while S._os_threads() != S._IMPORT_THREADS and time.monotonic() < end: time.sleep(0.01)\n"
             "print(S._context().get_start_method())\n")
     out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
