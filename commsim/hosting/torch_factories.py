@@ -65,8 +65,9 @@ def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
     if kwargs.get("pin_memory"):
         _not_pinned()
     if kwargs.get("requires_grad"):
-        from .torch_tensors import _no_autograd
-        _no_autograd()
+        # A flag on the tensor only (torch_tensors.HostedCudaTensor.requires_grad_).
+        made = _factory(func, index, args, {k: v for k, v in kwargs.items() if k != "requires_grad"})
+        return made.requires_grad_() if isinstance(made, HostedCudaTensor) else made
     direct = func in (torch.empty, torch.empty_strided, torch.Tensor.new_empty, torch.zeros,
                       torch.ones, torch.full)
     if direct and "out" not in kwargs and not any(isinstance(a, HostedCudaTensor) for a in args):
@@ -140,17 +141,6 @@ def _pin(func: Any, *args: Any, **kwargs: Any) -> Any:
     _not_pinned()
 
 
-def _set_data(func: Any, self: Any, value: Any) -> Any:
-    """`t.data = v` (nn.Module.cuda() / .to("cuda") moves parameters so): a tensor cannot
-    change between the CPU and a hosted device in place."""
-    from .torch_tensors import HostedCudaTensor
-    if isinstance(self, HostedCudaTensor) != isinstance(value, HostedCudaTensor):
-        raise NotImplementedError("commsim hosting: Tensor.data = <tensor on another device> "
-                                  "(what nn.Module.cuda() / .to('cuda') does) is not simulated; "
-                                  "create the tensors on the device instead")
-    return func(self, value)
-
-
 def _make_mode() -> Any:
     import torch
     from torch.overrides import TorchFunctionMode
@@ -169,7 +159,8 @@ def _make_mode() -> Any:
             if special is not None:
                 return special(func, *args, **kwargs)
             if getattr(func, "__self__", None) is data_descriptor and func.__name__ == "__set__":
-                return _set_data(func, *args)
+                from .torch_moves import set_data
+                return set_data(func, *args)
             dev = kwargs.get("device")
             if dev is not None:
                 index = _cuda_index(dev)

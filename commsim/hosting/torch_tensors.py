@@ -166,21 +166,22 @@ class HostedCudaTensor(torch.Tensor):
     def __invert__(self) -> Any:
         return torch.ops.aten.bitwise_not.default(self)
 
-    # Autograd's bookkeeping takes a CUDA device guard too, which the CPU build aborts on
-    # (std::terminate, not an exception): refused before it can start.
+    # Autograd's bookkeeping takes a CUDA device guard, which the CPU build aborts on
+    # (std::terminate, not an exception): the C++ flag is never set. `requires_grad` is kept
+    # here so parameters can be made and moved (nn.Parameter, Module.cuda()) and run under
+    # torch.no_grad() / inference_mode(), as inference code does; an op that autograd would
+    # record is refused by the dispatch (_autograd_refused).
     def requires_grad_(self, requires_grad: bool = True) -> "HostedCudaTensor":
-        if requires_grad:
-            _no_autograd()
+        self.__dict__["_wants_grad"] = bool(requires_grad)
         return self
 
     @property
     def requires_grad(self) -> bool:      # type: ignore[override]
-        return False
+        return self.__dict__.get("_wants_grad", False)
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
-        if value:
-            _no_autograd()
+        self.requires_grad_(value)
 
     def untyped_storage(self) -> "HostedStorage":
         return HostedStorage(self)
@@ -249,9 +250,24 @@ def _no_dlpack() -> None:
                               "libraries take tensors) is not simulated")
 
 
-def _no_autograd() -> None:
-    raise NotImplementedError("commsim hosting: autograd on CUDA tensors of a hosted rank "
-                              "(requires_grad=True) is not simulated")
+def _no_autograd(op: str = "") -> None:
+    raise NotImplementedError(f"commsim hosting: autograd on CUDA tensors of a hosted rank "
+                              f"is not simulated{' (aten.' + op + ' of a tensor that requires grad)' if op else ''}; "
+                              f"run under torch.no_grad() or torch.inference_mode()")
+
+
+# Ops autograd does not record (an alias or a detached view) or that Module and Parameter
+# machinery runs with grad enabled (state_dict detaches).
+_NO_GRAD_RECORD = frozenset({"detach", "alias", "lift_fresh"})
+
+
+def _autograd_refused(name: str, wrappers: list) -> None:
+    """Refuse an op autograd would record: an operand requires grad and grad mode is on."""
+    if name in _NO_GRAD_RECORD or not torch.is_grad_enabled():
+        return
+    for w in wrappers:
+        if w.__dict__.get("_wants_grad"):
+            _no_autograd(name)
 
 
 def _map(fn: Any, x: Any) -> Any:
@@ -372,6 +388,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         raise NotImplementedError(f"commsim hosting: {func} on a CUDA tensor is not simulated")
     flat = _leaves((args, kwargs), [])
     wrappers = [x for x in flat if isinstance(x, HostedCudaTensor)]
+    _autograd_refused(name, wrappers)
     if name not in _MIXING:
         seen = None
         for x in flat:
