@@ -31,6 +31,7 @@ SURFACE_MODULES = (
     "commsim.hosting.nvml",
     "commsim.hosting.torch_cuda",
     "commsim.hosting.torch_factories",
+    "commsim.hosting.torch_ipc",
     "commsim.hosting.mpi",
 )
 

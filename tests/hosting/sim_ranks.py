@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pytest
 
 from commsim.group.local import LocalWorld
-from commsim.hosting import cuda_bindings, cudart, nvml, session, torch_cuda, torch_factories
+from commsim.hosting import cuda_bindings, cudart, nvml, session, torch_cuda, torch_factories, torch_ipc
 from commsim.sim.ledger import call_site
 from commsim.sim import SimFabric
 from commsim.sim.driver import SimDriver
@@ -25,7 +25,7 @@ from commsim.topology.model import GpuRef
 from commsim.topology.presets import build
 
 
-MODULE_SURFACES = (cuda_bindings, cudart, nvml, torch_cuda, torch_factories)
+MODULE_SURFACES = (cuda_bindings, cudart, nvml, torch_cuda, torch_factories, torch_ipc)
 
 
 @pytest.fixture(scope="module")
