@@ -205,9 +205,20 @@ class HostedCudaTensor(torch.Tensor):
         _no_dlpack()
 
     def __reduce_ex__(self, proto: Any) -> Any:
-        raise NotImplementedError("commsim hosting: pickling a CUDA tensor of a hosted rank "
-                                  "(torch.save, multiprocessing) is not simulated; move it "
-                                  "with .cpu() first")
+        """Pickling (pickle, torch.save, broadcast_object_list): the elements as a CPU tensor,
+        rebuilt on the same device by torch's own `_rebuild_device_tensor_from_cpu_tensor`
+        (what torch uses for devices whose storage it cannot pickle; torch.load's
+        weights_only unpickler allows it). A Parameter stays one (torch's
+        `_rebuild_parameter`). Unpickled where no such device exists, `.to(device)` fails
+        as torch does there. torch.multiprocessing's pickler sends CUDA IPC handles
+        instead (torch_ipc.py)."""
+        import torch._utils as tu
+        if self.__dict__.get("_is_param"):
+            return (tu._rebuild_parameter, (self.detach(), self.requires_grad, {}))
+        _no_host_read(self, "pickling a CUDA tensor")
+        host = self._inner.detach().clone()
+        return (tu._rebuild_device_tensor_from_cpu_tensor,
+                (host, self.dtype, str(self.device), self.requires_grad))
 
 
 class HostedStorage:

@@ -102,3 +102,28 @@ def test_a_program_moving_its_model_under_exec(mode):
     for rank, d in res.items():
         assert d == {"rank": rank, "device": f"cuda:{rank}", "same_param": True,
                      "param_device_after_cpu": "cpu", "matches_cpu": True}, d
+
+
+def test_pickled_cuda_tensors_and_parameters_come_back_on_their_device(tmp_path):
+    """pickle and torch.save (weights_only, torch.load's default) rebuild on the same device
+    with the same values; a Parameter stays one."""
+    import io
+    import pickle
+
+    def program():
+        torch.cuda.set_device(1)
+        x = torch.arange(6, dtype=torch.float32, device="cuda").view(2, 3)[:, 1:]
+        m = torch.nn.Linear(3, 2).cuda()
+        y = pickle.loads(pickle.dumps(x))
+        buf = io.BytesIO()
+        torch.save({"x": x, "w": m.weight}, buf)
+        buf.seek(0)
+        back = torch.load(buf)
+        w = back["w"]
+        return (type(y) is HostedCudaTensor, y.device, y.tolist(), y.data_ptr() != x.data_ptr(),
+                back["x"].device, back["x"].tolist(), isinstance(w, torch.nn.Parameter),
+                w.device, w.requires_grad, torch.equal(w.detach().cpu(), m.weight.detach().cpu()))
+    got = solo(_one(), program)
+    dev = torch.device("cuda", 1)
+    assert got == (True, dev, [[1.0, 2.0], [4.0, 5.0]], True, dev, [[1.0, 2.0], [4.0, 5.0]],
+                   True, dev, True, True)
