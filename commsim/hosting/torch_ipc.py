@@ -49,6 +49,10 @@ class _Opened:
     """Per rank: handle -> [mapped base, tensors' storages over it] (CudaIPCTypes' cache)."""
 
     maps: dict[bytes, list[int]] = field(default_factory=dict)
+    hooked: bool = False
+    # Set at the process's exit: a tensor collected after it has nothing to close (the exit
+    # unmapped everything; a call then would be a CUDA error of a process that is gone).
+    exited: bool = False
 
 
 def _check(res: tuple) -> Any:
@@ -120,6 +124,9 @@ def _open(r: Any, handle: bytes, device: int, offset: int, nbytes: int) -> tuple
     import torch
     from . import torch_memory
     opened = rank_state(r, KEY, _Opened)
+    if not opened.hooked:
+        opened.hooked = True
+        torch_memory.before_exit(r, lambda: setattr(opened, "exited", True))
     entry = opened.maps.get(handle)
     if entry is None:
         def open_() -> int:
@@ -137,17 +144,14 @@ def _open(r: Any, handle: bytes, device: int, offset: int, nbytes: int) -> tuple
 def _release(r: Any, opened: _Opened, handle: bytes, device: int) -> None:
     """The last tensor over a mapping is gone: cudaIpcCloseMemHandle, as torch's deleter."""
     entry = opened.maps.get(handle)
-    if entry is None:
+    if entry is None or opened.exited:
         return
     entry[1] -= 1
     if entry[1] > 0:
         return
     del opened.maps[handle]
     from . import torch_memory
-    try:
-        torch_memory._with_device(r, device, lambda: r.driver.cudaIpcCloseMemHandle(entry[0]))
-    except Exception:
-        pass        # the rank already exited: its exit unmapped everything
+    torch_memory._with_device(r, device, lambda: r.driver.cudaIpcCloseMemHandle(entry[0]))
 
 
 def _patch(reductions: Any) -> None:

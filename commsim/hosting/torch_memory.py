@@ -74,18 +74,27 @@ def _allocator(r: HostedRank, mem: RankMemory, device: int) -> CachingAllocator:
 
 def _release_at_exit(r: HostedRank, mem: RankMemory) -> None:
     """Hand the cached segments back before the process's exit is judged (only once)."""
-    inner = getattr(r.driver, "inner", r.driver)
-    fabric, pid = getattr(inner, "fabric", None), getattr(getattr(inner, "proc", None), "pid", None)
-    if fabric is None or pid is None or getattr(mem, "_hooked", False):
+    if getattr(mem, "_hooked", False):
         return
     mem._hooked = True      # type: ignore[attr-defined]
+    before_exit(r, lambda: close(r))
+
+
+def before_exit(r: HostedRank, fn: Any) -> bool:
+    """Run `fn` when the rank's process exits, before its exit is judged (after any hook
+    registered before); False where the driver has no process exit to hook."""
+    inner = getattr(r.driver, "inner", r.driver)
+    fabric, pid = getattr(inner, "fabric", None), getattr(getattr(inner, "proc", None), "pid", None)
+    if fabric is None or pid is None:
+        return False
     prev = fabric.pre_exit_hooks.get(pid)
 
     def hook() -> None:
-        close(r)
+        fn()
         if prev is not None:
             prev()
     fabric.pre_exit_hooks[pid] = hook
+    return True
 
 
 def _with_device(r: HostedRank, device: int, fn: Any) -> Any:
