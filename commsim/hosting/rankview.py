@@ -8,6 +8,13 @@
 - `sys.modules["__main__"]`: each rank runs the program in its own `__main__` module, so
   pickling a function of the program (multiprocessing spawn, torch.multiprocessing.spawn)
   finds that rank's function.
+- the process-wide random generators (Python's `random`, numpy's legacy global one, torch's
+  CPU default generator): each rank draws from its own, saved and restored on the switch, so
+  a rank that seeds them draws what a process of its own would, however the ranks
+  interleave. A rank starts from what a fresh process has: torch's default seed
+  67280421310721 (c10/core/GeneratorImpl.h) and, for `random` and numpy (seeded from OS
+  entropy in a new process), a seed derived from the rank, so a run stays a function of its
+  seed.
 - `time.sleep` in a rank is a sleep in the scheduler's virtual time: a polling loop yields to
   the other ranks instead of stopping them all, and a run stays a function of the seed.
 
@@ -49,6 +56,7 @@ def _apply(rank: Any) -> None:
     global _active
     if rank is _active:
         return
+    _swap_generators(_active, rank)
     data = _base if rank is None else rank.env
     os.environ._data = data   # type: ignore[attr-defined]
     sys.modules["__main__"] = _base_main if rank is None else rank.state.get("__main__", _base_main)
@@ -60,6 +68,49 @@ def _apply(rank: Any) -> None:
         else:
             os.putenv(k, v)
     _active = rank
+
+
+_base_generators: dict[str, Any] = {}    # the process's own states, outside ranks
+_TORCH_DEFAULT_SEED = 67280421310721
+
+
+def _generators() -> dict[str, tuple[Any, Any]]:
+    """(get_state, set_state) of each process-wide generator loaded now."""
+    import random
+    out: dict[str, tuple[Any, Any]] = {"random": (random.getstate, random.setstate)}
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None and hasattr(np_random, "get_state"):
+        out["numpy"] = (np_random.get_state, np_random.set_state)
+    torch = sys.modules.get("torch")
+    gen = getattr(torch, "default_generator", None) if torch is not None else None
+    if gen is not None:
+        out["torch"] = (gen.get_state, gen.set_state)
+    return out
+
+
+def _fresh(name: str, rank: Any) -> None:
+    """A generator as a new process of `rank` would find it."""
+    if name == "torch":
+        sys.modules["torch"].default_generator.manual_seed(_TORCH_DEFAULT_SEED)
+    elif name == "numpy":
+        sys.modules["numpy.random"].seed(0x5EED0000 + rank.rank)
+    else:
+        import random
+        random.seed(0x5EED0000 + rank.rank)
+
+
+def _swap_generators(old: Any, new: Any) -> None:
+    gens = _generators()
+    saved = _base_generators if old is None else old.state.setdefault("generators", {})
+    for name, (get, _) in gens.items():
+        saved[name] = get()
+    wanted = _base_generators if new is None else new.state.setdefault("generators", {})
+    for name, (_, put) in gens.items():
+        state = wanted.get(name)
+        if state is not None:
+            put(state)
+        elif new is not None:
+            _fresh(name, new)
 
 
 def _trace(event: str, args: Any) -> None:

@@ -336,7 +336,10 @@ _HOSTED: dict[str, Any] = {
     "set_stream": set_stream, "stream": stream, **_stats(),
 }
 SIMULATED = tuple(sorted(_HOSTED) + ["Stream", "device", "StreamContext", "Event", "CUDAGraph",
-                                     "graph", "graph_pool_handle", "is_current_stream_capturing"])
+                                     "graph", "graph_pool_handle", "is_current_stream_capturing",
+                                     "manual_seed", "manual_seed_all", "seed", "seed_all",
+                                     "initial_seed", "get_rng_state", "set_rng_state",
+                                     "get_rng_state_all", "set_rng_state_all"])
 _saved: dict[str, Any] = {}
 
 
@@ -362,9 +365,6 @@ class _ClassDispatch(type):
         return isinstance(obj, kinds)
 
 
-# Seeding the CUDA generators is a no-op where no CUDA generator exists (CPU torch): torch's
-# own functions stay (torch.manual_seed calls torch.cuda.manual_seed_all).
-_PASSTHROUGH = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed"})
 # torch.cuda classes a hosted program may construct that commsim does not simulate.
 _UNSIMULATED_CLASSES = ("ExternalStream", "MemPool", "GreenContext", "CUDAPluggableAllocator")
 
@@ -405,8 +405,10 @@ def _patch(module: Any) -> None:
     _tc[0]._lazy_init = _dispatch("_lazy_init", _lazy_init, _saved["_lazy_init"])
     from .torch_events import HostedEvent
     from . import torch_graphs as tg
+    from . import torch_random
     for name, fn in (("graph_pool_handle", tg.graph_pool_handle),
-                     ("is_current_stream_capturing", tg.is_current_stream_capturing)):
+                     ("is_current_stream_capturing", tg.is_current_stream_capturing),
+                     *torch_random.HOSTED.items()):
         _saved[name] = getattr(_tc[0], name)
         setattr(_tc[0], name, _dispatch(name, fn, _saved[name]))
     for name, hosted in (("Stream", HostedStream), ("device", HostedDevice),
@@ -416,7 +418,7 @@ def _patch(module: Any) -> None:
         setattr(_tc[0], name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": _saved[name]}))
     # Everything else public fails loudly in a hosted rank, naming itself.
     for name in _public_functions():
-        if name in _saved or name in _PASSTHROUGH:
+        if name in _saved:
             continue
         _saved[name] = getattr(_tc[0], name)
         setattr(_tc[0], name, _dispatch(name, not_simulated("torch.cuda", name), _saved[name]))

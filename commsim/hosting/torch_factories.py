@@ -11,8 +11,8 @@ lazy init: "Torch not compiled with CUDA enabled"). Installed, this surface puts
 - `Tensor.cuda(...)`, `Tensor.to(...)` towards a CUDA device (a no-op when nothing changes,
   as in torch); `.cpu()` / `.to("cpu")` of a CUDA tensor reach the tensor's dispatch;
 - pinned host memory (`pin_memory()`, `pin_memory=True`): not simulated, fails naming itself.
-Random factories draw from torch's CPU generator (a GPU draws from its Philox stream: the
-values differ from a real run's, their distribution does not).
+Random factories draw from the device's generator of the rank (torch_random.py; a GPU draws
+from its Philox stream: the values differ from a real run's, their distribution does not).
 
 Everywhere else (outside a hosted rank) the mode passes every call through unchanged, and a
 process that never imports torch never loads any of this. The mode stack is per thread:
@@ -84,7 +84,8 @@ def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
     from .torch_graphs import check_no_host_copy
     check_no_host_copy(index, f"{getattr(func, '__name__', func)}(device=cuda) (made on the host, "
                               f"then copied)")
-    out = func(*args, **{**kwargs, "device": torch.device("cpu")})
+    from .torch_random import factory_kwargs
+    out = func(*args, **{**factory_kwargs(func, kwargs, index), "device": torch.device("cpu")})
     return place(out, index) if isinstance(out, torch.Tensor) else out
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import torch_graphs, torch_memory
+from . import torch_graphs, torch_memory, torch_random
 from .session import current
 
 __all__ = ["HostedCudaTensor", "place", "new_empty", "inner_of", "is_hosted_cuda"]
@@ -417,6 +417,10 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         raise NotImplementedError(f"commsim hosting: resizing a CUDA tensor ({func}) "
                                   f"is not simulated")
     inner_args, inner_kwargs = _map(inner_of, args), _map(inner_of, kwargs)
+    if wrappers and (target is None or target.type == "cuda"):
+        # A random op draws from its device's generator (torch_random.py).
+        func, inner_kwargs = torch_random.op_with_generator(
+            func, inner_kwargs, target.index if target is not None else wrappers[0].device.index)
     cap = _capture(func, name, flat, wrappers, target) if torch_graphs.CAPTURING[0] else None
     if cap is not None and func._schema.is_mutable:
         return cap.record_write(func, args, kwargs, inner_args, inner_kwargs)
