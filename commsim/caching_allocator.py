@@ -16,9 +16,11 @@ What serving stacks rely on, and what bites them:
 - blocks handed out during a capture come from a graph-private pool that keeps them alive
   until the graph is destroyed, whatever the tensors do (AL5).
 
-The model keeps PyTorch's size classes and best-fit splitting, not its stream bookkeeping,
-statistics or garbage collection thresholds: those decide *when* memory returns, not which
-allocation a pointer belongs to.
+The model keeps PyTorch's size classes, best-fit splitting, its statistics
+(allocator_stats.py: what `torch.cuda.memory_stats` reads), its per-process memory fraction
+and its retry after an out-of-memory (rule AL7), not its stream bookkeeping or garbage
+collection thresholds: those decide *when* memory returns, not which allocation a pointer
+belongs to.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .driver import CAPTURE_MODE_RELAXED, Driver, access_desc, alloc_prop, check
+from .allocator_stats import DeviceStats
+from .driver import CAPTURE_MODE_RELAXED, CudaError, Driver, access_desc, alloc_prop, check
 
 # c10/cuda/CUDACachingAllocator.cpp constants (rule AL1).
 MIN_BLOCK = 512                     # kMinBlockSize: every size rounds up to 512 B
@@ -62,6 +65,7 @@ class Block:
     offset: int
     size: int
     allocated: bool = False
+    requested: int = 0              # the caller's size before rounding (requested_bytes)
 
     @property
     def ptr(self) -> int:
@@ -105,6 +109,10 @@ class CachingAllocator:
         self._free: set[Block] = set()                 # every free block (best fit looks here)
         self._capturing: GraphPool | None = None
         self._next_pool = 1
+        self.stats = DeviceStats()
+        # torch.cuda.set_per_process_memory_fraction: the most bytes this allocator may
+        # reserve from the driver (None: no limit but the device's memory).
+        self.limit: int | None = None
 
     # -- allocation ------------------------------------------------------------------------
     def malloc(self, size: int, pool: GraphPool | None = None) -> int:
@@ -112,18 +120,30 @@ class CachingAllocator:
         in progress, else from the default pool; raises CudaError when the driver refuses."""
         if size < 0:
             raise ValueError(f"malloc size must be >= 0, got {size}")
-        size = round_size(size)
-        small = size <= SMALL_SIZE
         pool = pool or self._capturing
         if pool is not None and pool.released:
             raise RuntimeError(f"graph pool {pool.pool_id} was released: its graph is gone")
+        requested = size
+        size = round_size(size)
+        small = size <= SMALL_SIZE
         block = self._best_fit(size, small, pool)
+        seg = block.segment if block is not None else (
+            self._expandable_segment(small, pool) if self.expandable else None)
+        before = self._inactive(seg)
         if block is None:
             block = self._grow(size, small, pool)
+            if block.segment is not seg:      # a new segment (a retry may have released seg)
+                seg, before = block.segment, (0, 0)
         self._split(block, size, small)
         block.allocated = True
+        block.requested = requested
         self._free.discard(block)
         self._blocks[block.ptr] = block
+        st = self.stats
+        st.change("allocation", small, 1)
+        st.change("allocated_bytes", small, size)
+        st.change("requested_bytes", small, requested)
+        self._account_inactive(seg, before)
         return block.ptr
 
     def _best_fit(self, size: int, small: bool, pool: GraphPool | None) -> Block | None:
@@ -132,10 +152,37 @@ class CachingAllocator:
         return min(fits, key=lambda b: (b.size, b.ptr), default=None)
 
     def _grow(self, size: int, small: bool, pool: GraphPool | None) -> Block:
+        """A new segment (or more pages of the expandable one). Rule AL7: when the driver
+        refuses, or the memory fraction would be exceeded, PyTorch frees its cached idle
+        segments and tries once more (c10/cuda/CUDACachingAllocator.cpp, `malloc`:
+        alloc_block, then release_cached_blocks and alloc_block again, counted in
+        num_alloc_retries); a second refusal is the out-of-memory error (num_ooms)."""
+        try:
+            return self._grow_once(size, small, pool)
+        except CudaError:
+            # Not during a capture: torch releases cached blocks only when no capture is
+            # underway (`captures_underway.empty()`).
+            idle = [s for s in self.segments if s.pool is None and s.idle()] \
+                if self._capturing is None else []
+            if not idle:
+                self.stats.count("num_ooms")
+                raise
+        for seg in idle:
+            self._release(seg)
+        self.stats.count("num_alloc_retries")
+        try:
+            return self._grow_once(size, small, pool)
+        except CudaError:
+            self.stats.count("num_ooms")
+            raise
+
+    def _grow_once(self, size: int, small: bool, pool: GraphPool | None) -> Block:
         if self.expandable:
             return self._grow_expandable(size, small, pool)
         n = segment_size(size)
+        self._within_limit(n)
         base = check("cudaMalloc", self.driver.cudaMalloc(n)) if pool is None else self._malloc_capturing(n)
+        self._count_segment(small, n, new=True)
         seg = Segment(base, n, small, False, pool)
         seg.blocks.append(Block(seg, 0, n))
         self.segments.append(seg)
@@ -158,7 +205,7 @@ class CachingAllocator:
         """Map more pages at the end of this pool's one expandable segment (Note [Expandable
         Segments]): cuMemCreate + cuMemMap + cuMemSetAccess per page."""
         d = self.driver
-        seg = next((s for s in self.segments if s.expandable and s.pool is pool and s.small == small), None)
+        seg = self._expandable_segment(small, pool)
         if seg is None:
             base = check("cuMemAddressReserve", d.cuMemAddressReserve(EXPANDABLE_RESERVE, 0, 0, 0))
             seg = Segment(base, 0, small, True, pool)
@@ -169,6 +216,7 @@ class CachingAllocator:
         grow = -(-need // page) * page
         if seg.size + grow > EXPANDABLE_RESERVE:
             raise MemoryError(f"expandable segment full: {seg.size + grow} B > {EXPANDABLE_RESERVE} B")
+        self._within_limit(grow)
         prop = alloc_prop(self.device, _POSIX_FD)
         for off in range(0, grow, page):
             va = seg.base + seg.size + off
@@ -179,6 +227,7 @@ class CachingAllocator:
                 d.cuMemRelease(h)
                 raise
             seg.pages.append((va, page, h))
+            self._count_segment(small, page, new=seg.size == 0 and off == 0)
             check("cuMemSetAccess", d.cuMemSetAccess(va, page, [access_desc(self.device)], 1))
         if tail is not None:
             tail.size += grow
@@ -207,15 +256,21 @@ class CachingAllocator:
         block = self._blocks.pop(ptr, None)
         if block is None:
             raise ValueError(f"free of {ptr:#x}: not a pointer this allocator handed out")
+        seg = block.segment
+        before = self._inactive(seg)
         block.allocated = False
         self._free.add(block)
-        seg = block.segment
+        st = self.stats
+        st.change("allocation", seg.small, -1)
+        st.change("allocated_bytes", seg.small, -block.size)
+        st.change("requested_bytes", seg.small, -block.requested)
         i = seg.blocks.index(block)
         for j in (i + 1, i):                       # merge with free neighbours
             if 0 < j < len(seg.blocks) and not seg.blocks[j].allocated and not seg.blocks[j - 1].allocated:
                 seg.blocks[j - 1].size += seg.blocks[j].size
                 self._free.discard(seg.blocks[j])
                 del seg.blocks[j]
+        self._account_inactive(seg, before)
         if seg.pool is not None and seg.pool.released and seg.idle():
             self._release(seg)
 
@@ -226,15 +281,63 @@ class CachingAllocator:
 
     def _release(self, seg: Segment) -> None:
         d = self.driver
+        self._account_inactive(seg, self._inactive(seg), (0, 0))
         self.segments.remove(seg)
         self._free.difference_update(seg.blocks)
+        st = self.stats
+        st.change("segment", seg.small, -1)
+        st.change("reserved_bytes", seg.small, -seg.size)
         if not seg.expandable:
             check("cudaFree", d.cudaFree(seg.base))
+            st.count("num_device_free")
             return
         for va, size, h in seg.pages:
             check("cuMemUnmap", d.cuMemUnmap(va, size))
+            st.count("num_device_free")
             check("cuMemRelease", d.cuMemRelease(h))
         check("cuMemAddressFree", d.cuMemAddressFree(seg.base, EXPANDABLE_RESERVE))
+
+    # -- statistics and limits --------------------------------------------------------------
+    def _expandable_segment(self, small: bool, pool: GraphPool | None) -> Segment | None:
+        return next((s for s in self.segments if s.expandable and s.pool is pool and s.small == small), None)
+
+    def _within_limit(self, n: int) -> None:
+        """The memory fraction (set_per_process_memory_fraction): reserving `n` more bytes
+        past the limit is refused as the driver refuses, with cudaErrorMemoryAllocation and
+        no driver call (CUDACachingAllocator.cpp alloc_block: `set_fraction &&
+        total_allocated_memory + size > allowed_memory_maximum`)."""
+        if self.limit is not None and self.reserved_bytes() + n > self.limit:
+            raise CudaError("cudaMalloc", 2, "cudaErrorMemoryAllocation",
+                            "out of memory",
+                            f"the per-process memory fraction allows {self.limit} B; "
+                            f"{self.reserved_bytes()} B are reserved")
+
+    def _count_segment(self, small: bool, n: int, new: bool) -> None:
+        st = self.stats
+        if new:
+            st.change("segment", small, 1)
+        st.change("reserved_bytes", small, n)
+        st.count("num_device_alloc")
+
+    @staticmethod
+    def _inactive(seg: Segment | None) -> tuple[int, int]:
+        """The segment's inactive split blocks, count and bytes: free blocks of a segment
+        split in more than one block (torch's inactive_split: free but not releasable)."""
+        if seg is None or len(seg.blocks) < 2:
+            return 0, 0
+        free = [b.size for b in seg.blocks if not b.allocated]
+        return len(free), sum(free)
+
+    def _account_inactive(self, seg: Segment | None, before: tuple[int, int],
+                          after: tuple[int, int] | None = None) -> None:
+        """Move inactive_split(_bytes) by what one operation changed on `seg` (`after`
+        defaults to the segment as it is now)."""
+        if seg is None:
+            return
+        count, nbytes = self._inactive(seg) if after is None else after
+        if count != before[0] or nbytes != before[1]:
+            self.stats.change("inactive_split", seg.small, count - before[0])
+            self.stats.change("inactive_split_bytes", seg.small, nbytes - before[1])
 
     # -- CUDA graphs -----------------------------------------------------------------------
     @contextlib.contextmanager

@@ -224,3 +224,81 @@ def test_a_process_allocator_does_not_keep_its_process_alive():
     del d, fabric
     gc.collect()
     assert gone() is None
+
+
+# -- statistics (torch.cuda.memory_stats's shape) and rule AL7 --------------------------------
+
+def _stat(a: CachingAllocator, name: str, pool: str = "all") -> dict:
+    return a.stats.nested()[name][pool]
+
+
+def test_statistics_follow_allocations_frees_and_releases():
+    _, (d,) = drivers(1)
+    a = CachingAllocator(d)
+    p = a.malloc(1000)                                       # small: rounds to 1024
+    q = a.malloc(3 * MiB)                                    # large: splits a 20 MiB block
+    assert _stat(a, "allocated_bytes") == {"current": 1024 + 3 * MiB, "peak": 1024 + 3 * MiB,
+                                           "allocated": 1024 + 3 * MiB, "freed": 0}
+    assert _stat(a, "requested_bytes", "small_pool")["current"] == 1000
+    assert _stat(a, "reserved_bytes", "small_pool")["current"] == SMALL_BUFFER
+    assert _stat(a, "reserved_bytes", "large_pool")["current"] == LARGE_BUFFER
+    assert _stat(a, "segment")["current"] == 2 and a.stats.nested()["num_device_alloc"] == 2
+    # Each segment is split now: its free rest is inactive and not releasable.
+    assert _stat(a, "inactive_split")["current"] == 2
+    assert _stat(a, "inactive_split_bytes")["current"] == (SMALL_BUFFER - 1024) + (LARGE_BUFFER - 3 * MiB)
+    a.free(q)
+    assert _stat(a, "allocated_bytes") == {"current": 1024, "peak": 1024 + 3 * MiB,
+                                           "allocated": 1024 + 3 * MiB, "freed": 3 * MiB}
+    assert _stat(a, "inactive_split", "large_pool")["current"] == 0   # merged whole again
+    a.free(p)
+    a.empty_cache()
+    s = a.stats.nested()
+    assert s["reserved_bytes"]["all"]["current"] == 0 and s["segment"]["all"]["freed"] == 2
+    assert s["num_device_free"] == 2 and s["reserved_bytes"]["all"]["peak"] == SMALL_BUFFER + LARGE_BUFFER
+    assert s["active_bytes"] == s["allocated_bytes"]
+    a.stats.reset_peak()
+    assert _stat(a, "reserved_bytes")["peak"] == 0
+    a.stats.reset_accumulated()
+    assert _stat(a, "allocated_bytes")["allocated"] == 0 and a.stats.nested()["num_device_alloc"] == 0
+
+
+def test_expandable_segment_statistics_count_pages():
+    _, (d,) = drivers(1)
+    a = CachingAllocator(d, expandable_segments=True)
+    p = a.malloc(3 * MiB)
+    q = a.malloc(30 * MiB)                                   # grows the same reservation
+    s = a.stats.nested()
+    assert s["segment"]["large_pool"]["current"] == 1
+    assert s["reserved_bytes"]["large_pool"]["current"] == a.reserved_bytes()
+    assert s["num_device_alloc"] == a.reserved_bytes() // LARGE_BUFFER
+    a.free(p)
+    a.free(q)
+    a.close()
+
+
+def test_memory_fraction_refuses_growth_past_the_limit_without_a_driver_call():
+    _, (d,) = drivers(1)
+    a = CachingAllocator(d)
+    a.limit = LARGE_BUFFER
+    a.malloc(3 * MiB)                                        # one 20 MiB segment: within
+    calls = d.ledger.count("allocation")
+    with pytest.raises(CudaError) as e:
+        a.malloc(30 * MiB)
+    assert e.value.name == "cudaErrorMemoryAllocation" and "fraction" in e.value.context
+    assert d.ledger.count("allocation") == calls             # the driver was never asked
+    assert a.stats.nested()["num_ooms"] == 1 and a.stats.nested()["num_alloc_retries"] == 0
+    a.close()
+
+
+def test_out_of_memory_releases_cached_segments_and_retries_once():
+    """Rule AL7: a refused growth frees the idle cached segments and tries again."""
+    _, (d,) = drivers(1)
+    a = CachingAllocator(d)
+    a.free(a.malloc(3 * MiB))                                # a cached, idle 20 MiB segment
+    a.limit = LARGE_BUFFER + 12 * MiB
+    p = a.malloc(30 * MiB)                                   # fits only once the 20 MiB goes
+    assert a.reserved_bytes() == 30 * MiB and d.ledger.count("allocation") == 1
+    s = a.stats.nested()
+    assert s["num_alloc_retries"] == 1 and s["num_ooms"] == 0 and s["num_device_free"] == 1
+    a.free(p)
+    a.close()
