@@ -32,6 +32,8 @@ SURFACE_MODULES = (
     "commsim.hosting.torch_cuda",
     "commsim.hosting.torch_factories",
     "commsim.hosting.torch_ipc",
+    "commsim.hosting.torch_nvtx",
+    "commsim.hosting.torch_accelerator",
     "commsim.hosting.mpi",
 )
 

@@ -9,11 +9,14 @@ libcudart and NVML: `is_available`, `device_count`, `current_device`, `set_devic
 `is_initialized`, `init`, `current_stream` / `default_stream` / `Stream` (with
 `.cuda_stream`, the cudaStream_t value), `stream` / `StreamContext` / `set_stream` (the
 current stream per device, per rank). `Event` is torch_events.py's; `CUDAGraph`, `graph`,
-`graph_pool_handle` and `is_current_stream_capturing` are torch_graphs.py's. Outside a
-hosted rank every name is torch's own.
+`graph_pool_handle` and `is_current_stream_capturing` are torch_graphs.py's; `device_of`,
+`ExternalStream` (a Stream over a given cudaStream_t), `get_arch_list`, and torch's own
+`is_bf16_supported` / `is_tf32_supported` (PASSTHROUGH) too. Outside a hosted rank every name
+is torch's own.
 
-`memory_allocated`, `max_memory_allocated`, `memory_reserved`, `reset_peak_memory_stats`
-and `empty_cache` answer from the rank's caching allocator of CUDA tensors (torch_memory.py;
+The memory API (`memory_stats`, `memory_allocated`, `memory_summary`,
+`set_per_process_memory_fraction` ...: torch_cuda_memory.py) and `empty_cache` answer from
+the rank's caching allocator of CUDA tensors (torch_memory.py;
 the tensors themselves: torch_tensors.py, torch_factories.py). A CUDA error raises `torch.AcceleratorError("CUDA error: <text>")` as torch's
 C10_CUDA_CHECK does (torch 2.13: AcceleratorError, a RuntimeError).
 """
@@ -166,6 +169,20 @@ class HostedDevice:
         return False
 
 
+class HostedDeviceOf(HostedDevice):
+    """`with torch.cuda.device_of(t):` the device of a CUDA tensor (or storage), no change
+    for a CPU one (torch.cuda.device_of: index `obj.get_device()` if `obj.is_cuda`, else -1)."""
+
+    def __init__(self, obj: Any):
+        super().__init__(obj.get_device() if obj.is_cuda else -1)
+
+
+def external_stream(stream_ptr: int, device: Any = None) -> HostedStream:
+    """torch.cuda.ExternalStream: a Stream naming a cudaStream_t made elsewhere (by the
+    rank's cudart or cuda-python); torch takes it as given, without checking it."""
+    return HostedStream(device, stream_ptr=int(stream_ptr))
+
+
 # ---- the hosted functions -----------------------------------------------------------------
 
 def is_available() -> bool:
@@ -226,6 +243,16 @@ def synchronize(device: Any = None) -> None:
     _lazy_init()
     with _on(device):
         _check(api.cudaDeviceSynchronize())
+
+
+# What torch.cuda.get_arch_list() gives (the SASS/PTX targets the build was compiled for),
+# for a CUDA 13 build of torch 2.13. UNCONFIRMED: taken as the CUDA 13.0 wheels' target list
+# (7.5 through 12.0 plus 12.0 PTX); the CPU build itself reports [].
+ARCH_LIST = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_110", "sm_120", "compute_120")
+
+
+def get_arch_list() -> list[str]:
+    return list(ARCH_LIST) if is_available() else []
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -302,28 +329,14 @@ def default_stream(device: Any = None) -> HostedStream:
     return HostedStream(device, stream_ptr=0)
 
 
-def _memory_call(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A torch.cuda memory statistic of the rank's caching allocator (torch_memory.py)."""
-    @functools.wraps(fn)
-    def call(device: Any = None) -> Any:
-        _lazy_init()
-        return fn(current(), _index(device))
-    return call
-
-
 def empty_cache() -> None:
     from . import torch_memory
     torch_memory.empty_cache(current())
 
 
 def _stats() -> dict[str, Any]:
-    from . import torch_memory as m
-    return {"memory_allocated": _memory_call(m.memory_allocated),
-            "max_memory_allocated": _memory_call(m.max_memory_allocated),
-            "memory_reserved": _memory_call(m.memory_reserved),
-            "reset_peak_memory_stats": _memory_call(m.reset_peak),
-            "reset_max_memory_allocated": _memory_call(m.reset_peak),
-            "empty_cache": empty_cache}
+    from . import torch_cuda_memory
+    return {**torch_cuda_memory.HOSTED, "empty_cache": empty_cache}
 
 
 _HOSTED: dict[str, Any] = {
@@ -333,9 +346,16 @@ _HOSTED: dict[str, Any] = {
     "can_device_access_peer": can_device_access_peer, "synchronize": synchronize,
     "mem_get_info": mem_get_info, "is_initialized": is_initialized, "init": init,
     "current_stream": current_stream, "default_stream": default_stream,
-    "set_stream": set_stream, "stream": stream, **_stats(),
+    "set_stream": set_stream, "stream": stream, "get_arch_list": get_arch_list, **_stats(),
 }
-SIMULATED = tuple(sorted(_HOSTED) + ["Stream", "device", "StreamContext", "Event", "CUDAGraph",
+# torch.cuda functions that are Python over calls this surface answers: torch's own code runs
+# in a hosted rank (is_bf16_supported: is_available, current_device, get_device_properties'
+# major >= 8, else a bfloat16 tensor's creation; is_tf32_supported: is_bf16_supported
+# without emulation).
+PASSTHROUGH = ("is_bf16_supported", "is_tf32_supported")
+SIMULATED = tuple(sorted(_HOSTED) + list(PASSTHROUGH) + [
+                                     "Stream", "device", "device_of", "ExternalStream",
+                                     "StreamContext", "Event", "CUDAGraph",
                                      "graph", "graph_pool_handle", "is_current_stream_capturing",
                                      "manual_seed", "manual_seed_all", "seed", "seed_all",
                                      "initial_seed", "get_rng_state", "set_rng_state",
@@ -366,7 +386,7 @@ class _ClassDispatch(type):
 
 
 # torch.cuda classes a hosted program may construct that commsim does not simulate.
-_UNSIMULATED_CLASSES = ("ExternalStream", "MemPool", "GreenContext", "CUDAPluggableAllocator")
+_UNSIMULATED_CLASSES = ("MemPool", "GreenContext", "CUDAPluggableAllocator")
 
 
 _tc: list[Any] = [None]      # the torch.cuda module once patched
@@ -387,6 +407,24 @@ def _install() -> None:
     process that never loads torch does not pay for importing it."""
     _active[0] = True
     when_imported("torch.cuda", _patch)
+    when_imported("torch.cuda.memory", _patch_memory_module)
+
+
+_saved_memory_module: dict[str, Any] = {}
+_mm: list[Any] = [None]      # torch.cuda.memory once patched
+
+
+def _patch_memory_module(module: Any) -> None:
+    """torch.cuda.memory's own Python functions (memory_summary, memory_allocated ...) call
+    its module-level memory_stats / memory_stats_as_nested_dict: route those too, so torch's
+    formatter runs over the hosted statistics."""
+    if not _active[0] or _saved_memory_module:
+        return
+    from . import torch_cuda_memory as tcm
+    _mm[0] = module
+    for name in ("memory_stats", "memory_stats_as_nested_dict"):
+        _saved_memory_module[name] = getattr(module, name)
+        setattr(module, name, _dispatch(name, tcm.HOSTED[name], _saved_memory_module[name]))
 
 
 def _patch(module: Any) -> None:
@@ -412,13 +450,14 @@ def _patch(module: Any) -> None:
         _saved[name] = getattr(_tc[0], name)
         setattr(_tc[0], name, _dispatch(name, fn, _saved[name]))
     for name, hosted in (("Stream", HostedStream), ("device", HostedDevice),
+                         ("device_of", HostedDeviceOf), ("ExternalStream", external_stream),
                          ("StreamContext", HostedStreamContext), ("Event", HostedEvent),
                          ("CUDAGraph", tg.HostedCUDAGraph), ("graph", tg.HostedGraphContext)):
         _saved[name] = getattr(_tc[0], name)
         setattr(_tc[0], name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": _saved[name]}))
     # Everything else public fails loudly in a hosted rank, naming itself.
     for name in _public_functions():
-        if name in _saved:
+        if name in _saved or name in PASSTHROUGH:
             continue
         _saved[name] = getattr(_tc[0], name)
         setattr(_tc[0], name, _dispatch(name, not_simulated("torch.cuda", name), _saved[name]))
@@ -434,6 +473,9 @@ def _uninstall() -> None:
     for name, value in _saved.items():
         setattr(_tc[0], name, value)
     _saved.clear()
+    for name, value in _saved_memory_module.items():
+        setattr(_mm[0], name, value)
+    _saved_memory_module.clear()
 
 
 install, uninstall = nested(_install, _uninstall)

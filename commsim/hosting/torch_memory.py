@@ -48,11 +48,11 @@ class DeviceBlock:
 
 @dataclass
 class RankMemory:
-    """Per rank: an allocator per device and torch.cuda's statistics."""
+    """Per rank: an allocator per device (it keeps torch.cuda's statistics,
+    torch_cuda_memory.py reads them) and the raw blocks of caching_allocator_alloc."""
 
     allocators: dict[int, CachingAllocator] = field(default_factory=dict)
-    allocated: dict[int, int] = field(default_factory=dict)      # device -> live block bytes
-    peak: dict[int, int] = field(default_factory=dict)
+    raw: dict[int, int] = field(default_factory=dict)            # raw block ptr -> device
     # device -> [ops dispatched on its tensors]: the simulated clock torch.cuda.Event reads
     # (torch_events.py); shared by reference with every block of the device.
     clocks: dict[int, list[int]] = field(default_factory=dict)
@@ -133,13 +133,31 @@ def allocate(r: HostedRank, device: int, nbytes: int) -> tuple[Any, DeviceBlock 
     alloc = mem.allocators[device]
     view: np.ndarray = r.driver.view(ptr, nbytes)
     block = DeviceBlock(ptr, nbytes, device, int(view.ctypes.data), device_clock(r, device))
-    size = alloc.size_of(ptr)
-    mem.allocated[device] = mem.allocated.get(device, 0) + size
-    mem.peak[device] = max(mem.peak.get(device, 0), mem.allocated[device])
     # The block returns to its allocator when the storage lets go of this view (the last
     # tensor over it is gone), as PyTorch's storage deleter frees its block.
-    weakref.finalize(view, _free, mem, alloc, device, ptr, size)
+    weakref.finalize(view, _free, mem, alloc, ptr)
     return torch.from_numpy(view), block
+
+
+def raw_alloc(r: HostedRank, device: int, nbytes: int) -> int:
+    """torch.cuda.caching_allocator_alloc: a block no tensor owns, freed by raw_delete."""
+    mem = _memory(r)
+    if mem.closed:
+        raise RuntimeError("commsim hosting: caching_allocator_alloc after this rank's exit")
+    ptr = _with_device(r, device, lambda: _allocator(r, mem, device).malloc(nbytes))
+    mem.raw[ptr] = device
+    return ptr
+
+
+def raw_delete(r: HostedRank, ptr: int) -> None:
+    """torch.cuda.caching_allocator_delete; a pointer it did not hand out is refused as
+    CUDACachingAllocator's raw_delete refuses it ("invalid device pointer: <ptr>")."""
+    mem = _memory(r)
+    device = mem.raw.pop(ptr, None)
+    if device is None:
+        raise RuntimeError(f"invalid device pointer: {ptr:#x}")
+    if not mem.closed:
+        mem.allocators[device].free(ptr)
 
 
 def device_clock(r: HostedRank, device: int) -> list[int]:
@@ -153,11 +171,10 @@ def allocator_of(r: HostedRank, device: int) -> CachingAllocator:
     return _with_device(r, device, lambda: _allocator(r, mem, device))
 
 
-def _free(mem: RankMemory, alloc: CachingAllocator, device: int, ptr: int, size: int) -> None:
+def _free(mem: RankMemory, alloc: CachingAllocator, ptr: int) -> None:
     if mem.closed:
         return
     alloc.free(ptr)
-    mem.allocated[device] -= size
 
 
 def close(r: HostedRank) -> None:
@@ -175,25 +192,7 @@ def close(r: HostedRank) -> None:
             pass
 
 
-# ---- torch.cuda's memory statistics --------------------------------------------------------
-
-def memory_allocated(r: HostedRank, device: int) -> int:
-    return _memory(r).allocated.get(device, 0)
-
-
-def max_memory_allocated(r: HostedRank, device: int) -> int:
-    return _memory(r).peak.get(device, 0)
-
-
-def memory_reserved(r: HostedRank, device: int) -> int:
-    a = _memory(r).allocators.get(device)
-    return a.reserved_bytes() if a is not None else 0
-
-
-def reset_peak(r: HostedRank, device: int) -> None:
-    mem = _memory(r)
-    mem.peak[device] = mem.allocated.get(device, 0)
-
+# ---- torch.cuda.empty_cache (the statistics: torch_cuda_memory.py) -------------------------
 
 def empty_cache(r: HostedRank) -> None:
     mem = _memory(r)

@@ -83,6 +83,16 @@ class HostedCudaTensor(torch.Tensor):
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
                         f"Tensor.cpu() to copy the tensor to host memory first.")
 
+    def record_stream(self, stream: Any) -> None:
+        """Tensor.record_stream(s): torch's binding takes a torch.Stream, which a hosted
+        rank's torch.cuda.Stream is not; the block's reuse needs no deferring here (work
+        completes when it is launched), so only the argument is checked, as torch's parser
+        checks it."""
+        from .torch_cuda import HostedStream
+        if not isinstance(stream, (HostedStream, torch.Stream)):
+            raise TypeError(f"record_stream(): argument 's' (position 1) must be Stream, "
+                            f"not {type(stream).__name__}")
+
     def tolist(self) -> Any:
         _no_host_read(self, "Tensor.tolist()")
         return self._inner.tolist()

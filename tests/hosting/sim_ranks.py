@@ -17,7 +17,8 @@ from typing import Any, Callable
 import pytest
 
 from commsim.group.local import LocalWorld
-from commsim.hosting import cuda_bindings, cudart, nvml, session, torch_cuda, torch_factories, torch_ipc
+from commsim.hosting import (cuda_bindings, cudart, nvml, session, torch_accelerator, torch_cuda,
+                             torch_factories, torch_ipc, torch_nvtx)
 from commsim.sim.ledger import call_site
 from commsim.sim import SimFabric
 from commsim.sim.driver import SimDriver
@@ -25,7 +26,8 @@ from commsim.topology.model import GpuRef
 from commsim.topology.presets import build
 
 
-MODULE_SURFACES = (cuda_bindings, cudart, nvml, torch_cuda, torch_factories, torch_ipc)
+MODULE_SURFACES = (cuda_bindings, cudart, nvml, torch_cuda, torch_factories, torch_ipc, torch_nvtx,
+                   torch_accelerator)
 
 
 @pytest.fixture(scope="module")

@@ -115,7 +115,7 @@ def test_unsimulated_torch_cuda_fails_loudly_and_seeding_still_works():
     def program():
         torch.cuda.set_device(1)
         torch.manual_seed(1234)            # calls torch.cuda.manual_seed_all: harmless
-        for call in (torch.cuda.memory_stats, torch.cuda.memory_summary, torch.cuda.MemPool,
+        for call in (torch.cuda.utilization, torch.cuda.set_sync_debug_mode, torch.cuda.MemPool,
                      lambda: torch.cuda.make_graphed_callables(lambda x: x, (torch.ones(1),))):
             with pytest.raises(NotImplementedError, match=r"commsim hosting: torch\.cuda\.\w+ is not simulated"):
                 call()
