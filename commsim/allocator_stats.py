@@ -54,18 +54,22 @@ class Stat:
 
 
 class DeviceStats:
-    """One allocator's statistics (one device's, as torch keeps them)."""
+    """One allocator's statistics (one device's, as torch keeps them). The tables are made on
+    first use: a sweep makes an allocator per rank per scenario, most never asked."""
 
     def __init__(self) -> None:
-        self.core: dict[str, dict[str, Stat]] = {}
-        for name in CORE:
-            if name in ("active", "active_bytes"):
-                continue
-            self.core[name] = {pool: Stat() for pool in POOLS}
-        self.core["active"] = self.core["allocation"]
-        self.core["active_bytes"] = self.core["allocated_bytes"]
+        self._core: dict[str, dict[str, Stat]] | None = None
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self.oversize = {"oversize_allocations": Stat(), "oversize_segments": Stat()}
+
+    @property
+    def core(self) -> dict[str, dict[str, Stat]]:
+        if self._core is None:
+            core = {name: {pool: Stat() for pool in POOLS}
+                    for name in CORE if name not in ("active", "active_bytes")}
+            core["active"] = core["allocation"]
+            core["active_bytes"] = core["allocated_bytes"]
+            self._core = core
+        return self._core
 
     def change(self, name: str, small: bool, n: int) -> None:
         """Add `n` (subtract when negative) to statistic `name` of the request's pool and of
@@ -100,5 +104,6 @@ class DeviceStats:
                                for name, pools in self.core.items()}
         out.update(self.counters)
         out["max_split_size"] = MAX_SPLIT_SIZE_UNSET
-        out.update({name: s.as_dict() for name, s in self.oversize.items()})
+        # Nothing is over-size without a max_split_size: both statistics stay at zero.
+        out.update({name: Stat().as_dict() for name in ("oversize_allocations", "oversize_segments")})
         return out
