@@ -315,7 +315,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
             raise Fail(E.cudaErrorMemoryAllocation)   # the host cannot back it
         base = self._va(size)
         self._add_map(Mapping(base, max(size, 1), "malloc", a))
-        self.ledger.add("allocation", base, f"cudaMalloc({size}) on {g}")
+        self.ledger.add("allocation", base, "cudaMalloc({}) on {}", size, g)
         return base
 
     @api(0, True)

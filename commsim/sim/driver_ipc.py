@@ -81,7 +81,7 @@ class LegacyIpcCalls:
         self._ipc_open[aid] = base
         self._peer_maps += 1
         self.ledger.add("ipc_mapping", ("aid", aid),
-                        f"cudaIpcOpenMemHandle of {a.gpu}'s allocation from pid {exporter}")
+                        "cudaIpcOpenMemHandle of {}'s allocation from pid {}", a.gpu, exporter)
         return base
 
     @api(1, False)

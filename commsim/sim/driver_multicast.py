@@ -46,7 +46,7 @@ class MulticastCalls:
             raise Fail(unconfirmed.code("MC4"))                         # row MC4 (UNCONFIRMED)
         m = self.fabric.new_multicast(g, n, size, types)
         h = self._new_handle(("mc", m.mid))
-        self.ledger.add("multicast", ("mc", m.mid, h), f"cuMulticastCreate({n} devices, {size} B)")
+        self.ledger.add("multicast", ("mc", m.mid, h), "cuMulticastCreate({} devices, {} B)", n, size)
         return h
 
     def _mc(self, handle: Any) -> MulticastObject:
@@ -101,7 +101,7 @@ class MulticastCalls:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         mc.bindings[a.gpu] = (a, mem_off, mc_off, size)
         a.maps += 1   # the binding keeps the physical memory alive like a mapping
-        self.ledger.add("multicast_binding", (mc.mid, str(a.gpu)), f"bind {a.gpu} to multicast {mc.mid}")
+        self.ledger.add("multicast_binding", (mc.mid, str(a.gpu)), "bind {} to multicast {}", a.gpu, mc.mid)
 
     @api(0, False)
     def cuMulticastUnbind(self, mc_handle: int, dev: int, mc_offset: int, size: int) -> None:

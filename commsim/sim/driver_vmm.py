@@ -61,7 +61,7 @@ class VmmCalls:
         if a is None:
             raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)    # the host cannot back it
         h = self._new_handle(("mem", a.aid))
-        self.ledger.add("vmm_handle", ("mem", a.aid, h), f"cuMemCreate({size}) on {g}, types {types:#x}")
+        self.ledger.add("vmm_handle", ("mem", a.aid, h), "cuMemCreate({}) on {}, types {:#x}", size, g, types)
         return h
 
     def _new_handle(self, target: tuple[str, int]) -> int:
@@ -94,7 +94,7 @@ class VmmCalls:
             return self.fabric.fabric_handle_for(*target)       # 64 bytes, any transport
         fd = self._fds.open(target)
         obj.refs += 1   # an open fd keeps the memory alive until closed (§2.3)
-        self.ledger.add("exported_fd", fd, f"POSIX fd {fd} for {target[0]} {target[1]}")
+        self.ledger.add("exported_fd", fd, "POSIX fd {} for {} {}", fd, target[0], target[1])
         return fd
 
     def bytes_used(self, gpu: GpuRef) -> int:
@@ -139,7 +139,7 @@ class VmmCalls:
         obj = (self.fabric.allocs if kind == "mem" else self.fabric.multicasts).get(oid)
         if obj is not None:
             obj.refs += 1
-        self.ledger.add("exported_fd", fd, f"POSIX fd {fd} received for {target[0]} {target[1]}")
+        self.ledger.add("exported_fd", fd, "POSIX fd {} received for {} {}", fd, target[0], target[1])
         return fd
 
     def fd_target(self, fd: int) -> tuple[str, int] | None:
@@ -189,7 +189,7 @@ class VmmCalls:
         obj.refs += 1                                            # row V14: needs its own release
         h = self._new_handle(target)
         self.ledger.add("imported_handle", (target[0], target[1], h),
-                        f"import of {target[0]} {target[1]} ({'fd' if t == FD else 'fabric'})")
+                        "import of {} {} ({})", target[0], target[1], "fd" if t == FD else "fabric")
         return h
 
     @api(1, False)
@@ -200,7 +200,7 @@ class VmmCalls:
         base = self._va(size, max(align, unconfirmed.GRANULARITY_MIN))
         self._reserved[base] = size
         bisect.insort(self._rbases, base)
-        self.ledger.add("reservation", base, f"cuMemAddressReserve({size})")
+        self.ledger.add("reservation", base, "cuMemAddressReserve({})", size)
         return base
 
     def _in_reservation(self, ptr: int, size: int) -> bool:
@@ -238,7 +238,7 @@ class VmmCalls:
         obj.maps += 1
         kind = "vmm" if target[0] == "mem" else "mc"
         self._add_map(Mapping(ptr, size, kind, obj, access=False, handle=handle))
-        self.ledger.add("vmm_mapping", ptr, f"cuMemMap {kind} {target[1]} at {ptr:#x}+{size}")
+        self.ledger.add("vmm_mapping", ptr, "cuMemMap {} {} at {:#x}+{}", kind, target[1], ptr, size)
 
     @api(0, False)
     def cuMemSetAccess(self, ptr: int, size: int, desc: Sequence[Any], count: int) -> None:

@@ -31,16 +31,16 @@ class CallFault:
 
 @dataclass
 class ProcessFaults:
-    """Faults for one process. `oom_at` = 1-based index of the allocation that fails."""
+    """Faults for one process. `oom_at` = 1-based index of the allocation that fails.
+    The driver's @api wrapper counts every call in `counts`, armed or not (a fault armed later
+    still finds its nth call), and asks `forced` only while a fault is armed."""
 
     oom_at: int | None = None
     calls: list[CallFault] = field(default_factory=list)
-    _counts: dict[str, int] = field(default_factory=dict)     # calls made so far, per api
+    counts: dict[str, int] = field(default_factory=dict)     # calls made so far, per api
 
-    def before(self, api: str):
-        """The code this call must fail with, or None to run it normally (every call counts,
-        armed or not: a fault armed later still finds its nth call)."""
-        n = self._counts[api] = self._counts.get(api, 0) + 1
+    def forced(self, api: str, n: int):
+        """The code the `n`th call of `api` (counted already) must fail with, or None."""
         for f in self.calls:
             if f.api == api and f.nth == n:
                 return f.code
@@ -51,4 +51,4 @@ class ProcessFaults:
 
     def _allocations(self) -> int:
         """Allocating calls made so far, this one included."""
-        return sum(self._counts.get(a, 0) for a in ALLOCATING_CALLS)
+        return sum(self.counts.get(a, 0) for a in ALLOCATING_CALLS)

@@ -75,20 +75,27 @@ def call_site(depth: int = 2) -> str:
 class Item:
     kind: str
     key: object
-    detail: str
+    # What it is: `text` with `args` filled in by str.format when read, like its site (a run
+    # records a few hundred items per scenario and a report reads the few left over).
+    text: str
+    args: tuple
     # Where it was created: "file:line in function", or that frame's parts, formatted only
     # when read (every allocation, mapping and handle of a run records one; few are read).
     where: Where
     refs: int = 1
 
     @property
+    def detail(self) -> str:
+        return self.text.format(*self.args) if self.args else self.text
+
+    @property
     def site(self) -> str:
         return _format(self.where)
 
     def __getstate__(self) -> dict:
-        # A code object does not pickle (a ledger crosses processes in the rig): a copy
-        # carries its site formatted.
-        return {**self.__dict__, "where": self.site}
+        # A code object does not pickle (a ledger crosses processes in the rig), nor need the
+        # arguments: a copy carries its detail and site formatted.
+        return {**self.__dict__, "text": self.detail, "args": (), "where": self.site}
 
     def __str__(self) -> str:
         rc = f" x{self.refs}" if self.refs > 1 else ""
@@ -100,14 +107,16 @@ class Ledger:
     pid: int
     items: dict[tuple[str, object], Item] = field(default_factory=dict)
 
-    def add(self, kind: str, key: object, detail: str, site: str | None = None) -> Item:
+    def add(self, kind: str, key: object, detail: str, *args: object, site: str | None = None) -> Item:
+        """Hold (kind, key), or one more reference to it. `detail` is a str.format template
+        for `args`, filled in only when read."""
         assert kind in KINDS, kind
         k = (kind, key)
         it = self.items.get(k)
         if it is not None:
             it.refs += 1
             return it
-        it = Item(kind, key, detail, site or _site(2))
+        it = Item(kind, key, detail, args, site or _site(2))
         self.items[k] = it
         return it
 

@@ -91,8 +91,8 @@ class MirroredLedger(Ledger):
         super().__init__(pid)
         self.prefix = prefix
 
-    def add(self, kind: str, key: object, detail: str, site: str | None = None) -> Any:
-        it = super().add(kind, key, detail, site)
+    def add(self, kind: str, key: object, detail: str, *args: object, site: str | None = None) -> Any:
+        it = super().add(kind, key, detail, *args, site=site)
         if kind == "ipc_mapping" and it.refs == 1:
             shm.touch(open_marker(self.prefix, key[1], self.pid))
         return it

@@ -163,7 +163,7 @@ class FdTable:
         self._hold(drv.fabric)
         obj = drv._obj(target)
         obj.refs += 1                 # the received descriptor keeps the memory alive
-        drv.ledger.add("exported_fd", fd, f"POSIX fd {fd} received for {target[0]} {target[1]}")
+        drv.ledger.add("exported_fd", fd, "POSIX fd {} received for {} {}", fd, target[0], target[1])
         return target
 
 
