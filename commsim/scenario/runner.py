@@ -141,7 +141,6 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
         try:
             comm = Communicator(sub, driver, pol, setup=wl.setup if wl.setup != "init" else None,
                                 nccl_env=wl.nccl_env, fd_transport=wl.fd_transport)
-            mine["explain"][g.name] = comm.explain()
             checks: list = []
 
             def verify() -> None:
