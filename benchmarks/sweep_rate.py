@@ -12,6 +12,8 @@
    are in both: the ratio understates the gain over the old code).
    Rounds alternate baseline / today over the same ids (after a warm-up round) and the
    minimum of each is printed, with the ratio and the rate two quiet cores would give.
+   The machine's speed is printed first (a fixed pure-Python loop), and the CPU per scenario
+   also in units of that loop, so figures from different machines compare.
 2. Scenarios/s wall for the default mix (sampler, seed 0) with 1 worker (in process) and with 2
    worker processes, and the projected time for 10,000 scenarios (issue 19's target: >= 500/s
    on 2 cores, 10,000 in 20 s; 1,000/s the aim).
@@ -62,7 +64,19 @@ def baseline():
         settle_heap()
 
 
-def cpu_per_scenario(ids: list[str], rounds: int) -> None:
+def machine_speed() -> float:
+    """CPU seconds of a fixed pure-Python loop (best of 5): the figures below scale with it,
+    so two machines' runs compare as (CPU per scenario) / (this). Machines seen for issue 19
+    differ by up to 3x in it at the same commit."""
+    best = float("inf")
+    for _ in range(5):
+        t = time.process_time()
+        sum(i * i for i in range(1_000_000))
+        best = min(best, time.process_time() - t)
+    return best
+
+
+def cpu_per_scenario(ids: list[str], rounds: int) -> float:
     for sid in ids:                    # warm-up: imports, presets, caches
         run_one(sid)
     settle_heap()
@@ -83,6 +97,7 @@ def cpu_per_scenario(ids: list[str], rounds: int) -> None:
               f"{', '.join(f'{1e3 * x:.2f}' for x in v)})")
     print(f"  today / baseline: {b / n:.2f}x faster; two quiet cores: {2 / b:5.0f}/s -> "
           f"{2 / n:5.0f}/s (target >= 500/s, i.e. <= 4 ms CPU per scenario)")
+    return n
 
 
 def rate(ids: list[str], jobs: int) -> float:
@@ -137,9 +152,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the CPU comparison (default 3)")
     ap.add_argument("--profile-count", type=int, default=200)
     a = ap.parse_args()
-    print(f"CPUs: {os.cpu_count()}; default mix")
+    loop = machine_speed()
+    print(f"CPUs: {os.cpu_count()}; default mix; machine: {1e3 * loop:.1f} ms CPU for the reference "
+          f"loop (sum of 10^6 squares in Python)")
     print(f"CPU per scenario in process, {a.cpu_count} ids (sampler seed 1), baseline vs today:")
-    cpu_per_scenario(select_ids(a.cpu_count, seed=1), a.rounds)
+    n = cpu_per_scenario(select_ids(a.cpu_count, seed=1), a.rounds)
+    print(f"  today in machine-independent units: {n / loop:.3f} reference loops per scenario "
+          f"(the 500/s target on a machine where the loop takes {1e3 * loop:.1f} ms: "
+          f"<= {0.004 / loop:.3f})")
     ids = select_ids(a.count, seed=0)
     run_sweep(ids[:20], jobs=1)        # warm-up: imports, preset caches
     r1 = rate(ids, 1)
