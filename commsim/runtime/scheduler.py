@@ -537,11 +537,15 @@ class Scheduler:
         return [Event(*e) for e in self.trace]
 
     def trace_hash(self) -> str:
-        """sha256 of the event sequence (each event's repr and a newline): equal for equal
-        seeds and programs. One update over the joined text hashes the same bytes as one
-        update per event, without two calls per event (a sweep hashes every scenario)."""
-        text = "\n".join(map(repr, self.trace))
-        return hashlib.sha256((text + "\n" if self.trace else "").encode()).hexdigest()
+        return hash_trace(self.trace)
+
+
+def hash_trace(trace: list[tuple]) -> str:
+    """sha256 of an event sequence (each event's repr and a newline): equal for equal seeds
+    and programs. One update over the joined text hashes the same bytes as one update per
+    event, without two calls per event."""
+    text = "\n".join(map(repr, trace))
+    return hashlib.sha256((text + "\n" if trace else "").encode()).hexdigest()
 
 
 # ---- module-level access for code deep inside a rank ------------------------------------

@@ -7,6 +7,7 @@ from `scenario.seed`, and `RunResult.trace_hash` fingerprints the interleaving.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from ..communicator import Communicator
 from ..driver import CAPTURE_MODE_GLOBAL, CudaError, check
 from ..group import LocalWorld
 from ..runtime.diagnosis import GroupError, HangDetected
+from ..runtime.scheduler import hash_trace
 from ..policy import Policy, resolve
 from ..sim import SimFabric, set_torch_threads, spawn_driver
 from ..sim.faults import ProcessFaults
@@ -48,7 +50,9 @@ class RunResult:
     flags: list[str] = field(default_factory=list)
     explain: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)         # unmet expectations
-    trace_hash: str = ""
+    # The schedule's events (thread mode; process mode has none): hashed only when asked,
+    # since a sweep compares hashes only for the scenarios it runs twice.
+    trace: list[tuple] | None = field(default=None, repr=False)
     policy: str = ""
     expects_failure: bool = False     # judged against the file's error/leak expectations
     pids: list[int] = field(default_factory=list)   # process mode: the rank processes' OS pids
@@ -56,6 +60,11 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+    @functools.cached_property
+    def trace_hash(self) -> str:
+        """Fingerprint of the interleaving ("" without one): equal for equal seeds."""
+        return hash_trace(self.trace) if self.trace is not None else ""
 
     def outcome(self) -> dict[str, Any]:
         """What must be identical between thread and process mode for one (scenario, seed):
@@ -278,7 +287,7 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
     world = LocalWorld(sc.world_size, seed)
     inputs = Inputs(seed, ahead=input_keys(sc))
     outcomes = world.run(lambda wg: run_rank(sc, pol, wg, drivers[wg.rank], inputs, disabled_rules))
-    res.trace_hash = world.trace_hash()
+    res.trace = world.scheduler.trace
     collect(res, [o.value if o.ok else None for o in outcomes],
             [None if o.ok else rank_error(r, o.error) for r, o in enumerate(outcomes)])
     for r, d in enumerate(drivers):
