@@ -122,6 +122,21 @@ def capture_for(devices: Any) -> Capture | None:
     return c
 
 
+def capture_on(device: int, stream: int) -> Capture | None:
+    """The rank's capture underway on `device` with `stream` as its capture stream: work a
+    library enqueues on that stream (libnccl's collectives) belongs to the graph and is
+    recorded into it (`Capture.work`) instead of running."""
+    if not CAPTURING[0]:
+        return None
+    r = maybe_rank()
+    if r is None:
+        return None
+    c = _state(r).capture
+    if c is None or c.device != device or c.stream != stream:
+        return None
+    return c
+
+
 def is_viewlike(func: Any, name: str) -> bool:
     return bool(getattr(func, "is_view", False)) or name in _VIEWLIKE
 
