@@ -58,6 +58,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..sim.driver_calls import Fail
 from . import fakelib
 from . import nccl_comm as nc
 from .cuda_state import not_simulated
@@ -143,12 +144,10 @@ def _view(r: Any, ptr: int, nbytes: int, api: str, what: str) -> np.ndarray:
         return np.empty(0, np.uint8)
     try:
         return r.driver.view(ptr, nbytes)
-    except Exception as e:       # the SimDriver's Fail: unmapped, no access, freed (code 700)
-        if type(e).__name__ != "Fail":
-            raise
+    except Fail:                 # unmapped, no access, freed: the kernel's fault (code 700)
         r.events.cuda_error(api, 700, "cudaErrorIllegalAddress",
                             f"an illegal memory access was encountered ({what} {hex(ptr)}, "
-                            f"{nbytes} bytes)", user_site(4))
+                            f"{nbytes} bytes)")
         raise NcclFailure(UNHANDLED_CUDA, f"{api} : {what} {hex(ptr)} is not device memory "
                                           f"of this process ({nbytes} bytes)") from None
 

@@ -298,10 +298,10 @@ def init_decision(r: HostedRank, group: Any, device: int, site: str) -> None:
     ref = r.visible[device]
     placement = [GpuRef(h, i) for h, i in group.all_gather_object(
         (ref.host, ref.index), tag=f"ncclCommInitRank at {site}")]
-    env = r.env if r.env is not None else os.environ
+    # os.environ is the rank's own view while it runs (rankview.py swaps it per inproc rank).
     # NCCL reads many more variables (NCCL_DEBUG, NCCL_SOCKET_IFNAME ...); the ones the model
-    # knows change the outcome, the others are ignored as they do not here.
-    modelled = {k: v for k, v in env.items() if k in ENV_VARS}
+    # knows change the outcome, the others are ignored as they change nothing here.
+    modelled = {k: v for k, v in os.environ.items() if k in ENV_VARS}
     d = decide(machine_from_cluster(r.cluster, placement), parse_env(modelled))
     if d.init_error is not None:
         name, message = d.init_error
@@ -347,9 +347,10 @@ def reduce_parts(parts: list[np.ndarray], op: int, dt: int, count: int) -> np.nd
         acc = functools.reduce(np.maximum, xs)
     else:
         acc = functools.reduce(np.minimum, xs)
-    if dt == _BF16:
-        return _narrow(acc.astype(np.float32), dt)
-    return acc.astype(npt)
+    with np.errstate(over="ignore"):     # a half product past 65504 is inf, as on the GPU
+        if dt == _BF16:
+            return _narrow(acc.astype(np.float32), dt)
+        return acc.astype(npt)
 
 
 def concat_parts(parts: list[np.ndarray], nbytes: int) -> np.ndarray:
