@@ -174,32 +174,45 @@ def _tag(api: str, c: Comm) -> str:
     return f"{api} on nccl comm rank {c.rank}/{c.nranks} at {user_site(4, 1)}"
 
 
+Op = tuple[Comm, int, str, Callable[[], None]]     # (comm, stream, "send"|"recv"|"coll", run)
+
+
 def _issue(api: str, c: Comm, stream: int, run: Callable[[], None], kind: str = "coll") -> None:
     """Run an operation now, defer it to the group's end, or record it in a graph capture."""
-    r, st = _rank_state()
+    _, st = _rank_state()
     if st.depth > 0:
         st.pending.append((c, stream, kind, run))
         return
-    _launch(r, c, stream, [(kind, run)], api)
+    _launch([(c, stream, kind, run)], api)
 
 
-def _launch(r: Any, c: Comm, stream: int, ops: list[tuple[str, Callable[[], None]]],
-            api: str) -> None:
-    # Sends first: buffered, so every receive and collective that follows finds them.
-    ordered = [f for k, f in ops if k == "send"] + [f for k, f in ops if k != "send"]
+def _in_order(ops: list[Op]) -> Callable[[], None]:
+    # Sends first: they are buffered, so every receive and collective after them finds them.
+    ordered = [f for _, _, k, f in ops if k == "send"] + [f for _, _, k, f in ops if k != "send"]
 
     def work() -> None:
         for f in ordered:
             f()
+    return work
 
+
+def _launch(ops: list[Op], api: str) -> None:
+    """Operations on a capture stream go into the capture's graph, as NCCL's kernels do:
+    nothing moves until the graph is replayed (a failure then raises out of replay(), where a
+    GPU would fault inside the graph). The others run now."""
     from .torch_graphs import capture_on
-    cap = capture_on(c.device, stream)
-    if cap is not None:
-        # Captured, as NCCL's kernels are: nothing moves until the graph is replayed; a
-        # failure then raises out of replay() (a GPU would fault inside the graph).
-        cap.work.append(lambda: _replayed(api, work))
-        return
-    work()
+    now: list[Op] = []
+    captured: dict[int, tuple[Any, list[Op]]] = {}
+    for op in ops:
+        cap = capture_on(op[0].device, op[1])
+        if cap is None:
+            now.append(op)
+        else:
+            captured.setdefault(id(cap), (cap, []))[1].append(op)
+    for cap, mine in captured.values():
+        work = _in_order(mine)
+        cap.work.append(lambda work=work: _replayed(api, work))
+    _in_order(now)()
 
 
 def _replayed(api: str, work: Callable[[], None]) -> None:
@@ -333,19 +346,14 @@ def _group_start() -> None:
 
 
 def _group_end() -> None:
-    r, st = _rank_state()
+    _, st = _rank_state()
     if st.depth == 0:
         raise NcclFailure(INVALID_USAGE, "ncclGroupEnd: not in a group call")
     st.depth -= 1
     if st.depth:
         return
     pending, st.pending = st.pending, []
-    # One launch per communicator and stream, in the order the group first used them.
-    batches: dict[tuple[int, int], list] = {}
-    for c, stream, kind, run in pending:
-        batches.setdefault((c.handle, stream), []).append((c, kind, run))
-    for (_, stream), items in batches.items():
-        _launch(r, items[0][0], stream, [(k, f) for _, k, f in items], "ncclGroupEnd")
+    _launch(pending, "ncclGroupEnd")
 
 
 # ---- communicators ---------------------------------------------------------------------------

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..nccl_rules import ENV_VARS, decide, machine_from_cluster, parse_env
 from ..runtime.scheduler import wait_until
-from .session import HostedRank, user_site
+from .session import HostedRank
 
 # ncclResult_t (nccl.h)
 SUCCESS, UNHANDLED_CUDA, SYSTEM, INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, \
@@ -262,6 +262,9 @@ def _inproc(r: HostedRank, blob: bytes, gen: int, name: str, nranks: int, rank: 
                    f"ncclCommInitRank(nranks={nranks}, rank={rank}) at {site}: waiting for "
                    f"the other ranks of the unique id ({len(ranks)} of {nranks} checked in)")
     members = tuple(ranks[i] for i in range(nranks))
+    entry["taken"] = entry.get("taken", 0) + 1
+    if entry["taken"] == nranks:
+        del table[(blob, gen)]      # every rank has its membership: the check-in is spent
     group = r.world.shared_group(f"nccl:{blob.hex()}#{gen}", name, members, rank)
     return Membership(group, InprocTransport(r.world), f"nccl:{blob.hex()}#{gen}", members)
 
