@@ -170,6 +170,18 @@ def _check(st: RankNccl, api: str, comm: int, dt: int, op: int = 0, root: int = 
     return c
 
 
+def _begin(api: str, comm: int, dt: int, count: int, op: int | None = None, root: int = 0,
+           what: str = "root") -> tuple[Any, Comm, int]:
+    """The checks every operation makes at the call (op None: it does not reduce); (rank,
+    comm, bytes of `count` elements)."""
+    r, st = _rank_state()
+    c = _check(st, api, comm, dt, op or 0, root, what)
+    if op is not None and dt in nc._FP8:
+        raise NotImplementedError(f"commsim hosting: libnccl {api} of {DTYPES[dt][0]} is not "
+                                  f"simulated")
+    return r, c, count * DTYPES[dt][2]
+
+
 def _tag(api: str, c: Comm) -> str:
     return f"{api} on nccl comm rank {c.rank}/{c.nranks} at {user_site(4, 1)}"
 
@@ -226,12 +238,7 @@ def _replayed(api: str, work: Callable[[], None]) -> None:
 def _reduce_op(api: str, send: int, recv: int, count: int, dt: int, op: int, comm: int,
                stream: int, root: int | None) -> None:
     """ncclAllReduce (root None) and ncclReduce: the reduction of every rank's send buffer."""
-    r, st = _rank_state()
-    c = _check(st, api, comm, dt, op, 0 if root is None else root)
-    nbytes = count * DTYPES[dt][2]
-    if dt in nc._FP8:
-        raise NotImplementedError(f"commsim hosting: libnccl {api} of {DTYPES[dt][0]} is not "
-                                  f"simulated")
+    r, c, nbytes = _begin(api, comm, dt, count, op, 0 if root is None else root)
 
     def run() -> None:
         src = _typed(_view(r, send, nbytes, api, "sendbuff"), dt)
@@ -254,12 +261,7 @@ def _reduce(send: int, recv: int, count: int, dt: int, op: int, root: int, comm:
 def _reduce_scatter(send: int, recv: int, recvcount: int, dt: int, op: int, comm: int,
                     stream: int) -> None:
     api = "ncclReduceScatter"
-    r, st = _rank_state()
-    c = _check(st, api, comm, dt, op)
-    if dt in nc._FP8:
-        raise NotImplementedError(f"commsim hosting: libnccl {api} of {DTYPES[dt][0]} is not "
-                                  f"simulated")
-    nbytes = recvcount * DTYPES[dt][2]
+    r, c, nbytes = _begin(api, comm, dt, recvcount, op)
 
     def run() -> None:
         src = _typed(_view(r, send, nbytes * c.nranks, api, "sendbuff"), dt)
@@ -272,9 +274,7 @@ def _reduce_scatter(send: int, recv: int, recvcount: int, dt: int, op: int, comm
 
 def _all_gather(send: int, recv: int, sendcount: int, dt: int, comm: int, stream: int) -> None:
     api = "ncclAllGather"
-    r, st = _rank_state()
-    c = _check(st, api, comm, dt)
-    nbytes = sendcount * DTYPES[dt][2]
+    r, c, nbytes = _begin(api, comm, dt, sendcount)
 
     def run() -> None:
         src = _view(r, send, nbytes, api, "sendbuff")
@@ -286,10 +286,8 @@ def _all_gather(send: int, recv: int, sendcount: int, dt: int, comm: int, stream
 def _broadcast(send: int, recv: int, count: int, dt: int, root: int, comm: int,
                stream: int) -> None:
     api = "ncclBroadcast"
-    r, st = _rank_state()
     root = ctypes.c_int(root).value
-    c = _check(st, api, comm, dt, 0, root)
-    nbytes = count * DTYPES[dt][2]
+    r, c, nbytes = _begin(api, comm, dt, count, None, root)
 
     def run() -> None:
         # sendbuff is read on the root only (NCCL docs, ncclBroadcast)
@@ -308,10 +306,8 @@ def _bcast(buff: int, count: int, dt: int, root: int, comm: int, stream: int) ->
 
 def _send(send: int, count: int, dt: int, peer: int, comm: int, stream: int) -> None:
     api = "ncclSend"
-    r, st = _rank_state()
     peer = ctypes.c_int(peer).value
-    c = _check(st, api, comm, dt, 0, peer, "peer")
-    nbytes = count * DTYPES[dt][2]
+    r, c, nbytes = _begin(api, comm, dt, count, None, peer, "peer")
 
     def run() -> None:
         data = bytes(_view(r, send, nbytes, api, "sendbuff"))
@@ -321,10 +317,8 @@ def _send(send: int, count: int, dt: int, peer: int, comm: int, stream: int) -> 
 
 def _recv(recv: int, count: int, dt: int, peer: int, comm: int, stream: int) -> None:
     api = "ncclRecv"
-    r, st = _rank_state()
     peer = ctypes.c_int(peer).value
-    c = _check(st, api, comm, dt, 0, peer, "peer")
-    nbytes = count * DTYPES[dt][2]
+    r, c, nbytes = _begin(api, comm, dt, count, None, peer, "peer")
 
     def run() -> None:
         dst = _view(r, recv, nbytes, api, "recvbuff")
@@ -448,44 +442,31 @@ def _mem_free(ptr: int) -> None:
     rt.cudaFree(ptr)
 
 
-def _window_register(comm: int, buff: int, size: int, out: int, flags: int) -> None:
-    api = "ncclCommWindowRegister"
-    r, st = _rank_state()
-    c = nc.comm_of(st, comm, api)
-    _ptr_check(out, api, "win")
-    _view(r, buff, size, api, "buff")
-    # Collective (NCCL docs, "Window Registration"): every rank takes part.
-    c.group.barrier(tag=_tag(api, c))
-    handle = nc.new_handle(st)
-    c.windows[handle] = (buff, size)
-    _put(out, _P, handle)
+def _registrar(api: str, table: str, collective: bool) -> Callable[..., None]:
+    """ncclCommWindowRegister (collective: every rank takes part, NCCL docs "Window
+    Registration") and ncclCommRegister (local): the buffer must be mapped device memory;
+    the handle is bookkeeping kept on the comm's `table`."""
+    def register(comm: int, buff: int, size: int, out: int, *flags: int) -> None:
+        r, st = _rank_state()
+        c = nc.comm_of(st, comm, api)
+        _ptr_check(out, api, "handle")
+        _view(r, buff, size, api, "buff")
+        if collective:
+            c.group.barrier(tag=_tag(api, c))
+        handle = nc.new_handle(st)
+        getattr(c, table)[handle] = (buff, size)
+        _put(out, _P, handle)
+    return register
 
 
-def _window_deregister(comm: int, win: int) -> None:
-    api = "ncclCommWindowDeregister"
-    _, st = _rank_state()
-    c = nc.comm_of(st, comm, api)
-    if c.windows.pop(win, None) is None:
-        raise NcclFailure(INVALID_ARGUMENT, f"{api} : {hex(win)} is not a window of this comm")
-
-
-def _register(comm: int, buff: int, size: int, out: int) -> None:
-    api = "ncclCommRegister"
-    r, st = _rank_state()
-    c = nc.comm_of(st, comm, api)
-    _ptr_check(out, api, "handle")
-    _view(r, buff, size, api, "buff")
-    handle = nc.new_handle(st)
-    c.registered[handle] = (buff, size)
-    _put(out, _P, handle)
-
-
-def _deregister(comm: int, handle: int) -> None:
-    api = "ncclCommDeregister"
-    _, st = _rank_state()
-    c = nc.comm_of(st, comm, api)
-    if c.registered.pop(handle, None) is None:
-        raise NcclFailure(INVALID_ARGUMENT, f"{api} : {hex(handle)} is not registered")
+def _deregistrar(api: str, table: str) -> Callable[[int, int], None]:
+    def deregister(comm: int, handle: int) -> None:
+        _, st = _rank_state()
+        c = nc.comm_of(st, comm, api)
+        if getattr(c, table).pop(handle, None) is None:
+            raise NcclFailure(INVALID_ARGUMENT, f"{api} : {hex(handle)} is not registered "
+                                                f"with this comm")
+    return deregister
 
 
 def _functions() -> dict[str, Callable[..., Any]]:
@@ -501,9 +482,10 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "ncclAllGather": _all_gather, "ncclBroadcast": _broadcast, "ncclBcast": _bcast,
         "ncclSend": _send, "ncclRecv": _recv, "ncclGroupStart": _group_start,
         "ncclGroupEnd": _group_end, "ncclMemAlloc": _mem_alloc, "ncclMemFree": _mem_free,
-        "ncclCommWindowRegister": _window_register,
-        "ncclCommWindowDeregister": _window_deregister,
-        "ncclCommRegister": _register, "ncclCommDeregister": _deregister,
+        "ncclCommWindowRegister": _registrar("ncclCommWindowRegister", "windows", True),
+        "ncclCommWindowDeregister": _deregistrar("ncclCommWindowDeregister", "windows"),
+        "ncclCommRegister": _registrar("ncclCommRegister", "registered", False),
+        "ncclCommDeregister": _deregistrar("ncclCommDeregister", "registered"),
     }
     out: dict[str, Callable[..., Any]] = {n: _c_api(n)(f) for n, f in coded.items()}
     out["ncclGetErrorString"] = lambda code: ERROR_STRINGS.get(ctypes.c_int(code).value,

@@ -385,3 +385,18 @@ def test_captured_in_a_cuda_graph_and_run_by_replay(module_surfaces):
     for r, (at_capture, once, end) in enumerate(_values(S.run(ranks, body))):
         assert at_capture == r + 1.0          # nothing moved while capturing
         assert once == 3.0 and end == 12.0    # replays: 1+2 = 3, 3+3 = 6; then the call: 12
+
+
+def test_fp8_moves_but_does_not_reduce(module_surfaces):
+    ranks = _two()
+
+    def body(g):
+        lib = _lib()
+        _, comm = _init(lib, g)
+        mine = torch.full((4,), 0x38 + g.rank, dtype=torch.uint8, device="cuda")  # fp8 bits
+        out = torch.empty(8, dtype=torch.uint8, device="cuda")
+        assert lib.ncclAllGather(mine.data_ptr(), out.data_ptr(), 4, 10, comm, None) == 0
+        with pytest.raises(NotImplementedError, match="ncclAllReduce of ncclFloat8e4m3"):
+            lib.ncclAllReduce(mine.data_ptr(), mine.data_ptr(), 4, 10, 0, comm, None)
+        return out.cpu().tolist()
+    assert _values(S.run(ranks, body)) == [[0x38] * 4 + [0x39] * 4] * 2
