@@ -41,6 +41,7 @@ NCCL's ring or tree orders the additions differently: low bits of a float sum ma
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import time
@@ -150,13 +151,28 @@ _checkins: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 class _Root:
-    """Procs mode: this process's bootstrap store (one per process, every id made here)."""
+    """Procs mode: this process's bootstrap store (one per process, every id made here).
+
+    Unlike NCCL's bootstrap root, this store carries the communicators' traffic after init
+    too, so at exit the process keeps serving until every other rank has disconnected (its
+    process ended) or the run's timeout passes: a rank that finishes its last collective
+    first must not take the values its peers are still reading with it."""
 
     def __init__(self) -> None:
         from .kvstore import StoreServer
         self.server = StoreServer()
         self.port = self.server.port
         self.made = 0
+        self.own: list[Any] = []          # this process's own clients of the store
+        atexit.register(self.drain)
+
+    def drain(self) -> None:
+        for c in self.own:
+            c.close()
+        deadline = time.monotonic() + _timeout()
+        while self.server.connections() > 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.server.close()
 
 
 _root: _Root | None = None
@@ -288,6 +304,8 @@ def _procs(blob: bytes, gen: int, name: str, nranks: int, rank: int) -> Membersh
         # the bootstrap root is gone (its process exited) or never was
         raise NcclFailure(SYSTEM, f"ncclCommInitRank: bootstrap connection to 127.0.0.1:{port} "
                                   f"failed: {e}") from None
+    if _root is not None and port == _root.port:
+        _root.own.append(client)
     store = _Prefixed(client, f"nccl/{made}/{secret[:8].hex()}/{gen}/")
     pw = ProcessWorld(store, rank, nranks, secret=secret, timeout=timeout)
     group = pw.join()

@@ -400,3 +400,13 @@ def test_fp8_moves_but_does_not_reduce(module_surfaces):
             lib.ncclAllReduce(mine.data_ptr(), mine.data_ptr(), 4, 10, 0, comm, None)
         return out.cpu().tolist()
     assert _values(S.run(ranks, body)) == [[0x38] * 4 + [0x39] * 4] * 2
+
+
+@pytest.mark.parametrize("mode", ["inproc", "procs"])
+def test_without_torch_over_mpi_and_cudart(mode):
+    """A PyTorch-free user: the id over mpi4py, buffers from the ctypes libcudart."""
+    v, res, out = hosted(PROGRAMS / "nccl_without_torch.py", "hgx-h100-8", mode=mode,
+                         nproc_per_host=2, launcher="mpirun")
+    assert v.ok, v.format() + out
+    want = [float(2 + i) for i in range(16)]          # max over ranks of rank + 1 + i
+    assert res == {r: {"rank": r, "codes": [0, 0], "max": want} for r in (0, 1)}
