@@ -122,6 +122,7 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         data: _Data = self.server.data      # type: ignore[attr-defined]
         sock = self.request
+        self.server.opened(1)               # type: ignore[attr-defined]
         try:
             while True:
                 head, fields = _recv_msg(sock)
@@ -129,11 +130,21 @@ class _Handler(socketserver.BaseRequestHandler):
                 _send_msg(sock, status, out)
         except (ConnectionError, OSError, ValueError, IndexError, UnicodeDecodeError):
             return      # a client that left, or one that does not speak the protocol
+        finally:
+            self.server.opened(-1)          # type: ignore[attr-defined]
 
 
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = False
+    connections = 0                         # clients connected now
+
+    def opened(self, n: int) -> None:
+        with _count_lock:
+            self.connections += n
+
+
+_count_lock = threading.Lock()
 
 
 class StoreServer:
@@ -146,6 +157,10 @@ class StoreServer:
         self._thread = threading.Thread(target=self._srv.serve_forever, args=(0.1,),
                                         name="commsim-mpi-store", daemon=True)
         self._thread.start()
+
+    def connections(self) -> int:
+        """How many clients are connected now (a host that must outlive its clients asks)."""
+        return self._srv.connections
 
     def close(self) -> None:
         self._srv.shutdown()

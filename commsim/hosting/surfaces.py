@@ -35,6 +35,7 @@ SURFACE_MODULES = (
     "commsim.hosting.torch_nvtx",
     "commsim.hosting.torch_accelerator",
     "commsim.hosting.mpi",
+    "commsim.hosting.nccl",
 )
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -35,7 +37,7 @@ from ..driver import error_string
 from . import cuda_runtime_api as api
 from . import device_facts
 from .cuda_state import maybe_rank, not_simulated, rank_state, runtime_entry
-from .session import current
+from .session import current, hosted
 from .nesting import nested
 from .surfaces import register_surface
 
@@ -255,6 +257,38 @@ def get_arch_list() -> list[str]:
     return list(ARCH_LIST) if is_available() else []
 
 
+# torch.version.cuda in a hosted rank: what a CUDA 13.0 build of torch reports, matching the
+# runtime served (cudaRuntimeGetVersion 13000, libcudart.so.13) and the arch list above.
+# Programs read it to pick a library: vLLM's find_nccl_library loads libnccl.so.2 when it is
+# set, librccl when torch.version.hip is, and raises otherwise. The CPU build says None, and
+# so does every thread that is not a hosted rank.
+CUDA_VERSION = "13.0"
+
+
+class _HostedVersion(types.ModuleType):
+    """torch.version with a per-rank `cuda` (a module's class may be swapped for a subclass
+    of ModuleType; the property wins over the module's own attribute)."""
+
+    @property
+    def cuda(self) -> Any:
+        return CUDA_VERSION if hosted() is not None else self.__dict__.get("cuda")
+
+    @cuda.setter
+    def cuda(self, value: Any) -> None:
+        self.__dict__["cuda"] = value
+
+
+def _patch_version(module: Any) -> None:
+    if _active[0] and type(module) is types.ModuleType:
+        module.__class__ = _HostedVersion
+
+
+def _unpatch_version() -> None:
+    module = sys.modules.get("torch.version")
+    if module is not None and type(module) is _HostedVersion:
+        module.__class__ = types.ModuleType
+
+
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     _lazy_init()
     with _on(device):
@@ -408,6 +442,7 @@ def _install() -> None:
     _active[0] = True
     when_imported("torch.cuda", _patch)
     when_imported("torch.cuda.memory", _patch_memory_module)
+    when_imported("torch.version", _patch_version)
 
 
 _saved_memory_module: dict[str, Any] = {}
@@ -476,6 +511,7 @@ def _uninstall() -> None:
     for name, value in _saved_memory_module.items():
         setattr(_mm[0], name, value)
     _saved_memory_module.clear()
+    _unpatch_version()
 
 
 install, uninstall = nested(_install, _uninstall)

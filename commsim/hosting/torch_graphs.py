@@ -21,9 +21,11 @@ capture stream, are recorded in order:
 - an op that makes a new tensor runs at once (its result is placed in the graph's pool, so
   its shape is known) and is recorded: replay recomputes it into the same memory;
 - views run at once and record nothing (no device work).
-`replay()` re-runs the recorded ops in order over the same device memory; it does not
-re-run collectives, cuda-python / libcudart calls or anything else the body did outside
-torch's ops (those ran once, at capture). Host reads and host copies inside a capture
+`replay()` re-runs the recorded ops in order over the same device memory, and with them the
+libnccl operations the body issued on the capture stream (nccl.py records them through
+`capture_on` instead of running them, as NCCL's kernels are captured on a GPU); it does not
+re-run torch.distributed collectives, cuda-python / libcudart calls or anything else the
+body did outside torch's ops (those ran once, at capture). Host reads and host copies inside a capture
 (`.cpu()`, `.item()`, `print`, a CPU tensor operand, `torch.tensor(..., device="cuda")`)
 synchronise with the device, which a real capture refuses (cudaErrorStreamCaptureUnsupported);
 commsim does not model that refusal: they fail naming themselves (NotImplementedError).
@@ -118,6 +120,21 @@ def capture_for(devices: Any) -> Capture | None:
         return None
     c = _state(r).capture
     if c is None or c.device not in devices or not c.on_stream():
+        return None
+    return c
+
+
+def capture_on(device: int, stream: int) -> Capture | None:
+    """The rank's capture underway on `device` with `stream` as its capture stream: work a
+    library enqueues on that stream (libnccl's collectives) belongs to the graph and is
+    recorded into it (`Capture.work`) instead of running."""
+    if not CAPTURING[0]:
+        return None
+    r = maybe_rank()
+    if r is None:
+        return None
+    c = _state(r).capture
+    if c is None or c.device != device or c.stream != stream:
         return None
     return c
 

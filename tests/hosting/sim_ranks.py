@@ -17,8 +17,8 @@ from typing import Any, Callable
 import pytest
 
 from commsim.group.local import LocalWorld
-from commsim.hosting import (cuda_bindings, cudart, nvml, session, torch_accelerator, torch_cuda,
-                             torch_factories, torch_ipc, torch_nvtx)
+from commsim.hosting import (cuda_bindings, cudart, nccl, nvml, session, torch_accelerator,
+                             torch_cuda, torch_factories, torch_ipc, torch_nvtx)
 from commsim.sim.ledger import call_site
 from commsim.sim import SimFabric
 from commsim.sim.driver import SimDriver
@@ -27,7 +27,7 @@ from commsim.topology.presets import build
 
 
 MODULE_SURFACES = (cuda_bindings, cudart, nvml, torch_cuda, torch_factories, torch_ipc, torch_nvtx,
-                   torch_accelerator)
+                   torch_accelerator, nccl)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,8 @@ def ranks(spec: str, placement: list[tuple[int, int]], one_visible: bool = False
 
 def run(hosted_ranks: list[session.HostedRank], body: Callable[[Any], Any], seed: int = 0) -> list:
     world = LocalWorld(len(hosted_ranks), seed=seed)
+    for r in hosted_ranks:
+        r.world = world      # where in-process rendezvous (libnccl's unique ids) meet
 
     def one(group: Any) -> Any:
         with session.bound(hosted_ranks[group.rank]):
