@@ -183,6 +183,10 @@ class Span:
     rounded: np.ndarray | None
 
 
+SMALL_ONES_KEPT = 64
+_SMALL_ONES: dict[tuple[int, str], torch.Tensor] = {}
+
+
 class Reference:
     """One op of one group: every rank's input (views of one tape in the dtype) and the
     exact integer result each rank must get back, with the check of a rank's output."""
@@ -226,7 +230,18 @@ class Reference:
         """The fused all-reduce + RMSNorm's residual and weight: ones of the message's shape,
         made once. Read-only like the inputs (the op reads both and writes neither)."""
         if self._ones is None:
-            self._ones = torch.ones(self.numel, dtype=TORCH[self.dtype])
+            if self.numel * ESIZE[self.dtype] < SHARED_MIN:
+                # Small ones are shared by every reference of that shape, across runs (a
+                # sweep asks for the same few shapes in most scenarios).
+                key = (self.numel, self.dtype)
+                ones = _SMALL_ONES.get(key)
+                if ones is None:
+                    if len(_SMALL_ONES) >= SMALL_ONES_KEPT:
+                        _SMALL_ONES.pop(next(iter(_SMALL_ONES)))
+                    ones = _SMALL_ONES[key] = torch.ones(self.numel, dtype=TORCH[self.dtype])
+                self._ones = ones
+            else:
+                self._ones = torch.ones(self.numel, dtype=TORCH[self.dtype])
         return self._ones
 
     # -- what each rank must get back -----------------------------------------------------

@@ -51,6 +51,10 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     def __init__(self, fabric: SimFabric, proc: SimProcess):
         self.fabric = fabric
         self.proc = proc
+        # The process's ledger, as a plain attribute: a few hundred reads per scenario. A
+        # process keeps its ledger for life (ProcessFabric.spawn swaps it in before a driver
+        # exists).
+        self.ledger = proc.ledger
         self.cluster = fabric.cluster
         # The process's own host (immutable, as the cluster is): NVML and identity calls ask it.
         self._host = fabric.cluster.host(proc.host)
@@ -100,10 +104,6 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
                             self.fabric.free_alloc(a)
 
     # ---- identity ---------------------------------------------------------------------
-    @property
-    def ledger(self):
-        return self.proc.ledger
-
     @property
     def device(self) -> GpuRef:
         return self.proc.gpus[self.proc.current]
