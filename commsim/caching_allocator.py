@@ -404,6 +404,12 @@ def install(driver: Driver, allocator: CachingAllocator) -> None:
     vars(driver)[_ATTR] = allocator
 
 
+def uninstall(driver: Driver) -> None:
+    """Forget the process's allocator (after its close): the driver <-> allocator cycle
+    goes with it."""
+    vars(driver).pop(_ATTR, None)
+
+
 def for_process(driver: Driver) -> CachingAllocator:
     alloc = vars(driver).get(_ATTR)
     if alloc is None:

@@ -132,6 +132,7 @@ def run_rank(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
             alloc.close()  # the process's allocator exits with it: every segment returns
         except CudaError:
             pass           # after a failure: what could not return shows as ledger residue
+        allocators.uninstall(driver)
 
 
 def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,

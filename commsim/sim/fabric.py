@@ -137,6 +137,10 @@ class SimFabric:
                 elif isinstance(obj, tuple) and obj[0] == "mc" and obj[1] in self.multicasts:
                     self.unref_multicast(self.multicasts[obj[1]])
         p.ledger.items.clear()
+        # Nothing reaches an exited process's driver through the fabric any more (a pidfd
+        # pull asks a live process only): dropping it breaks the fabric <-> driver cycle, so a
+        # finished run's machine is freed by reference counting, not by the cyclic collector.
+        self.drivers.pop(pid, None)
         return leaks
 
     # -- allocations ----------------------------------------------------------------------
