@@ -198,13 +198,14 @@ def _with_device(r: HostedRank, device: int, fn: Any) -> Any:
     return wd(r, device, fn)
 
 
-def _map(r: HostedRank, handle: int, size: int, device: int, suffix: str = "") -> int:
-    """map_block: reserve, map, grant the device read/write access."""
+def _map(r: HostedRank, handle: int, size: int, device: int) -> int:
+    """map_block: reserve, map, grant the device read/write access (refused without a P2P
+    path to a peer's memory: "invalid device ordinal", pytorch/pytorch#174030)."""
     d = r.driver
     va = _call("cuMemAddressReserve", d.cuMemAddressReserve(size, 0, 0, 0))
     try:
-        _call("cuMemMap", d.cuMemMap(va, size, 0, handle, 0), suffix)
-        _call("cuMemSetAccess", d.cuMemSetAccess(va, size, [access_desc(device)], 1), suffix)
+        _call("cuMemMap", d.cuMemMap(va, size, 0, handle, 0))
+        _call("cuMemSetAccess", d.cuMemSetAccess(va, size, [access_desc(device)], 1))
     except RuntimeError:
         d.cuMemUnmap(va, size)
         d.cuMemAddressFree(va, size)
@@ -436,7 +437,8 @@ def _make_peers(r: HostedRank, a: SymmAlloc, name: str) -> Peers:
                 msg = _import_msg(r, g.rank, j, reqs)
                 h = _call("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(got[j], a.htype), msg)
                 try:
-                    va = _map(r, h, a.block_size, a.device, msg)
+                    # map_block's checks carry no message (C10_CUDA_DRIVER_CHECK).
+                    va = _map(r, h, a.block_size, a.device)
                 except RuntimeError:
                     d.cuMemRelease(h)
                     raise

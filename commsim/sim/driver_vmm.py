@@ -256,6 +256,14 @@ class VmmCalls:
         except (AttributeError, TypeError):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         for m in hits:
+            # A device of the same host without a P2P path to the physical memory gets no
+            # access: CUDA_ERROR_INVALID_DEVICE ("invalid device ordinal" from PyTorch's
+            # symm_mem.rendezvous on two PCIe RTX 2080 Ti, pytorch/pytorch#174030).
+            owner = m.target.gpu if isinstance(m.target, PhysicalAlloc) else None
+            if owner is not None and any(d.host == owner.host and not self._can_access(d, owner)
+                                         for d in devs):
+                raise Fail(R.CUDA_ERROR_INVALID_DEVICE)
+        for m in hits:
             m.access = self.device in devs or bool(devs)
 
     @api(0, False)
