@@ -412,6 +412,10 @@ def _rendezvous_name(r: HostedRank, tensor: Any, name: str) -> "HostedSymmetricM
 def _make_peers(r: HostedRank, a: SymmAlloc, name: str) -> Peers:
     d = r.driver
     g = _Members(r, name)
+    if a.htype == FD and r.mode == "procs":
+        raise NotImplementedError("commsim hosting: symm_mem's POSIX-fd exchange (PyTorch's "
+                                  "IpcChannel) in procs mode is not simulated; run with --mode "
+                                  "inproc (fabric handles work in both modes)")
     own = _call("cuMemExportToShareableHandle", d.cuMemExportToShareableHandle(a.handle, a.htype, 0))
     req = dict(device=a.device, pid=d.getpid(), block_size=a.block_size, buffer_size=a.buffer_size,
                buffer_offset=a.buffer_offset, mc=_multicast_supported(r, a.device),
@@ -523,6 +527,10 @@ def _init_multicast(r: HostedRank, a: SymmAlloc, p: Peers, g: _Members, reqs: li
     try:
         imported = _call("cuMemImportFromShareableHandle", d.cuMemImportFromShareableHandle(got, ht))
         _call("cuMulticastAddDevice", d.cuMulticastAddDevice(imported, a.device))
+        if r.mode == "procs":
+            # cuMulticastBindMem blocks until every device is added (row M2); a procs-mode
+            # driver cannot block outside the scheduler, so the ranks meet first.
+            g.all_gather(True, "multicast: devices added")
         _call("cuMulticastBindMem", d.cuMulticastBindMem(imported, 0, a.handle, 0, a.block_size, 0))
         p.bound = True
         success = True
