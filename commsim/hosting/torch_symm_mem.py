@@ -396,7 +396,7 @@ def _rendezvous_name(r: HostedRank, tensor: Any, name: str) -> "HostedSymmetricM
     if hit is None:
         # CUDASymmetricMemoryAllocator::rendezvous: TORCH_WARN and no handle.
         warnings.warn("Pointer not within any SymmetricMemory allocation, is the tensor "
-                      "allocated from SymmetricMemory?", UserWarning, stacklevel=3)
+                      "allocated from SymmetricMemory?", UserWarning, stacklevel=4)
         return None
     a, offset = hit
     if not name:

@@ -77,9 +77,37 @@ def main() -> None:
             out["multimem"] = "ran without multicast"
         except RuntimeError as e:
             out["multimem"] = str(e)
+    if "--misuse" in sys.argv:
+        out["misuse"] = misuse(group, buf, device)
     print("RESULT " + json.dumps(out), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def misuse(group, buf, device) -> dict:
+    """What PyTorch answers to calls it refuses, as text (type: message)."""
+    def err(fn):
+        try:
+            fn()
+            return "no error"
+        except Exception as e:  # noqa: BLE001 - the answer is the point
+            return f"{type(e).__name__}: {e}"
+    name = group.group_name
+    plain = torch.zeros(64, dtype=torch.bfloat16, device=device)
+    half = symm_mem.empty(64, dtype=torch.float16, device=device)
+    h = symm_mem.rendezvous(buf, name)
+    return {
+        "plain_rendezvous": symm_mem.rendezvous(plain, name) is None,
+        "bad_group": err(lambda: symm_mem.rendezvous(buf, 42)),
+        "plain_op": err(lambda: torch.ops.symm_mem.one_shot_all_reduce(plain, "sum", name)),
+        "max_op": err(lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf[:64], "max", name)),
+        "half_op": err(lambda: torch.ops.symm_mem.one_shot_all_reduce(half, "sum", name)),
+        "odd_size": err(lambda: torch.ops.symm_mem.one_shot_all_reduce(buf[:3], "sum", name)),
+        "cpu_empty": err(lambda: symm_mem.empty(4, device="cpu")),
+        "too_big": err(lambda: h.get_buffer(0, [4096], torch.bfloat16)),
+        "is_symm": [symm_mem.is_symm_mem_tensor(buf), symm_mem.is_symm_mem_tensor(plain)],
+        "not_simulated": err(lambda: symm_mem.get_mem_pool(device)),
+    }
 
 
 if __name__ == "__main__":
