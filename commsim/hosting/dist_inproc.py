@@ -41,6 +41,11 @@ class HostedGroup:
     def size(self) -> int:
         return self.local.size
 
+    @property
+    def group_name(self) -> str:
+        """The name symm_mem.rendezvous and torch.ops.symm_mem take (ProcessGroup.group_name)."""
+        return self.local.name
+
     def __repr__(self) -> str:
         return f"<commsim hosted process group {self.local.name} ranks {list(self.local.global_ranks)}>"
 
@@ -63,6 +68,7 @@ class _State:
         self.world: Any = None      # LocalGroup of the default group, once initialised
         self.backend = ""
         self.groups = 0
+        self.made: list[Any] = []   # the LocalGroups new_group gave this rank (by name: symm_mem)
 
 
 def _inproc() -> HostedRank | None:
@@ -98,6 +104,15 @@ def _group(r: HostedRank, group: Any) -> Any:
                          "GroupMember.NON_GROUP_MEMBER to it)")
     raise TypeError(f"commsim hosting: group {group!r} is not a group of this hosted run "
                     f"(inproc ranks use the groups torch.distributed.new_group returns)")
+
+
+def group_by_name(r: HostedRank, name: str) -> Any:
+    """The rank's LocalGroup named `name` (the world or one new_group made), or None."""
+    st = _st(r)
+    for g in [st.world, *st.made]:
+        if g is not None and g.name == name:
+            return g
+    return None
 
 
 def _tag(name: str) -> str:
@@ -160,6 +175,8 @@ def new_group(r: HostedRank, ranks: Any = None, timeout: Any = None, backend: An
     if bad:
         raise ValueError(f"new_group: ranks {bad} are not in the world of {world.size}")
     sub = world.new_subgroup(members, group_desc or f"group{st.groups}", tag=_tag("new_group"))
+    if sub is not None:
+        st.made.append(sub)
     return HostedGroup(sub) if sub is not None else dist.GroupMember.NON_GROUP_MEMBER
 
 

@@ -36,6 +36,7 @@ SURFACE_MODULES = (
     "commsim.hosting.torch_accelerator",
     "commsim.hosting.mpi",
     "commsim.hosting.nccl",
+    "commsim.hosting.torch_symm_mem",
 )
 
 

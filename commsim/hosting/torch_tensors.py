@@ -32,7 +32,8 @@ import torch
 from . import torch_graphs, torch_memory, torch_random
 from .session import current
 
-__all__ = ["HostedCudaTensor", "place", "new_empty", "inner_of", "is_hosted_cuda"]
+__all__ = ["HostedCudaTensor", "place", "new_empty", "inner_of", "is_hosted_cuda",
+           "register_op_namespace"]
 
 # Ops that take operands on different devices by definition (torch's cross-device copy and
 # indexing with CPU index tensors).
@@ -44,6 +45,15 @@ _REFUSED = frozenset({"set_", "_pin_memory", "pin_memory"})
 _OWN_NAMESPACES = frozenset({"aten", "prims"})
 # Ops with nothing to compute on a simulated device.
 _NO_OP = frozenset({"record_stream"})
+# Namespaces of ops another surface computes over the simulated devices (torch.ops.symm_mem:
+# torch_symm_mem.py): namespace -> handler(func, args, kwargs).
+_OP_NAMESPACES: dict[str, Any] = {}
+
+
+def register_op_namespace(namespace: str, handler: Any) -> None:
+    """Route `torch.ops.<namespace>.*` on hosted CUDA tensors to `handler(func, args, kwargs)`
+    (a surface that simulates that library's kernels) instead of refusing them."""
+    _OP_NAMESPACES[namespace] = handler
 
 
 class HostedCudaTensor(torch.Tensor):
@@ -399,7 +409,10 @@ def _target(kwargs: dict) -> tuple[dict, Any]:
 
 def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-    if getattr(func, "namespace", "aten") not in _OWN_NAMESPACES:
+    namespace = getattr(func, "namespace", "aten")
+    if namespace in _OP_NAMESPACES:
+        return _OP_NAMESPACES[namespace](func, args, kwargs)
+    if namespace not in _OWN_NAMESPACES:
         raise NotImplementedError(
             f"commsim hosting: {func} on a CUDA tensor is not simulated (a compiled "
             f"extension's kernel; only PyTorch's own aten ops run, on the CPU)")

@@ -256,7 +256,22 @@ class VmmCalls:
         except (AttributeError, TypeError):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         for m in hits:
+            # Row S3: a device of the same host with no hardware path to the physical memory
+            # (a PCIe link without P2P; an NVLink path exists whatever P2P is reported) gets
+            # no access: CUDA_ERROR_INVALID_DEVICE ("invalid device ordinal" from PyTorch's
+            # symm_mem.rendezvous on two PCIe RTX 2080 Ti, pytorch/pytorch#174030).
+            owner = m.target.gpu if isinstance(m.target, PhysicalAlloc) else None
+            if owner is not None and any(self._no_peer_path(d, owner) for d in devs):
+                raise Fail(R.CUDA_ERROR_INVALID_DEVICE)
+        for m in hits:
             m.access = self.device in devs or bool(devs)
+
+    def _no_peer_path(self, dev: GpuRef, owner: GpuRef) -> bool:
+        """Row S3: two GPUs of one host joined only by PCIe that does not carry P2P."""
+        if dev.host != owner.host or dev.index == owner.index:
+            return False
+        link = self.cluster.host(dev.host).link(dev.index, owner.index)
+        return not link.is_nvlink and not link.p2p
 
     @api(0, False)
     def cuMemUnmap(self, ptr: int, size: int) -> None:

@@ -579,6 +579,29 @@ def _(rig):
     return res
 
 
+@case("S3", "cuMemSetAccess of a peer's memory without a P2P path (GeForce RTX 4090 pair)",
+      "pytorch/pytorch#174030; docs/fidelity-rules.md row S3", "rtx4090-8", [(0, 0), (0, 1)],
+      expect=R.CUDA_ERROR_INVALID_DEVICE)
+def _(rig):
+    d, imp = rig[0], rig[1]
+    g = gran(d)
+    h = create(d, g, FD)
+    fd = check("export", d.cuMemExportToShareableHandle(h, FD, 0))
+    fd1 = rig.pass_fd(0, fd, 1)
+    ih = check("import", imp.cuMemImportFromShareableHandle(fd1, FD))
+    ptr = map_rw(imp, ih, g, access=False)
+    dev = check("cudaGetDevice", imp.cudaGetDevice())
+    res = imp.cuMemSetAccess(ptr, g, [access_desc(dev)], 1)
+    # Its own device's access to its own memory is granted as before.
+    own = map_rw(d, h, g)
+    unmap_free(d, own, g)
+    unmap_free(imp, ptr, g)
+    check("release", imp.cuMemRelease(ih))
+    check("release", d.cuMemRelease(h))
+    assert rig.close_fd(0, fd) == 0 and rig.close_fd(1, fd1) == 0
+    return res
+
+
 @case("V10", "cuMemMap onto a range that is already mapped", "§2.3; row V10", "hgx-h100-8",
       [(0, 0)], expect=U("V10"))
 def _(rig):

@@ -18,7 +18,7 @@ import pytest
 
 from commsim.group.local import LocalWorld
 from commsim.hosting import (cuda_bindings, cudart, nccl, nvml, session, torch_accelerator,
-                             torch_cuda, torch_factories, torch_ipc, torch_nvtx)
+                             torch_cuda, torch_factories, torch_ipc, torch_nvtx, torch_symm_mem)
 from commsim.sim.ledger import call_site
 from commsim.sim import SimFabric
 from commsim.sim.driver import SimDriver
@@ -27,7 +27,7 @@ from commsim.topology.presets import build
 
 
 MODULE_SURFACES = (cuda_bindings, cudart, nvml, torch_cuda, torch_factories, torch_ipc, torch_nvtx,
-                   torch_accelerator, nccl)
+                   torch_accelerator, nccl, torch_symm_mem)
 
 
 @pytest.fixture(scope="module")
