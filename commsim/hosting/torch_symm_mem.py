@@ -45,6 +45,7 @@ graph capture, every other `torch.ops.symm_mem` op.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -52,7 +53,8 @@ from typing import Any
 
 from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, \
     error_string, multicast_prop
-from ..fd_exchange import transport as fd_transport
+from ..fd_exchange import PyTorchRing, transport as fd_transport
+from ..sim import real_fds
 from .cuda_state import rank_state
 from .nesting import nested
 from .session import HostedRank, current, hosted, user_site
@@ -409,13 +411,35 @@ def _rendezvous_name(r: HostedRank, tensor: Any, name: str) -> "HostedSymmetricM
     return HostedSymmetricMemory(r, a, p, offset)
 
 
+def _fds_between_processes(r: HostedRank, g: "_Members", pids: list[int], hosts: list[str],
+                           own: int) -> list[int]:
+    """PyTorch's IpcChannel ring between rank processes (procs mode): each rank sends to its
+    successor's socket, /tmp/symm_mem-<pid>, and receives from its predecessor (rules
+    FX1-FX3). A successor on another host has no such socket there: that rank fails at once
+    with ENOENT, and every rank of the broken ring waits in recvmsg for good (a hang, which
+    the run's timeout reports). Within one host the descriptors arrive: each is made here
+    from the bytes the sender's export holds (real_fds.contents), as SCM_RIGHTS would hand
+    over the same memory, and the exchange itself goes through the group."""
+    n, me = len(pids), g.rank
+    nxt = (me + 1) % n
+    if hosts[nxt] != hosts[me]:
+        raise RuntimeError(
+            f"Failed to send fd: No such file or directory (rank {me} on host {hosts[me]} sending "
+            f"to rank {nxt}'s socket {PyTorchRing.socket(pids[nxt])} on host {hosts[nxt]}; "
+            f"PyTorch IpcChannel, rule FX2)")
+    broken = next((j for j in range(n) if hosts[(j + 1) % n] != hosts[j]), None)
+    if broken is not None:
+        r.events.note(f"symm_mem rendezvous: rank {me} waits in recvmsg on "
+                      f"{PyTorchRing.socket(pids[me])} for fds rank {broken} never sends "
+                      f"(its successor is on another host; rule FX3): a hang")
+        threading.Event().wait()            # recvmsg with no timeout, as IpcChannel's
+    blobs = g.all_gather(real_fds.contents(own), "rendezvous: fds around IpcChannel's ring")
+    return [own if j == me else real_fds.from_contents(b) for j, b in enumerate(blobs)]
+
+
 def _make_peers(r: HostedRank, a: SymmAlloc, name: str) -> Peers:
     d = r.driver
     g = _Members(r, name)
-    if a.htype == FD and r.mode == "procs":
-        raise NotImplementedError("commsim hosting: symm_mem's POSIX-fd exchange (PyTorch's "
-                                  "IpcChannel) in procs mode is not simulated; run with --mode "
-                                  "inproc (fabric handles work in both modes)")
     own = _call("cuMemExportToShareableHandle", d.cuMemExportToShareableHandle(a.handle, a.htype, 0))
     req = dict(device=a.device, pid=d.getpid(), block_size=a.block_size, buffer_size=a.buffer_size,
                buffer_offset=a.buffer_offset, mc=_multicast_supported(r, a.device),
@@ -424,7 +448,9 @@ def _make_peers(r: HostedRank, a: SymmAlloc, name: str) -> Peers:
         reqs = g.all_gather(req, "rendezvous: exchange requests")
         _validate(reqs)
         hosts = [q["host"] for q in reqs]
-        if a.htype == FD:
+        if a.htype == FD and r.mode == "procs":
+            got = _fds_between_processes(r, g, [q["pid"] for q in reqs], hosts, own)
+        elif a.htype == FD:
             try:
                 got = fd_transport("pytorch_ring").all_gather(d, g.rank, [q["pid"] for q in reqs], hosts, own)
             except FdTransportError as e:
@@ -456,8 +482,8 @@ def _make_peers(r: HostedRank, a: SymmAlloc, name: str) -> Peers:
         finally:
             if a.htype == FD:
                 for j, fd in enumerate(got):
-                    if j != g.rank:
-                        d.close_fd(fd)
+                    if j != g.rank and d.close_fd(fd) != 0:
+                        os.close(fd)        # made here (procs mode) and never adopted
     finally:
         if a.htype == FD:
             d.close_fd(own)
@@ -510,7 +536,13 @@ def _init_multicast(r: HostedRank, a: SymmAlloc, p: Peers, g: _Members, reqs: li
     if ht == FD:
         ok = g.all_gather(exported is not None, "multicast: created")[0]
         got = None
-        if ok:
+        if ok and r.mode == "procs":
+            # The group is on one host (POSIX fds got this far): rank 0's descriptor reaches
+            # every rank, made from its bytes as in _fds_between_processes.
+            blob = g.all_gather(real_fds.contents(exported) if g.rank == 0 else None,
+                                "multicast: broadcast handle")[0]
+            got = exported if g.rank == 0 else real_fds.from_contents(blob)
+        elif ok:
             try:
                 got = fd_transport("pytorch_ring").broadcast(
                     d, g.rank, 0, [q["pid"] for q in reqs], [q["host"] for q in reqs], exported)
@@ -540,7 +572,8 @@ def _init_multicast(r: HostedRank, a: SymmAlloc, p: Peers, g: _Members, reqs: li
     if created:
         d.cuMemRelease(created)      # rank 0 drops its create reference once all imported
     if ht == FD:
-        d.close_fd(got)
+        if d.close_fd(got) != 0 and r.mode == "procs":
+            os.close(got)           # made here and never adopted (the import failed)
         if exported is not None and g.rank == 0 and exported != got:
             d.close_fd(exported)
     p.mc_handle = imported

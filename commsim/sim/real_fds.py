@@ -167,6 +167,25 @@ class FdTable:
         return target
 
 
+def contents(fd: int) -> bytes:
+    """What an exported descriptor holds (its magic and token): for a process that hands it
+    to another OS process by other means than SCM_RIGHTS (hosted symm_mem in procs mode),
+    the bytes `from_contents` turns back into a descriptor there."""
+    return os.pread(fd, len(MAGIC) + TOKEN, 0)
+
+
+def from_contents(data: bytes) -> int:
+    """A new descriptor in this OS process holding `data` (from `contents` in another): what
+    SCM_RIGHTS delivers, a descriptor naming the same memory, at the lowest free number as
+    the kernel gives a received one. The import adopts it (FdTable.for_import); the caller
+    owns it and closes it."""
+    if not data.startswith(MAGIC):
+        raise ValueError("not the contents of a commsim POSIX-fd handle")
+    fd = os.memfd_create("commsim-received", os.MFD_CLOEXEC)
+    os.write(fd, data)
+    return fd
+
+
 _tables: "weakref.WeakValueDictionary[tuple[int, int], FdTable]" = weakref.WeakValueDictionary()
 # Per fabric, the tables that held an fd since they were last reaped empty, so a memory query
 # reaps those only: a walk over every table of the interpreter made each query O(all drivers

@@ -33,6 +33,7 @@ def _ok(res: dict, n: int, multicast: bool) -> None:
     ("hgx-h100-8", 4, "inproc", 4),          # POSIX fds over PyTorch's IpcChannel, NVSwitch multicast
     ("gb200-nvl72:2", 2, "inproc", 4),       # FABRIC handles across two trays
     ("gb200-nvl72:2", 1, "procs", 2),        # real processes, FABRIC handles
+    ("hgx-h100-8", 2, "procs", 2),           # real processes, POSIX fds around the ring
 ])
 def test_vllm_style_allreduce_moves_the_bytes(machine, per_host, mode, n):
     v, res, out = hosted(PROG, machine, mode=mode, nproc_per_host=per_host, timeout=60)
@@ -93,10 +94,14 @@ def test_misuse_gets_pytorchs_refusals():
                                       "torch.distributed._symmetric_memory.get_mem_pool is not simulated")
 
 
-def test_fd_exchange_in_procs_mode_is_refused_by_name():
-    v, res, out = hosted(PROG, "hgx-h100-8", mode="procs", nproc_per_host=2, timeout=60)
-    assert not v.ok
-    assert "symm_mem's POSIX-fd exchange (PyTorch's IpcChannel) in procs mode is not simulated" in v.format()
+def test_two_hosts_without_mnnvl_fail_sending_fds_in_procs_mode_too():
+    """Real rank processes: the same IpcChannel refusal as in-process, on every rank (each
+    rank's successor is on the other host)."""
+    v, res, out = hosted(PROG, "dgx-spark-2", "--expect-fail", mode="procs", nproc_per_host=1,
+                         timeout=60)
+    assert sorted(res) == [0, 1], out
+    for r in res:
+        assert res[r]["error"].startswith("Failed to send fd: No such file or directory"), res
 
 
 def test_registered_once_in_both_registries():
