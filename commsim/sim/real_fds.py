@@ -213,10 +213,17 @@ def _held_by(fabric: Any, pid: int, fd: int, ident: tuple[int, int]) -> bool:
     return ent is not None and ent[1] == ident
 
 
+_BASE: list[int] = []      # the upper half's start, read once per process
+
+
 def _high(fd: int) -> int:
-    """Move a new descriptor to the upper half of the fd table (see the module doc)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    base = max(64, min(soft, 1 << 20) // 2)
+    """Move a new descriptor to the upper half of the fd table (see the module doc). The
+    limit is read once: should a program lower it below the half read, F_DUPFD refuses and
+    the descriptor keeps its number; one raised later leaves the half read still valid."""
+    if not _BASE:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        _BASE.append(max(64, min(soft, 1 << 20) // 2))
+    base = _BASE[0]
     try:
         high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base)
     except OSError:
