@@ -124,5 +124,5 @@ def _collective(parts: list[np.ndarray], op: str, dtype: str) -> np.ndarray:
                          f"{[tuple(p.shape) for p in parts]}")
     flat = [p.reshape(-1).view(np.uint8) for p in parts]
     out = np.empty(flat[0].size, np.uint8)
-    K._reduce_into(flat, out, dtype)      # 16-bit block by block: no message-size scratch
+    K.reduce_into(flat, out, dtype)      # 16-bit block by block: no message-size scratch
     return out.view(parts[0].dtype)

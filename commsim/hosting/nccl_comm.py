@@ -51,6 +51,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..kernels.collectives import store_rounded
 from ..nccl_rules import ENV_VARS, decide, machine_from_cluster, parse_env
 from ..runtime.scheduler import wait_until
 from .session import HostedRank
@@ -337,12 +338,13 @@ def _widen(a: np.ndarray, dt: int) -> np.ndarray:
 
 
 def _narrow(a: np.ndarray, dt: int) -> np.ndarray:
-    """float32 -> bfloat16 bits, rounded to nearest even (NaN kept a NaN)."""
+    """float32 -> bfloat16 bits, rounded to nearest even (NaN kept a NaN), as the project's
+    kernels store a float32 sum (commsim/kernels/collectives.py)."""
     if dt != _BF16:
         return a
-    bits = a.astype(np.float32).view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(a), np.uint16(0x7FC0), rounded)
+    out = np.empty(a.shape, np.uint16)
+    store_rounded(np.ascontiguousarray(a, np.float32).reshape(-1), out.reshape(-1).view(np.uint8), "bfloat16")
+    return out
 
 
 def reduce_parts(parts: list[np.ndarray], op: int, dt: int, count: int) -> np.ndarray:

@@ -54,6 +54,7 @@ from typing import Any
 from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, \
     error_string, multicast_prop
 from ..fd_exchange import PyTorchRing, transport as fd_transport
+from ..kernels.collectives import reduce_into
 from ..sim import real_fds
 from .cuda_state import rank_state
 from .nesting import nested
@@ -817,13 +818,13 @@ def _reduce(h: HostedSymmetricMemory, t: Any) -> Any:
     item, n = t.element_size(), t.numel()
     off = h.offset + t.storage_offset() * item
     p.members.barrier("all-reduce: inputs ready")
-    acc = None
-    for ptr in p.buffers:
-        raw = r.driver.view(ptr + off, n * item)
-        x = torch.from_numpy(np.array(raw, copy=True)).view(t.dtype).to(torch.float32)
-        acc = x if acc is None else acc + x
+    # The project's reduction (commsim/kernels/collectives.py): float32 adds in rank order,
+    # bfloat16 widened and rounded to nearest even once. _checks admitted float32 / bfloat16.
+    out = np.empty(n * item, np.uint8)
+    reduce_into([r.driver.view(ptr + off, n * item) for ptr in p.buffers], out,
+                str(t.dtype).removeprefix("torch."))
     p.members.barrier("all-reduce: peers read")
-    return acc.to(t.dtype).view(t.shape)
+    return torch.from_numpy(out).view(t.dtype).view(t.shape)
 
 
 def _write(dst: Any, value: Any) -> Any:

@@ -57,7 +57,7 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
-def _store(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
+def store_rounded(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
     """dst (raw bytes in `dtype`) = acc (float32), rounded to nearest even like a GPU cvt.rn."""
     if dtype == "float16" and _torch_f16(acc.size):
         torch.from_numpy(dst.view(np.float16)).copy_(torch.from_numpy(acc))
@@ -112,7 +112,7 @@ def _reduce(srcs: Sequence[np.ndarray], dtype: str, out: np.ndarray | None = Non
     return acc
 
 
-def _reduce_into(srcs: Sequence[np.ndarray], dst: np.ndarray, dtype: str) -> None:
+def reduce_into(srcs: Sequence[np.ndarray], dst: np.ndarray, dtype: str) -> None:
     """dst (raw bytes in `dtype`) = the float32 sum of `srcs`, rounded once. In float32 the
     sum accumulates in dst itself: the passes numpy would make, no temporary. The partial sums
     sit in this rank's own result range, which no peer reads before the next barrier."""
@@ -128,7 +128,7 @@ def _reduce_into(srcs: Sequence[np.ndarray], dst: np.ndarray, dtype: str) -> Non
     for lo in range(0, n, _BLOCK):
         hi = min(n, lo + _BLOCK)
         part = _reduce([s[2 * lo:2 * hi] for s in srcs], dtype, out=acc[:hi - lo])
-        _store(part, dst[2 * lo:2 * hi], dtype)
+        store_rounded(part, dst[2 * lo:2 * hi], dtype)
 
 
 def one_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dtype: str,
@@ -137,7 +137,7 @@ def one_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int
     esz = ESIZE[dtype]
     _barrier(ctx, ptrs, me, START, rnd, "one-shot start")
     if n:
-        _reduce_into([ctx.load(p + DATA, np.uint8, n * esz) for p in ptrs],
+        reduce_into([ctx.load(p + DATA, np.uint8, n * esz) for p in ptrs],
                      ctx.array(ptrs[me] + DATA + capacity, np.uint8, n * esz), dtype)
     _barrier(ctx, ptrs, me, END, rnd, "one-shot end")
 
@@ -150,7 +150,7 @@ def two_shot_all_reduce(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int
     lo, hi = ch[me]
     _barrier(ctx, ptrs, me, START, rnd, "two-shot start")
     if hi > lo:
-        _reduce_into([ctx.load(p + DATA + lo * esz, np.uint8, (hi - lo) * esz) for p in ptrs],
+        reduce_into([ctx.load(p + DATA + lo * esz, np.uint8, (hi - lo) * esz) for p in ptrs],
                      ctx.array(ptrs[me] + DATA + capacity + lo * esz, np.uint8, (hi - lo) * esz), dtype)
     _barrier(ctx, ptrs, me, MID, rnd, "two-shot middle")
     for j, (a, b) in enumerate(ch):
@@ -177,7 +177,7 @@ def reduce_scatter(ctx: KernelContext, ptrs: Sequence[int], me: int, n: int, dty
     per = n // len(ptrs)
     _barrier(ctx, ptrs, me, START, rnd, "reduce-scatter start")
     if per:
-        _reduce_into([ctx.load(p + DATA + me * per * esz, np.uint8, per * esz) for p in ptrs],
+        reduce_into([ctx.load(p + DATA + me * per * esz, np.uint8, per * esz) for p in ptrs],
                      ctx.array(ptrs[me] + DATA + capacity, np.uint8, per * esz), dtype)
     _barrier(ctx, ptrs, me, END, rnd, "reduce-scatter end")
 
@@ -199,6 +199,6 @@ def multimem_all_reduce(ctx: KernelContext, mc: int, uc: int, me: int, ws: int, 
     if hi > lo:
         nbytes = (hi - lo) * esz
         out = np.empty(nbytes, np.uint8)
-        _reduce_into(ctx.multimem_load(mc + DATA + lo * esz, np.uint8, nbytes), out, dtype)
+        reduce_into(ctx.multimem_load(mc + DATA + lo * esz, np.uint8, nbytes), out, dtype)
         ctx.multimem_store(mc + DATA + capacity + lo * esz, out)   # the same bytes to every member
     mc_barrier(END, "multimem end")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from commsim.kernels import collectives
-from commsim.kernels.collectives import _reduce, _store
+from commsim.kernels.collectives import _reduce, store_rounded
 
 
 def _specials() -> np.ndarray:
@@ -27,7 +27,7 @@ def test_store_rounds_like_torch(dtype: str, tdt: torch.dtype) -> None:
     acc = _specials()
     out = np.zeros(acc.size * torch.empty(0, dtype=tdt).element_size(), np.uint8)
     with np.errstate(over="ignore", invalid="ignore"):
-        _store(acc.copy(), out, dtype)
+        store_rounded(acc.copy(), out, dtype)
     want = torch.from_numpy(acc).to(tdt)
     got = torch.from_numpy(out).view(tdt)
     nan = torch.isnan(want)
@@ -60,7 +60,7 @@ def test_blocked_reduce_into_matches_one_rounded_sum(dtype: str, tdt: torch.dtyp
     xs = [torch.randn(1001, generator=g).to(tdt) for _ in range(5)]
     xs[1][7], xs[2][500], xs[3][999] = float("nan"), float("inf"), -float("inf")
     dst = np.zeros(1001 * 2, np.uint8)
-    collectives._reduce_into([x.view(torch.uint8).numpy() for x in xs], dst, dtype)
+    collectives.reduce_into([x.view(torch.uint8).numpy() for x in xs], dst, dtype)
     want = torch.zeros(1001)
     for x in xs:
         want += x.float()
@@ -86,7 +86,7 @@ def test_float16_arithmetic_is_the_same_whichever_library_casts(f16_path: str) -
     acc = _specials()
     out = np.zeros(acc.size * 2, np.uint8)
     with np.errstate(over="ignore", invalid="ignore"):
-        _store(acc.copy(), out, "float16")
+        store_rounded(acc.copy(), out, "float16")
     want = torch.from_numpy(acc).to(torch.float16)
     got = torch.from_numpy(out).view(torch.float16)
     nan = torch.isnan(want)
