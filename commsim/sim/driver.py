@@ -258,7 +258,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         if not self.fabric.unreal_p2p or a.gpu == me or a.gpu.host != me.host:
             return ""
         lk = self.cluster.host(me.host).link(me.index, a.gpu.index)
-        return "" if lk.peer_writes == "ok" else lk.peer_writes
+        return lk.lost_writes
 
     @staticmethod
     def _unreal_p2p(live: np.ndarray, how: str) -> np.ndarray:

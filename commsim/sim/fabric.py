@@ -95,7 +95,7 @@ class SimFabric:
         self._host_of: dict[str, str] = {h.name: h.name for h in cluster.hosts}
         # Whether any pair has P2P that is reported but loses writes (row P3): the hot path of
         # SimDriver.view checks links only then.
-        self.unreal_p2p = any(lk is not None and lk.peer_writes != "ok"
+        self.unreal_p2p = any(lk is not None and lk.lost_writes
                               for h in cluster.hosts for row in h.links for lk in row)
         self._used: dict[GpuRef, int] = {}     # live allocation bytes per GPU
         self._blobs: dict[tuple[bytes, tuple[int, ...]], bytes] = {}   # handle bytes made (_blob)

@@ -101,6 +101,14 @@ class Link:
         return f"NV{self.nvlinks}" if self.is_nvlink else self.kind
 
     @property
+    def lost_writes(self) -> str:
+        """How writes through the pair's peer path fail ("dropped", "corrupt"), "" for a sound
+        path. Only a reported P2P can be a patched one (row P3: cuDeviceCanAccessPeer = 1
+        and every call succeeds): with P2P not reported, `peer_writes` describes nothing, as
+        `p2p_real` and the oracle's truth.p2p_unreal already read it."""
+        return "" if not self.p2p or self.peer_writes == "ok" else self.peer_writes
+
+    @property
     def p2p_real(self) -> bool:
         """P2P as a functional probe finds it: reported, IPC opens, and writes arrive (P4)."""
         return self.p2p and not self.ipc_refused and self.peer_writes == "ok"

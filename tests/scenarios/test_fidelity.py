@@ -47,3 +47,29 @@ def test_every_issue17_fault_kind_has_a_shipped_scenario() -> None:
     from commsim.scenario.fidelity_faults import NAMES
     used = {f.kind for p in DIR.glob("*.toml") for f in load(p).faults}
     assert set(NAMES) <= used, set(NAMES) - used
+
+
+def test_patched_path_needs_reported_p2p() -> None:
+    """Row P3 describes P2P that is reported (cuDeviceCanAccessPeer = 1) but loses writes.
+    A later p2p_disabled on the same pair leaves no reported P2P to be patched: the oracle
+    (truth.p2p_unreal) then allows the same-host fabric path, so the simulator must not lose
+    its writes either (sweep s11-2017 found the two disagreeing). The other order keeps the
+    patched path, and the probe must still rule peer memory out."""
+    from commsim.scenario.schema import loads
+    from commsim.topology.model import Link
+
+    assert Link("NV", 18, p2p=False, peer_writes="corrupt").lost_writes == ""
+    assert Link("PHB", peer_writes="dropped").lost_writes == "dropped"
+    head = ('[scenario]\nname = "t"\n[topology]\npreset = "gb200-nvl72"\nhosts = 1\n'
+            '[[group]]\nname = "tp"\nranks = "0..1"\n'
+            '[workload]\nops = ["reduce_scatter", "all_reduce"]\nsizes = ["1KiB"]\n'
+            'dtypes = ["float32"]\n')
+    lost = '[[fault]]\nkind = "p2p_writes_lost"\nhost = "gb200-nvl72-tray00"\ngpus = [0, 1]\ncause = "corrupt"\n'
+    off = '[[fault]]\nkind = "p2p_disabled"\nhost = "gb200-nvl72-tray00"\ngpus = [0, 1]\n'
+    res = run_scenario(loads(head + lost + off, "t.toml"))
+    assert res.ok and not res.mismatches, res.failures
+    assert "fabric" in res.backends.values(), res.backends
+    res = run_scenario(loads(head + off + lost, "t.toml"))
+    assert res.ok and not res.mismatches, res.failures
+    assert "fabric" not in res.backends.values(), res.backends
+    assert "functional P2P probe" in res.explain["tp"], res.explain["tp"]
