@@ -15,7 +15,7 @@ from typing import Callable, Hashable, Iterable, TypeVar
 
 from cuda.bindings import driver as cu
 
-from .driver import Driver, NVML_P2P_STATUS_OK, check
+from .driver import Driver, NVML_P2P_STATUS_OK, PROBE_WRITES_LOST, check
 from .topology.model import FabricState
 
 A = cu.CUdevice_attribute
@@ -218,7 +218,8 @@ class GroupView:
     def p2p_unreal(self) -> str:
         """The first pair whose reported P2P (cuDeviceCanAccessPeer = 1) the functional probe
         disproved (rows P1-P4), as a sentence; "" when none did. Where the peer is not
-        visible (row W1) the probe is the P2P fact itself (`can_access`), not a disproof.
+        visible (row W1) the probe is the P2P fact itself (`can_access`), not a disproof,
+        unless its open worked and the bytes came back wrong (row P3).
         Computed once per view: every backend's eligibility asks."""
         return self._unreal
 
@@ -227,11 +228,17 @@ class GroupView:
         if not any(any(r.p2p_probe) for r in self.ranks):
             return ""           # no probe failed anywhere (the usual case): no pair to scan
         for a, b in self.host_pairs():
-            if b.gpu >= len(a.p2p_probe) or a.p2p[b.gpu] is not True:
-                continue        # not reported (or not askable: then the probe is the P2P fact)
+            if b.gpu >= len(a.p2p_probe) or a.p2p[b.gpu] is False:
+                continue        # not reported
             if a.shm_namespace != b.shm_namespace:
                 continue        # other containers: the IPC open fails on namespaces (row W6), not P2P
             why = a.p2p_probe[b.gpu]
+            if a.p2p[b.gpu] is None and not (why and why.endswith(PROBE_WRITES_LOST)):
+                # Not askable (row W1): the probe is the P2P fact itself (`can_access`), and
+                # an open it saw refused reads as no P2P (row L10), not a disproof. Bytes that
+                # came back wrong through an open that worked do disprove it (row P3): the
+                # same-host FABRIC mappings would ride that path (sweep s12-1190, s12-7424).
+                continue
             if why:
                 return (f"functional P2P probe, rank {a.rank} -> rank {b.rank}: {why}; the probe is "
                         f"trusted over cuDeviceCanAccessPeer")

@@ -42,6 +42,12 @@ NVML_SUCCESS = 0
 NVML_P2P_STATUS_OK = 0
 NVML_P2P_STATUS_NOT_SUPPORTED = 5       # NVML_P2P_STATUS_NOT_SUPPORTED in nvml.h
 
+# A driver's optional functional P2P probe (`p2p_probe(gpu, peer)`, row P4) answers "" for a
+# sound pair, else what failed; a verdict whose IPC open succeeded but whose bytes came back
+# wrong (row P3: P2P is there and loses writes) ends with this, so discovery can tell that
+# disproof from an open refused for want of P2P.
+PROBE_WRITES_LOST = "with every call returning success (row P3)"
+
 
 class CudaError(RuntimeError):
     """A non-success CUDA result, raised by `check()` (never by the Driver itself)."""

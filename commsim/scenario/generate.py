@@ -34,6 +34,7 @@ from ..errors import UserError
 from ..topology.model import Cluster, GpuRef, NvlinkDomain
 from ..topology.presets import PRESETS, build as build_preset
 from . import faults as F
+from . import fidelity_faults as FF
 from . import knobs as K
 from .model import DTYPES, OPS, Fault, Group, Scenario, Workload
 
@@ -329,6 +330,9 @@ def sample_plan(seed: int, index: int) -> Plan:
     placement_refs = placement_of(shape, tp * dp, placement, pid)
     frng = random.Random(_seed_of("faults", pid))
     faults = tuple(_resolve_fault(k, cluster, placement_refs, frng) for k in kinds)
+    left_out = FF.unjudgeable(faults)
+    if left_out:
+        faults = tuple(f for f in faults if f not in left_out)
     return Plan(pid, shape, tp, dp, dp_groups, placement, faults, ops, sizes, dtypes,
                 capture, discard, sc_seed, *_knobs(pid))
 

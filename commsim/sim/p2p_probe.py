@@ -28,6 +28,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..driver import PROBE_WRITES_LOST
 from ..topology.model import GpuRef
 
 PROBE_BYTES = 4096
@@ -47,7 +48,7 @@ _MESSAGES = {
     "get": "cudaIpcGetMemHandle on {peer} returned {detail}",
     "open": "cudaIpcOpenMemHandle of {peer}'s buffer on {me} returned {detail} (rows L10, P1, P2)",
     "differ": ("{me} wrote " + str(PROBE_BYTES) + " B into {peer}'s buffer through the IPC mapping "
-               "and {detail} B differ, with every call returning success (row P3)"),
+               "and {detail} B differ, " + PROBE_WRITES_LOST),
 }
 
 

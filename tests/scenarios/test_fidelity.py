@@ -73,3 +73,42 @@ def test_patched_path_needs_reported_p2p() -> None:
     assert res.ok and not res.mismatches, res.failures
     assert "fabric" not in res.backends.values(), res.backends
     assert "functional P2P probe" in res.explain["tp"], res.explain["tp"]
+
+
+@pytest.mark.parametrize("cause", ["corrupt", "dropped"])
+def test_lost_writes_seen_by_a_probe_the_rank_cannot_ask_about(cause: str) -> None:
+    """One GPU per process (row W1): a rank cannot ask cuDeviceCanAccessPeer about its peer,
+    so the probe is the P2P fact; bytes that come back wrong through an open that worked
+    still disprove P2P (row P3), and the same-host FABRIC path must be declined, as the
+    oracle says (sweep s12-1190: numerics; s12-7424: a hang on lost flags)."""
+    from commsim.scenario.oracle import judge
+    from commsim.scenario.schema import loads
+
+    text = ('[scenario]\nname = "t"\n[topology]\npreset = "gb200-nvl72"\nhosts = 1\n'
+            '[[group]]\nname = "tp"\nranks = "0..3"\n'
+            '[workload]\nops = ["all_reduce", "all_gather"]\nsizes = ["1KiB"]\ndtypes = ["float32"]\n'
+            '[[fault]]\nkind = "one_gpu_per_process"\nhost = "gb200-nvl72-tray00"\n'
+            f'[[fault]]\nkind = "p2p_writes_lost"\nhost = "gb200-nvl72-tray00"\ngpus = [0, 1]\ncause = "{cause}"\n')
+    sc = loads(text, "t.toml")
+    res = run_scenario(sc)
+    assert res.ok and not res.errors, res.failures
+    assert "fabric" not in res.backends.values(), res.backends
+    assert "fabric: declined" in res.explain["tp"] and "(row P3)" in res.explain["tp"], res.explain["tp"]
+    v = judge(sc, res, None)
+    assert v.ok, v.failures
+
+
+def test_sampler_leaves_out_lost_writes_between_containers() -> None:
+    """No probe crosses containers (row W6) and no query reports lost writes: a sweep could
+    not judge a communicator on them, so the sampler drops that fault (s12-9281 drew both)."""
+    from commsim.scenario import generate as G
+    from commsim.scenario.fidelity_faults import unjudgeable
+    from commsim.scenario.model import Fault
+
+    box = Fault("container_per_process", host="h")
+    lost = Fault("p2p_writes_lost", host="h", gpus=(0, 1), cause="dropped")
+    elsewhere = Fault("p2p_writes_lost", host="g", gpus=(0, 1), cause="dropped")
+    assert unjudgeable([box, lost, elsewhere]) == [lost]
+    assert unjudgeable([lost, elsewhere]) == []
+    kinds = [f.kind for f in G.plan_from_id("s12-9281").faults]
+    assert kinds == ["container_per_process"], kinds
