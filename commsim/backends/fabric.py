@@ -42,8 +42,8 @@ class FabricBackend(VmmPeerBackend):
         bad = facts.first_pair_without(FABRIC_HANDLE)
         if bad:
             return f"{bad[0]} cannot import a FABRIC handle of {bad[1]}"
-        if facts.unreal:        # same-host FABRIC mappings ride the path the probe disproves
-            return (f"the functional P2P probe {facts.unreal[0]} -> {facts.unreal[1]} fails "
+        if facts.fabric_unreal:        # same-host FABRIC mappings ride the path the probe disproves
+            return (f"the functional P2P probe {facts.fabric_unreal[0]} -> {facts.fabric_unreal[1]} fails "
                     f"(rows P1-P4): same-host FABRIC mappings ride that path")
         return None
 

@@ -94,8 +94,8 @@ class SymmBackend(VmmPeerBackend):
         bad = facts.first_pair_without(FABRIC_HANDLE)
         if bad:
             return f"across hosts: {bad[0]} cannot import a FABRIC handle of {bad[1]}"
-        if facts.unreal:
-            return (f"the functional P2P probe {facts.unreal[0]} -> {facts.unreal[1]} fails (rows "
+        if facts.fabric_unreal:
+            return (f"the functional P2P probe {facts.fabric_unreal[0]} -> {facts.fabric_unreal[1]} fails (rows "
                     f"P1-P4): same-host peer mappings ride that path")
         return None
 

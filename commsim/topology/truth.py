@@ -48,6 +48,22 @@ def p2p_unreal(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
     return lk.p2p and not lk.p2p_real
 
 
+def fabric_path_disproved(cluster: Cluster, a: GpuRef, b: GpuRef) -> bool:
+    """P2P disproved between two GPUs of one host as a library that trusts the functional
+    probe over cuDeviceCanAccessPeer sees it, for the same-host FABRIC path (rows P1-P4).
+    Where the rank cannot ask cuDeviceCanAccessPeer about the peer (one GPU per process,
+    row W1) the probe is the P2P fact: a refused open (P1, P2) reads as no P2P (row L10),
+    under which FABRIC mappings stay legal, and only bytes lost through an open that worked
+    (P3) disprove the path. Between containers (row W6) no probe runs: P1/P2 leave the path
+    sound; P3 still breaks it (the sampler does not draw that, fidelity_faults.unjudgeable)."""
+    if not p2p_unreal(cluster, a, b):
+        return False
+    host = cluster.host(a.host)
+    if host.container.one_gpu_per_process or host.gpu_namespace(a.index) != host.gpu_namespace(b.index):
+        return bool(host.link(a.index, b.index).lost_writes)
+    return True
+
+
 def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
     """The handle types the process on GPU `a` can import from the process on GPU `b`."""
     out = set()
@@ -93,6 +109,8 @@ class GroupFacts:
     p2p_all: bool = True        # every pair reports P2P (cuDeviceCanAccessPeer)
     # The first pair whose reported P2P the functional probe disproves (rows P1-P4), or None.
     unreal: tuple[GpuRef, GpuRef] | None = None
+    # The first pair whose disproof rules out the same-host FABRIC path (fabric_path_disproved).
+    fabric_unreal: tuple[GpuRef, GpuRef] | None = None
     # Why set-ups no query can foresee must fail (docs/fidelity-rules.md): "" when none.
     caps_missing: str = ""      # a container without /dev/nvidia-caps (row MC3)
     imex_split: str = ""        # two hosts in different IMEX domains (row I3)
@@ -124,6 +142,7 @@ class GroupFacts:
                    len({g.host for g in gpus}) == 1,
                    all(cluster.p2p(a, b) for a, b in pairs),
                    next(((a, b) for a, b in pairs if p2p_unreal(cluster, a, b)), None),
+                   next(((a, b) for a, b in pairs if fabric_path_disproved(cluster, a, b)), None),
                    f"host {caps} runs in a container without /dev/nvidia-caps (row MC3)" if caps else "",
                    (f"{split[0].host} and {split[1].host} are in different IMEX domains (row I3)"
                     if split else ""))

@@ -112,3 +112,29 @@ def test_sampler_leaves_out_lost_writes_between_containers() -> None:
     assert unjudgeable([lost, elsewhere]) == []
     kinds = [f.kind for f in G.plan_from_id("s12-9281").faults]
     assert kinds == ["container_per_process"], kinds
+
+
+@pytest.mark.parametrize("fault, fabric_legal", [
+    ('kind = "p2p_ipc_refused"\ncause = "acs"', True),      # reads as no P2P (row L10)
+    ('kind = "p2p_ipc_refused"\ncause = "iommu"', True),
+    ('kind = "p2p_writes_lost"\ncause = "dropped"', False),  # the probe's bytes disprove it
+])
+def test_oracle_judges_fabric_as_a_rank_without_the_peer_sees_it(fault: str, fabric_legal: bool) -> None:
+    """One GPU per process (row W1): the oracle's FABRIC rule follows what the probe can tell
+    there (truth.fabric_path_disproved), so eligibility and oracle agree (sweep s14-9691:
+    a refused open admitted fabric, which the oracle called illegal)."""
+    from commsim.scenario.oracle import group_truth, judge
+    from commsim.scenario.schema import loads
+
+    text = ('[scenario]\nname = "t"\n[topology]\npreset = "gb200-nvl72"\nhosts = 1\n'
+            '[[group]]\nname = "tp"\nranks = "0..1"\n'
+            '[workload]\nops = ["all_gather"]\nsizes = ["1KiB"]\ndtypes = ["float16"]\n'
+            '[[fault]]\nkind = "one_gpu_per_process"\nhost = "gb200-nvl72-tray00"\n'
+            f'[[fault]]\n{fault}\nhost = "gb200-nvl72-tray00"\ngpus = [0, 1]\n')
+    sc = loads(text, "t.toml")
+    assert ("fabric" in group_truth(sc, (0, 1)).legal) is fabric_legal
+    res = run_scenario(sc)
+    assert res.ok and not res.errors, res.failures
+    assert ("fabric" in res.backends.values()) is fabric_legal, res.backends
+    v = judge(sc, res, None)
+    assert v.ok, v.failures
