@@ -72,6 +72,18 @@ def test_dropped_contribution_fails_the_check() -> None:
     assert ref.check(partial, 0) is not None
 
 
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+def test_all_gather_in_the_wrong_order_is_a_max_error_not_an_exception(dt: str) -> None:
+    """Each rank's window is checked against its own span of the output: a gathered output
+    with two ranks' pieces swapped is reported as an error (sweep k21-2448 raised numpy's
+    broadcast ValueError from the check instead)."""
+    ref = Reference(2, "g", 2, "all_gather", 32768, dt)
+    good = torch.cat([ref.input(0), ref.input(1)])
+    assert ref.check(good, 0) is None
+    msg = ref.check(torch.cat([ref.input(1), ref.input(0)]), 0)
+    assert msg is not None and msg.startswith("max error "), msg
+
 def test_inputs_keep_a_bounded_number_of_references() -> None:
     inp = Inputs(0)
     for n in (16, 32, 64, 128, 256):
