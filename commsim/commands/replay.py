@@ -40,7 +40,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     hlp = "rebuild a generated scenario from its sweep id, run it, print explanation and verdict"
-    p = sub.add_parser("replay", help=hlp, description=hlp + ". IDs: s<seed>-<index> or e<index>.")
+    p = sub.add_parser("replay", help=hlp, description=hlp + ". IDs: s<seed>-<index> (sampler), k<seed>-<index> (its shortcut-policy knob twins) or e<index> (enumeration).")
     p.add_argument("id", metavar="ID", help="a scenario id from a sweep report, e.g. s0-17")
     p.add_argument("--determinism", action="store_true", help="also run it a second time and compare")
     p.add_argument("-v", "--verbose", action="store_true", help="print decision traces of errors")
