@@ -207,9 +207,14 @@ class Communicator:
                            eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
         """The fused op serving stacks use: r = all_reduce(x) + residual; out = rmsnorm(r) * w.
         Returns (out, r), computed in float32 and cast back."""
-        s = self._run("all_reduce_rmsnorm", x).float() + residual.float()
-        var = s.pow(2).mean(dim=-1, keepdim=True)
-        out = s * torch.rsqrt(var + eps) * weight.float()
+        r = self._run("all_reduce_rmsnorm", x)
+        # float32 throughout, in place where the tensor is ours: 7 passes over the message
+        # instead of 10, and no float32 copies of residual and weight (at 8 MiB this op was
+        # two fifths of a sweep scenario's CPU).
+        s = r.float() if r.dtype != torch.float32 else r.clone()
+        s.add_(residual)
+        var = torch.linalg.vector_norm(s, dim=-1, keepdim=True).square_().div_(s.shape[-1])
+        out = torch.mul(s, var.add_(eps).rsqrt_()).mul_(weight)
         return out.to(x.dtype), s.to(x.dtype)
 
     # -- CUDA-graph mode -------------------------------------------------------------------

@@ -173,3 +173,41 @@ def test_close_is_idempotent_and_safe_after_failed_init():
     drivers[:] = [spawn_driver(fabric2, g) for g in c.gpu_refs()]
     assert all(o.value for o in LocalWorld(8, 0).run(twice))
     assert not fabric2.allocs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_all_reduce_rmsnorm_is_the_formula_and_leaves_its_arguments(dtype):
+    """out = rmsnorm(all_reduce(x) + residual) * weight and r = all_reduce(x) + residual, in
+    float32 cast back, against a float64 evaluation; x, residual and weight stay as given."""
+    import torch
+
+    from commsim.communicator import Communicator
+    from commsim.group import LocalWorld
+    from commsim.sim import SimFabric, spawn_driver
+
+    c = build_preset("hgx-h100-8")
+    fabric = SimFabric(c)
+    drivers = [spawn_driver(fabric, g) for g in list(c.gpu_refs())[:2]]
+    dt = getattr(torch, dtype)
+    n = 4096
+    xs = [torch.arange(n, dtype=torch.float32).remainder(13).sub(6 - r).to(dt) for r in range(2)]
+    residual = torch.linspace(-2, 2, n).to(dt)
+    weight = torch.linspace(0.5, 1.5, n).to(dt)
+
+    def rank(g):
+        comm = Communicator(g, drivers[g.rank])
+        x, res0, w0 = xs[g.rank].clone(), residual.clone(), weight.clone()
+        out, r = comm.all_reduce_rmsnorm(x, residual, weight)
+        comm.close()
+        assert torch.equal(x, xs[g.rank]) and torch.equal(residual, res0) and torch.equal(weight, w0)
+        return out, r
+
+    outs = LocalWorld(2, 0).run(rank)
+    s = sum(x.double() for x in xs) + residual.double()
+    want = s * torch.rsqrt(s.pow(2).mean() + 1e-6) * weight.double()
+    tol = 1e-6 if dtype == "float32" else 8e-3
+    for o in outs:
+        out, r = o.value
+        assert out.dtype == r.dtype == dt
+        assert torch.equal(r, s.to(dt))
+        assert float((out.double() - want).abs().max()) <= tol * float(want.abs().max()) + 1e-6
