@@ -137,12 +137,15 @@ class GroupFacts:
         pairs = tuple((a, b) for i, a in enumerate(gpus) for j, b in enumerate(gpus) if i != j)
         caps = next((g.host for g in gpus if not cluster.host(g.host).container.nvidia_caps), None)
         split = next(((a, b) for a, b in pairs if not cluster.same_imex_domain(a.host, b.host)), None)
+        unreal = next(((a, b) for a, b in pairs if p2p_unreal(cluster, a, b)), None)
         return cls(cluster, gpus, pairs, {(a, b): importable(cluster, a, b) for a, b in pairs},
                    all(nvlink_p2p(cluster, a, b) for a, b in pairs),
                    len({g.host for g in gpus}) == 1,
                    all(cluster.p2p(a, b) for a, b in pairs),
-                   next(((a, b) for a, b in pairs if p2p_unreal(cluster, a, b)), None),
-                   next(((a, b) for a, b in pairs if fabric_path_disproved(cluster, a, b)), None),
+                   unreal,
+                   # a subset of the unreal pairs: only scanned when there is one
+                   next(((a, b) for a, b in pairs if fabric_path_disproved(cluster, a, b)), None)
+                   if unreal else None,
                    f"host {caps} runs in a container without /dev/nvidia-caps (row MC3)" if caps else "",
                    (f"{split[0].host} and {split[1].host} are in different IMEX domains (row I3)"
                     if split else ""))
