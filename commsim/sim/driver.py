@@ -161,14 +161,24 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     def p2p_probe(self, gpu: int, peer: int) -> str | None:
         """The functional P2P probe (row P4, sim/p2p_probe.py) between two GPUs of this host
         by NVML index (helper processes choose their own visible devices, as vLLM's do): ""
-        when an IPC round trip from `gpu` into `peer` keeps its bytes, else what failed; None
-        where helper processes cannot be started (process mode: one OS process per rank)."""
-        if type(self.fabric) is not SimFabric:
-            return None
+        when an IPC round trip from `gpu` into `peer` keeps its bytes, else what failed.
+
+        In process mode (one OS process per rank, a fabric over shared memory) the helper
+        processes share only the machine with the ranks, so their round trip runs in a private
+        fabric over the same cluster, made once per rank process: its verdict is the one the
+        shared fabric would give (sim/p2p_probe.py: it reads only the machine), except that a
+        peer GPU too full for the probe's buffer is not seen from there (not modelled)."""
         refs = self.cluster.gpu_refs_of(self.proc.host)
         if not (0 <= gpu < len(refs) and 0 <= peer < len(refs)):
             return None
-        return probe_pair(self.fabric, refs[gpu], refs[peer])
+        fabric = self.fabric
+        if type(fabric) is not SimFabric:
+            own = fabric.__dict__.get("_probe_fabric")
+            if own is None:
+                own = fabric.__dict__["_probe_fabric"] = SimFabric(
+                    self.cluster, disabled_rules=fabric.disabled_rules)
+            fabric = own
+        return probe_pair(fabric, refs[gpu], refs[peer])
 
     def nvml_index(self, ordinal: int) -> int:
         """The NVML index of a CUDA ordinal (what nvmlDeviceGetHandleByPciBusId of the

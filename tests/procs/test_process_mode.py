@@ -50,6 +50,9 @@ CASES = [
     ("flashinfer-2006-default", lambda: load(ROOT / "scenarios/regressions/flashinfer-2006-fusion-workspace.toml"), "default"),
     ("vllm-52778", lambda: load(ROOT / "scenarios/regressions/vllm-52778-graph-registration.toml"), None),
     ("vllm-52778-default", lambda: load(ROOT / "scenarios/regressions/vllm-52778-graph-registration.toml"), "default"),
+    # The functional P2P probe runs in process mode too (its helper processes in a fabric of
+    # their own): patched P2P's lost writes rule IPC out as in thread mode (row P3).
+    ("p2p-patched-writes", lambda: load(ROOT / "scenarios/fidelity/p2p-patched-writes-corrupt.toml"), None),
 ]
 
 
