@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -25,7 +26,9 @@ def test_ctrl_c_kills_ranks_and_sweeps_shared_memory():
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          # faulthandler: a launcher that hangs is sent SIGABRT below and
                          # prints every thread's stack.
-                         env=dict(os.environ, PYTHONPATH=str(ROOT), PYTHONFAULTHANDLER="1"))
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), PYTHONFAULTHANDLER="1"),
+                         # no core file: the abort below must end the launcher at once
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
     started = ""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -45,9 +48,11 @@ def test_ctrl_c_kills_ranks_and_sweeps_shared_memory():
         p.send_signal(signal.SIGABRT)
         try:
             _, err = p.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
             p.kill()
-            _, err = p.communicate()
+            rest = p.communicate()[1] or ""
+            err = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes)
+                   else (e.stderr or "")) + rest
         for x in pids:                 # leave no rank behind for the rest of the suite
             try:
                 os.kill(x, signal.SIGKILL)
