@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from ..runtime.diagnosis import short_error
 from ..group.torch_dist import ProcessWorld, connect_store
 from ..scenario.model import Scenario
-from ..scenario.runner import (Inputs, RankError, collect, faults_for, judge, prepare, rank_error,
+from ..scenario.runner import (Inputs, RankError, collect, faults_for, partial, judge, prepare, rank_error,
                                run_rank)
 from ..sim import set_torch_threads, spawn_driver
 from ..sim.process_fabric import PID_BASE, ProcessFabric
@@ -116,6 +116,7 @@ def run_job(job: Job, world: ProcessWorld) -> RankReport:
         value = run_rank(sc, pol, wg, driver, Inputs(seed))
     except BaseException as e:
         err = rank_error(rank, e)
+        value = partial(e)
         world.mark_dead(rank, f"failed with {short_error(e)} at step {err.step}")
     leaks = [f"rank {rank}: {line}" for line in fabric.exit_process(driver.proc.pid)]
     return RankReport(rank, value, err, leaks, list(fabric.flags))

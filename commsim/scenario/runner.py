@@ -125,8 +125,15 @@ def run_rank(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
     of a rank process (process mode)."""
     alloc = CachingAllocator(driver, expandable_segments=sc.workload.allocator == "expandable_segments")
     allocators.install(driver, alloc)
+    mine: dict = {"backends": {}, "mismatch": [], "explain": {}, "leaks": []}
     try:
-        return _run_groups(sc, pol, wg, driver, inputs, disabled_rules)
+        _run_groups(sc, pol, wg, driver, inputs, disabled_rules, mine)
+        return mine
+    except BaseException as e:
+        # What the rank found before it failed still counts: a wrong result checked before a
+        # later op's error is a defect of its own, not hidden by that error (collect()).
+        e.commsim_partial = mine
+        raise
     finally:
         try:
             alloc.close()  # the process's allocator exits with it: every segment returns
@@ -136,10 +143,10 @@ def run_rank(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
 
 
 def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
-                disabled_rules: frozenset[str]) -> dict:
+                disabled_rules: frozenset[str], mine: dict) -> None:
+    """Fills `mine` as the rank goes, so what it found survives a later failure."""
     r = wg.rank
     wl = sc.workload
-    mine: dict = {"backends": {}, "mismatch": [], "explain": {}, "leaks": []}
     subs = []
     for g in sc.groups:
         sub = wg.new_subgroup(list(g.ranks), g.name, tag=f"create group {g.name}")
@@ -216,7 +223,6 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
                     pass    # the first failure is the report; a teardown after it adds noise
             raise
         comm.close()
-    return mine
 
 
 def _stream_capture(driver: Any, begin: bool) -> None:
@@ -245,9 +251,19 @@ def rank_error(r: int, error: BaseException) -> RankError:
                      getattr(error, "commsim_trace", ""))
 
 
+def partial(error: BaseException) -> dict | None:
+    """What a failed rank had found before its error (run_rank), or None."""
+    return getattr(error, "commsim_partial", None)
+
+
 def collect(res: RunResult, values: list[dict | None], errors: list[RankError | None]) -> None:
-    """Fold every rank's result dict (or its error) into `res`, in rank order."""
+    """Fold every rank's result dict (or its error) into `res`, in rank order. A failed rank's
+    value, when it has one, is what it found before failing: its mismatches and leaks count,
+    its backends do not (the op that failed chose none)."""
     for r, (v, err) in enumerate(zip(values, errors)):
+        if err is not None and v is not None:
+            res.mismatches += v["mismatch"]
+            res.leaks += v["leaks"]
         if err is None and v is not None:
             for k, b in v["backends"].items():
                 prev = res.backends.setdefault(k, b)
@@ -289,7 +305,7 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
     inputs = Inputs(seed, ahead=input_keys(sc))
     outcomes = world.run(lambda wg: run_rank(sc, pol, wg, drivers[wg.rank], inputs, disabled_rules))
     res.trace = world.scheduler.trace
-    collect(res, [o.value if o.ok else None for o in outcomes],
+    collect(res, [o.value if o.ok else partial(o.error) for o in outcomes],
             [None if o.ok else rank_error(r, o.error) for r, o in enumerate(outcomes)])
     for r, d in enumerate(drivers):
         res.leaks += [f"rank {r}: {line}" for line in fabric.exit_process(d.proc.pid)]
