@@ -174,14 +174,20 @@ def wrap_torch_distributed(surface: str, marker: str,
 
     def patch(dist: Any) -> None:
         import torch.distributed.distributed_c10d as c10d
+        # One wrapper per real function, whichever module it is reached through: torch
+        # compares them by identity (P2POp checks `op in [isend, irecv]` against c10d's own,
+        # so `P2POp(dist.isend, ...)` must pass c10d.isend itself).
+        made: dict[int, Any] = {}
         for mod in (dist, c10d):
             for name, wrap in wrappers.items():
                 real = getattr(mod, name, None)
                 if real is None or getattr(real, marker, False):
                     continue
                 saved.append((mod, name, real))
-                wrapper = wrap(real)
-                setattr(wrapper, marker, True)
+                wrapper = made.get(id(real))
+                if wrapper is None:
+                    wrapper = made[id(real)] = wrap(real)
+                    setattr(wrapper, marker, True)
                 setattr(mod, name, wrapper)
 
     def restore() -> None:

@@ -68,3 +68,11 @@ def test_unserved_call_fails_naming_itself():
     assert all(p.exception.startswith("NotImplementedError: commsim hosting: "
                                       "torch.distributed.all_to_all_single is not simulated")
                for p in v.ranks), v.format()
+
+
+def test_batch_isend_irecv_takes_the_hosted_isend():
+    # torch.distributed.isend and distributed_c10d.isend are one function to torch (P2POp
+    # checks its op against c10d's by identity): the hosted surface keeps them one.
+    v, res, out = hosted(PROGRAMS / "p2p_batch.py", "hgx-h100-8", mode="procs", nproc_per_host=2)
+    assert v.ok, v.format() + out
+    assert res == {r: {"rank": r, "got": [float((r - 1) % 2)] * 4, "same_isend": True} for r in range(2)}
