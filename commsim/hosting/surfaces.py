@@ -189,6 +189,20 @@ def wrap_torch_distributed(surface: str, marker: str,
                     wrapper = made[id(real)] = wrap(real)
                     setattr(wrapper, marker, True)
                 setattr(mod, name, wrapper)
+        # torch's own submodules loaded with torch.distributed took some of these by
+        # `from ...distributed_c10d import X` before this patch ran (device_mesh's
+        # is_initialized: an inproc rank's init_device_mesh then called the real
+        # init_process_group and blocked in its TCPStore rendezvous). Their names for a
+        # real function get its wrapper too.
+        reals = {id(real): real for _, _, real in saved}
+        for modname, mod in list(sys.modules.items()):
+            if mod is None or mod is dist or mod is c10d or not modname.startswith("torch.distributed"):
+                continue
+            for name, value in list(vars(mod).items()):
+                wrapper = made.get(id(value)) if reals.get(id(value)) is value else None
+                if wrapper is not None:
+                    saved.append((mod, name, value))
+                    setattr(mod, name, wrapper)
 
     def restore() -> None:
         while saved:

@@ -76,3 +76,11 @@ def test_batch_isend_irecv_takes_the_hosted_isend():
     v, res, out = hosted(PROGRAMS / "p2p_batch.py", "hgx-h100-8", mode="procs", nproc_per_host=2)
     assert v.ok, v.format() + out
     assert res == {r: {"rank": r, "got": [float((r - 1) % 2)] * 4, "same_isend": True} for r in range(2)}
+
+
+def test_torch_submodules_see_the_hosted_functions():
+    # Without it an inproc rank's init_device_mesh found the process group uninitialised,
+    # called the real init_process_group and blocked in its TCPStore rendezvous for 30 min.
+    v, res, out = hosted(PROGRAMS / "device_mesh_sees_init.py", "hgx-h100-8", nproc_per_host=2)
+    assert v.ok, v.format() + out
+    assert res == {r: {"rank": r, "before": False, "after": True} for r in range(2)}
