@@ -19,7 +19,7 @@ import functools
 from typing import Any
 
 from .session import HostedRank, hosted, user_site
-from .surfaces import wrap_torch_distributed
+from .surfaces import register_surface, when_imported, wrap_torch_distributed
 
 KEY = "torch.distributed"
 NOT_SIMULATED = tuple("""
@@ -69,6 +69,9 @@ class _State:
         self.backend = ""
         self.groups = 0
         self.made: list[Any] = []   # the LocalGroups new_group gave this rank (by name: symm_mem)
+        # What GroupMember.WORLD / group.WORLD / _get_default_group() give this rank: one
+        # handle for the run, so `group is dist.group.WORLD` holds as it does for torch's.
+        self.world_handle: HostedGroup | None = None
 
 
 def _inproc() -> HostedRank | None:
@@ -138,6 +141,7 @@ def init_process_group(r: HostedRank, backend: Any = None, init_method: Any = No
     if "nccl" in st.backend:
         r.events.note(f"backend {st.backend!r} served in-process, as gloo")
     st.world = r.world.group(r.rank)
+    st.world_handle = HostedGroup(st.world)
 
 
 def is_initialized(r: HostedRank) -> bool:
@@ -146,7 +150,8 @@ def is_initialized(r: HostedRank) -> bool:
 
 def destroy_process_group(r: HostedRank, group: Any = None) -> None:
     if group is None:
-        _st(r).world = None
+        st = _st(r)
+        st.world = st.world_handle = None
 
 
 def get_rank(r: HostedRank, group: Any = None) -> int:
@@ -386,7 +391,44 @@ def _not_simulated(name: str, real: Any) -> Any:
     return call
 
 
+def _get_default_group(r: HostedRank) -> Any:
+    """distributed_c10d._get_default_group(), which serving stacks call for the world group."""
+    _world(r)
+    return _st(r).world_handle
+
+
+# torch's `GroupMember.WORLD` and `group.WORLD` are a property of their metaclass reading the
+# one default group of the interpreter; inproc ranks share the interpreter, so the property
+# answers each rank with its own world handle (None before init_process_group, as torch's).
+_world_property: list[Any] = []
+
+
+def _patch_world(dist: Any) -> None:
+    import torch.distributed.distributed_c10d as c10d
+    meta = c10d._WorldMeta
+    real = meta.__dict__.get("WORLD")
+    if real is None or _world_property:
+        return
+    _world_property.append(real)
+
+    def world(cls: Any) -> Any:
+        r = _inproc()
+        return real.fget(cls) if r is None else _st(r).world_handle
+    meta.WORLD = property(world, real.fset)
+
+
+def _unpatch_world() -> None:
+    if _world_property:
+        import torch.distributed.distributed_c10d as c10d
+        c10d._WorldMeta.WORLD = _world_property.pop()
+
+
+register_surface("torch.distributed WORLD (inproc)",
+                 lambda: when_imported("torch.distributed", _patch_world), _unpatch_world)
+
+
 wrap_torch_distributed(
     "torch.distributed (inproc)", "__commsim_inproc__",
-    {**{name: functools.partial(_dispatcher, name, impl=impl) for name, impl in SERVED.items()},
+    {"_get_default_group": functools.partial(_dispatcher, "_get_default_group", impl=_get_default_group),
+     **{name: functools.partial(_dispatcher, name, impl=impl) for name, impl in SERVED.items()},
      **{name: functools.partial(_not_simulated, name) for name in NOT_SIMULATED if name not in SERVED}})

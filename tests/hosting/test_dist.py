@@ -84,3 +84,13 @@ def test_torch_submodules_see_the_hosted_functions():
     v, res, out = hosted(PROGRAMS / "device_mesh_sees_init.py", "hgx-h100-8", nproc_per_host=2)
     assert v.ok, v.format() + out
     assert res == {r: {"rank": r, "before": False, "after": True} for r in range(2)}
+
+
+@pytest.mark.parametrize("mode", ["inproc", "procs"])
+def test_default_group_is_reachable_as_torch_names_it(mode):
+    v, res, out = hosted(PROGRAMS / "world_group.py", "hgx-h100-8", mode=mode, nproc_per_host=2)
+    assert v.ok, v.format() + out
+    assert res == {r: {"rank": r, "before": True, "same": True, "size": 2, "group_rank": r,
+                       "named": True} for r in range(2)}
+    import torch.distributed as dist
+    assert dist.group.WORLD is None       # outside the run: torch's own answer
