@@ -235,6 +235,32 @@ def cudaMemcpy(dst, src, count, kind):
     return (memcpy(_drv(), void_ptr(dst), void_ptr(src), c_int(count, "size_t"), k),)
 
 
+# ---- asynchronous copies and sets: work completes at launch in the simulator, so each is its
+# synchronous twin on a known stream. Inside a stream capture the GPU records them into the
+# graph and re-runs them at every launch, which this model cannot do: refused loudly.
+
+def _async_on(d: Any, stream: Any, what: str) -> None:
+    _known_stream(d, _stream(stream))
+    cap = getattr(d, "capture", None)
+    if cap is not None and cap.mode is not None:
+        raise NotImplementedError(f"commsim hosting: {what} inside a stream capture is not "
+                                  f"simulated (a graph launch would re-run it)")
+
+
+@runtime_api(0)
+def cudaMemcpyAsync(dst, src, count, kind, stream):
+    d = _drv()
+    _async_on(d, stream, "cudaMemcpyAsync")
+    return (memcpy(d, void_ptr(dst), void_ptr(src), c_int(count, "size_t"), int(kind)),)
+
+
+@runtime_api(0)
+def cudaMemsetAsync(devPtr, value, count, stream):
+    d = _drv()
+    _async_on(d, stream, "cudaMemsetAsync")
+    return d.cudaMemset(void_ptr(devPtr), c_int(value), c_int(count, "size_t"))
+
+
 @runtime_api(1)
 def cudaPointerGetAttributes(ptr):
     d = _drv()
@@ -315,12 +341,15 @@ def cudaStreamDestroy(stream):
     return E.cudaSuccess
 
 
+def _known_stream(d: Any, h: int) -> None:
+    # 0 is the legacy default stream, 1 / 2 the per-thread and legacy handles (cuda.h).
+    if h not in (0, 1, 2) and h not in state(d).streams:
+        raise _Err(E.cudaErrorInvalidResourceHandle)   # UNCONFIRMED code for a stale stream
+
+
 @runtime_api(0)
 def cudaStreamSynchronize(stream):
-    h = _stream(stream)
-    # 0 is the legacy default stream, 1 / 2 the per-thread and legacy handles (cuda.h).
-    if h not in (0, 1, 2) and h not in state(_drv()).streams:
-        raise _Err(E.cudaErrorInvalidResourceHandle)   # UNCONFIRMED code for a stale stream
+    _known_stream(_drv(), _stream(stream))
     return E.cudaSuccess
 
 

@@ -102,6 +102,10 @@ def _c_functions() -> dict[str, Callable[..., Any]]:
         "cudaFree": lambda ptr: int(api.cudaFree(ptr)[0]),
         "cudaMemset": lambda ptr, value, count: int(api.cudaMemset(ptr, ctypes.c_int(value).value, count)[0]),
         "cudaMemcpy": lambda dst, src, count, kind: int(api.cudaMemcpy(dst, src, count, _kind(kind))[0]),
+        "cudaMemcpyAsync": lambda dst, src, count, kind, stream: int(api.cudaMemcpyAsync(
+            dst, src, count, _kind(kind), stream or 0)[0]),
+        "cudaMemsetAsync": lambda ptr, value, count, stream: int(api.cudaMemsetAsync(
+            ptr, ctypes.c_int(value).value, count, stream or 0)[0]),
         "cudaMemGetInfo": mem_get_info,
         "cudaIpcGetMemHandle": ipc_get,
         "cudaIpcOpenMemHandle": lambda out, handle, flags: _out(

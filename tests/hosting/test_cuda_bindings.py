@@ -444,3 +444,33 @@ def test_the_pre_13_module_names_serve_the_same_standins_with_12x_deprecation_wa
 
     outs = run(rs, program)
     assert [o.unwrap() for o in outs] == [REAL_RT.cudaError_t.cudaErrorInvalidResourceHandle] * 2
+
+
+def test_async_copy_and_set_complete_on_a_known_stream_and_refuse_a_stale_one():
+    _, (r,) = ranks("hgx-h100-8", [(0, 0)])
+
+    def body():
+        from cuda.bindings import runtime as rt
+        p = _check(rt.cudaMalloc(8))
+        s = _check(rt.cudaStreamCreate())
+        _check(rt.cudaMemsetAsync(p, 7, 8, s))
+        buf = bytearray(8)
+        _check(rt.cudaMemcpyAsync(buf, p, 8, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, s))
+        _check(rt.cudaStreamSynchronize(s))
+        _check(rt.cudaStreamDestroy(s))
+        stale = rt.cudaMemsetAsync(p, 0, 8, s)[0]
+        r.driver.cudaStreamBeginCapture(0, 0)      # a capture underway: refused loudly
+        try:
+            rt.cudaMemcpyAsync(buf, p, 8, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, 0)
+            captured = "ran"
+        except NotImplementedError as e:
+            captured = str(e)
+        r.driver.cudaStreamEndCapture(0)
+        _check(rt.cudaFree(p))
+        return list(buf), stale, captured
+
+    got, stale, captured = solo(r, body)
+    assert got == [7] * 8
+    assert stale.name == "cudaErrorInvalidResourceHandle"
+    assert "cudaMemcpyAsync inside a stream capture is not simulated" in captured
+    assert r.driver.ledger.summary() == {}

@@ -289,3 +289,22 @@ def test_a_spawned_worker_process_is_hosted_too():
     assert p.exitcode == 0
     # row L9: a process opening its own handle gets "invalid device context" (201)
     assert got == ("libcudart.so.13", 201, "invalid device context", 4, True, 2)
+
+
+def test_async_set_and_copy_on_the_default_stream_through_ctypes():
+    _, (r,) = ranks("hgx-h100-8", [(0, 0)])
+
+    def body():
+        lib = ctypes.CDLL(cudart.mapped_path())
+        lib.cudaMemsetAsync.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p]
+        lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                        ctypes.c_int, ctypes.c_void_p]
+        w = RTWrapper()
+        p = w.malloc(16)
+        w.check(lib.cudaMemsetAsync(p, 5, 16, None))
+        buf = (ctypes.c_ubyte * 16)()
+        w.check(lib.cudaMemcpyAsync(ctypes.addressof(buf), p, 16, 2, None))   # DeviceToHost
+        w.free(p)
+        return list(buf)
+
+    assert solo(r, body) == [5] * 16
