@@ -194,12 +194,13 @@ def wrap_torch_distributed(surface: str, marker: str,
         # is_initialized: an inproc rank's init_device_mesh then called the real
         # init_process_group and blocked in its TCPStore rendezvous). Their names for a
         # real function get its wrapper too.
-        reals = {id(real): real for _, _, real in saved}
         for modname, mod in list(sys.modules.items()):
             if mod is None or mod is dist or mod is c10d or not modname.startswith("torch.distributed"):
                 continue
             for name, value in list(vars(mod).items()):
-                wrapper = made.get(id(value)) if reals.get(id(value)) is value else None
+                # `made` is keyed by the ids of real functions `saved` keeps alive: an equal
+                # id is the same function.
+                wrapper = made.get(id(value))
                 if wrapper is not None:
                     saved.append((mod, name, value))
                     setattr(mod, name, wrapper)

@@ -261,22 +261,22 @@ def collect(res: RunResult, values: list[dict | None], errors: list[RankError | 
     value, when it has one, is what it found before failing: its mismatches and leaks count,
     its backends do not (the op that failed chose none)."""
     for r, (v, err) in enumerate(zip(values, errors)):
-        if err is not None and v is not None:
+        if v is not None:
             res.mismatches += v["mismatch"]
             res.leaks += v["leaks"]
-        if err is None and v is not None:
-            for k, b in v["backends"].items():
-                prev = res.backends.setdefault(k, b)
-                if prev != b:
-                    res.failures.append(f"ranks disagree on the backend for {k}: {prev} vs {b}")
-            res.mismatches += v["mismatch"]
-            for step, what in v.get("silent", ()):     # rule FH3: a fallback nobody reported
-                res.errors.append(RankError(r, step, "SilentFallback", what, r))
-            res.leaks += v["leaks"]
-            for gname, text in v["explain"].items():
-                res.explain.setdefault(gname, text)
-        elif err is not None:
+        if err is not None:
             res.errors.append(err)
+            continue
+        if v is None:
+            continue
+        for k, b in v["backends"].items():
+            prev = res.backends.setdefault(k, b)
+            if prev != b:
+                res.failures.append(f"ranks disagree on the backend for {k}: {prev} vs {b}")
+        for step, what in v.get("silent", ()):     # rule FH3: a fallback nobody reported
+            res.errors.append(RankError(r, step, "SilentFallback", what, r))
+        for gname, text in v["explain"].items():
+            res.explain.setdefault(gname, text)
 
 
 def input_keys(sc: Scenario) -> list[tuple[str, int, str, int, str]]:
