@@ -24,8 +24,8 @@ import sys
 import tempfile
 import time
 
-from commsim.hosting.config import RunConfig
-from commsim.hosting.run import execute
+from commsim.launch.config import RunConfig
+from commsim.launch.run import execute
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -17,7 +17,10 @@ import argparse
 import ctypes
 import time
 
-from commsim.hosting import cuda_bindings, cudart, nvml, session
+from commsim.hosting.surfaces.cuda import bindings as cuda_bindings
+from commsim.hosting.surfaces.cuda import cudart
+from commsim.hosting.surfaces import nvml
+from commsim.hosting.state import session
 from commsim.sim import SimFabric, spawn_driver
 from commsim.topology.model import GpuRef
 from commsim.topology.presets import build

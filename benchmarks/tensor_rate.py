@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import torch
 
-from commsim.hosting import session, surfaces
+from commsim.hosting.state import session
+from commsim.hosting.install import registry as surfaces
 from commsim.sim import SimFabric
 from commsim.sim.driver import SimDriver
 from commsim.topology.model import GpuRef

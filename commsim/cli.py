@@ -8,8 +8,8 @@ import argparse
 import importlib
 import sys
 
-from .errors import UserError
-from .signals import Terminated, terminate_cleanly
+from commsim.errors import UserError
+from commsim.util.signals import Terminated, terminate_cleanly
 
 
 def version() -> str:
@@ -17,7 +17,7 @@ def version() -> str:
     try:
         return dist_version("commsim")
     except PackageNotFoundError:      # run from a source tree that was never installed
-        from . import __version__
+        from commsim import __version__
         return __version__
 
 # Verb modules, in the order `commsim --help` lists them.
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)    # a bad flag: usage, the flag named, SystemExit(2)
-    from .sim import set_torch_threads
+    from commsim.sim import set_torch_threads
     set_torch_threads()
     try:
         with terminate_cleanly():

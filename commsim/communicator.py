@@ -16,11 +16,11 @@ from typing import Any, Iterator
 
 import torch
 
-from .backends import get_backend
-from .backends.base import Backend, Capture, SetupFailed
-from .discovery import GroupView, discover
-from .driver import Driver, check
-from .policy import Policy
+from commsim.backends import get_backend
+from commsim.backends.base import Backend, Capture, SetupFailed
+from commsim.discovery import GroupView, discover
+from commsim.driver import Driver, check
+from commsim.policy import Policy
 
 @dataclass
 class Decision:
@@ -56,7 +56,7 @@ class Communicator:
         self._setup_pending = False
         # NCCL_* variables of the process (the workload's) over the policy's own `nccl_env`
         self.nccl_env = {**dict(self.policy.params.get("nccl_env", ())), **dict(nccl_env)}
-        self.fd_transport = fd_transport     # "" : the policy's (commsim/fd_exchange.py)
+        self.fd_transport = fd_transport     # "" : the policy's (commsim/libmodels/fd_exchange.py)
         self.abandoned: list[Backend] = []          # set-up failed, not rolled back (FH1)
         self.silent_fallbacks: list[tuple[str, str]] = []   # (step, what) under FH3
         self.rank, self.size = group.rank, group.size

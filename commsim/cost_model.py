@@ -26,10 +26,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from .topology.model import Cluster, FabricState, GpuRef
+from commsim.topology.model import Cluster, FabricState, GpuRef
 
 if TYPE_CHECKING:   # the model stays importable without the driver bindings discovery needs
-    from .discovery import GroupView
+    from commsim.discovery import GroupView
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 US = 1e-6
@@ -159,12 +159,12 @@ _PCIE_GEN = {7: 3, 8: 4, 9: 5, 10: 5, 12: 5}
 def backend_algorithms() -> dict[str, tuple[str, ...]]:
     """The algorithms the model predicts, per registered backend that names a cost family
     (each backend declares both, commsim/backends/registry.py)."""
-    from .backends import backends
+    from commsim.backends import backends
     return {n: c.algorithms for n, c in backends().items() if c.cost_family is not None}
 
 
 def cost_family(backend: str) -> str | None:
-    from .backends import get_backend
+    from commsim.backends import get_backend
     cls = get_backend(backend)
     return None if cls is None else cls.cost_family
 
@@ -201,7 +201,7 @@ class GroupFabric:
     aggregate: bool          # one port carries every peer's traffic (switch, PCIe) vs a link each
     multicast: bool          # every rank can join one multicast object (NVSwitch domain)
     nic_gbps: float = 0.0    # per GPU between hosts (path "net")
-    # NCCL's own NVLS eligibility (commsim/nccl_rules.py: cuMem, NCCL_NVLS_ENABLE, GPUs per
+    # NCCL's own NVLS eligibility (commsim/libmodels/nccl_rules.py: cuMem, NCCL_NVLS_ENABLE, GPUs per
     # node), when known; None: NCCL may use NVLS wherever multicast is possible.
     nccl_nvls: bool | None = None
 

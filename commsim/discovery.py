@@ -15,8 +15,8 @@ from typing import Callable, Hashable, Iterable, TypeVar
 
 from cuda.bindings import driver as cu
 
-from .driver import Driver, NVML_P2P_STATUS_OK, PROBE_WRITES_LOST, check
-from .topology.model import FabricState
+from commsim.driver import Driver, NVML_P2P_STATUS_OK, PROBE_WRITES_LOST, check
+from commsim.topology.model import FabricState
 
 A = cu.CUdevice_attribute
 T = TypeVar("T")

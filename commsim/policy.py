@@ -17,12 +17,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import cost_model, nccl_rules
-from .backends import default_order
-from .backends.base import Backend, Eligibility, Mi
-from .discovery import GroupView
-from .errors import UserError
-from .topology.model import Cluster, GpuRef
+from commsim import cost_model
+from commsim.libmodels import nccl_rules
+from commsim.backends import default_order
+from commsim.backends.base import Backend, Eligibility, Mi
+from commsim.discovery import GroupView
+from commsim.errors import UserError
+from commsim.topology.model import Cluster, GpuRef
 
 
 @dataclass

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..discovery import GroupView
-from ..driver import CudaError, Driver, check
-from ..kernels import collectives as K, workspace as W
-from ..runtime.diagnosis import GroupError
+from commsim.discovery import GroupView
+from commsim.driver import CudaError, Driver, check
+from commsim.kernels import collectives as K, workspace as W
+from commsim.runtime.diagnosis import GroupError
 
 if TYPE_CHECKING:
-    from ..topology.truth import GroupFacts
+    from commsim.topology.truth import GroupFacts
 
 Mi = 1 << 20
 Ki = 1 << 10

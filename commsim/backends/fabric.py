@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..discovery import GroupView
-from ..driver import FABRIC, CudaError, alloc_prop, check
-from ..kernels import workspace as W
-from ..topology.model import FabricState
-from ..topology.truth import FABRIC as FABRIC_HANDLE, GroupFacts
-from .base import Eligibility, Mi, kernel_width, probe_verdict
-from .registry import register_backend
-from .vmm import VmmPeerBackend
+from commsim.discovery import GroupView
+from commsim.driver import FABRIC, CudaError, alloc_prop, check
+from commsim.kernels import workspace as W
+from commsim.topology.model import FabricState
+from commsim.topology.truth import FABRIC as FABRIC_HANDLE, GroupFacts
+from commsim.backends.base import Eligibility, Mi, kernel_width, probe_verdict
+from commsim.backends.registry import register_backend
+from commsim.backends.vmm import VmmPeerBackend
 
 
 def round_up(n: int, g: int) -> int:

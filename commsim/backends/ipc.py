@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..discovery import CONTAINERS, GroupView
-from ..driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
-from .. import caching_allocator as allocators
-from ..graph_buffers import OpenedBases, export_buffers, legacy_ipc_capable
-from ..kernels import workspace as W
-from ..topology.truth import IPC, GroupFacts
-from .base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes, kernel_width, probe_verdict
-from .registry import register_backend
+from commsim.discovery import CONTAINERS, GroupView
+from commsim.driver import LAZY_ENABLE_PEER_ACCESS, CudaError, check
+from commsim.libmodels import caching_allocator as allocators
+from commsim.libmodels.graph_buffers import OpenedBases, export_buffers, legacy_ipc_capable
+from commsim.kernels import workspace as W
+from commsim.topology.truth import IPC, GroupFacts
+from commsim.backends.base import Capture, Eligibility, Ki, PeerBackend, SetupFailed, as_bytes, kernel_width, probe_verdict
+from commsim.backends.registry import register_backend
 
 WORLD_SIZES = (2, 4, 6, 8)
 

@@ -14,15 +14,15 @@ from typing import Any
 
 import torch
 
-from ..discovery import CONTAINERS, GroupView
-from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
-from ..fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_transport
-from ..kernels import collectives as K, workspace as W
-from ..topology.model import FabricState
-from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
-from .base import Backend, Eligibility, Mi, as_bytes, kernel_width
-from .fabric import FabricBackend, round_up
-from .registry import register_backend
+from commsim.discovery import CONTAINERS, GroupView
+from commsim.driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
+from commsim.libmodels.fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_transport
+from commsim.kernels import collectives as K, workspace as W
+from commsim.topology.model import FabricState
+from commsim.topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
+from commsim.backends.base import Backend, Eligibility, Mi, as_bytes, kernel_width
+from commsim.backends.fabric import FabricBackend, round_up
+from commsim.backends.registry import register_backend
 
 
 @register_backend
@@ -139,7 +139,7 @@ class MulticastBackend(Backend):
                                            d.cuMemImportFromShareableHandle(blob, FABRIC))
             else:
                 # POSIX fd over AF_UNIX to every peer of this host, by the policy's fd
-                # transport (commsim/fd_exchange.py, rules FX1-FX5).
+                # transport (commsim/libmodels/fd_exchange.py, rules FX1-FX5).
                 hosts = [r.host for r in self.view.ranks]
                 t = fd_transport(self.params.get("fd_transport", DEFAULT_FD_TRANSPORT))
                 fd = check("cuMemExportToShareableHandle",

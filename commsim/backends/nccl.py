@@ -2,7 +2,7 @@
 (`combine_arrays`: the ranks' inputs summed once in float32 in rank order, or concatenated),
 which is what NCCL's collectives guarantee semantically: any placement, any size.
 
-What NCCL itself would choose is modelled by commsim/nccl_rules.py (docs/lifecycle-rules.md
+What NCCL itself would choose is modelled by commsim/libmodels/nccl_rules.py (docs/lifecycle-rules.md
 NC1-NC12): at set-up the backend decides, from the discovery view and the NCCL_* variables
 (`nccl_env`), each pair's transport and each collective's algorithm classes, and fails init
 where NCCL does (a duplicate GPU: ncclInvalidUsage; MNNVL that looks available but whose
@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..discovery import GroupView
-from ..kernels import collectives as K
-from ..nccl_rules import NcclDecision, decide, machine_from_view, parse_env
-from ..topology.truth import GroupFacts
-from .base import Backend, Eligibility, SetupFailed
-from .registry import register_backend
+from commsim.discovery import GroupView
+from commsim.kernels import collectives as K
+from commsim.libmodels.nccl_rules import NcclDecision, decide, machine_from_view, parse_env
+from commsim.topology.truth import GroupFacts
+from commsim.backends.base import Backend, Eligibility, SetupFailed
+from commsim.backends.registry import register_backend
 
 
 class NcclError(RuntimeError):
@@ -55,7 +55,7 @@ def _decision(view: GroupView, env: tuple[tuple[str, str], ...], auto: bool) -> 
 @register_backend
 class NcclBackend(Backend):
     """The fallback: the group layer's array combine, with NCCL's own choices
-    (transports, algorithm classes, init failures) from commsim/nccl_rules.py."""
+    (transports, algorithm classes, init failures) from commsim/libmodels/nccl_rules.py."""
 
     name = "nccl"
     order, colour = 100, "#9d9d9d"

@@ -18,10 +18,10 @@ import re
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Iterator, Mapping, TypeVar
 
-from ..errors import UserError
+from commsim.errors import UserError
 
 if TYPE_CHECKING:
-    from .base import Backend
+    from commsim.backends.base import Backend
 
 ENTRY_POINT_GROUP = "commsim.backends"
 COST_FAMILIES = ("peer", "lamport", "multimem", "nccl")   # what commsim.cost_model can predict
@@ -46,7 +46,7 @@ class BackendDeclarationError(UserError):
 def register_backend(cls: B) -> B:
     """Declare a backend (usable as a class decorator). Checks the declarations and refuses a
     second class under a name already taken."""
-    from .base import Backend
+    from commsim.backends.base import Backend
     where = f"{cls.__module__}.{cls.__qualname__}"
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise BackendDeclarationError(f"register_backend({where}): not a commsim.backends.base.Backend "
@@ -86,7 +86,7 @@ def _load() -> None:
         return
     _loading = True
     try:
-        from .. import backends as pkg
+        from commsim import backends as pkg
         for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
             importlib.import_module(f"{pkg.__name__}.{info.name}")
         for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):

@@ -25,7 +25,7 @@ Three knobs reproduce field bugs of this class (scenarios/policies/):
   symm_handle_type="fd"    POSIX fd forced, also across hosts (sglang on GB200, row B20)
   symm_rendezvous_counter="process"  one rendezvous counter per process instead of per group,
                            so a subgroup rendezvous shifts the world's keys on its members only
-  fd_transport="pytorch_ring" | "flashinfer_mesh"  how POSIX fds travel (commsim/fd_exchange.py)
+  fd_transport="pytorch_ring" | "flashinfer_mesh"  how POSIX fds travel (commsim/libmodels/fd_exchange.py)
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ from typing import Any
 
 import torch
 
-from ..discovery import GroupView, RankInfo
-from ..driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
-from ..fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_transport
-from ..kernels import collectives as K, workspace as W
-from ..topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
-from .base import Eligibility, Mi, SetupFailed, kernel_width, probe_verdict
-from .fabric import FabricBackend, round_up
-from .multicast import MulticastBackend
-from .registry import register_backend
-from .vmm import VmmPeerBackend
+from commsim.discovery import GroupView, RankInfo
+from commsim.driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
+from commsim.libmodels.fd_exchange import DEFAULT as DEFAULT_FD_TRANSPORT, transport as fd_transport
+from commsim.kernels import collectives as K, workspace as W
+from commsim.topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
+from commsim.backends.base import Eligibility, Mi, SetupFailed, kernel_width, probe_verdict
+from commsim.backends.fabric import FabricBackend, round_up
+from commsim.backends.multicast import MulticastBackend
+from commsim.backends.registry import register_backend
+from commsim.backends.vmm import VmmPeerBackend
 
 # vLLM SYMM_MEM_ALL_REDUCE_MAX_SIZES: 64 MiB for SM 9.0 at world sizes 2, 6 and 8 (§8).
 DEFAULT_MAX_SIZE = 64 * Mi

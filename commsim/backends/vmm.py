@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..driver import access_desc, check
-from ..kernels import workspace as W
-from .base import PeerBackend
+from commsim.driver import access_desc, check
+from commsim.kernels import workspace as W
+from commsim.backends.base import PeerBackend
 
 
 class VmmPeerBackend(PeerBackend):

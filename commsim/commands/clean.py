@@ -12,7 +12,7 @@ import argparse
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from ..sim import shm
+    from commsim.sim import shm
 
     removed = shm.sweep_stale()
     for name in removed:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import UserError
-from ..hosting.config import MODES, RESIDUE, VISIBLE
-from .args import seconds
+from commsim.errors import UserError
+from commsim.launch.config import MODES, RESIDUE, VISIBLE
+from commsim.commands.args import seconds
 
 EPILOG = """\
 examples:
@@ -61,8 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hosting.config import RunConfig
-    from ..hosting.run import execute, split_command
+    from commsim.launch.config import RunConfig
+    from commsim.launch.run import execute, split_command
     if args.nproc_per_host < 0:
         raise UserError(f"--nproc-per-host: must be >= 1, got {args.nproc_per_host}")
     cfg = RunConfig(machine=args.machine, scenario=args.scenario,

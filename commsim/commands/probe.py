@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import UserError
-from ..fileio import write_atomic
+from commsim.errors import UserError
+from commsim.util.fileio import write_atomic
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,12 +38,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
         if not out.parent.is_dir():
             raise UserError(f"{out}: directory {out.parent} does not exist; create it first")
     try:
-        from ..probe.machine import probe_machine
-        from ..probe.scenario import scenario_text
+        from commsim.probe.machine import probe_machine
+        from commsim.probe.scenario import scenario_text
     except ImportError as e:   # an installation without the device layer
         raise UserError(f"commsim probe needs the device layer (package `device`): {e}") from None
     text = scenario_text(probe_machine(), args.name)   # NoGpuError is a UserError: exit 2
-    from ..scenario import schema
+    from commsim.scenario import schema
     schema.loads(text, str(out or "<probe>"))          # never write a file that will not load
     if out is None:
         sys.stdout.write(text)

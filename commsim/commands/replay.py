@@ -7,9 +7,9 @@ import argparse
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from ..scenario.generate import scenario_from_id
-    from ..scenario.oracle import group_truth, judge
-    from ..scenario.runner import run_scenario
+    from commsim.scenario.generate import scenario_from_id
+    from commsim.scenario.oracle import group_truth, judge
+    from commsim.scenario.runner import run_scenario
 
     sc = scenario_from_id(args.id)
     print(f"== {args.id}: {sc.description} ==")

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from ..runtime.diagnosis import rank_word
-from .args import non_negative_int, seconds
+from commsim.errors import UserError
+from commsim.runtime.diagnosis import rank_word
+from commsim.commands.args import non_negative_int, seconds
 
 
 def _files(paths: list[str]) -> list[Path]:
@@ -38,7 +38,7 @@ def _table(rows: list[tuple[str, ...]], head: tuple[str, ...]) -> str:
 def _load_all(files: list[Path]) -> list[Any]:
     """Every file loaded up front, so a broken one is named at once (and the others still
     run) rather than after the ones before it: a Scenario or the UserError per file."""
-    from ..scenario.schema import load
+    from commsim.scenario.schema import load
 
     out: list[Any] = []
     for f in files:
@@ -51,13 +51,13 @@ def _load_all(files: list[Path]) -> list[Any]:
 
 
 def _run_one(sc: Any, args: argparse.Namespace) -> Any:
-    from ..scenario.runner import run_scenario
+    from commsim.scenario.runner import run_scenario
 
     if not args.no_memory_check:
-        from ..resources import check_fits
+        from commsim.scenario.resources import check_fits
         check_fits(sc, procs=args.procs)
     if args.procs:
-        from ..procs.launcher import print_progress, run_scenario_procs
+        from commsim.procs.launcher import print_progress, run_scenario_procs
         return run_scenario_procs(sc, policy=args.policy, timeout=args.timeout,
                                   faults=_proc_faults(args),
                                   progress=print_progress if args.verbose or sys.stderr.isatty()
@@ -127,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _proc_faults(args: argparse.Namespace):
-    from ..procs.faults import ProcFaults, parse_rank_step
+    from commsim.procs.faults import ProcFaults, parse_rank_step
     kill = dict(parse_rank_step(t, "--kill") for t in args.kill)
     stall = dict(parse_rank_step(t, "--stall") for t in args.stall)
     return ProcFaults(kill=kill, stall=stall, absent=frozenset(args.absent))
@@ -162,23 +162,23 @@ def _report(res, args, to) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ..scenario.runner import run_scenario
-    from ..scenario.schema import load
+    from commsim.scenario.runner import run_scenario
+    from commsim.scenario.schema import load
 
     files = _files(args.paths)
     sizes = None
     if args.sizes is not None or args.plot is not None:
-        from ..size_tables import parse_size_range
+        from commsim.report.size_tables import parse_size_range
         sizes = parse_size_range(args.sizes or "4KiB..256MiB")
     if args.plot is not None and len(files) != 1:
         raise UserError(f"--plot {args.plot}: give exactly one scenario file (got {len(files)})")
     if args.plot is not None:        # refused before the run, not after it
-        from ..fileio import check_output
+        from commsim.util.fileio import check_output
         check_output(args.plot, "--plot", suffix=".png")
     for f in files:
         sc = load(f)
         if not args.no_memory_check:
-            from ..resources import check_fits
+            from commsim.scenario.resources import check_fits
             check_fits(sc)
         res = run_scenario(sc, policy=args.policy)
         _report(res, args, to=sys.stdout)
@@ -196,7 +196,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def _explain_nccl(sc) -> None:
     """Per group: the transports and algorithm classes NCCL would use on this machine under the
     workload's NCCL_* variables, and the variables that would change them (nccl_rules)."""
-    from ..nccl_rules import machine_from_cluster, report
+    from commsim.libmodels.nccl_rules import machine_from_cluster, report
     for g in sc.groups:
         if len(g.ranks) < 2:
             continue
@@ -206,8 +206,8 @@ def _explain_nccl(sc) -> None:
 
 def _explain_sizes(sc, args: argparse.Namespace, sizes: list[int]) -> None:
     """Predicted time per legal backend over `sizes`, per group (commsim.cost_model)."""
-    from ..size_tables import render, size_table
-    from ..policy import resolve
+    from commsim.report.size_tables import render, size_table
+    from commsim.policy import resolve
 
     pol = resolve(args.policy if args.policy is not None else sc.policy,
                   sc.path.parent if sc.path is not None else None)
@@ -221,7 +221,7 @@ def _explain_sizes(sc, args: argparse.Namespace, sizes: list[int]) -> None:
         print()
         print(render(t))
     if args.plot is not None and tables:
-        from ..plot import plot_size_tables
+        from commsim.report.plot import plot_size_tables
         out = plot_size_tables(tables, args.plot, title=sc.name)
         print(f"\nwrote {out}")
 

@@ -10,9 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import UserError
-from ..scenario.model import Scenario
-from ..scenario.schema import ScenarioError, load
+from commsim.errors import UserError
+from commsim.scenario.model import Scenario
+from commsim.scenario.schema import ScenarioError, load
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -92,13 +92,13 @@ def summary(s: Scenario) -> str:
 def code_note(s: Scenario) -> str:
     """'; runs code: policy file X' when the scenario's policy executes code (UserError when
     that file or module does not exist)."""
-    from ..policy import runs_code
+    from commsim.policy import runs_code
     what = runs_code(s.policy, s.path.parent if s.path is not None else None)
     return f"; runs code: {what}" if what else ""
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..resources import estimate_bytes, format_bytes
+    from commsim.scenario.resources import estimate_bytes, format_bytes
     failed = 0
     for item in expand(args.paths):
         if isinstance(item, UserError):
@@ -119,10 +119,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_new(args: argparse.Namespace) -> int:
     import sys
 
-    from ..scenario.new import NewScenario, build
-    from ..scenario.schema import loads, write_scenario
+    from commsim.scenario.new import NewScenario, build
+    from commsim.scenario.schema import loads, write_scenario
 
-    from ..fileio import check_output
+    from commsim.util.fileio import check_output
 
     out: Path = check_output(args.output, "--output", overwrite=args.force)
     if args.topo == "-":

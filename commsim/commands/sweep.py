@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..hosting.config import LAUNCHERS, MODES, RESIDUE
-from .args import bounded_int, non_negative_int, seconds
+from commsim.launch.config import LAUNCHERS, MODES, RESIDUE
+from commsim.commands.args import bounded_int, non_negative_int, seconds
 
 # A sweep keeps one record per scenario (about 1 KB) for its report; a million is hours of work
 # and about a GB of records, which is where a mistyped count should stop.
@@ -18,10 +18,10 @@ MAX_COUNT = 1_000_000
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from ..errors import UserError
-    from ..fileio import check_output
-    from ..scenario.executors import shard
-    from ..scenario.sweep import Progress, run_sweep, select_ids, settle_heap
+    from commsim.errors import UserError
+    from commsim.util.fileio import check_output
+    from commsim.scenario.executors import shard
+    from commsim.scenario.sweep import Progress, run_sweep, select_ids, settle_heap
 
     _positionals(args)
     if args.ray_address and args.executor != "ray":
@@ -56,7 +56,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _positionals(args: argparse.Namespace) -> None:
     """Sort the positional words: the --exec program's arguments, or `merge REPORT.json ...`;
     anything else is refused with both uses named."""
-    from ..errors import UserError
+    from commsim.errors import UserError
 
     words = list(args.words or ())
     args.action, args.reports, args.exec_args = None, [], []
@@ -71,7 +71,7 @@ def _positionals(args: argparse.Namespace) -> None:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from ..scenario.executors import merge
+    from commsim.scenario.executors import merge
     rep = merge(args.reports)
     print(f"merged {len(args.reports)} report(s)")
     return _emit(rep, args)
@@ -92,11 +92,11 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
     """`--exec PROG`: the user's program over generated machines instead of scenarios."""
     import shlex
 
-    from ..fileio import write_atomic
-    from ..hosting.run import split_command
-    from ..hosting.sweep_exec import progress_printer, run_exec_sweep
-    from ..scenario.executors import shard
-    from ..scenario.sweep import select_ids
+    from commsim.util.fileio import write_atomic
+    from commsim.launch.run import split_command
+    from commsim.launch.sweep_exec import progress_printer, run_exec_sweep
+    from commsim.scenario.executors import shard
+    from commsim.scenario.sweep import select_ids
 
     program = split_command(shlex.split(args.exec) + list(args.exec_args or ()))
     ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),

@@ -18,15 +18,15 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from ..fileio import check_output, write_atomic
-from ..topology import presets, render
-from ..topology import importers
-from ..topology.importers import nccl_xml, nvml_fabric
-from ..topology.importers.nvidia_smi import (
+from commsim.errors import UserError
+from commsim.util.fileio import check_output, write_atomic
+from commsim.topology import presets, render
+from commsim.topology import importers
+from commsim.topology.importers import nccl_xml, nvml_fabric
+from commsim.topology.importers.nvidia_smi import (
     DOMAINS, build_cluster, cluster_from_matrix_table, matrix_table, parse_topo_matrix,
 )
-from ..topology.model import Cluster
+from commsim.topology.model import Cluster
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # what [scenario] name accepts
 
@@ -157,7 +157,7 @@ def load_spec(spec: str) -> Cluster:
                             f"{importers.accepted()}")
         try:
             # Imported here: scenario files are optional for showing presets.
-            from ..scenario import schema
+            from commsim.scenario import schema
         except ModuleNotFoundError as e:
             if e.name not in ("commsim.scenario.schema", "commsim.scenario"):
                 raise
@@ -290,7 +290,7 @@ def _merge_fabric(cluster: Cluster, specs: list[str], warnings: list[str]) -> Cl
 
 def _legal_summary(cluster: Cluster) -> str:
     """Which backends a group of every GPU would admit, from a discovery run."""
-    from ..size_tables import legal_backends   # imported late: pulls in the simulator
+    from commsim.report.size_tables import legal_backends   # imported late: pulls in the simulator
     refs = list(cluster.gpu_refs())
     leg = legal_backends(cluster, refs)
     lines = [f"group of all {len(refs)} GPU(s): legal backends: {', '.join(leg.legal)}"]
@@ -340,7 +340,7 @@ def _verify(body: str, cluster: Cluster, out: Path) -> None:
         raise UserError(f"{out}: internal error: the written topology would not load back "
                         f"unchanged; nothing was written")
     try:
-        from ..scenario import schema
+        from commsim.scenario import schema
     except ModuleNotFoundError:
         return  # the schema loader is optional; the round trip above already checked
     schema.loads(body, str(out))

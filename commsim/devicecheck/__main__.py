@@ -1,5 +1,5 @@
 import sys
 
-from .check import main
+from commsim.devicecheck.check import main
 
 sys.exit(main())

@@ -313,7 +313,7 @@ def bandwidth(r: Rank, ptrs: list[int], rnd: int) -> int:
 def against_simulator(r: Rank, out_dir: str | None) -> None:
     from commsim.driver import alloc_prop
 
-    from . import predict
+    from commsim.devicecheck import predict
     from device.build import nvrtc_version
     from commsim.driver import FABRIC
     from commsim.probe.machine import probe_machine

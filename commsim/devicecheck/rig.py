@@ -69,7 +69,7 @@ def _skip(why: str) -> None:
 
 class _Worker:
     def __init__(self, ctx: Any, gpu: int, sock_dir: str, index: int, factory: str):
-        from . import rig_worker
+        from commsim.devicecheck import rig_worker
 
         self.sock_path = os.path.join(sock_dir, f"w{index}.sock")
         self.conn, child = ctx.Pipe()

@@ -6,11 +6,11 @@ processes over torch.distributed's store. The runtime's names are re-exported he
 callers of a group.
 """
 
-from .base import REDUCE_OPS, Group
-from ..runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, HangDetected,
+from commsim.group.base import REDUCE_OPS, Group
+from commsim.runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, HangDetected,
                      RankFailed, RankState)
-from .local import LocalGroup, LocalWorld
-from ..runtime.scheduler import (Event, Outcome, Scheduler, current_rank, current_scheduler, in_rank,
+from commsim.group.local import LocalGroup, LocalWorld
+from commsim.runtime.scheduler import (Event, Outcome, Scheduler, current_rank, current_scheduler, in_rank,
                         now, sleep, wait_until, yield_now)
 
 __all__ = [

@@ -28,13 +28,13 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from .base import REDUCE_OPS, readonly
-from .calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, COMBINE, NEW_SUBGROUP, label as _label,
+from commsim.group.base import REDUCE_OPS, readonly
+from commsim.group.calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, COMBINE, NEW_SUBGROUP, label as _label,
                     reduce_values as _reduce)
-from .sharing import all_immutable, immutable
-from ..runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, RankFailed, rank_word,
+from commsim.group.sharing import all_immutable, immutable
+from commsim.runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, RankFailed, rank_word,
                      short_error)
-from ..runtime.scheduler import (Event, Outcome, Scheduler, _BLOCKED, _RUNNABLE, current_rank,
+from commsim.runtime.scheduler import (Event, Outcome, Scheduler, _BLOCKED, _RUNNABLE, current_rank,
                         current_scheduler, in_rank, now, sleep, wait_until, yield_now)
 
 __all__ = [

@@ -28,15 +28,15 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
 
-from ..sim.shm import CREATE as SHM_CREATE, SHM_DIR
-from .base import REDUCE_OPS, readonly
-from ..runtime.diagnosis import (BLOCKED, FAILED, FINISHED, NOT_STARTED, RUNNING, WAITING,
+from commsim.sim.shm import CREATE as SHM_CREATE, SHM_DIR
+from commsim.group.base import REDUCE_OPS, readonly
+from commsim.runtime.diagnosis import (BLOCKED, FAILED, FINISHED, NOT_STARTED, RUNNING, WAITING,
                      CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, RankFailed,
                      RankState, rank_word)
-from .seal import ForgedValue, Seal, new_secret
-from .calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, label as _label,
+from commsim.group.seal import ForgedValue, Seal, new_secret
+from commsim.group.calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, label as _label,
                     reduce_values as _reduce)
-from ..runtime import scheduler
+from commsim.runtime import scheduler
 
 T = TypeVar("T")
 
@@ -196,7 +196,7 @@ def _share_secret_on_host(store: Any, rank: int) -> tuple[bytes, str]:
     """(secret, run directory) for ranks of one host (ProcessWorld.from_env)."""
     import atexit
 
-    from ..sim import shm
+    from commsim.sim import shm
     if rank == 0:
         prefix = shm.new_prefix()
         atexit.register(shm.sweep, prefix)

@@ -3,12 +3,12 @@ section 9). `commsim exec` (commands/exec.py), the pytest plugin (pytest_plugin.
 `sweep --exec` (sweep_exec.py) drive `run.execute`; a hosted program sees the surfaces
 registered in `surfaces` and answered for its rank (`session.current()`)."""
 
-from .session import HostedRank, NotHosted, RankEvents, bound, current
+from commsim.hosting.state.session import HostedRank, NotHosted, RankEvents, bound, current
 
 __all__ = ["HostedRank", "NotHosted", "RankEvents", "bound", "current", "bootstrap"]
 
 
 def bootstrap() -> None:
     """Host this interpreter when COMMSIM_HOSTING names a run's config (start-up hook)."""
-    from .bootstrap import bootstrap as _bootstrap
+    from commsim.launch.bootstrap import bootstrap as _bootstrap
     _bootstrap()

@@ -14,8 +14,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .context import KernelContext
-from .workspace import DATA, END, MID, START, chunks as _chunks
+from commsim.kernels.context import KernelContext
+from commsim.kernels.workspace import DATA, END, MID, START, chunks as _chunks
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..runtime.scheduler import wait_until
+from commsim.runtime.scheduler import wait_until
 
 FLAG_DTYPE = np.uint32
 

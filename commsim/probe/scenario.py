@@ -19,7 +19,7 @@ from commsim.topology import gpu_models
 from commsim.topology.importers.nvidia_smi import cluster_from_matrix_table
 from commsim.topology.model import Cluster, FabricState, GpuRef, TopologyError, ZERO_UUID
 
-from .machine import MachineProbe
+from commsim.probe.machine import MachineProbe
 
 _HOST_OK = re.compile(r"[^A-Za-z0-9._-]+")
 

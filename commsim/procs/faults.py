@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import UserError
+from commsim.errors import UserError
 
 
 @dataclass(frozen=True)

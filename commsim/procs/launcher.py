@@ -24,18 +24,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..group.seal import ForgedValue, Seal, new_secret
-from ..group.torch_dist import DEFAULT_TIMEOUT, host_store, last_status, mark_dead
-from ..errors import UserError
-from ..policy import Policy
-from ..signals import terminate_cleanly
-from ..scenario.model import Scenario
-from ..scenario.runner import RunResult, prepare
-from ..sim import shm
-from ..topology.model import Cluster, GpuRef
-from . import worker
-from .faults import ProcFaults
-from .reap import reap
+from commsim.group.seal import ForgedValue, Seal, new_secret
+from commsim.group.torch_dist import DEFAULT_TIMEOUT, host_store, last_status, mark_dead
+from commsim.errors import UserError
+from commsim.policy import Policy
+from commsim.util.signals import terminate_cleanly
+from commsim.scenario.model import Scenario
+from commsim.scenario.runner import RunResult, prepare
+from commsim.sim import shm
+from commsim.topology.model import Cluster, GpuRef
+from commsim.procs import worker
+from commsim.procs.faults import ProcFaults
+from commsim.procs.reap import reap
 
 _CTX: Any = None
 IDLE_FACTOR = 2

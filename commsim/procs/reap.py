@@ -1,5 +1,5 @@
 """Ending rank processes: the reaping both process launchers share (a scenario's ranks,
-commsim/procs/launcher.py; a hosted program's ranks, commsim/hosting/launch_procs.py).
+commsim/procs/launcher.py; a hosted program's ranks, commsim/launch/procs.py).
 
 A rank is anything with multiprocessing.Process's `is_alive()`, `kill()` and `join(timeout)`;
 a rank started with subprocess gets them from `Session`. Only a rank still alive is killed (a

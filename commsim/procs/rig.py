@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from ..devicecheck.rig import _OPEN, CudaRig, DriverProxy, _Worker
-from ..group.seal import new_secret
-from ..group.torch_dist import ProcessWorld, connect_store, host_store
-from ..sim import SimDriver, shm
-from ..sim.process_fabric import ProcessFabric
-from ..topology.model import Cluster, GpuRef
-from . import launcher
+from commsim.devicecheck.rig import _OPEN, CudaRig, DriverProxy, _Worker
+from commsim.group.seal import new_secret
+from commsim.group.torch_dist import ProcessWorld, connect_store, host_store
+from commsim.sim import SimDriver, shm
+from commsim.sim.process_fabric import ProcessFabric
+from commsim.topology.model import Cluster, GpuRef
+from commsim.procs import launcher
 
 TIMEOUT = 20.0
 

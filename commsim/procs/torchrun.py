@@ -18,12 +18,12 @@ import signal
 import sys
 import time
 
-from ..group.seal import ForgedValue
-from ..group.torch_dist import ProcessWorld
-from ..scenario.runner import prepare
-from ..scenario.schema import load
-from ..sim import set_torch_threads, shm
-from . import worker
+from commsim.group.seal import ForgedValue
+from commsim.group.torch_dist import ProcessWorld
+from commsim.scenario.runner import prepare
+from commsim.scenario.schema import load
+from commsim.sim import set_torch_threads, shm
+from commsim.procs import worker
 
 
 def _terminate(signum: int, frame: object) -> None:

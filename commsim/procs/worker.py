@@ -16,14 +16,14 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..runtime.diagnosis import short_error
-from ..group.torch_dist import ProcessWorld, connect_store
-from ..scenario.model import Scenario
-from ..scenario.runner import (Inputs, RankError, collect, faults_for, partial, judge, prepare, rank_error,
+from commsim.runtime.diagnosis import short_error
+from commsim.group.torch_dist import ProcessWorld, connect_store
+from commsim.scenario.model import Scenario
+from commsim.scenario.runner import (Inputs, RankError, collect, faults_for, partial, judge, prepare, rank_error,
                                run_rank)
-from ..sim import set_torch_threads, spawn_driver
-from ..sim.process_fabric import PID_BASE, ProcessFabric
-from .faults import ProcFaults
+from commsim.sim import set_torch_threads, spawn_driver
+from commsim.sim.process_fabric import PID_BASE, ProcessFabric
+from commsim.procs.faults import ProcFaults
 
 
 PR_SET_PDEATHSIG = 1     # linux/prctl.h

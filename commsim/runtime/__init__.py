@@ -4,8 +4,8 @@ scheduler (`scheduler`), its blocking primitive `wait_until`, and hang diagnosis
 backends' kernels all stand on it without standing on each other.
 """
 
-from .diagnosis import Diagnosis, GroupError, GroupTimeout, HangDetected, RankState
-from .scheduler import Scheduler, current_scheduler, wait_until
+from commsim.runtime.diagnosis import Diagnosis, GroupError, GroupTimeout, HangDetected, RankState
+from commsim.runtime.scheduler import Scheduler, current_scheduler, wait_until
 
 __all__ = ["Diagnosis", "GroupError", "GroupTimeout", "HangDetected", "RankState", "Scheduler",
            "current_scheduler", "wait_until"]

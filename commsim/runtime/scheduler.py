@@ -31,8 +31,8 @@ from typing import Any, Callable, Generic, NamedTuple, Sequence, TypeVar
 
 from greenlet import GreenletExit, greenlet
 
-from . import diagnosis as E
-from .diagnosis import Diagnosis, GroupError, GroupTimeout, HangDetected, RankState
+from commsim.runtime import diagnosis as E
+from commsim.runtime.diagnosis import Diagnosis, GroupError, GroupTimeout, HangDetected, RankState
 
 T = TypeVar("T")
 

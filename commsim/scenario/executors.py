@@ -18,7 +18,7 @@ import os
 import re
 from typing import Any, Callable
 
-from ..errors import UserError
+from commsim.errors import UserError
 
 _SHARD = re.compile(r"^(\d+)/(\d+)$")
 _ID = re.compile(r"^([sek])(?:(\d+)-)?(\d+)$")
@@ -58,7 +58,7 @@ def ray_missing() -> str | None:
 
 
 def _ray_chunk(ids: list[str], determinism: str) -> list[dict]:
-    from .sweep import run_one
+    from commsim.scenario.sweep import run_one
     return [run_one(sid, determinism) for sid in ids]
 
 
@@ -128,7 +128,7 @@ def merge(paths: list[str]):
     """One Report from the JSON reports of the shards of one sweep. Refuses reports of
     different sweeps (seed, filters), a scenario present twice, and an incomplete set of
     shards (the missing ones are named)."""
-    from .sweep import Report
+    from commsim.scenario.sweep import Report
 
     if not paths:
         raise UserError("sweep merge: give the shard reports to merge (JSON files)")

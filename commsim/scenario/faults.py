@@ -18,13 +18,13 @@ from typing import Callable, Iterator, Sequence
 
 from typing import TYPE_CHECKING
 
-from ..errors import UserError
-from ..topology import modify
-from ..topology.model import Cluster, FabricState, GpuRef
-from .model import Fault
+from commsim.errors import UserError
+from commsim.topology import modify
+from commsim.topology.model import Cluster, FabricState, GpuRef
+from commsim.scenario.model import Fault
 
 if TYPE_CHECKING:
-    from ..sim.faults import ProcessFaults
+    from commsim.sim.faults import ProcessFaults
 
 MACHINE, DRIVER = "machine", "driver"
 OOM_ERRORS = ("cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY")
@@ -119,7 +119,7 @@ def apply_machine_fault(cluster: Cluster, f: Fault) -> Cluster:
 
 def arm_driver_faults(faults: Sequence[Fault], rank: int) -> "ProcessFaults":
     """The ProcessFaults of rank `rank`: every driver fault aimed at it, armed."""
-    from ..sim.faults import ProcessFaults   # the simulator only when a run arms them
+    from commsim.sim.faults import ProcessFaults   # the simulator only when a run arms them
     pf = ProcessFaults()
     for f in faults:
         k = _kinds[f.kind]
@@ -174,7 +174,7 @@ def _arm_oom(pf: "ProcessFaults", f: Fault) -> None:
 
 
 def _arm_call(pf: "ProcessFaults", f: Fault) -> None:
-    from ..sim.faults import CallFault, code_by_name
+    from commsim.sim.faults import CallFault, code_by_name
     pf.calls.append(CallFault(f.api, code_by_name(f.code), f.nth))
 
 
@@ -237,4 +237,4 @@ for _k in (
 
 # Issue 17's kinds (docs/fidelity-rules.md) are declared in their own module and register
 # themselves here, after the built-in ones (they build on this module).
-from . import fidelity_faults  # noqa: E402,F401
+from commsim.scenario import fidelity_faults  # noqa: E402,F401

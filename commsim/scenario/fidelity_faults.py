@@ -11,9 +11,9 @@ import dataclasses
 import random
 from typing import Any, Sequence
 
-from ..topology.model import Cluster, GpuRef, ImexDomain
-from .faults import MACHINE, FaultKind, register_fault
-from .model import Fault
+from commsim.topology.model import Cluster, GpuRef, ImexDomain
+from commsim.scenario.faults import MACHINE, FaultKind, register_fault
+from commsim.scenario.model import Fault
 
 P2P_IPC_CAUSES = ("acs", "iommu")
 P2P_WRITE_MODES = ("dropped", "corrupt")

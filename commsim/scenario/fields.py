@@ -14,8 +14,8 @@ import functools
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..errors import UserError
-from ..topology.model import Cluster, GpuRef
+from commsim.errors import UserError
+from commsim.topology.model import Cluster, GpuRef
 
 
 class ScenarioError(UserError, ValueError):

@@ -30,13 +30,13 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..errors import UserError
-from ..topology.model import Cluster, GpuRef, NvlinkDomain
-from ..topology.presets import PRESETS, build as build_preset
-from . import faults as F
-from . import fidelity_faults as FF
-from . import knobs as K
-from .model import DTYPES, OPS, Fault, Group, Scenario, Workload
+from commsim.errors import UserError
+from commsim.topology.model import Cluster, GpuRef, NvlinkDomain
+from commsim.topology.presets import PRESETS, build as build_preset
+from commsim.scenario import faults as F
+from commsim.scenario import fidelity_faults as FF
+from commsim.scenario import knobs as K
+from commsim.scenario.model import DTYPES, OPS, Fault, Group, Scenario, Workload
 
 Ki, Mi = 1 << 10, 1 << 20
 MAX_WORLD = 16

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from ..topology import importers
-from ..topology.model import Cluster, FabricState, GpuRef, TopologyError
-from ..topology.presets import PRESETS
-from .fields import (
+from commsim.topology import importers
+from commsim.topology.model import Cluster, FabricState, GpuRef, TopologyError
+from commsim.topology.presets import PRESETS
+from commsim.scenario.fields import (
     ScenarioError, Table, check_choice, check_cuda_error, check_host, describe, parse_gpu,
 )
-from . import faults as F
-from . import fidelity_faults   # the accepted causes of its kinds
-from .model import Fault
+from commsim.scenario import faults as F
+from commsim.scenario import fidelity_faults   # the accepted causes of its kinds
+from commsim.scenario.model import Fault
 
 PRESET_KEYS = ("preset", "hosts")
 MATRIX_KEYS = ("hosts", "host_prefix", "gpu_model", "domain", "matrix", "p2p_matrix")
@@ -56,7 +56,7 @@ def topology(source: str, data: Mapping[str, Any]) -> tuple[Cluster, str, list[s
 def _matrix_topology(source: str, data: Mapping[str, Any]) -> tuple[Cluster, str, list[str]]:
     t = Table(source, "[topology]", data, MATRIX_KEYS, hint=" for an explicit matrix topology")
     # Imported here: only explicit-matrix files need the nvidia-smi parser.
-    from ..topology.importers.nvidia_smi import cluster_from_matrix_table
+    from commsim.topology.importers.nvidia_smi import cluster_from_matrix_table
     notes: list[str] = []
     cluster = _wrap(t, None, lambda: cluster_from_matrix_table(dict(data), source, notes))
     return cluster, f"matrix x{len(cluster.hosts)} ({_domain_kind(cluster)})", notes

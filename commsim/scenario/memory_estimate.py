@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..sim.shared_pages import PAGE
-from .model import Scenario
-from .reference import SHARED_MIN
+from commsim.sim.shared_pages import PAGE
+from commsim.scenario.model import Scenario
+from commsim.scenario.reference import SHARED_MIN
 
 MiB = 1 << 20
 BASE_BYTES = 320 * MiB     # measured: 234 MiB after `import commsim.scenario.runner`, plus heap
@@ -44,7 +44,7 @@ DEVICE_PATH_MAX = 64 * MiB
 
 
 def _device_path_max(sc: Scenario) -> int:
-    from ..policy import PRESET_POLICIES
+    from commsim.policy import PRESET_POLICIES
     pol = PRESET_POLICIES.get(sc.policy) if isinstance(sc.policy, str) else None
     params = dict(getattr(pol, "params", {}) or {})
     keys = ("max_size", "multicast_max_size", "symm_max_size")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..topology.model import Cluster, GpuRef
+from commsim.topology.model import Cluster, GpuRef
 
 # Lifecycle steps at which an expected error may occur, in the order a run goes through them.
 STEPS = ("discover", "init", "op", "capture", "register", "release_capture", "close")
@@ -59,10 +59,10 @@ class Workload:
     # When the communicator sets its backends up: "init" (eager) or "lazy" (at the first op,
     # inside a capture when the first op is captured; rules LC1-LC2).
     setup: str = "init"
-    # NCCL_* environment variables of every rank (commsim/nccl_rules.py ENV_VARS), as
+    # NCCL_* environment variables of every rank (commsim/libmodels/nccl_rules.py ENV_VARS), as
     # (name, value) pairs: what NCCL may use, and what `commsim explain` reports.
     nccl_env: tuple[tuple[str, str], ...] = ()
-    # How POSIX fds travel between the ranks of one host (commsim/fd_exchange.py): "" keeps
+    # How POSIX fds travel between the ranks of one host (commsim/libmodels/fd_exchange.py): "" keeps
     # the policy's choice; "pytorch_ring" or "flashinfer_mesh" says which library does it.
     fd_transport: str = ""
 
@@ -116,5 +116,5 @@ class Scenario:
 
     @property
     def driver_faults(self) -> tuple[Fault, ...]:
-        from .faults import is_driver_fault   # the registry builds on this module
+        from commsim.scenario.faults import is_driver_fault   # the registry builds on this module
         return tuple(f for f in self.faults if is_driver_fault(f))

@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
-from ..topology.importers.nvidia_smi import build_cluster, matrix_table, parse_topo_matrix
-from ..topology.model import Cluster
+from commsim.errors import UserError
+from commsim.topology.importers.nvidia_smi import build_cluster, matrix_table, parse_topo_matrix
+from commsim.topology.model import Cluster
 
 
 @dataclass

@@ -18,13 +18,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends import backends, default_order, fallbacks, get_backend
-from ..policy import Policy, resolve
-from ..topology.model import GpuRef
-from ..topology.truth import GroupFacts
-from .faults import OOM_ERRORS, get_fault, injected_errors
-from .model import Scenario
-from .reference import ESIZE, message_numel
+from commsim.backends import backends, default_order, fallbacks, get_backend
+from commsim.policy import Policy, resolve
+from commsim.topology.model import GpuRef
+from commsim.topology.truth import GroupFacts
+from commsim.scenario.faults import OOM_ERRORS, get_fault, injected_errors
+from commsim.scenario.model import Scenario
+from commsim.scenario.reference import ESIZE, message_numel
 
 KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic",
          "knob-outcome")
@@ -242,7 +242,7 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
                   + ("; its set-up failed and the communicator fell back" if how.startswith("declined") else ""))
     if sc.extra and sc.extra.get("knob"):
         # A shortcut-policy knob scenario: what the knob must do, from the truth (knobs.py).
-        from .knobs import judge_knob
+        from commsim.scenario.knobs import judge_knob
         judge_knob(sc, v)
     return v
 

@@ -34,8 +34,8 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from ..sim import shared_pages
-from ..sim.shared_pages import PAGE, SealedArray
+from commsim.sim import shared_pages
+from commsim.sim.shared_pages import PAGE, SealedArray
 
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}     # bytes per element of each dtype

@@ -12,22 +12,22 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import caching_allocator as allocators
-from ..backends.base import SetupFailed
-from ..backends.nccl import NcclError
-from ..caching_allocator import CachingAllocator
-from ..communicator import Communicator
-from ..driver import CAPTURE_MODE_GLOBAL, CudaError, check
-from ..group import LocalWorld
-from ..runtime.diagnosis import GroupError, HangDetected
-from ..runtime.scheduler import hash_trace
-from ..policy import Policy, resolve
-from ..sim import SimFabric, set_torch_threads, spawn_driver
-from ..sim.faults import ProcessFaults
-from .faults import arm_driver_faults
-from .model import Scenario
+from commsim.libmodels import caching_allocator as allocators
+from commsim.backends.base import SetupFailed
+from commsim.backends.nccl import NcclError
+from commsim.libmodels.caching_allocator import CachingAllocator
+from commsim.communicator import Communicator
+from commsim.driver import CAPTURE_MODE_GLOBAL, CudaError, check
+from commsim.group import LocalWorld
+from commsim.runtime.diagnosis import GroupError, HangDetected
+from commsim.runtime.scheduler import hash_trace
+from commsim.policy import Policy, resolve
+from commsim.sim import SimFabric, set_torch_threads, spawn_driver
+from commsim.sim.faults import ProcessFaults
+from commsim.scenario.faults import arm_driver_faults
+from commsim.scenario.model import Scenario
 
-from .reference import ESIZE, RTOL, TORCH, Inputs, make_input, message_numel  # noqa: F401  (re-exported)
+from commsim.scenario.reference import ESIZE, RTOL, TORCH, Inputs, make_input, message_numel  # noqa: F401  (re-exported)
 
 
 @dataclass

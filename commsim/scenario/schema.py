@@ -15,15 +15,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..fileio import write_atomic
-from . import machine
-from .fields import (
+from commsim.util.fileio import write_atomic
+from commsim.scenario import machine
+from commsim.scenario.fields import (
     ScenarioError, Table, check_choice, check_cuda_error, check_policy, describe, did_you_mean,
     parse_ranks, parse_size,
 )
-from ..backends import backend_names
-from ..fd_exchange import TRANSPORTS
-from .model import ALLOCATORS, DTYPE_BYTES, DTYPES, OPS, SETUPS, STEPS, Expectation, Group, Scenario, Workload
+from commsim.backends import backend_names
+from commsim.libmodels.fd_exchange import TRANSPORTS
+from commsim.scenario.model import ALLOCATORS, DTYPE_BYTES, DTYPES, OPS, SETUPS, STEPS, Expectation, Group, Scenario, Workload
 
 __all__ = ["ScenarioError", "load", "loads", "write_scenario", "SECTIONS"]
 
@@ -209,15 +209,15 @@ def _workload(source: str, data: Mapping[str, Any]) -> Workload:
 
 def _nccl_env(t: Table) -> tuple[tuple[str, str], ...]:
     """`nccl_env = { NCCL_NVLS_ENABLE = "0" }`: names and values as NCCL reads them, checked
-    against what commsim models (commsim/nccl_rules.py)."""
+    against what commsim models (commsim/libmodels/nccl_rules.py)."""
     if "nccl_env" not in t:
         return ()
     raw = t.data["nccl_env"]
     if not isinstance(raw, Mapping):
         raise t.error(f"expected a table of NCCL_* = \"value\", got {describe(raw)}; e.g. "
                       f'nccl_env = {{ NCCL_NVLS_ENABLE = "0" }}', "nccl_env")
-    from ..nccl_rules import parse_env
-    from ..errors import UserError
+    from commsim.libmodels.nccl_rules import parse_env
+    from commsim.errors import UserError
     env = {}
     for k, v in raw.items():
         if isinstance(v, bool) or not isinstance(v, (str, int)):

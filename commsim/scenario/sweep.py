@@ -23,11 +23,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TextIO
 
-from ..backends import backends
-from ..errors import UserError
-from . import generate as G
-from . import knobs as K
-from .oracle import KINDS, judge
+from commsim.backends import backends
+from commsim.errors import UserError
+from commsim.scenario import generate as G
+from commsim.scenario import knobs as K
+from commsim.scenario.oracle import KINDS, judge
 
 DETERMINISM_EVERY = 20          # 1 in 20 scenarios is run twice (by id, so reproducible)
 
@@ -95,7 +95,7 @@ def wants_determinism(sid: str, mode: str) -> bool:
 
 def run_one(sid: str, determinism: str = "sample") -> dict:
     """Regenerate, run, judge. Returns a small picklable record."""
-    from .runner import run_scenario
+    from commsim.scenario.runner import run_scenario
 
     t0 = time.perf_counter()
     sc = G.scenario_from_id(sid)
@@ -315,11 +315,11 @@ class Report:
         return d
 
     def write_json(self, path: str) -> None:
-        from ..fileio import write_atomic
+        from commsim.util.fileio import write_atomic
         write_atomic(path, json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n", overwrite=True)
 
     def write_html(self, path: str) -> None:
-        from ..fileio import write_atomic
+        from commsim.util.fileio import write_atomic
         write_atomic(path, render_html(self), overwrite=True)
 
 
@@ -361,7 +361,7 @@ def _context() -> mp.context.BaseContext:
     methods = mp.get_all_start_methods()
     if ("fork" in methods and _IMPORT_THREADS and threading.active_count() == 1
             and _os_threads() == _IMPORT_THREADS):
-        from . import runner  # noqa: F401  (imported once, here, not again in every worker)
+        from commsim.scenario import runner  # noqa: F401  (imported once, here, not again in every worker)
         return mp.get_context("fork")
     if "forkserver" in methods:
         ctx = mp.get_context("forkserver")
@@ -447,7 +447,7 @@ def run_sweep(ids: list[str], jobs: int = 1, determinism: str = "sample",
             progress.update(len(records), fails)
 
     if executor == "ray":
-        from .executors import run_ray
+        from commsim.scenario.executors import run_ray
         run_ray(ids, jobs, determinism, take, address=ray_address)
     elif jobs == 1 or len(ids) < 8:
         for sid in ids:

@@ -2,9 +2,9 @@
 
 import os
 
-from .driver import SimDriver
-from .fabric import SimFabric, SimProcess
-from .faults import ProcessFaults
+from commsim.sim.driver import SimDriver
+from commsim.sim.fabric import SimFabric, SimProcess
+from commsim.sim.faults import ProcessFaults
 
 
 def set_torch_threads() -> None:

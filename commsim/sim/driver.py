@@ -15,17 +15,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..driver import FD, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
-from ..topology.model import GpuRef
-from . import real_fds
-from .driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, _attr_int, api
-from .driver_ipc import LegacyIpcCalls
-from .driver_multicast import MulticastCalls
-from .driver_vmm import VmmCalls
-from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
-from .kernel_context import SimKernelContext
-from .p2p_probe import probe_pair
-from .stream_capture import StreamCapture
+from commsim.driver import FD, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
+from commsim.topology.model import GpuRef
+from commsim.sim import real_fds
+from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, _attr_int, api
+from commsim.sim.driver_ipc import LegacyIpcCalls
+from commsim.sim.driver_multicast import MulticastCalls
+from commsim.sim.driver_vmm import VmmCalls
+from commsim.sim.fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
+from commsim.sim.kernel_context import SimKernelContext
+from commsim.sim.p2p_probe import probe_pair
+from commsim.sim.stream_capture import StreamCapture
 
 __all__ = ["SimDriver", "Fail", "Mapping", "api", "E", "R", "FD"]
 

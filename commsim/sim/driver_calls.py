@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Callable
 from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
-from . import binding_args, stream_capture
-from .fabric import MulticastObject, PhysicalAlloc
+from commsim.sim import binding_args, stream_capture
+from commsim.sim.fabric import MulticastObject, PhysicalAlloc
 
 if TYPE_CHECKING:
-    from .driver import SimDriver
+    from commsim.sim.driver import SimDriver
 
 E = cudart.cudaError_t
 R = cu.CUresult

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..driver import LAZY_ENABLE_PEER_ACCESS
-from . import unconfirmed
-from .driver_calls import E, R, Fail, Mapping, _attr_int, _handle_bytes, api
-from .fabric import PhysicalAlloc
+from commsim.driver import LAZY_ENABLE_PEER_ACCESS
+from commsim.sim import unconfirmed
+from commsim.sim.driver_calls import E, R, Fail, Mapping, _attr_int, _handle_bytes, api
+from commsim.sim.fabric import PhysicalAlloc
 
 
 

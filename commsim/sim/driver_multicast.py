@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..driver import FABRIC
-from ..runtime.scheduler import wait_until
-from ..topology.model import FabricState
-from . import unconfirmed
-from .driver_calls import R, Fail, api
-from .fabric import MulticastObject, PhysicalAlloc
+from commsim.driver import FABRIC
+from commsim.runtime.scheduler import wait_until
+from commsim.topology.model import FabricState
+from commsim.sim import unconfirmed
+from commsim.sim.driver_calls import R, Fail, api
+from commsim.sim.fabric import MulticastObject, PhysicalAlloc
 
 
 

@@ -8,13 +8,13 @@ import bisect
 import operator
 from typing import Any, Sequence
 
-from ..driver import FABRIC, FD
-from ..runtime.scheduler import wait_until
-from ..topology.model import FabricState, GpuRef
-from . import real_fds, unconfirmed
-from .driver_calls import R, Fail, Mapping, _attr_int, _handle_bytes, _prop_handle_types, api
-from .fabric import MulticastObject, PhysicalAlloc
-from .fd_channel import SimFdChannel
+from commsim.driver import FABRIC, FD
+from commsim.runtime.scheduler import wait_until
+from commsim.topology.model import FabricState, GpuRef
+from commsim.sim import real_fds, unconfirmed
+from commsim.sim.driver_calls import R, Fail, Mapping, _attr_int, _handle_bytes, _prop_handle_types, api
+from commsim.sim.fabric import MulticastObject, PhysicalAlloc
+from commsim.sim.fd_channel import SimFdChannel
 
 
 

@@ -17,10 +17,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..topology.model import Cluster, GpuRef
-from .faults import ProcessFaults
-from .host_memory import MemoryProvider
-from .ledger import Ledger
+from commsim.topology.model import Cluster, GpuRef
+from commsim.sim.faults import ProcessFaults
+from commsim.sim.host_memory import MemoryProvider
+from commsim.sim.ledger import Ledger
 
 
 @dataclass(eq=False)

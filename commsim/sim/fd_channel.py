@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..driver import FdTransportError
-from ..runtime.scheduler import wait_until
+from commsim.driver import FdTransportError
+from commsim.runtime.scheduler import wait_until
 
 if TYPE_CHECKING:
-    from .driver import SimDriver
+    from commsim.sim.driver import SimDriver
 
 
 def socket_path(pid: int) -> str:

@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 
-from . import shared_pages
+from commsim.sim import shared_pages
 
 MMAP_MIN = 1 << 20
 PAGE = mmap.PAGESIZE

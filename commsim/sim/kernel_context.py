@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..kernels.context import KernelContext
+from commsim.kernels.context import KernelContext
 
 
 class SimKernelContext(KernelContext):

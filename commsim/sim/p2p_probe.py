@@ -28,8 +28,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..driver import PROBE_WRITES_LOST
-from ..topology.model import GpuRef
+from commsim.driver import PROBE_WRITES_LOST
+from commsim.topology.model import GpuRef
 
 PROBE_BYTES = 4096
 _PATTERN = (np.arange(PROBE_BYTES, dtype=np.uint32) * 2654435761 % 251).astype(np.uint8)
@@ -108,7 +108,7 @@ def probe_pair(fabric, me: GpuRef, peer: GpuRef) -> str:
 
 def _run(fabric, me: GpuRef, peer: GpuRef) -> tuple[str, str]:
     """The round trip itself, in two helper processes; its outcome (see _MESSAGES)."""
-    from . import spawn_driver
+    from commsim.sim import spawn_driver
 
     owner = spawn_driver(fabric, peer)
     user = spawn_driver(fabric, me)

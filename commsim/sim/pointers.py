@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .fabric import PhysicalAlloc
+from commsim.sim.fabric import PhysicalAlloc
 
 if TYPE_CHECKING:
-    from ..topology.model import GpuRef
-    from .driver import SimDriver
+    from commsim.topology.model import GpuRef
+    from commsim.sim.driver import SimDriver
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,11 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from ..topology.model import Cluster, GpuRef
-from . import shm
-from .fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
-from .faults import ProcessFaults
-from .ledger import Ledger
+from commsim.topology.model import Cluster, GpuRef
+from commsim.sim import shm
+from commsim.sim.fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
+from commsim.sim.faults import ProcessFaults
+from commsim.sim.ledger import Ledger
 
 PID_BASE = 1000          # thread mode spawns rank r as pid 1000 + r; process mode keeps that
 _HEAD = struct.Struct("<8sQQQQ")  # kind, aid, exporter pid, gpu code, size

@@ -34,7 +34,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
-    from .driver import SimDriver
+    from commsim.sim.driver import SimDriver
 
 MAGIC = b"commsim posix-fd handle v1\n"
 TOKEN = 64

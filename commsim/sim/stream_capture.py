@@ -45,7 +45,7 @@ from typing import Any
 
 from cuda.bindings import runtime as cudart
 
-from . import unconfirmed
+from commsim.sim import unconfirmed
 
 E = cudart.cudaError_t
 MODE = cudart.cudaStreamCaptureMode

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .model import TopologyError
+from commsim.topology.model import TopologyError
 
 GiB = 1 << 30
 

@@ -22,7 +22,7 @@ from typing import Iterator
 
 
 
-from ..errors import UserError
+from commsim.errors import UserError
 
 
 class TopologyError(UserError, ValueError):

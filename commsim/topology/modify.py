@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .model import Cluster, FabricState, GpuRef, NVML_ERROR_UNKNOWN, ZERO_UUID
+from commsim.topology.model import Cluster, FabricState, GpuRef, NVML_ERROR_UNKNOWN, ZERO_UUID
 
 
 def without_imex(cluster: Cluster, host: str) -> Cluster:

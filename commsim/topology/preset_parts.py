@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
-from .model import (
+from commsim.topology.model import (
     Cluster, FabricInfo, FabricState, Gpu, GpuRef, Host, Link, NvlinkDomain, full_matrix, matrix_from,
 )
 

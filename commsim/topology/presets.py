@@ -7,9 +7,9 @@ Reference tags ([CUDA13-h], §5 ...) point into `shared/reference/domain.md`.
 
 from __future__ import annotations
 
-from .model import Cluster, Link, TopologyError
-from .presets_pcie import PCIE_PRESETS
-from .preset_parts import (  # noqa: F401  (_uuid, _cluster_uuid: importers derive the same)
+from commsim.topology.model import Cluster, Link, TopologyError
+from commsim.topology.presets_pcie import PCIE_PRESETS
+from commsim.topology.preset_parts import (  # noqa: F401  (_uuid, _cluster_uuid: importers derive the same)
     GiB, Preset, cluster_uuid as _cluster_uuid, gpu_uuid as _uuid, nvswitch_box, pcie_box,
     tray_rack, two_socket_pcie,
 )

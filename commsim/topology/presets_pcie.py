@@ -7,8 +7,8 @@ P2P over PCIe follows the part (GeForce never, stock driver) and the socket layo
 
 from __future__ import annotations
 
-from .model import Cluster, Host, Link
-from .preset_parts import GiB, NO_FABRIC, Preset, gpus, pcie_box, two_socket_pcie
+from commsim.topology.model import Cluster, Host, Link
+from commsim.topology.preset_parts import GiB, NO_FABRIC, Preset, gpus, pcie_box, two_socket_pcie
 
 
 _H200_NVL = dict(model="NVIDIA H200 NVL", compute_capability=(9, 0), memory_bytes=141 * GiB)

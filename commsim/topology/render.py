@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .model import Cluster, FabricState, Host
+from commsim.topology.model import Cluster, FabricState, Host
 
 
 def topo_matrix(host: Host) -> str:

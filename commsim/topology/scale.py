@@ -15,9 +15,9 @@ sweep of thousands into hours.
 
 from __future__ import annotations
 
-from .model import Cluster, TopologyError
-from .preset_parts import tray_rack
-from .presets import build
+from commsim.topology.model import Cluster, TopologyError
+from commsim.topology.preset_parts import tray_rack
+from commsim.topology.presets import build
 
 LADDER = (8, 72, 144, 576)
 

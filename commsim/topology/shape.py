@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .gpu_models import MAX_NVLINKS, GpuSpec
-from .model import Host, Link
+from commsim.topology.gpu_models import MAX_NVLINKS, GpuSpec
+from commsim.topology.model import Host, Link
 
 
 def nvswitch_shape(n: int, pairs: Sequence[tuple[int, int, Link]],

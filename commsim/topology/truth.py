@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .model import Cluster, FabricState, GpuRef, ZERO_UUID
+from commsim.topology.model import Cluster, FabricState, GpuRef, ZERO_UUID
 
 # Handle types a rank may import from another.
 IPC, POSIX_FD, FABRIC = "ipc", "posix_fd", "fabric"

@@ -25,8 +25,8 @@ def hosted(program: str | Path, machine: str, *args: str, mode: str = "inproc",
     of the run is left behind."""
     import io
 
-    from commsim.hosting.config import RunConfig
-    from commsim.hosting.run import execute
+    from commsim.launch.config import RunConfig
+    from commsim.launch.run import execute
     from commsim.sim import shm
     out = io.StringIO()
     cfg = RunConfig(machine=machine, nproc_per_host=nproc_per_host, mode=mode, seed=seed,

@@ -17,8 +17,17 @@ from typing import Any, Callable
 import pytest
 
 from commsim.group.local import LocalWorld
-from commsim.hosting import (cuda_bindings, cudart, nccl, nvml, session, torch_accelerator,
-                             torch_cuda, torch_factories, torch_ipc, torch_nvtx, torch_symm_mem)
+from commsim.hosting.surfaces.cuda import bindings as cuda_bindings
+from commsim.hosting.surfaces.cuda import cudart
+from commsim.hosting.surfaces.nccl import libnccl as nccl
+from commsim.hosting.surfaces import nvml
+from commsim.hosting.state import session
+from commsim.hosting.surfaces.torch import accelerator as torch_accelerator
+from commsim.hosting.surfaces.torch import cuda as torch_cuda
+from commsim.hosting.surfaces.torch import factories as torch_factories
+from commsim.hosting.surfaces.torch import ipc as torch_ipc
+from commsim.hosting.surfaces.torch import nvtx as torch_nvtx
+from commsim.hosting.surfaces.torch_distributed import symm_mem as torch_symm_mem
 from commsim.sim.ledger import call_site
 from commsim.sim import SimFabric
 from commsim.sim.driver import SimDriver

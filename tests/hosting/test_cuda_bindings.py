@@ -15,7 +15,7 @@ import threading
 import pytest
 
 import cuda.bindings
-from commsim.hosting import cuda_bindings
+from commsim.hosting.surfaces.cuda import bindings as cuda_bindings
 from sim_ranks import module_surfaces, ranks, run, solo  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("module_surfaces")
@@ -59,7 +59,7 @@ def test_imports_give_the_standins_and_outside_a_rank_the_real_functions():
     _, (r,) = ranks("hgx-h100-8", [(0, 0)])
     assert solo(r, lambda: rt1.cudaMalloc) is not REAL_RT.cudaMalloc
     seen = {}
-    with __import__("commsim.hosting.session", fromlist=["bound"]).bound(r):
+    with __import__("commsim.hosting.state.session", fromlist=["bound"]).bound(r):
         t = threading.Thread(target=lambda: seen.setdefault("f", rt1.cudaMalloc))
         t.start()
         t.join()

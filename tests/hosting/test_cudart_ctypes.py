@@ -13,7 +13,8 @@ import stat
 
 import pytest
 
-from commsim.hosting import cudart, fakelib
+from commsim.hosting.surfaces.cuda import cudart
+from commsim.hosting.install import fakelib
 from sim_ranks import module_surfaces, ranks, run, solo  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("module_surfaces")

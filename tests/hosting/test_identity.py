@@ -45,7 +45,7 @@ def test_outside_a_run_nothing_is_hosted():
     import socket
 
     from commsim.hosting import NotHosted, current
-    from commsim.hosting.surfaces import install_all
+    from commsim.hosting.install.registry import install_all
     install_all()
     with pytest.raises(NotHosted):
         current()

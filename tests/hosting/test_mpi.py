@@ -85,8 +85,8 @@ def test_a_forged_store_value_is_refused():
     is refused unopened."""
     from commsim.group.seal import ForgedValue, new_secret
     from commsim.group.torch_dist import ProcessWorld
-    from commsim.hosting.kvstore import StoreClient, StoreServer
-    from commsim.hosting.mpi_transport import ProcsTransport
+    from commsim.hosting.wire.kvstore import StoreClient, StoreServer
+    from commsim.hosting.wire.ranks import ProcsTransport
     srv = StoreServer()
     try:
         assert srv._srv.server_address[0] == "127.0.0.1"
@@ -207,7 +207,7 @@ def test_launcher_flag(capsys):
 def test_sweep_exec_launches_with_mpirun():
     """`sweep --exec ... --exec-launcher mpirun`: a generated two-host GB200 machine breaks the
     example (legacy IPC across hosts), and the replay carries the launcher."""
-    from commsim.hosting.sweep_exec import run_exec_sweep
+    from commsim.launch.sweep_exec import run_exec_sweep
     rep = run_exec_sweep([str(TRTLLM)], ["s0-26"], launcher="mpirun")
     (rec,) = rep.records
     assert rec["shape"] == "gb200-nvl72:2*2" and rec["kind"] == "ipc-across-hosts", rec
@@ -221,7 +221,7 @@ def test_a_store_request_is_bounded_in_all_not_only_per_field(monkeypatch):
     once past the total, so a stranger cannot make the launcher buffer without limit."""
     import socket
     import struct
-    from commsim.hosting import kvstore
+    from commsim.hosting.wire import kvstore
     monkeypatch.setattr(kvstore, "MAX_MESSAGE", 1000)
     a, b = socket.socketpair()
     with a, b:

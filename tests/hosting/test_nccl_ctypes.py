@@ -54,8 +54,8 @@ def test_init_fails_with_the_machines_nccl_error(monkeypatch):
 def _scenario_run() -> tuple:
     import io
 
-    from commsim.hosting.config import RunConfig
-    from commsim.hosting.run import execute
+    from commsim.launch.config import RunConfig
+    from commsim.launch.run import execute
     from hosting_helpers import results
     out = io.StringIO()
     cfg = RunConfig(scenario=IMEX_MISSING, mode="inproc", command=[str(PROG)])
@@ -141,13 +141,14 @@ def test_library_facts(module_surfaces):
         return torch.version.cuda
     assert S.solo(r, body) == "13.0"
     assert torch.version.cuda is None                           # outside a rank: the CPU build
-    from commsim.hosting import fakelib
+    from commsim.hosting.install import fakelib
     assert fakelib.lookup("libnccl.so.2") is None               # and the machine's libraries
 
 
 def test_registered_once_in_both_registries():
-    from commsim.hosting import nccl, surfaces
-    assert "commsim.hosting.nccl" in surfaces.SURFACE_MODULES
+    from commsim.hosting.surfaces.nccl import libnccl as nccl
+    from commsim.hosting.install import registry as surfaces
+    assert "commsim.hosting.surfaces.nccl.libnccl" in surfaces.SURFACE_MODULES
     assert nccl in S.MODULE_SURFACES
     assert "libnccl" in surfaces.surfaces()
 
@@ -355,7 +356,7 @@ def test_memory_and_windows(module_surfaces):
         x = torch.full((4,), float(g.rank + 1), device="cuda")
         assert lib.ncclAllReduce(x.data_ptr(), ptr, 4, 7, 0, comm, None) == 0
         out = (ctypes.c_float * 4)()
-        from commsim.hosting import session
+        from commsim.hosting.state import session
         out[:] = np.frombuffer(bytes(session.current().driver.view(ptr.value, 16)), np.float32)
         codes = (lib.ncclCommWindowDeregister(comm, win), lib.ncclCommWindowDeregister(comm, win),
                  lib.ncclMemFree(ptr))

@@ -31,7 +31,7 @@ def test_a_process_started_after_its_run_ended_runs_plain_and_says_nothing(tmp_p
     import subprocess
     import sys
 
-    from commsim.hosting.bootstrap import write_sitecustomize
+    from commsim.launch.bootstrap import write_sitecustomize
     boot = write_sitecustomize(str(tmp_path))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([boot, os.environ.get("PYTHONPATH", "")]),
                COMMSIM_HOSTING=str(tmp_path / "gone" / "config.json"))

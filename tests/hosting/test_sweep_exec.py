@@ -6,7 +6,7 @@ import sys
 
 from hosting_helpers import EXAMPLES
 
-from commsim.hosting.sweep_exec import run_exec_sweep
+from commsim.launch.sweep_exec import run_exec_sweep
 from commsim.scenario.generate import sample_ids
 
 PROG = str(EXAMPLES / "flashinfer_style_ipc_workspace.py")

@@ -105,8 +105,9 @@ def test_two_hosts_without_mnnvl_fail_sending_fds_in_procs_mode_too():
 
 
 def test_registered_once_in_both_registries():
-    from commsim.hosting import surfaces, torch_symm_mem
-    assert "commsim.hosting.torch_symm_mem" in surfaces.SURFACE_MODULES
+    from commsim.hosting.install import registry as surfaces
+    from commsim.hosting.surfaces.torch_distributed import symm_mem as torch_symm_mem
+    assert "commsim.hosting.surfaces.torch_distributed.symm_mem" in surfaces.SURFACE_MODULES
     assert torch_symm_mem in S.MODULE_SURFACES
     assert "torch.distributed._symmetric_memory" in surfaces.surfaces()
 
@@ -114,7 +115,7 @@ def test_registered_once_in_both_registries():
 def test_outside_a_rank_the_module_is_torchs():
     import torch
     import torch.distributed._symmetric_memory as symm_mem
-    from commsim.hosting import torch_symm_mem
+    from commsim.hosting.surfaces.torch_distributed import symm_mem as torch_symm_mem
     torch_symm_mem.install()
     try:
         with pytest.raises(RuntimeError, match="SymmetricMemory does not support device type cpu"):

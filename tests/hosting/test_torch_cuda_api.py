@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commsim.caching_allocator import LARGE_BUFFER, SMALL_BUFFER
+from commsim.libmodels.caching_allocator import LARGE_BUFFER, SMALL_BUFFER
 from hosting_helpers import PROGRAMS, hosted
 from sim_ranks import module_surfaces, ranks, solo  # noqa: F401  (fixture)
 

@@ -9,7 +9,7 @@ import gc
 import pytest
 import torch
 
-from commsim.hosting.torch_tensors import HostedCudaTensor
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
 from hosting_helpers import PROGRAMS, hosted
 from sim_ranks import module_surfaces, ranks, solo  # noqa: F401  (fixture)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commsim.hosting.torch_tensors import HostedCudaTensor
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
 from commsim.sim.pointers import pointer_info
 from hosting_helpers import PROGRAMS, hosted
 from sim_ranks import module_surfaces, ranks, solo  # noqa: F401  (fixture)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from commsim.hosting.torch_tensors import HostedCudaTensor, inner_of
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, inner_of
 from commsim.sim.pointers import pointer_info
 from hosting_helpers import PROGRAMS, hosted
 from sim_ranks import module_surfaces, ranks, solo  # noqa: F401  (fixture)
@@ -250,7 +250,7 @@ def test_a_thread_of_a_process_rank_allocates_through_torchs_own_path():
     CUDA kernels this surface registers (procs mode: the process is the rank)."""
     import threading
 
-    from commsim.hosting import session
+    from commsim.hosting.state import session
     r = _one()
     seen = {}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from commsim.fd_exchange import FLASHINFER_TIMEOUT as FD_EXCHANGE_TIMEOUT
+from commsim.libmodels.fd_exchange import FLASHINFER_TIMEOUT as FD_EXCHANGE_TIMEOUT
 from commsim.policy import resolve
 from commsim.scenario.runner import run_scenario
 from commsim.scenario.schema import load

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from commsim.caching_allocator import (LARGE_BUFFER, SMALL_BUFFER, CachingAllocator, round_size,
+from commsim.libmodels.caching_allocator import (LARGE_BUFFER, SMALL_BUFFER, CachingAllocator, round_size,
                                        segment_size)
 from commsim.driver import CudaError, check
-from commsim.graph_buffers import OpenedBases, export_buffers, open_peer_buffers, range_start
+from commsim.libmodels.graph_buffers import OpenedBases, export_buffers, open_peer_buffers, range_start
 from commsim.sim import SimFabric, spawn_driver
 from commsim.topology import build_preset
 from commsim.topology.model import GpuRef
@@ -154,7 +154,7 @@ def test_range_start_outside_any_allocation_is_invalid_value():
 def _capture_run(expandable: bool, graph_buffers: str, nops: int = 4):
     import torch
 
-    from commsim import caching_allocator as allocators
+    from commsim.libmodels import caching_allocator as allocators
     from commsim.communicator import Communicator
     from commsim.group import LocalWorld
     from commsim.policy import Policy
@@ -213,7 +213,7 @@ def test_a_process_allocator_does_not_keep_its_process_alive():
     import gc
     import weakref
 
-    from commsim import caching_allocator as allocators
+    from commsim.libmodels import caching_allocator as allocators
     fabric, (d,) = drivers(1)
     allocators.install(d, CachingAllocator(d))
     assert allocators.for_process(d) is allocators.for_process(d)

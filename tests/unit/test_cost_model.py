@@ -18,7 +18,7 @@ from commsim.cost_model import (
     GroupFabric, KiB, MiB, PARAMS, best, crossovers, fabric_from_view, group_fabric,
     nvlink_gbps, ordered_by_model, pcie_gbps, predict,
 )
-from commsim.size_tables import discovered_view, parse_size_range, render, size_table
+from commsim.report.size_tables import discovered_view, parse_size_range, render, size_table
 from commsim.topology import build_preset
 from commsim.topology.importers.nvidia_smi import build_cluster, parse_topo_matrix
 

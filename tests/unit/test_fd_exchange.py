@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from commsim.driver import FD, FdTransportError, alloc_prop, check
-from commsim.fd_exchange import TRANSPORTS, transport
+from commsim.libmodels.fd_exchange import TRANSPORTS, transport
 from commsim.group import LocalWorld
 from commsim.runtime import HangDetected
 from commsim.sim import SimFabric, spawn_driver

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from commsim.cli import main
-from commsim.size_tables import legal_backends
+from commsim.report.size_tables import legal_backends
 from commsim.scenario.model import Group, Scenario, Workload
 from commsim.scenario.runner import run_scenario
 from commsim.topology import render

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from commsim.cli import main
-from commsim.size_tables import legal_backends
+from commsim.report.size_tables import legal_backends
 from commsim.topology import build_preset
 from commsim.topology.importers.nvidia_smi import build_cluster as build_from_matrix, parse_topo_matrix
 from commsim.topology.importers.nvml_fabric import (

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from commsim.errors import UserError
-from commsim.nccl_rules import (decide, env_sensitivity, machine_from_cluster, machine_from_view,
+from commsim.libmodels.nccl_rules import (decide, env_sensitivity, machine_from_cluster, machine_from_view,
                                 parse_env)
 from commsim.topology import build_preset
 from commsim.topology.model import GpuRef

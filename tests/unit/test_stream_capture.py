@@ -12,7 +12,7 @@ import pytest
 from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
-from commsim.caching_allocator import CachingAllocator
+from commsim.libmodels.caching_allocator import CachingAllocator
 from commsim.driver import FD, alloc_prop, check
 from commsim.scenario.runner import run_scenario
 from commsim.scenario.schema import load

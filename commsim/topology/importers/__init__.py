@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ...errors import UserError
-from .. import presets
-from ..model import Cluster
+from commsim.errors import UserError
+from commsim.topology import presets
+from commsim.topology.model import Cluster
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,12 @@ def _load_preset(spec: str, text: str | None, opts: dict) -> Loaded:
 
 
 def _is_xml(spec: str, text: str | None) -> bool:
-    from .nccl_xml import looks_like_xml
+    from commsim.topology.importers.nccl_xml import looks_like_xml
     return text is not None and (spec.endswith(".xml") or looks_like_xml(text))
 
 
 def _load_xml(spec: str, text: str | None, opts: dict) -> Loaded:
-    from . import nccl_xml
+    from commsim.topology.importers import nccl_xml
     topo = nccl_xml.parse_nccl_xml(text or "", opts.get("source", spec))
     cluster, warnings = nccl_xml.build_cluster(
         topo, opts.get("gpu_model"), nvswitch=bool(opts.get("nvswitch")),
@@ -57,12 +57,12 @@ def _load_xml(spec: str, text: str | None, opts: dict) -> Loaded:
 
 
 def _is_smi(spec: str, text: str | None) -> bool:
-    from .nvidia_smi_parse import looks_like_header
+    from commsim.topology.importers.nvidia_smi_parse import looks_like_header
     return text is not None and any(looks_like_header(ln) for ln in text.splitlines())
 
 
 def _load_smi(spec: str, text: str | None, opts: dict) -> Loaded:
-    from .nvidia_smi import build_cluster, parse_topo_matrix
+    from commsim.topology.importers.nvidia_smi import build_cluster, parse_topo_matrix
     hosts = opts.get("hosts")
     if hosts is None:
         raise UserError(f"{spec}: `nvidia-smi topo -m` output needs the host count; use "

@@ -21,11 +21,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import gpu_models
-from ..model import (
+from commsim.topology import gpu_models
+from commsim.topology.model import (
     Cluster, FabricInfo, FabricState, Gpu, GpuRef, Host, Link, NvlinkDomain, TopologyError,
 )
-from ..presets import _cluster_uuid, _uuid  # same derivations as the presets, so shapes compare
+from commsim.topology.presets import _cluster_uuid, _uuid  # same derivations as the presets, so shapes compare
 
 __all__ = [
     "ACCEPTED", "DEVICE_MODELS", "XmlGpu", "XmlNic", "XmlTopology", "XmlTopologyError",

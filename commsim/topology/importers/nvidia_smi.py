@@ -16,16 +16,16 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import gpu_models
-from ..gpu_models import GpuSpec
-from ..model import (
+from commsim.topology import gpu_models
+from commsim.topology.gpu_models import GpuSpec
+from commsim.topology.model import (
     Cluster, FabricInfo, FabricState, Gpu, GpuRef, Host, Link, NvlinkDomain, TopologyError,
     ZERO_UUID, matrix_from,
 )
-from ..presets import _cluster_uuid, _uuid  # same derivations as the presets, so shapes compare
-from ..render import topo_matrix
-from ..shape import nvswitch_shape
-from .nvidia_smi_parse import (  # re-exported: this module is the importer's public face
+from commsim.topology.presets import _cluster_uuid, _uuid  # same derivations as the presets, so shapes compare
+from commsim.topology.render import topo_matrix
+from commsim.topology.shape import nvswitch_shape
+from commsim.topology.importers.nvidia_smi_parse import (  # re-exported: this module is the importer's public face
     P2P_CELLS, ParsedHost, is_gpu_row, looks_like_header, parse_p2p_matrix, parse_topo_matrix,
 )
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..model import Link, TopologyError
+from commsim.topology.model import Link, TopologyError
 
 P2P_OK = "OK"
 # `nvidia-smi topo -p2p <r|w|n|a|p>` legend: everything but OK means "no P2P" for our purpose.

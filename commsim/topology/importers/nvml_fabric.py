@@ -24,12 +24,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from ..shape import host_shape
-from .nvml_fabric_capture import (  # re-exported: this module is the importer's public face
+from commsim.topology.shape import host_shape
+from commsim.topology.importers.nvml_fabric_capture import (  # re-exported: this module is the importer's public face
     FabricInfoError, FabricRecord, load_fabric_file, parse_fabric_json, parse_fabric_text,
     parse_fabric_xml,
 )
-from ..model import (
+from commsim.topology.model import (
     Cluster, FabricInfo, FabricState, GpuRef, Host, NVML_ERROR_UNKNOWN, NVML_SUCCESS,
     NvlinkDomain, TopologyError, ZERO_UUID,
 )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..model import FabricInfo, FabricState, NVML_ERROR_UNKNOWN, NVML_SUCCESS, TopologyError, ZERO_UUID
+from commsim.topology.model import FabricInfo, FabricState, NVML_ERROR_UNKNOWN, NVML_SUCCESS, TopologyError, ZERO_UUID
 
 FIELDS = ("state", "status", "clique_id", "cluster_uuid")
 

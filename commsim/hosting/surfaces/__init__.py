@@ -1,0 +1,1 @@
+"""Surfaces: the stand-ins a hosted program sees for foreign modules, one package per foreign package."""

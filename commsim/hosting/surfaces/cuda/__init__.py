@@ -1,0 +1,1 @@
+"""cuda-python (`cuda.bindings`) and ctypes libcudart, answered from the rank's driver."""

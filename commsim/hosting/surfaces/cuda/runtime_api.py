@@ -1,0 +1,357 @@
+"""`cuda.bindings.runtime` functions for a hosted rank (cuda-python 13.x signatures).
+
+Every function has the real binding's parameter names (positional and keyword calls both
+work), converts its arguments as the binding does, answers from the rank's SimDriver, and
+returns the binding's types: `(cudaError_t, value...)`, pointers as int, handles as the
+binding's classes (`cudaIpcMemHandle_t`, `cudaStream_t`, `cudaDeviceProp`,
+`cudaPointerAttributes`). A failing call is reported to the rank's events.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+import numpy as np
+from cuda.bindings import runtime as cudart
+
+from commsim.driver import IPC_HANDLE_SIZE
+from commsim.sim.pointers import pointer_info
+from commsim.hosting.state import device_facts
+from commsim.hosting.state.cuda_state import (E, ApiFail, api_call, as_rt, c_int, check_struct, current, new_stream,
+                         runtime_entry, state, void_ptr)
+
+K = cudart.cudaMemcpyKind
+_Err = ApiFail
+
+
+def runtime_api(nvals: int, context: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The runtime initialises itself on first use (cuda_state.runtime_entry); `context`:
+    the call needs an active context."""
+    return api_call(nvals, True, lambda r, name: runtime_entry(r, context))
+
+
+def _drv() -> Any:
+    return current().driver
+
+
+def _ok(res: tuple) -> Any:
+    """The value of a driver result, or raise _Err with its code."""
+    if int(res[0]) != 0:
+        raise _Err(res[0])
+    return res[1] if len(res) > 1 else None
+
+
+# ---- devices -------------------------------------------------------------------------------
+
+@runtime_api(1, context=False)
+def cudaGetDeviceCount():
+    return _drv().cudaGetDeviceCount()
+
+
+@runtime_api(1, context=False)
+def cudaGetDevice():
+    return _drv().cudaGetDevice()
+
+
+@runtime_api(0)
+def cudaSetDevice(device):
+    return _drv().cudaSetDevice(c_int(device))
+
+
+@runtime_api(0)
+def cudaDeviceSynchronize():
+    return _drv().cudaDeviceSynchronize()
+
+
+@runtime_api(1, context=False)
+def cudaDeviceCanAccessPeer(device, peerDevice):
+    return _drv().cudaDeviceCanAccessPeer(c_int(device), c_int(peerDevice))
+
+
+@runtime_api(0)
+def cudaDeviceEnablePeerAccess(peerDevice, flags):
+    # Runtime API docs: flags must be 0; cudaErrorPeerAccessUnsupported when the devices
+    # cannot access each other; cudaErrorPeerAccessAlreadyEnabled (704) on a repeat.
+    peer, f = c_int(peerDevice), c_int(flags, "unsigned int")
+    d = _drv()
+    me = _ok(d.cudaGetDevice())
+    can = _ok(d.cudaDeviceCanAccessPeer(me, peer))
+    if f != 0:
+        raise _Err(E.cudaErrorInvalidValue)
+    if peer == me or not can:
+        raise _Err(E.cudaErrorInvalidDevice if peer == me else E.cudaErrorPeerAccessUnsupported)
+    peers = state(d).__dict__.setdefault("peers", set())
+    if (me, peer) in peers:
+        raise _Err(E.cudaErrorPeerAccessAlreadyEnabled)
+    peers.add((me, peer))
+    return E.cudaSuccess
+
+
+@runtime_api(0)
+def cudaDeviceDisablePeerAccess(peerDevice):
+    peer = c_int(peerDevice)
+    d = _drv()
+    me = _ok(d.cudaGetDevice())
+    peers = state(d).__dict__.setdefault("peers", set())
+    if (me, peer) not in peers:
+        raise _Err(E.cudaErrorPeerAccessNotEnabled)      # Runtime API docs (705)
+    peers.discard((me, peer))
+    return E.cudaSuccess
+
+
+@runtime_api(1, context=False)
+def cudaDeviceGetAttribute(attr, device):
+    # cudaDeviceAttr shares its numbering with CUdevice_attribute (driver_types.h / cuda.h).
+    from commsim.hosting.surfaces.cuda.driver_api import device_attribute
+    code, value = device_attribute(int(attr), c_int(device))
+    return (as_rt(code), value)
+
+
+@runtime_api(1, context=False)
+def cudaDeviceGetPCIBusId(length, device):
+    d = _drv()
+    n = c_int(length)
+    ordinal = c_int(device)
+    r = current()
+    gpus = d.proc.gpus
+    if not 0 <= ordinal < len(gpus):
+        raise _Err(E.cudaErrorInvalidDevice)
+    text = device_facts.pci_address(r.cluster, gpus[ordinal]).cuda_bus_id.encode()
+    if n <= len(text):
+        raise _Err(E.cudaErrorInvalidValue)      # needs room for the terminator
+    return (E.cudaSuccess, text)
+
+
+@runtime_api(1, context=False)
+def cudaGetDeviceProperties(device):
+    d = _drv()
+    ordinal = c_int(device)
+    gpus = d.proc.gpus
+    if not 0 <= ordinal < len(gpus):
+        raise _Err(E.cudaErrorInvalidDevice)
+    r = current()
+    g = r.cluster.gpu(gpus[ordinal])
+    facts = device_facts.model_facts(g.model)
+    pci = device_facts.pci_address(r.cluster, gpus[ordinal])
+    p = cudart.cudaDeviceProp()
+    # Only the fields below are simulated; the rest stay 0 (documented in hosting-surfaces).
+    p.name = g.model.encode().ljust(256, b"\0")       # char name[256]
+    p.totalGlobalMem = g.memory_bytes
+    p.major, p.minor = g.compute_capability
+    p.multiProcessorCount = facts.sms
+    p.pciBusID, p.pciDeviceID, p.pciDomainID = pci.bus, pci.device, pci.domain
+    p.unifiedAddressing = 1
+    uuid = bytes.fromhex(g.uuid.removeprefix("GPU-").replace("-", ""))[:16].ljust(16, b"\0")
+    ctypes.memmove(p.uuid.getPtr(), uuid, 16)           # cudaUUID_t.bytes is read-only
+    return (E.cudaSuccess, p)
+
+
+@runtime_api(1, context=False)
+def cudaRuntimeGetVersion():
+    return (E.cudaSuccess, 13000)   # the runtime the installed cuda-bindings 13.x pairs with
+
+
+@runtime_api(1, context=False)
+def cudaDriverGetVersion():
+    r = current()
+    return (E.cudaSuccess, device_facts.cuda_driver_version(r.cluster, r.host))
+
+
+def cudaGetLastError():
+    """Returns and clears the sticky last error (Runtime API docs)."""
+    r = current()
+    st = runtime_entry(r, context=False)
+    code, st.last_error = st.last_error, 0
+    return (as_rt(code),)
+
+
+def cudaPeekAtLastError():
+    st = runtime_entry(current(), context=False)
+    return (as_rt(st.last_error),)
+
+
+# ---- memory -------------------------------------------------------------------------------
+
+@runtime_api(1)
+def cudaMalloc(size):
+    return _drv().cudaMalloc(c_int(size, "size_t"))
+
+
+@runtime_api(0)
+def cudaFree(devPtr):
+    return _drv().cudaFree(void_ptr(devPtr))
+
+
+@runtime_api(0)
+def cudaMemset(devPtr, value, count):
+    return _drv().cudaMemset(void_ptr(devPtr), c_int(value), c_int(count, "size_t"))
+
+
+@runtime_api(2)
+def cudaMemGetInfo():
+    return mem_get_info(current())
+
+
+def mem_get_info(r: Any) -> tuple:
+    """(free, total) of the current device: total minus what every process holds on it."""
+    d = r.driver
+    g = d.device
+    total = r.cluster.gpu(g).memory_bytes
+    used = d.bytes_used(g)
+    return (E.cudaSuccess, max(total - used, 0), total)
+
+
+def memcpy(d: Any, dst: int, src: int, count: int, kind: int) -> Any:
+    """cudaMemcpy over raw addresses: a host side is this process's real memory (UVA:
+    cudaMemcpyDefault tells them apart by address, Runtime API docs)."""
+    if count == 0:
+        return E.cudaSuccess
+    dst_dev = pointer_info(d, dst) is not None
+    src_dev = pointer_info(d, src) is not None
+    if kind == K.cudaMemcpyDefault:
+        kind = (K.cudaMemcpyDeviceToDevice if dst_dev and src_dev else
+                K.cudaMemcpyHostToDevice if dst_dev else
+                K.cudaMemcpyDeviceToHost if src_dev else K.cudaMemcpyHostToHost)
+    if kind == K.cudaMemcpyHostToHost:
+        ctypes.memmove(dst, src, count)
+        return E.cudaSuccess
+    if kind == K.cudaMemcpyHostToDevice:
+        host = np.frombuffer(ctypes.string_at(src, count), dtype=np.uint8)
+        return d.memcpy_htod(dst, host)[0]
+    if kind == K.cudaMemcpyDeviceToHost:
+        err, data = d.memcpy_dtoh(src, count)
+        if int(err) == 0:
+            ctypes.memmove(dst, data.ctypes.data, count)
+        return err
+    if kind == K.cudaMemcpyDeviceToDevice:
+        return d.cudaMemcpy(dst, src, count, K.cudaMemcpyDeviceToDevice)[0]
+    return E.cudaErrorInvalidMemcpyDirection
+
+
+@runtime_api(0)
+def cudaMemcpy(dst, src, count, kind):
+    k = int(kind)
+    return (memcpy(_drv(), void_ptr(dst), void_ptr(src), c_int(count, "size_t"), k),)
+
+
+# ---- asynchronous copies and sets: work completes at launch in the simulator, so each is its
+# synchronous twin on a known stream. Inside a stream capture the GPU records them into the
+# graph and re-runs them at every launch, which this model cannot do: refused loudly.
+
+def _async_on(d: Any, stream: Any, what: str) -> None:
+    _known_stream(d, _stream(stream))
+    cap = getattr(d, "capture", None)
+    if cap is not None and cap.mode is not None:
+        raise NotImplementedError(f"commsim hosting: {what} inside a stream capture is not "
+                                  f"simulated (a graph launch would re-run it)")
+
+
+@runtime_api(0)
+def cudaMemcpyAsync(dst, src, count, kind, stream):
+    d = _drv()
+    _async_on(d, stream, "cudaMemcpyAsync")
+    return (memcpy(d, void_ptr(dst), void_ptr(src), c_int(count, "size_t"), int(kind)),)
+
+
+@runtime_api(0)
+def cudaMemsetAsync(devPtr, value, count, stream):
+    d = _drv()
+    _async_on(d, stream, "cudaMemsetAsync")
+    return d.cudaMemset(void_ptr(devPtr), c_int(value), c_int(count, "size_t"))
+
+
+@runtime_api(1)
+def cudaPointerGetAttributes(ptr):
+    d = _drv()
+    p = void_ptr(ptr)
+    a = cudart.cudaPointerAttributes()
+    info = pointer_info(d, p)
+    if info is None:
+        # Since CUDA 11 an unregistered host pointer is cudaSuccess with type
+        # cudaMemoryTypeUnregistered (Runtime API docs, cudaPointerGetAttributes).
+        a.type = cudart.cudaMemoryType.cudaMemoryTypeUnregistered
+        a.device = -2
+        a.hostPointer = p
+        return (E.cudaSuccess, a)
+    a.type = cudart.cudaMemoryType.cudaMemoryTypeDevice
+    a.device = info.ordinal
+    a.devicePointer = p
+    a.hostPointer = 0
+    return (E.cudaSuccess, a)
+
+
+# ---- legacy IPC ---------------------------------------------------------------------------
+
+def ipc_handle_bytes(handle: Any) -> bytes:
+    """The 64 bytes of a cudaIpcMemHandle_t (cuda-python 13 exposes them only through
+    getPtr(): CUDA_IPC_HANDLE_SIZE bytes at that address, reference §1.1)."""
+    return ctypes.string_at(handle.getPtr(), IPC_HANDLE_SIZE)
+
+
+def ipc_handle_of(blob: bytes) -> Any:
+    h = cudart.cudaIpcMemHandle_t()
+    ctypes.memmove(h.getPtr(), bytes(blob)[:IPC_HANDLE_SIZE], min(len(blob), IPC_HANDLE_SIZE))
+    return h
+
+
+@runtime_api(1)
+def cudaIpcGetMemHandle(devPtr):
+    blob = _ok(_drv().cudaIpcGetMemHandle(void_ptr(devPtr)))
+    return (E.cudaSuccess, ipc_handle_of(blob))
+
+
+@runtime_api(1)
+def cudaIpcOpenMemHandle(handle, flags):
+    check_struct(handle, cudart.cudaIpcMemHandle_t, "handle", allow_none=False)
+    f = c_int(flags, "unsigned int")
+    return _drv().cudaIpcOpenMemHandle(ipc_handle_bytes(handle), f)
+
+
+@runtime_api(0)
+def cudaIpcCloseMemHandle(devPtr):
+    return _drv().cudaIpcCloseMemHandle(void_ptr(devPtr))
+
+
+# ---- streams (work completes at launch in the simulator, so a stream is a name) -----------
+
+def _stream(x: Any) -> int:
+    from commsim.hosting.state.cuda_state import handle_value
+    return handle_value(cudart.cudaStream_t, x)
+
+
+@runtime_api(1)
+def cudaStreamCreate():
+    d = _drv()
+    h = new_stream(d, state(d), _ok(d.cudaGetDevice()))
+    return (E.cudaSuccess, cudart.cudaStream_t(h))
+
+
+@runtime_api(1)
+def cudaStreamCreateWithFlags(flags):
+    c_int(flags, "unsigned int")
+    return cudaStreamCreate.__wrapped__()
+
+
+@runtime_api(0)
+def cudaStreamDestroy(stream):
+    h = _stream(stream)
+    if state(_drv()).streams.pop(h, None) is None:
+        raise _Err(E.cudaErrorInvalidResourceHandle)   # UNCONFIRMED code for a stale stream
+    return E.cudaSuccess
+
+
+def _known_stream(d: Any, h: int) -> None:
+    # 0 is the legacy default stream, 1 / 2 the per-thread and legacy handles (cuda.h).
+    if h not in (0, 1, 2) and h not in state(d).streams:
+        raise _Err(E.cudaErrorInvalidResourceHandle)   # UNCONFIRMED code for a stale stream
+
+
+@runtime_api(0)
+def cudaStreamSynchronize(stream):
+    _known_stream(_drv(), _stream(stream))
+    return E.cudaSuccess
+
+
+SIMULATED = tuple(n for n, v in dict(globals()).items()
+                  if n.startswith("cuda") and callable(v) and not isinstance(v, type))

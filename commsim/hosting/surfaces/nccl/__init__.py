@@ -1,0 +1,1 @@
+"""A libnccl that ctypes wrappers load, and the NCCL communicators it serves."""

@@ -1,0 +1,518 @@
+"""A libnccl that ctypes wrappers load, served per rank: vLLM's pynccl and its copies.
+
+vLLM's `pynccl_wrapper.NCCLLibrary` (and SGLang's copy) picks `libnccl.so.2` when
+`torch.version.cuda` is set, opens it with `ctypes.CDLL`, declares restype/argtypes for
+ncclGetErrorString, ncclGetVersion, ncclGetUniqueId, ncclCommInitRank (the 128-byte
+`ncclUniqueId` passed by value), ncclAllReduce, ncclAllGather, ncclReduceScatter,
+ncclBroadcast, ncclSend, ncclRecv, ncclGroupStart/End, ncclCommDestroy and, on newer
+versions, ncclCommWindowRegister/Deregister and ncclMemAlloc/Free; buffers are device
+pointers (`data_ptr()`), the stream a `cudaStream_t` (`current_stream().cuda_stream`), and
+every non-zero result goes through ncclGetErrorString into `RuntimeError("NCCL error: ...")`.
+
+`ctypes.CDLL` of a name starting `libnccl.so` returns this library in a hosted rank
+(fakelib.py; nothing is mapped: wrappers load NCCL by soname or an env path, not through
+/proc/self/maps). Its functions are the C ABI over the communicators of nccl_comm.py.
+
+Rules, with their sources (nccl.h and NCCL's docs; src/ paths are NCCL's source tree):
+- Result codes and ncclGetErrorString texts: nccl.h / src/init.cc; an unknown code is
+  "unknown result code".
+- A NULL out-pointer (ncclGetVersion, ncclGetUniqueId, ncclCommInitRank's comm,
+  ncclCommCount ...) is ncclInvalidArgument (PtrCheck, src/misc/argcheck.cc).
+- ncclCommInitRank: `nranks < 1` or `rank` outside 0..nranks-1 is ncclInvalidArgument
+  ("Invalid rank requested", src/init.cc); then the rendezvous and the machine's init rules
+  (nccl_comm.py). Called inside ncclGroupStart/End, a blocking init still completes at the
+  call here (NCCL defers it to ncclGroupEnd: UNCONFIRMED whether a program can tell).
+- Every operation checks its comm (CommCheck: NULL or not a live communicator:
+  ncclInvalidArgument), its root or peer (0..nranks-1), datatype (< ncclNumTypes) and
+  reduction op (< ncclNumOps: user-defined ops are not simulated) before anything else
+  (ArgsCheck, src/enqueue.cc / argcheck.cc): ncclInvalidArgument.
+- A buffer that is not mapped device memory of this process faults in the kernel on a GPU
+  (cudaErrorIllegalAddress); NCCL reports it as ncclUnhandledCudaError (UNCONFIRMED: with
+  NCCL_CHECK_POINTERS=1 it would be ncclInvalidArgument at the call; the default is 0).
+  The CUDA error is recorded on the rank's events with the call site. NULL buffers with a
+  count of 0 are fine (nothing is read).
+- ncclGroupStart/End nest; operations issued inside run at the outermost ncclGroupEnd, every
+  send before every receive and collective (NCCL fuses the group, so a send/recv exchange
+  between two ranks inside one group cannot deadlock). ncclGroupEnd without a start is
+  ncclInvalidUsage (src/group.cc "ncclGroupEnd: not in a group call"). Outside a group a
+  send is buffered and returns (a real NCCL's send waits on the GPU for the matching
+  receive, so two ranks that both send first deadlock there: not modelled).
+- ncclCommDestroy(NULL) is ncclSuccess (src/init.cc returns early); destroying is local.
+- ncclMemAlloc/ncclMemFree: device memory of the rank's current device (a cudaMalloc here;
+  NCCL uses cuMem VMM allocations: UNCONFIRMED whether a program can tell, except through
+  legacy IPC, which cuMem memory refuses); freeing a pointer ncclMemAlloc did not return is
+  ncclInvalidArgument (UNCONFIRMED).
+- ncclCommWindowRegister (NCCL 2.27) is collective: every rank takes part; windows and
+  ncclCommRegister handles are bookkeeping (no data path of their own here).
+
+Work completes at the call (as every simulated stream operation). Inside a CUDA graph
+capture made with `torch.cuda.graph` on the same device, an operation on the capture stream
+is recorded in the graph instead of running, and runs at each `replay()` (torch_graphs.py),
+as NCCL kernels captured on a GPU do; the peers must replay their graphs too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+import numpy as np
+
+from commsim.sim.driver_calls import Fail
+from commsim.hosting.install import fakelib
+from commsim.hosting.surfaces.nccl import comm as nc
+from commsim.hosting.state.cuda_state import not_simulated
+from commsim.hosting.surfaces.nccl.comm import (DTYPES, INVALID_ARGUMENT, INVALID_USAGE, NUM_OPS, NUM_TYPES, OPS,
+                        SUCCESS, UNHANDLED_CUDA, Comm, NcclFailure, RankNccl)
+from commsim.hosting.install.nesting import nested
+from commsim.hosting.state.session import current, user_site
+from commsim.hosting.install.registry import register_surface
+
+SONAME = "libnccl.so.2"
+# ncclGetVersion: 2.27.3 (NCCL_VERSION(2,27,3) = 2*10000 + 27*100 + 3, nccl.h); 2.27 is the
+# first with ncclCommWindowRegister. Which NCCL a given vLLM wheel pins: UNCONFIRMED.
+VERSION = 22703
+
+ERROR_STRINGS = {
+    0: b"no error",
+    1: b"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+    2: b"unhandled system error (run with NCCL_DEBUG=INFO for details)",
+    3: b"internal error - please report this issue to the NCCL developers",
+    4: b"invalid argument (run with NCCL_DEBUG=WARN for details)",
+    5: b"invalid usage (run with NCCL_DEBUG=WARN for details)",
+    6: b"remote process exited or there was a network error",
+    7: b"NCCL operation in progress",
+}
+
+# Every function NCCL 2.27 exports (nccl.h); the ones below without an implementation exist
+# and fail loudly when called, naming themselves.
+_SYMBOLS = frozenset("""
+    ncclMemAlloc ncclMemFree ncclGetVersion ncclGetUniqueId ncclCommInitRankConfig
+    ncclCommInitRank ncclCommInitAll ncclCommInitRankScalable ncclCommFinalize
+    ncclCommDestroy ncclCommAbort ncclCommSplit ncclCommShrink ncclGetErrorString
+    ncclGetLastError ncclCommGetAsyncError ncclCommCount ncclCommCuDevice ncclCommUserRank
+    ncclCommRegister ncclCommDeregister ncclCommWindowRegister ncclCommWindowDeregister
+    ncclRedOpCreatePreMulSum ncclRedOpDestroy ncclReduce ncclBcast ncclBroadcast
+    ncclAllReduce ncclReduceScatter ncclAllGather ncclSend ncclRecv ncclGroupStart
+    ncclGroupEnd ncclGroupSimulateEnd""".split())
+
+_P, _I = ctypes.c_void_p, ctypes.c_int
+
+
+def _rank_state() -> tuple[Any, RankNccl]:
+    r = current()
+    return r, nc.state(r)
+
+
+def _failed(api: str, e: NcclFailure) -> int:
+    """Record a failure as NCCL's WARN would show it, for the verdict; give back the code."""
+    r, st = _rank_state()
+    st.last_error = str(e)
+    r.events.note(f"libnccl: {api} -> {nc.RESULT_NAMES.get(e.code, e.code)}: {e} "
+                  f"at {user_site(3)}")
+    return e.code
+
+
+def _c_api(name: str) -> Callable[[Callable[..., None]], Callable[..., int]]:
+    """An implementation that raises NcclFailure becomes a function returning its code."""
+    def wrap(fn: Callable[..., None]) -> Callable[..., int]:
+        def call(*args: Any) -> int:
+            try:
+                fn(*args)
+            except NcclFailure as e:
+                return _failed(name, e)
+            return SUCCESS
+        call.__name__ = name
+        return call
+    return wrap
+
+
+def _ptr_check(addr: int, api: str, what: str) -> None:
+    if not addr:
+        raise NcclFailure(INVALID_ARGUMENT, f"{api} : {what} argument is NULL")
+
+
+def _put(addr: int, ctype: Any, value: int) -> None:
+    ctype.from_address(addr).value = value
+
+
+# ---- operations ------------------------------------------------------------------------------
+
+def _view(r: Any, ptr: int, nbytes: int, api: str, what: str) -> np.ndarray:
+    """The live bytes of a device buffer, or the kernel's fault as NCCL reports it."""
+    if nbytes == 0:
+        return np.empty(0, np.uint8)
+    try:
+        return r.driver.view(ptr, nbytes)
+    except Fail:                 # unmapped, no access, freed: the kernel's fault (code 700)
+        r.events.cuda_error(api, 700, "cudaErrorIllegalAddress",
+                            f"an illegal memory access was encountered ({what} {hex(ptr)}, "
+                            f"{nbytes} bytes)")
+        raise NcclFailure(UNHANDLED_CUDA, f"{api} : {what} {hex(ptr)} is not device memory "
+                                          f"of this process ({nbytes} bytes)") from None
+
+
+def _typed(a: np.ndarray, dt: int) -> np.ndarray:
+    return a.view(DTYPES[dt][1])
+
+
+def _check(st: RankNccl, api: str, comm: int, dt: int, op: int = 0, root: int = 0,
+           what: str = "root") -> Comm:
+    c = nc.comm_of(st, comm, api)
+    if not 0 <= root < c.nranks:
+        raise NcclFailure(INVALID_ARGUMENT, f"{api} : invalid {what} {root} ({what} should be "
+                                            f"in the 0..{c.nranks - 1} range)")
+    if not 0 <= dt < NUM_TYPES:
+        raise NcclFailure(INVALID_ARGUMENT, f"{api} : invalid type {dt}")
+    if not 0 <= op < NUM_OPS:
+        raise NcclFailure(INVALID_ARGUMENT, f"{api} : invalid reduction operation {op}"
+                          + (" (user-defined reduction ops are not simulated)" if op >= NUM_OPS else ""))
+    return c
+
+
+def _begin(api: str, comm: int, dt: int, count: int, op: int | None = None, root: int = 0,
+           what: str = "root") -> tuple[Any, Comm, int]:
+    """The checks every operation makes at the call (op None: it does not reduce); (rank,
+    comm, bytes of `count` elements)."""
+    r, st = _rank_state()
+    c = _check(st, api, comm, dt, op or 0, root, what)
+    if op is not None and dt in nc._FP8:
+        raise NotImplementedError(f"commsim hosting: libnccl {api} of {DTYPES[dt][0]} is not "
+                                  f"simulated")
+    return r, c, count * DTYPES[dt][2]
+
+
+def _tag(api: str, c: Comm) -> str:
+    return f"{api} on nccl comm rank {c.rank}/{c.nranks} at {user_site(4, 1)}"
+
+
+Op = tuple[Comm, int, str, Callable[[], None]]     # (comm, stream, "send"|"recv"|"coll", run)
+
+
+def _issue(api: str, c: Comm, stream: int, run: Callable[[], None], kind: str = "coll") -> None:
+    """Run an operation now, defer it to the group's end, or record it in a graph capture."""
+    _, st = _rank_state()
+    if st.depth > 0:
+        st.pending.append((c, stream, kind, run))
+        return
+    _launch([(c, stream, kind, run)], api)
+
+
+def _in_order(ops: list[Op]) -> Callable[[], None]:
+    # Sends first: they are buffered, so every receive and collective after them finds them.
+    ordered = [f for _, _, k, f in ops if k == "send"] + [f for _, _, k, f in ops if k != "send"]
+
+    def work() -> None:
+        for f in ordered:
+            f()
+    return work
+
+
+def _launch(ops: list[Op], api: str) -> None:
+    """Operations on a capture stream go into the capture's graph, as NCCL's kernels do:
+    nothing moves until the graph is replayed (a failure then raises out of replay(), where a
+    GPU would fault inside the graph). The others run now."""
+    from commsim.hosting.surfaces.torch.graphs import capture_on
+    now: list[Op] = []
+    captured: dict[int, tuple[Any, list[Op]]] = {}
+    for op in ops:
+        cap = capture_on(op[0].device, op[1])
+        if cap is None:
+            now.append(op)
+        else:
+            captured.setdefault(id(cap), (cap, []))[1].append(op)
+    for cap, mine in captured.values():
+        work = _in_order(mine)
+        cap.work.append(lambda work=work: _replayed(api, work))
+    _in_order(now)()
+
+
+def _replayed(api: str, work: Callable[[], None]) -> None:
+    try:
+        work()
+    except NcclFailure as e:
+        raise RuntimeError(f"commsim hosting: libnccl {api} replayed in a CUDA graph failed: "
+                           f"{nc.RESULT_NAMES.get(e.code)}: {e}") from None
+
+
+def _reduce_op(api: str, send: int, recv: int, count: int, dt: int, op: int, comm: int,
+               stream: int, root: int | None) -> None:
+    """ncclAllReduce (root None) and ncclReduce: the reduction of every rank's send buffer."""
+    r, c, nbytes = _begin(api, comm, dt, count, op, 0 if root is None else root)
+
+    def run() -> None:
+        src = _typed(_view(r, send, nbytes, api, "sendbuff"), dt)
+        out = c.group.combine_arrays(src, nc.reduce_parts, (op, dt, count), tag=_tag(api, c))
+        if root is None or c.rank == root:
+            _view(r, recv, nbytes, api, "recvbuff")[...] = np.asarray(out).view(np.uint8)
+    _issue(api, c, stream, run)
+
+
+def _all_reduce(send: int, recv: int, count: int, dt: int, op: int, comm: int,
+                stream: int) -> None:
+    _reduce_op("ncclAllReduce", send, recv, count, dt, op, comm, stream, None)
+
+
+def _reduce(send: int, recv: int, count: int, dt: int, op: int, root: int, comm: int,
+            stream: int) -> None:
+    _reduce_op("ncclReduce", send, recv, count, dt, op, comm, stream, ctypes.c_int(root).value)
+
+
+def _reduce_scatter(send: int, recv: int, recvcount: int, dt: int, op: int, comm: int,
+                    stream: int) -> None:
+    api = "ncclReduceScatter"
+    r, c, nbytes = _begin(api, comm, dt, recvcount, op)
+
+    def run() -> None:
+        src = _typed(_view(r, send, nbytes * c.nranks, api, "sendbuff"), dt)
+        out = c.group.combine_arrays(src, nc.reduce_parts, (op, dt, recvcount * c.nranks),
+                                     tag=_tag(api, c))
+        mine = np.asarray(out).view(np.uint8)[c.rank * nbytes:(c.rank + 1) * nbytes]
+        _view(r, recv, nbytes, api, "recvbuff")[...] = mine
+    _issue(api, c, stream, run)
+
+
+def _all_gather(send: int, recv: int, sendcount: int, dt: int, comm: int, stream: int) -> None:
+    api = "ncclAllGather"
+    r, c, nbytes = _begin(api, comm, dt, sendcount)
+
+    def run() -> None:
+        src = _view(r, send, nbytes, api, "sendbuff")
+        out = c.group.combine_arrays(src, nc.concat_parts, (nbytes,), tag=_tag(api, c))
+        _view(r, recv, nbytes * c.nranks, api, "recvbuff")[...] = out
+    _issue(api, c, stream, run)
+
+
+def _broadcast(send: int, recv: int, count: int, dt: int, root: int, comm: int,
+               stream: int) -> None:
+    api = "ncclBroadcast"
+    root = ctypes.c_int(root).value
+    r, c, nbytes = _begin(api, comm, dt, count, None, root)
+
+    def run() -> None:
+        # sendbuff is read on the root only (NCCL docs, ncclBroadcast)
+        src = _view(r, send, nbytes, api, "sendbuff") if c.rank == root else np.empty(0, np.uint8)
+        out = c.group.combine_arrays(src, nc.pick_part, (root, nbytes), tag=_tag(api, c))
+        dst = _view(r, recv, nbytes, api, "recvbuff")
+        if c.rank != root or recv != send:
+            dst[...] = out
+    _issue(api, c, stream, run)
+
+
+def _bcast(buff: int, count: int, dt: int, root: int, comm: int, stream: int) -> None:
+    """ncclBcast: the in-place legacy form of ncclBroadcast (nccl.h)."""
+    _broadcast(buff, buff, count, dt, root, comm, stream)
+
+
+def _send(send: int, count: int, dt: int, peer: int, comm: int, stream: int) -> None:
+    api = "ncclSend"
+    peer = ctypes.c_int(peer).value
+    r, c, nbytes = _begin(api, comm, dt, count, None, peer, "peer")
+
+    def run() -> None:
+        data = bytes(_view(r, send, nbytes, api, "sendbuff"))
+        c.transport.send(c.ctx, c.rank, peer, 0, data)
+    _issue(api, c, stream, run, "send")
+
+
+def _recv(recv: int, count: int, dt: int, peer: int, comm: int, stream: int) -> None:
+    api = "ncclRecv"
+    peer = ctypes.c_int(peer).value
+    r, c, nbytes = _begin(api, comm, dt, count, None, peer, "peer")
+
+    def run() -> None:
+        dst = _view(r, recv, nbytes, api, "recvbuff")
+        _, _, data = c.transport.recv(c.ctx, c.rank, [peer], 0,
+                                      f"{api} from comm rank {peer} at {user_site(4, 1)}",
+                                      c.members)
+        if len(data) != nbytes:
+            # A size mismatch between a send and its receive is a programming error; NCCL
+            # truncates or hangs depending on the protocol (UNCONFIRMED): refused here.
+            raise NcclFailure(INVALID_USAGE, f"{api} : expected {nbytes} bytes from rank "
+                                             f"{peer}, which sent {len(data)}")
+        dst[...] = np.frombuffer(data, np.uint8)
+    _issue(api, c, stream, run, "recv")
+
+
+def _group_start() -> None:
+    _, st = _rank_state()
+    st.depth += 1
+
+
+def _group_end() -> None:
+    _, st = _rank_state()
+    if st.depth == 0:
+        raise NcclFailure(INVALID_USAGE, "ncclGroupEnd: not in a group call")
+    st.depth -= 1
+    if st.depth:
+        return
+    pending, st.pending = st.pending, []
+    _launch(pending, "ncclGroupEnd")
+
+
+# ---- communicators ---------------------------------------------------------------------------
+
+def _get_version(out: int) -> None:
+    _ptr_check(out, "ncclGetVersion", "version")
+    _put(out, _I, VERSION)
+
+
+def _get_unique_id(out: int) -> None:
+    _ptr_check(out, "ncclGetUniqueId", "out")
+    ctypes.memmove(out, nc.unique_id(current()), nc.ID_BYTES)
+
+
+def _comm_init_rank(out: int, nranks: int, unique: Any, rank: int) -> None:
+    api = "ncclCommInitRank"
+    _ptr_check(out, api, "newcomm")
+    nranks, rank = ctypes.c_int(nranks).value, ctypes.c_int(rank).value
+    if nranks < 1 or not 0 <= rank < nranks:
+        raise NcclFailure(INVALID_ARGUMENT, f"{api} : Invalid rank requested : {rank}/{nranks}")
+    blob = unique if isinstance(unique, bytes) else ctypes.string_at(unique, nc.ID_BYTES)
+    r, st = _rank_state()
+    site = user_site(3, 1)
+    from commsim.hosting.surfaces.cuda import runtime_api as rt
+    err, device = rt.cudaGetDevice()
+    if int(err) != 0:
+        raise NcclFailure(UNHANDLED_CUDA, f"{api} : cudaGetDevice failed ({int(err)})")
+    m = nc.rendezvous(r, st, blob[:nc.ID_BYTES], nranks, rank, site)
+    nc.init_decision(r, m.group, int(device), site)
+    handle = nc.new_handle(st)
+    st.comms[handle] = Comm(handle, nranks, rank, int(device), m.group, m.transport, m.ctx,
+                            m.members)
+    _put(out, _P, handle)
+
+
+def _comm_destroy(comm: int) -> None:
+    if not comm:
+        return                           # src/init.cc: a NULL comm is a no-op
+    _, st = _rank_state()
+    c = nc.comm_of(st, comm, "ncclCommDestroy")
+    c.alive = False
+    del st.comms[comm]
+
+
+def _comm_finalize(comm: int) -> None:
+    _, st = _rank_state()
+    nc.comm_of(st, comm, "ncclCommFinalize")      # work completes at launch: nothing to flush
+
+
+def _comm_query(api: str, attr: str) -> Callable[[int, int], None]:
+    def query(comm: int, out: int) -> None:
+        _, st = _rank_state()
+        c = nc.comm_of(st, comm, api)
+        _ptr_check(out, api, attr)
+        _put(out, _I, getattr(c, attr))
+    return query
+
+
+def _async_error(comm: int, out: int) -> None:
+    _, st = _rank_state()
+    nc.comm_of(st, comm, "ncclCommGetAsyncError")
+    _ptr_check(out, "ncclCommGetAsyncError", "asyncError")
+    _put(out, _I, SUCCESS)      # errors are returned by the calls themselves here
+
+
+def _last_error(comm: int) -> bytes:
+    _, st = _rank_state()
+    return st.last_error.encode()
+
+
+# ---- memory, windows, registration --------------------------------------------------------------
+
+def _mem_alloc(out: int, size: int) -> None:
+    from commsim.hosting.surfaces.cuda import runtime_api as rt
+    _ptr_check(out, "ncclMemAlloc", "ptr")
+    err, ptr = rt.cudaMalloc(size)
+    if int(err) != 0:
+        raise NcclFailure(UNHANDLED_CUDA, f"ncclMemAlloc : cuMem allocation of {size} bytes "
+                                          f"failed ({int(err)})")
+    _, st = _rank_state()
+    st.mem.add(int(ptr))
+    _put(out, _P, int(ptr))
+
+
+def _mem_free(ptr: int) -> None:
+    from commsim.hosting.surfaces.cuda import runtime_api as rt
+    _, st = _rank_state()
+    if ptr not in st.mem:
+        raise NcclFailure(INVALID_ARGUMENT, f"ncclMemFree : {hex(ptr)} was not allocated by "
+                                            f"ncclMemAlloc")
+    st.mem.discard(ptr)
+    rt.cudaFree(ptr)
+
+
+def _registrar(api: str, table: str, collective: bool) -> Callable[..., None]:
+    """ncclCommWindowRegister (collective: every rank takes part, NCCL docs "Window
+    Registration") and ncclCommRegister (local): the buffer must be mapped device memory;
+    the handle is bookkeeping kept on the comm's `table`."""
+    def register(comm: int, buff: int, size: int, out: int, *flags: int) -> None:
+        r, st = _rank_state()
+        c = nc.comm_of(st, comm, api)
+        _ptr_check(out, api, "handle")
+        _view(r, buff, size, api, "buff")
+        if collective:
+            c.group.barrier(tag=_tag(api, c))
+        handle = nc.new_handle(st)
+        getattr(c, table)[handle] = (buff, size)
+        _put(out, _P, handle)
+    return register
+
+
+def _deregistrar(api: str, table: str) -> Callable[[int, int], None]:
+    def deregister(comm: int, handle: int) -> None:
+        _, st = _rank_state()
+        c = nc.comm_of(st, comm, api)
+        if getattr(c, table).pop(handle, None) is None:
+            raise NcclFailure(INVALID_ARGUMENT, f"{api} : {hex(handle)} is not registered "
+                                                f"with this comm")
+    return deregister
+
+
+def _functions() -> dict[str, Callable[..., Any]]:
+    coded = {
+        "ncclGetVersion": _get_version, "ncclGetUniqueId": _get_unique_id,
+        "ncclCommInitRank": _comm_init_rank, "ncclCommDestroy": _comm_destroy,
+        "ncclCommAbort": _comm_destroy, "ncclCommFinalize": _comm_finalize,
+        "ncclCommCount": _comm_query("ncclCommCount", "nranks"),
+        "ncclCommUserRank": _comm_query("ncclCommUserRank", "rank"),
+        "ncclCommCuDevice": _comm_query("ncclCommCuDevice", "device"),
+        "ncclCommGetAsyncError": _async_error,
+        "ncclAllReduce": _all_reduce, "ncclReduce": _reduce, "ncclReduceScatter": _reduce_scatter,
+        "ncclAllGather": _all_gather, "ncclBroadcast": _broadcast, "ncclBcast": _bcast,
+        "ncclSend": _send, "ncclRecv": _recv, "ncclGroupStart": _group_start,
+        "ncclGroupEnd": _group_end, "ncclMemAlloc": _mem_alloc, "ncclMemFree": _mem_free,
+        "ncclCommWindowRegister": _registrar("ncclCommWindowRegister", "windows", True),
+        "ncclCommWindowDeregister": _deregistrar("ncclCommWindowDeregister", "windows"),
+        "ncclCommRegister": _registrar("ncclCommRegister", "registered", False),
+        "ncclCommDeregister": _deregistrar("ncclCommDeregister", "registered"),
+    }
+    out: dict[str, Callable[..., Any]] = {n: _c_api(n)(f) for n, f in coded.items()}
+    out["ncclGetErrorString"] = lambda code: ERROR_STRINGS.get(ctypes.c_int(code).value,
+                                                               b"unknown result code")
+    out["ncclGetLastError"] = _last_error
+    return out
+
+
+_FUNCTIONS = _functions()
+
+
+def library(name: str) -> fakelib.FakeLibrary:
+    return fakelib.FakeLibrary(name, _FUNCTIONS, lambda s: s in _SYMBOLS or s in _FUNCTIONS,
+                               lambda s: not_simulated("libnccl", s))
+
+
+def _install() -> None:
+    fakelib.serve("libnccl.so", library)
+    fakelib.install()
+
+
+def _uninstall() -> None:
+    fakelib.unserve("libnccl.so")
+    fakelib.uninstall()
+
+
+install, uninstall = nested(_install, _uninstall)
+register_surface("libnccl", install, uninstall)
+
+__all__ = ["SONAME", "VERSION", "ERROR_STRINGS", "library", "install", "uninstall", "OPS"]

@@ -1,0 +1,1 @@
+"""`torch.distributed` and PyTorch symmetric memory for a hosted rank."""

@@ -1,0 +1,434 @@
+"""torch.distributed for inproc ranks: the calls answered for the running rank.
+
+In inproc mode the ranks are greenlets of one interpreter under commsim's seeded scheduler,
+so torch.distributed's functions are replaced by dispatchers: called from an inproc rank they
+run over the rank's `commsim.group.local.LocalGroup` (matching, by-value pickling, hang and
+mismatch diagnosis as for commsim's own groups); called from anywhere else they are the real
+functions. Served: init_process_group, is_initialized, destroy_process_group, get_rank,
+get_world_size, get_backend, new_group, get_process_group_ranks, get_global_rank,
+get_group_rank, all_gather_object, broadcast_object_list, gather_object, barrier, and
+all_reduce / all_gather / broadcast / all_gather_into_tensor / reduce_scatter_tensor, in
+place, on CPU tensors and on the rank's CUDA tensors (torch_tensors.py: their bytes are the
+simulated device memory, read and written where they are). Any other collective fails
+loudly, naming itself. A backend of "nccl" is served the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from commsim.hosting.state.session import HostedRank, hosted, user_site
+from commsim.hosting.install.registry import register_surface, when_imported, wrap_torch_distributed
+
+KEY = "torch.distributed"
+NOT_SIMULATED = tuple("""
+    reduce reduce_scatter all_to_all
+    all_to_all_single send recv isend irecv scatter gather scatter_object_list
+    batch_isend_irecv monitored_barrier all_gather_coalesced new_subgroups send_object_list
+    recv_object_list all_reduce_coalesced""".split())
+
+
+class HostedGroup:
+    """What new_group returns to an inproc rank: its handle on a LocalGroup."""
+
+    def __init__(self, local: Any) -> None:
+        self.local = local
+
+    def rank(self) -> int:
+        return self.local.rank
+
+    def size(self) -> int:
+        return self.local.size
+
+    @property
+    def group_name(self) -> str:
+        """The name symm_mem.rendezvous and torch.ops.symm_mem take (ProcessGroup.group_name)."""
+        return self.local.name
+
+    def __repr__(self) -> str:
+        return f"<commsim hosted process group {self.local.name} ranks {list(self.local.global_ranks)}>"
+
+
+class _Done:
+    """The Work of an async_op=True call: inproc collectives complete before returning."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+
+class _State:
+    def __init__(self) -> None:
+        self.world: Any = None      # LocalGroup of the default group, once initialised
+        self.backend = ""
+        self.groups = 0
+        self.made: list[Any] = []   # the LocalGroups new_group gave this rank (by name: symm_mem)
+        # What GroupMember.WORLD / group.WORLD / _get_default_group() give this rank: one
+        # handle for the run, so `group is dist.group.WORLD` holds as it does for torch's.
+        self.world_handle: HostedGroup | None = None
+
+
+def _inproc() -> HostedRank | None:
+    r = hosted()
+    return r if r is not None and r.mode == "inproc" else None
+
+
+def _st(r: HostedRank) -> _State:
+    st = r.state.get(KEY)
+    if st is None:
+        st = r.state[KEY] = _State()
+    return st
+
+
+def _world(r: HostedRank) -> Any:
+    st = _st(r)
+    if st.world is None:
+        raise ValueError("Default process group has not been initialized, please make sure to "
+                         "call init_process_group.")
+    return st.world
+
+
+def _group(r: HostedRank, group: Any) -> Any:
+    if group is None:
+        return _world(r)
+    if isinstance(group, HostedGroup):
+        return group.local
+    import torch.distributed as dist
+    if group is dist.GroupMember.WORLD or group is getattr(dist.group, "WORLD", None):
+        return _world(r)
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("this rank is not a member of the group (new_group returned "
+                         "GroupMember.NON_GROUP_MEMBER to it)")
+    raise TypeError(f"commsim hosting: group {group!r} is not a group of this hosted run "
+                    f"(inproc ranks use the groups torch.distributed.new_group returns)")
+
+
+def group_by_name(r: HostedRank, name: str) -> Any:
+    """The rank's LocalGroup named `name` (the world or one new_group made), or None."""
+    st = _st(r)
+    for g in [st.world, *st.made]:
+        if g is not None and g.name == name:
+            return g
+    return None
+
+
+def _tag(name: str) -> str:
+    return f"torch.distributed.{name} at {user_site(3, 1)}"
+
+
+# ---- the calls ------------------------------------------------------------------------------
+
+def init_process_group(r: HostedRank, backend: Any = None, init_method: Any = None,
+                       timeout: Any = None, world_size: int = -1, rank: int = -1,
+                       store: Any = None, group_name: str = "", pg_options: Any = None,
+                       device_id: Any = None, **kwargs: Any) -> None:
+    st = _st(r)
+    if st.world is not None:
+        raise ValueError("trying to initialize the default process group twice!")
+    if rank not in (-1, None) and int(rank) != r.rank:
+        raise ValueError(f"commsim hosting: init_process_group(rank={rank}) but this process "
+                         f"is rank {r.rank} of the simulated run (RANK={r.rank})")
+    if world_size not in (-1, None) and int(world_size) != r.world_size:
+        raise ValueError(f"commsim hosting: init_process_group(world_size={world_size}) but the "
+                         f"run has {r.world_size} ranks; match --nproc-per-host and the machine")
+    st.backend = str(backend or "gloo")
+    if "nccl" in st.backend:
+        r.events.note(f"backend {st.backend!r} served in-process, as gloo")
+    st.world = r.world.group(r.rank)
+    st.world_handle = HostedGroup(st.world)
+
+
+def is_initialized(r: HostedRank) -> bool:
+    return _st(r).world is not None
+
+
+def destroy_process_group(r: HostedRank, group: Any = None) -> None:
+    if group is None:
+        st = _st(r)
+        st.world = st.world_handle = None
+
+
+def get_rank(r: HostedRank, group: Any = None) -> int:
+    g = _group(r, group)
+    return g.rank
+
+
+def get_world_size(r: HostedRank, group: Any = None) -> int:
+    return _group(r, group).size
+
+
+def get_backend(r: HostedRank, group: Any = None) -> str:
+    _group(r, group)
+    return "gloo"
+
+
+def new_group(r: HostedRank, ranks: Any = None, timeout: Any = None, backend: Any = None,
+              pg_options: Any = None, use_local_synchronization: bool = False,
+              group_desc: Any = None, device_id: Any = None) -> Any:
+    import torch.distributed as dist
+    world = _world(r)
+    st = _st(r)
+    st.groups += 1
+    members = sorted(int(x) for x in ranks) if ranks is not None else list(range(world.size))
+    bad = [x for x in members if not 0 <= x < world.size]
+    if bad:
+        raise ValueError(f"new_group: ranks {bad} are not in the world of {world.size}")
+    sub = world.new_subgroup(members, group_desc or f"group{st.groups}", tag=_tag("new_group"))
+    if sub is not None:
+        st.made.append(sub)
+    return HostedGroup(sub) if sub is not None else dist.GroupMember.NON_GROUP_MEMBER
+
+
+def get_process_group_ranks(r: HostedRank, group: Any) -> list[int]:
+    return list(_group(r, group).global_ranks)
+
+
+def get_global_rank(r: HostedRank, group: Any, group_rank: int) -> int:
+    return _group(r, group).global_ranks[group_rank]
+
+
+def get_group_rank(r: HostedRank, group: Any, global_rank: int) -> int:
+    g = _group(r, group)
+    if global_rank not in g.global_ranks:
+        raise ValueError(f"Global rank {global_rank} is not part of group {group}")
+    return list(g.global_ranks).index(global_rank)
+
+
+def _group_src(g: Any, src: Any, group_src: Any) -> int:
+    if group_src is not None:
+        return int(group_src)
+    src = 0 if src is None else int(src)
+    if src not in g.global_ranks:
+        raise ValueError(f"src rank {src} is not part of group {list(g.global_ranks)}")
+    return list(g.global_ranks).index(src)
+
+
+def all_gather_object(r: HostedRank, object_list: list, obj: Any, group: Any = None) -> None:
+    g = _group(r, group)
+    if len(object_list) != g.size:
+        raise ValueError(f"all_gather_object: object_list has {len(object_list)} entries, the "
+                         f"group has {g.size} ranks")
+    object_list[:] = g.all_gather_object(obj, tag=_tag("all_gather_object"))
+
+
+def broadcast_object_list(r: HostedRank, object_list: list, src: Any = None, group: Any = None,
+                          device: Any = None, group_src: Any = None) -> None:
+    g = _group(r, group)
+    s = _group_src(g, src, group_src)
+    object_list[:] = g.broadcast_object(list(object_list), s, tag=_tag("broadcast_object_list"))
+
+
+def gather_object(r: HostedRank, obj: Any, object_gather_list: Any = None, dst: Any = None,
+                  group: Any = None, group_dst: Any = None) -> None:
+    g = _group(r, group)
+    d = _group_src(g, dst, group_dst)
+    got = g.all_gather_object(obj, tag=_tag("gather_object"))
+    if g.rank == d:
+        if object_gather_list is None or len(object_gather_list) != g.size:
+            raise ValueError("gather_object: on dst, object_gather_list must have one entry per rank")
+        object_gather_list[:] = got
+
+
+def barrier(r: HostedRank, group: Any = None, async_op: bool = False, device_ids: Any = None) -> Any:
+    _group(r, group).barrier(tag=_tag("barrier"))
+    return _Done() if async_op else None
+
+
+def _reduce(op: Any, arrays: list) -> Any:
+    import numpy as np
+    import torch.distributed as dist
+    R = dist.ReduceOp
+    if op == R.SUM:
+        return functools.reduce(np.add, arrays)
+    if op == R.PRODUCT:
+        return functools.reduce(np.multiply, arrays)
+    if op == R.MIN:
+        return functools.reduce(np.minimum, arrays)
+    if op == R.MAX:
+        return functools.reduce(np.maximum, arrays)
+    if op == R.AVG:
+        return functools.reduce(np.add, arrays) / len(arrays)
+    raise NotImplementedError(f"commsim hosting: torch.distributed.all_reduce op {op} is not simulated")
+
+
+def _reduce_parts(parts: list, op: Any) -> Any:
+    """combine_arrays' fn for all_reduce: the ranks' arrays reduced in rank order."""
+    return _reduce(op, list(parts))        # np.add and the others make new arrays
+
+
+def _stack(parts: list) -> Any:
+    """combine_arrays' fn for all_gather: rank i's array at index i (a ragged gather raises
+    here, in Python, before any rank copies anything)."""
+    import numpy as np
+    return np.stack(parts)
+
+
+def _host(t: Any, what: str) -> Any:
+    """The CPU tensor whose bytes are `t`'s: `t` itself, or a hosted CUDA tensor's inner
+    tensor over its simulated device memory (writing it writes the device's bytes)."""
+    from commsim.hosting.surfaces.torch.graphs import check_outside_capture
+    from commsim.hosting.surfaces.torch.tensors import inner_of
+    check_outside_capture(t, f"torch.distributed.{what}")
+    h = inner_of(t)
+    if h.device.type != "cpu":
+        raise RuntimeError(f"commsim hosting: {what}: a tensor on {t.device} is not simulated "
+                           f"(CPU tensors and the rank's CUDA tensors are)")
+    return h
+
+
+def _array(h: Any) -> Any:
+    """numpy view of a CPU tensor (numpy has no bfloat16: such tensors travel as float32)."""
+    import torch
+    return (h.detach().float() if h.dtype == torch.bfloat16 else h.detach()).numpy()
+
+
+def _store(h: Any, a: Any) -> None:
+    """h[...] = a, written into h's own bytes (the combined arrays are shared read-only)."""
+    import numpy as np
+    import torch
+    if h.dtype == torch.bfloat16:
+        h.copy_(torch.from_numpy(np.array(a, dtype=np.float32)).reshape(h.shape))
+    else:
+        h.detach().numpy()[...] = np.asarray(a).reshape(h.shape)
+
+
+def _op(op: Any) -> Any:
+    import torch.distributed as dist
+    return dist.ReduceOp.SUM if op is None else op
+
+
+def all_reduce(r: HostedRank, tensor: Any, op: Any = None, group: Any = None,
+               async_op: bool = False) -> Any:
+    h = _host(tensor, "all_reduce")
+    g = _group(r, group)
+    # Every rank's array combined once, over the ranks' own arrays (no copy per receiver);
+    # the op is matched across ranks like the call itself.
+    out = g.combine_arrays(_array(h), _reduce_parts, (_op(op),), tag=_tag("all_reduce"))
+    _store(h, out)
+    return _Done() if async_op else None
+
+
+def all_gather(r: HostedRank, tensor_list: list, tensor: Any, group: Any = None,
+               async_op: bool = False) -> Any:
+    h = _host(tensor, "all_gather")
+    g = _group(r, group)
+    if len(tensor_list) != g.size:
+        raise ValueError(f"all_gather: tensor_list has {len(tensor_list)} entries, the group "
+                         f"has {g.size} ranks")
+    parts = g.combine_arrays(_array(h), _stack, tag=_tag("all_gather"))
+    for dst, a in zip(tensor_list, parts):
+        _store(_host(dst, "all_gather"), a)
+    return _Done() if async_op else None
+
+
+def all_gather_into_tensor(r: HostedRank, output_tensor: Any, input_tensor: Any,
+                           group: Any = None, async_op: bool = False) -> Any:
+    h, out = _host(input_tensor, "all_gather_into_tensor"), _host(output_tensor, "all_gather_into_tensor")
+    g = _group(r, group)
+    if out.numel() != g.size * h.numel():
+        # ProcessGroupNCCL::_allgather_base's check
+        raise ValueError("output tensor size must be equal to world_size times input tensor size")
+    parts = g.combine_arrays(_array(h), _stack, tag=_tag("all_gather_into_tensor"))
+    _store(out, parts)
+    return _Done() if async_op else None
+
+
+def reduce_scatter_tensor(r: HostedRank, output: Any, input: Any, op: Any = None,
+                          group: Any = None, async_op: bool = False) -> Any:
+    h, out = _host(input, "reduce_scatter_tensor"), _host(output, "reduce_scatter_tensor")
+    g = _group(r, group)
+    if h.numel() != g.size * out.numel():
+        # ProcessGroupNCCL::_reduce_scatter_base's check
+        raise ValueError("input tensor must be the same size as output size times world size")
+    full = g.combine_arrays(_array(h), _reduce_parts, (_op(op),), tag=_tag("reduce_scatter_tensor"))
+    _store(out, full.reshape(g.size, -1)[g.rank])
+    return _Done() if async_op else None
+
+
+def broadcast(r: HostedRank, tensor: Any, src: Any = None, group: Any = None,
+              async_op: bool = False, group_src: Any = None) -> Any:
+    h = _host(tensor, "broadcast")
+    g = _group(r, group)
+    s = _group_src(g, src, group_src)
+    got = g.broadcast_object(_array(h).copy() if g.rank == s else None, s,
+                             tag=_tag("broadcast"))
+    if g.rank != s:
+        _store(h, got)
+    return _Done() if async_op else None
+
+
+SERVED = {f.__name__: f for f in (
+    init_process_group, is_initialized, destroy_process_group, get_rank, get_world_size,
+    get_backend, new_group, get_process_group_ranks, get_global_rank, get_group_rank,
+    all_gather_object, broadcast_object_list, gather_object, barrier, all_reduce, all_gather,
+    broadcast, all_gather_into_tensor, reduce_scatter_tensor)}
+
+
+def _dispatcher(name: str, real: Any, impl: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        r = _inproc()
+        if r is None:
+            return real(*args, **kwargs)
+        return impl(r, *args, **kwargs)
+    functools.update_wrapper(call, real) if real is not None else None
+    call.__name__ = name
+    return call
+
+
+def _not_simulated(name: str, real: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _inproc() is None:
+            return real(*args, **kwargs)
+        raise NotImplementedError(f"commsim hosting: torch.distributed.{name} is not simulated "
+                                  f"in inproc mode (run with --mode procs for real gloo)")
+    functools.update_wrapper(call, real)
+    return call
+
+
+def _get_default_group(r: HostedRank) -> Any:
+    """distributed_c10d._get_default_group(), which serving stacks call for the world group."""
+    _world(r)
+    return _st(r).world_handle
+
+
+# torch's `GroupMember.WORLD` and `group.WORLD` are a property of their metaclass reading the
+# one default group of the interpreter; inproc ranks share the interpreter, so the property
+# answers each rank with its own world handle (None before init_process_group, as torch's).
+_world_property: list[Any] = []
+
+
+def _patch_world(dist: Any) -> None:
+    import torch.distributed.distributed_c10d as c10d
+    meta = c10d._WorldMeta
+    real = meta.__dict__.get("WORLD")
+    if real is None or _world_property:
+        return
+    _world_property.append(real)
+
+    def world(cls: Any) -> Any:
+        r = _inproc()
+        return real.fget(cls) if r is None else _st(r).world_handle
+    meta.WORLD = property(world, real.fset)
+
+
+def _unpatch_world() -> None:
+    if _world_property:
+        import torch.distributed.distributed_c10d as c10d
+        c10d._WorldMeta.WORLD = _world_property.pop()
+
+
+register_surface("torch.distributed WORLD (inproc)",
+                 lambda: when_imported("torch.distributed", _patch_world), _unpatch_world)
+
+
+wrap_torch_distributed(
+    "torch.distributed (inproc)", "__commsim_inproc__",
+    {"_get_default_group": functools.partial(_dispatcher, "_get_default_group", impl=_get_default_group),
+     **{name: functools.partial(_dispatcher, name, impl=impl) for name, impl in SERVED.items()},
+     **{name: functools.partial(_not_simulated, name) for name in NOT_SIMULATED if name not in SERVED}})

@@ -1,0 +1,1 @@
+"""The wire between hosted ranks in process mode: the loopback key-value store and the rank-to-rank transport."""

@@ -1,0 +1,186 @@
+"""procs mode: every rank a real OS process, torchrun-style.
+
+Each rank is `python <program>` with torchrun's environment and the hosting start-up hook;
+its output comes back line by line prefixed `[rankN]: `. The launcher waits: when the run
+outlives --timeout, every rank still running dumps its Python stacks (SIGUSR1, registered by
+the bootstrap) and is killed: a hang, diagnosed by where each rank waits. When a rank fails,
+the others get a grace period (their collectives with the dead peer fail on their own), then
+are killed. Each rank runs in its own session, so the workers it spawned go with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, TextIO
+
+from commsim.procs.reap import Session, reap
+from commsim.launch.config import RunConfig
+from commsim.launch.run import free_port, rank_env
+from commsim.launch.verdict import ProcResult, Verdict
+
+GRACE = 20.0       # seconds the survivors of a failed rank get before they are killed
+
+
+def _pump(pipe: Any, sink: TextIO | None, prefix: str, tail: deque, lock: threading.Lock) -> None:
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        tail.append(line)
+        if sink is not None:
+            with lock:
+                sink.write(f"{prefix}{line}\n")
+                sink.flush()
+    pipe.close()
+
+
+def read_reports(run_dir: str) -> dict[int, dict]:
+    out = {}
+    d = os.path.join(run_dir, "reports")
+    for name in os.listdir(d):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(d, name)) as f:
+                    rep = json.load(f)
+                out[int(rep["slot"])] = rep
+            except (OSError, ValueError, KeyError):
+                continue
+    return out
+
+
+def _stacks(run_dir: str, slot: int) -> str:
+    try:
+        with open(os.path.join(run_dir, "stacks", f"{slot}.txt")) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def user_stack(dump: str) -> str:
+    """The frames of a faulthandler dump that are the program's (not commsim's, not torch's
+    internals), main thread first: where the rank waits."""
+    keep = []
+    for line in dump.splitlines():
+        s = line.strip()
+        if s.startswith("File ") and ("/commsim/" in s or "/site-packages/" in s
+                                      or "/lib/python3" in s or "<frozen " in s):
+            continue
+        keep.append(line)
+    if not any(x.strip().startswith("File ") for x in keep):
+        return dump          # nothing of the program's own: the whole dump says more
+    return "\n".join(keep)
+
+
+def worker_results(cfg: RunConfig, reports: dict[int, dict]) -> list[ProcResult]:
+    out = []
+    for slot in sorted(s for s in reports if s >= cfg.world_size):
+        rep = reports[slot]
+        if not (rep.get("cuda") or rep.get("exception") or rep.get("residue")):
+            continue     # a helper process (resource tracker, forkserver) that never used CUDA
+        res = from_report(rep, worker=True)
+        res.status = "failed" if rep.get("exception") else "ok"
+        out.append(res)
+    return out
+
+
+def from_report(rep: dict, worker: bool = False) -> ProcResult:
+    return ProcResult(int(rep["slot"]), int(rep.get("rank", 0)), rep.get("host", "?"),
+                      int(rep.get("pid", 0)), exception=rep.get("exception"),
+                      first_cuda_error=rep.get("first_cuda_error"),
+                      cuda_errors=int(rep.get("cuda_errors", 0)),
+                      residue=list(rep.get("residue", [])), flags=list(rep.get("flags", [])),
+                      notes=list(rep.get("notes", [])), worker=worker)
+
+
+def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: bool) -> Verdict:
+    cluster = cfg.cluster()
+    port = free_port()
+    base = dict(os.environ)
+    lock = threading.Lock()
+    procs: dict[int, subprocess.Popen] = {}
+    tails: dict[int, deque] = {}
+    pumps: list[threading.Thread] = []
+    killed: dict[int, str] = {}
+    mpi = None
+    if cfg.launcher == "mpirun":
+        from commsim.launch.mpirun import MpiRendezvous
+        mpi = MpiRendezvous(cfg)
+    try:
+        for r in range(cfg.world_size):
+            env = rank_env(cfg, r, cluster, base, boot_dir, port)
+            if mpi is not None:
+                env.update(mpi.env())
+            p = subprocess.Popen([sys.executable] + list(cfg.command), env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            procs[r] = p
+            tails[r] = deque(maxlen=40)
+            for pipe, sink in ((p.stdout, out), (p.stderr, err)):
+                t = threading.Thread(target=_pump, args=(pipe, sink if echo else None,
+                                                         f"[rank{r}]: ", tails[r], lock),
+                                     daemon=True)
+                t.start()
+                pumps.append(t)
+        deadline = time.monotonic() + cfg.timeout
+        grace_end: float | None = None
+        while True:
+            alive = [r for r, p in procs.items() if p.poll() is None]
+            if not alive:
+                break
+            now = time.monotonic()
+            if mpi is not None:
+                for r, p in procs.items():
+                    if p.returncode is not None:
+                        mpi.ended(r, p.returncode)
+            failed = [r for r, p in procs.items() if p.returncode not in (None, 0)]
+            if failed and grace_end is None:
+                grace_end = now + min(GRACE, cfg.timeout)
+            if now > deadline or (grace_end is not None and now > grace_end):
+                why = (f"still running after --timeout {cfg.timeout:g} s" if now > deadline
+                       else f"still running {min(GRACE, cfg.timeout):g} s after rank "
+                            f"{failed[0]} failed")
+                for r in alive:
+                    try:
+                        os.kill(procs[r].pid, signal.SIGUSR1)   # dump stacks (faulthandler)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.5)
+                for r in alive:
+                    killed[r] = why
+                reap([Session(procs[r]) for r in alive], 10)
+                break
+            time.sleep(0.02)
+    finally:
+        # Every rank's session, also of ranks that exited: workers a rank left behind go too.
+        reap([Session(p) for p in procs.values()], 10)
+        for t in pumps:
+            t.join(5)
+        if mpi is not None:
+            mpi.close()
+    reports = read_reports(cfg.run_dir)
+    results = []
+    for r in range(cfg.world_size):
+        p = procs.get(r)
+        rep = reports.get(r, {"slot": r, "rank": r, "host": cfg.placement[r][0],
+                              "pid": p.pid if p else 0})
+        res = from_report(rep)
+        res.pid = p.pid if p else res.pid
+        res.exit_code = p.returncode if p else None
+        if r in killed:
+            res.status = "hang" if "timeout" in killed[r] else "killed"
+            res.exception = res.exception or killed[r]
+            res.hang = user_stack(_stacks(cfg.run_dir, r)) or None
+        elif res.exit_code != 0:
+            res.status = "failed"
+            if res.exception is None:
+                res.exception = next((x for x in reversed(tails[r]) if x.strip()), None)
+        results.append(res)
+    results += worker_results(cfg, reports)
+    flags = sorted({f for res in results for f in res.flags})
+    return Verdict(cfg, results, flags=flags)
+

@@ -1,0 +1,118 @@
+"""pytest plugin (entry point `pytest11`): run a project's own distributed tests as the ranks
+of a simulated machine.
+
+    pytest --commsim-machine gb200-nvl72:2 [--commsim-nproc-per-host 4] [--commsim-mode procs]
+
+    @pytest.mark.commsim(machine="gb200-nvl72:2", ranks=8)
+    def test_workspace(commsim_rank):
+        dist.init_process_group("nccl")
+        ...
+
+A test is hosted when it carries the `commsim` marker or asks for the `commsim_rank` fixture.
+Its machine is the marker's `machine`, else `--commsim-machine`; without either it is
+skipped. In inproc mode (the default: fast, deterministic) the test function runs as every
+rank in this process; in procs mode every rank is a process running just this test under
+pytest. The test fails when any rank fails, with the run's verdict as the message (each
+rank's error, first CUDA error and its call site, hangs, residue, the replay command).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+import pytest
+
+from commsim.errors import UserError
+from commsim.hosting.state.session import current
+
+
+def pytest_addoption(parser: Any) -> None:
+    g = parser.getgroup("commsim", "run distributed tests as ranks of a simulated machine")
+    g.addoption("--commsim-machine", default=None, metavar="PRESET[:HOSTS]",
+                help="machine for hosted tests (gb200-nvl72:2, hgx-h100-8)")
+    g.addoption("--commsim-nproc-per-host", type=int, default=0, metavar="N",
+                help="ranks per host (default: one per GPU, or the marker's ranks)")
+    g.addoption("--commsim-mode", default="inproc", choices=("inproc", "procs"),
+                help="inproc: ranks as greenlets (default); procs: a process per rank")
+    g.addoption("--commsim-seed", type=int, default=0, help="seed of hosted runs")
+    g.addoption("--commsim-timeout", type=float, default=120.0, help="seconds before a hang")
+    g.addoption("--commsim-residue", default="report", choices=("report", "fail"),
+                help="memory, mappings and fds a rank holds at exit: report them (default) or "
+                     "fail the test on them")
+    g.addoption("--commsim-visible", default="all", choices=("all", "one"),
+                help="GPUs each rank sees: its host's (all) or its own (one)")
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line(
+        "markers", "commsim(machine=None, ranks=None, nproc_per_host=None, mode=None, "
+                   "visible=None, seed=None, residue=None): run this test as every rank of a simulated machine")
+
+
+class _RankView:
+    """The `commsim_rank` fixture: the running rank's HostedRank, looked up at each use (the
+    fixture is made once, the test runs as many ranks)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(current(), name)
+
+    def __repr__(self) -> str:
+        return f"<commsim rank view: {current()!r}>"
+
+
+@pytest.fixture
+def commsim_rank() -> Any:
+    """The hosted rank running the test (rank, world_size, host, driver, visible ...)."""
+    return _RankView()
+
+
+def _hosted_item(item: Any) -> bool:
+    return item.get_closest_marker("commsim") is not None or "commsim_rank" in getattr(
+        item, "fixturenames", ())
+
+
+def _config_for(item: Any) -> Any:
+    from commsim.launch.config import RunConfig
+    m = item.get_closest_marker("commsim")
+    kw = dict(m.kwargs) if m is not None else {}
+    opt = item.config.getoption
+    machine = kw.get("machine") or opt("--commsim-machine")
+    if not machine:
+        return None
+    return RunConfig(machine=machine, ranks=int(kw.get("ranks") or 0),
+                     nproc_per_host=int(kw.get("nproc_per_host") or opt("--commsim-nproc-per-host") or 0),
+                     mode=kw.get("mode") or opt("--commsim-mode"),
+                     seed=int(kw.get("seed") if kw.get("seed") is not None else opt("--commsim-seed")),
+                     visible=kw.get("visible") or opt("--commsim-visible"),
+                     timeout=float(opt("--commsim-timeout")),
+                     residue=kw.get("residue") or opt("--commsim-residue"),
+                     command=["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                              "-p", "no:randomly", item.nodeid])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: Any) -> Any:
+    if os.environ.get("COMMSIM_HOSTING") or not _hosted_item(pyfuncitem):
+        return None      # not hosted, or already a rank (procs mode): pytest runs the test
+    from commsim.launch.run import execute
+    cfg = _config_for(pyfuncitem)
+    if cfg is None:
+        pytest.skip("hosted test: give --commsim-machine or @pytest.mark.commsim(machine=...)")
+    funcargs = {n: pyfuncitem.funcargs[n] for n in pyfuncitem._fixtureinfo.argnames}
+    out = io.StringIO()
+    target = None
+    if cfg.mode == "inproc":
+        target = lambda: pyfuncitem.obj(**funcargs)   # noqa: E731
+        cfg.command = [str(pyfuncitem.path)]
+    else:
+        cfg.command = cfg.command[:-1] + [str(pyfuncitem.path) + "::" + pyfuncitem.name]
+    try:
+        v = execute(cfg, out=out, err=out, echo=True, target=target)
+    except UserError as e:
+        pytest.fail(f"commsim: {e}", pytrace=False)
+    print(out.getvalue(), end="")
+    if not v.ok:
+        pytest.fail(v.format(), pytrace=False)
+    return True

@@ -1,0 +1,151 @@
+"""`commsim sweep --exec PROG`: drive a user's program over generated machines, placements and
+faults, and say which machine shapes break it.
+
+Each generated scenario (the sweep generator's ids, s<seed>-<index>) gives a machine (topology
+faults applied), where its ranks run and the driver faults of each rank; the program runs
+hosted on it (inproc by default: fast and replayable). The oracle reads the verdict:
+
+- ipc-across-hosts: a legacy IPC open failed with cudaErrorInvalidResourceHandle while the
+  ranks span hosts: the hardware refuses that to any program (reference row L8);
+- fabric-outside-domain: a FABRIC handle import failed across NVLink domains / without IMEX;
+- cuda-error: any other CUDA error the program died of, not injected by the scenario;
+- hang, leak (residue at exit, with `--exec-residue fail`), crash (a non-CUDA exception);
+- injected: the program died of a fault the scenario injected (reported, not a defect).
+Each failure comes with the `commsim exec --scenario <id>` command that replays it.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, TextIO
+
+from commsim.launch.config import RunConfig, load_scenario
+from commsim.launch.run import execute
+from commsim.launch.verdict import ProcResult, Verdict
+
+DEFECTS = ("ipc-across-hosts", "fabric-outside-domain", "cuda-error", "hang", "leak", "crash")
+
+
+def _injected(sc: Any, p: ProcResult) -> bool:
+    from commsim.scenario.runner import faults_for
+    pf = faults_for(sc, p.rank)
+    e = p.first_cuda_error or {}
+    if any(c.api == e.get("api") for c in pf.calls):
+        return True
+    return pf.oom_at is not None and e.get("name") in ("cudaErrorMemoryAllocation",
+                                                       "CUDA_ERROR_OUT_OF_MEMORY")
+
+
+def classify(sc: Any, v: Verdict) -> str:
+    """One word for a run: ok, one of DEFECTS, or injected."""
+    if v.ok:
+        return "ok"
+    multihost = len({g.host for g in sc.placement}) > 1
+    bad = [p for p in v.procs if not p.ok]
+    kinds = []
+    for p in bad:
+        e = p.first_cuda_error or {}
+        if p.status == "hang":
+            kinds.append("hang")
+        elif p.status == "ok" and p.residue:
+            kinds.append("leak")
+        elif e and _injected(sc, p):
+            kinds.append("injected")
+        elif e.get("api") == "cudaIpcOpenMemHandle" and e.get("code") == 400 and multihost:
+            kinds.append("ipc-across-hosts")
+        elif e.get("api", "").startswith("cuMemImportFromShareableHandle"):
+            kinds.append("fabric-outside-domain")
+        elif e:
+            kinds.append("cuda-error")
+        else:
+            kinds.append("crash")
+    if "injected" in kinds:
+        return "injected"         # a rank died of the scenario's fault; its peers' errors follow
+    for k in DEFECTS:             # the most telling defect names the run
+        if k in kinds:
+            return k
+    return "crash"
+
+
+def _telling(v: Verdict) -> ProcResult | None:
+    """The failed process that best shows the cause: one whose own CUDA error is not the
+    'invalid resource handle' of a peer that had already died, when there is one."""
+    bad = [p for p in v.procs if not p.ok]
+    with_err = [p for p in bad if p.first_cuda_error]
+    own = [p for p in with_err if p.first_cuda_error["code"] != 400]
+    return (own or with_err or bad or [None])[0]
+
+
+@dataclass
+class ExecSweep:
+    program: list[str]
+    records: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def defects(self) -> list[dict]:
+        return [r for r in self.records if r["kind"] in DEFECTS]
+
+    def by_shape(self) -> dict[str, Counter]:
+        out: dict[str, Counter] = defaultdict(Counter)
+        for r in self.records:
+            out[r["shape"]][r["kind"]] += 1
+        return out
+
+    def summary(self, max_lines: int = 20) -> str:
+        n, d = len(self.records), len(self.defects)
+        kinds = Counter(r["kind"] for r in self.records)
+        lines = [f"sweep --exec {' '.join(self.program)}: {n} machine(s), {d} with a defect "
+                 f"({', '.join(f'{k} {c}' for k, c in sorted(kinds.items()))}), {self.wall_s:.1f} s"]
+        lines.append("machine shapes that break it:" if d else "no machine shape breaks it")
+        for shape, c in sorted(self.by_shape().items()):
+            bad = sum(v for k, v in c.items() if k in DEFECTS)
+            if bad:
+                first = next(r for r in self.defects if r["shape"] == shape)
+                lines.append(f"  {shape}: {bad}/{sum(c.values())} runs "
+                              f"({', '.join(f'{k} {v}' for k, v in sorted(c.items()) if k in DEFECTS)}); "
+                              f"e.g. {first['id']}: {first['what']}")
+                lines.append(f"      replay: {first['replay']}")
+        inj = kinds.get("injected", 0)
+        if inj:
+            lines.append(f"{inj} run(s) ended on a fault the scenario injected (not counted as defects)")
+        return "\n".join(lines)
+
+
+def run_exec_sweep(program: list[str], ids: list[str], *, mode: str = "inproc",
+                   timeout: float = 60.0, residue: str = "report", launcher: str = "torchrun",
+                   progress: Callable[[int, int], None] | None = None) -> ExecSweep:
+    rep = ExecSweep(program)
+    t0 = time.monotonic()
+    for i, sid in enumerate(ids):
+        sc = load_scenario(sid)
+        cfg = RunConfig(scenario=sid, mode=mode, timeout=timeout, residue=residue,
+                        launcher=launcher, command=list(program))
+        sink = io.StringIO()
+        v = execute(cfg, out=sink, err=sink, echo=False)
+        kind = classify(sc, v)
+        worst = _telling(v)
+        what = "ok"
+        if worst is not None:
+            e = worst.first_cuda_error
+            what = (f"rank {worst.rank}: {worst.exception or worst.headline()}"
+                    + (f" ({e['api']} at {e['site']})" if e else ""))
+        rep.records.append({"id": sid, "shape": sc.topology_spec, "world": sc.world_size,
+                            "hosts": len({g.host for g in sc.placement}), "kind": kind,
+                            "what": what, "replay": cfg.replay_command()})
+        if progress is not None:
+            progress(i + 1, len(rep.defects))
+    rep.wall_s = time.monotonic() - t0
+    return rep
+
+
+def progress_printer(total: int, stream: TextIO = sys.stderr, every: int = 25) -> Callable[[int, int], None]:
+    def say(done: int, defects: int) -> None:
+        if done % every == 0 or done == total:
+            print(f"[sweep --exec] {done}/{total} machines, {defects} with a defect",
+                  file=stream, flush=True)
+    return say

@@ -1,0 +1,1 @@
+"""Reports of a run: predicted time tables and their plots."""

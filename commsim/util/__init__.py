@@ -1,0 +1,1 @@
+"""Small utilities with one job each: atomic output files, signals as exceptions."""
