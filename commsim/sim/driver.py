@@ -22,12 +22,13 @@ from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, _attr_int
 from commsim.sim.driver_ipc import LegacyIpcCalls
 from commsim.sim.driver_multicast import MulticastCalls
 from commsim.sim.driver_vmm import VmmCalls
+from commsim.sim.faults import ProcessFaults
 from commsim.sim.fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
 from commsim.sim.kernel_context import SimKernelContext
 from commsim.sim.p2p_probe import probe_pair
 from commsim.sim.stream_capture import StreamCapture
 
-__all__ = ["SimDriver", "Fail", "Mapping", "api", "E", "R", "FD"]
+__all__ = ["SimDriver", "spawn_driver", "Fail", "Mapping", "api", "E", "R", "FD"]
 
 
 # cuDeviceGetAttribute: attribute -> how the GPU's model answers it (built once: the enum
@@ -178,7 +179,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
                 own = fabric.__dict__["_probe_fabric"] = SimFabric(
                     self.cluster, disabled_rules=fabric.disabled_rules)
             fabric = own
-        return probe_pair(fabric, refs[gpu], refs[peer])
+        return probe_pair(fabric, refs[gpu], refs[peer], spawn_driver)
 
     def nvml_index(self, ordinal: int) -> int:
         """The NVML index of a CUDA ordinal (what nvmlDeviceGetHandleByPciBusId of the
@@ -465,3 +466,22 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         """Run a reference kernel (commsim/kernels/) on the current device. A fault inside it
         (unmapped, no access, freed memory) is cudaErrorIllegalAddress (700)."""
         kernel(SimKernelContext(self), *args)
+
+
+def spawn_driver(fabric: SimFabric, gpu, faults: ProcessFaults | None = None,
+                 visible=None) -> SimDriver:
+    """A process on `gpu`'s host, current device = `gpu`. By default it sees every GPU of that
+    host (how vLLM/sglang workers run: all GPUs visible, torch.cuda.set_device(local_rank));
+    `visible` is its CUDA_VISIBLE_DEVICES as host GPU indices, in order: ordinals are
+    remapped to that list (row W1; e.g. one GPU per process as Ray places trays)."""
+    refs = fabric.cluster.gpu_refs_of(gpu.host)
+    if visible is None:
+        order, seen = [g.index for g in refs], refs
+    else:
+        order = list(visible)
+        seen = [type(gpu)(gpu.host, i) for i in order]
+    if gpu.index not in order:
+        raise ValueError(f"{gpu} is not among the visible devices {order}")
+    proc = fabric.spawn(gpu.host, seen, faults)
+    proc.current = order.index(gpu.index)
+    return SimDriver(fabric, proc)
