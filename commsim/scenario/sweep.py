@@ -25,6 +25,7 @@ from commsim.scenario import generate as G
 from commsim.scenario import knobs as K
 from commsim.scenario.executors import run_ray
 from commsim.scenario.oracle import judge
+from commsim.scenario.seeds import seed_of
 from commsim.scenario.sweep_report import Report
 
 DETERMINISM_EVERY = 20          # 1 in 20 scenarios is run twice (by id, so reproducible)
@@ -88,7 +89,7 @@ def wants_determinism(sid: str, mode: str) -> bool:
         return True
     if mode == "none":
         return False
-    return G._seed_of("determinism", sid) % DETERMINISM_EVERY == 0
+    return seed_of("determinism", sid) % DETERMINISM_EVERY == 0
 
 
 def run_one(sid: str, determinism: str = "sample") -> dict:
