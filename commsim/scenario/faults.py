@@ -26,8 +26,9 @@ __all__ = ["DRIVER", "MACHINE", "Draw", "FaultKind", "OOM_ERRORS", "SETUP_CALLS"
 
 OOM_ERRORS = ("cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY")
 # Set-up calls of the collective allocation paths whose failure on one rank the ranks must
-# agree on before the next exchange (reference §7.4): the rendezvous hangs of issue 7 under a
-# rank-local policy, a voted fall-back under the default one.
+# agree on before the next exchange: under a rank-local policy the others wait in a rendezvous
+# the failed rank never joins (a hang, tests/scenarios/test_rendezvous_hangs.py), under the
+# default one they vote and fall back together.
 SETUP_CALLS = (("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY"),
                ("cuMemImportFromShareableHandle", "CUDA_ERROR_INVALID_VALUE"),
                ("cuMemMap", "CUDA_ERROR_OUT_OF_MEMORY"),

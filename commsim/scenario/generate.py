@@ -45,7 +45,7 @@ MAX_WORLD = 16
 # -- machine shapes -------------------------------------------------------------------------
 SINGLE_HOST = ("hgx-h100-8", "hgx-h200-8", "dgx-b200-8", "l40s-8-pcie", "rtx4090-8",
                "a100-pcie-bridge-8", "dgx1-v100")
-# Issue 17 machines (docs/fidelity-rules.md G): bridges and meshes without NVSwitch, PCIe and
+# The fidelity rules' machines (docs/fidelity-rules.md G): bridges and meshes without NVSwitch, PCIe and
 # consumer boards, Blackwell Ultra.
 MORE_SINGLE_HOST = ("hgx-b300-8", "h200-nvl-2way-8", "h200-nvl-4way-8", "rtx-pro-6000-4",
                     "rtx5090-2", "rtx3090-2-nvlink")
@@ -162,7 +162,7 @@ class Plan:
     graph_capture: bool
     discard: bool
     seed: int
-    # Issue 18's workload knobs, drawn from their own stream so the draws above stay as they
+    # The lifecycle workload knobs (docs/lifecycle-rules.md), drawn from their own stream so the draws above stay as they
     # were: lazy set-up, expandable segments, NCCL environment variables.
     setup: str = "init"
     allocator: str = "caching"

@@ -1,4 +1,4 @@
-"""Shortcut-policy knob scenarios for sweeps (issue 18, items 4-6; docs/lifecycle-rules.md RN,
+"""Shortcut-policy knob scenarios for sweeps (docs/lifecycle-rules.md RN,
 AW; docs/scenario-format.md "Policy knobs").
 
 The default policy never sets these knobs, so a sweep under it never exercises their code
@@ -17,7 +17,7 @@ never a backend's own answer), whether on this machine and group it must make th
 and how (the verdict kind and the error the run must show), or must be harmless. `judge_knob`
 turns the expected failures into notes and flags a mismatch either way as `knob-outcome`.
 
-The failure-hygiene knobs (item 5, rules FH1-FH3: `rollback`, `agree`, `report_fallback`)
+The failure-hygiene knobs (rules FH1-FH3: `rollback`, `agree`, `report_fallback`)
 act only when a backend's set-up fails, and on the sampled machines without faults it never
 does under the default admission: ipc is admitted only where the topology allows it, and the
 set-up failures the topology alone can cause (a legacy IPC handle refused across hosts, or

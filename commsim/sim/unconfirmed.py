@@ -34,14 +34,14 @@ UNCONFIRMED: dict[str, tuple[object, str]] = {
     "X3": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMulticastAddDevice of a GPU outside the creator's "
            "NVSwitch domain"),
     "X4": (R.CUDA_ERROR_INVALID_VALUE, "POSIX-fd import of a descriptor this process does not hold"),
-    # issue 17, docs/fidelity-rules.md
+    # the fidelity rules, docs/fidelity-rules.md
     "I3": (R.CUDA_ERROR_NOT_PERMITTED, "FABRIC import from a host in another IMEX domain (V5's code)"),
     "MC4": (R.CUDA_ERROR_NOT_PERMITTED, "cuMulticastCreate(FABRIC) without a usable IMEX channel"),
     "H5": (E.cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle of memory its exporter freed"),
     "W6": (E.cudaErrorDeviceUninitialized, "cudaIpcOpenMemHandle of a handle from a process in another "
            "container (pid / IPC namespace) of the same host: 201, \"invalid device context\" as in "
            "vllm-project/vllm#55906"),
-    # issue 18, docs/lifecycle-rules.md (commsim/sim/stream_capture.py)
+    # the lifecycle rules, docs/lifecycle-rules.md (commsim/sim/stream_capture.py)
     "CG3": (E.cudaErrorStreamCaptureUnsupported, "legacy IPC export / open during a capture that "
             "is not RELAXED: refused like cudaMalloc (CG1), and the capture invalidated"),
     "CG4": (E.cudaErrorIllegalState, "cudaStreamBeginCapture while capturing, or "

@@ -1023,7 +1023,7 @@ def _(rig):
     return (0,)
 
 
-# ================================ issue 17: docs/fidelity-rules.md ==========================
+# ============================ the fidelity rules: docs/fidelity-rules.md ==========================
 
 def _pair_link(preset: str, i: int, j: int, **facts):
     """`preset` with the link GPU i-GPU j of its first host changed (both directions)."""

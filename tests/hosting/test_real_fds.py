@@ -1,4 +1,4 @@
-"""POSIX-fd handles are real OS file descriptors (issue 16, point 2).
+"""POSIX-fd handles are real OS file descriptors.
 
 The programs use cuda-python, `socket.send_fds`/`recv_fds` (SCM_RIGHTS), os.pidfd_open +
 the pidfd_getfd syscall and os.close, as a serving stack's fd exchange does; the asserts

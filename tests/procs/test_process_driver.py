@@ -1,4 +1,4 @@
-"""Issue 9: the driver's sharing rules across real processes, asserted equal to thread mode.
+"""The driver's sharing rules across real processes, asserted equal to thread mode.
 
 Each check is a rank function over (world group, driver) run once as greenlets over one
 SimFabric and once as OS processes over ProcessFabrics in shared memory: the bytes an import

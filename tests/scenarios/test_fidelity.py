@@ -1,4 +1,4 @@
-"""Issue 17's shipped scenarios (scenarios/fidelity/): each passes as written (backends,
+"""The fidelity rules' shipped scenarios (scenarios/fidelity/): each passes as written (backends,
 errors, exact results, zero ledger where it must pass), and `explain` names the fact that
 decided (docs/fidelity-rules.md)."""
 

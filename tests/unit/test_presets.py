@@ -23,7 +23,7 @@ FACTS = {
     "rtx4090-8": (1, 8, 89, False, False, False, False, False, False, "x86_64"),
     "a100-pcie-bridge-8": (1, 8, 80, False, False, False, False, False, False, "x86_64"),
     "dgx1-v100": (1, 8, 70, False, False, False, False, False, False, "x86_64"),
-    # issue 17 (docs/fidelity-rules.md rows G)
+    # the fidelity rules' machines (docs/fidelity-rules.md rows G)
     "gb300-nvl72": (18, 4, 103, True, True, True, True, True, True, "aarch64"),
     "hgx-b300-8": (1, 8, 103, True, True, True, True, False, False, "x86_64"),
     "h200-nvl-2way-8": (1, 8, 90, False, False, False, False, False, False, "x86_64"),
