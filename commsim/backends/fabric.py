@@ -1,6 +1,6 @@
 """`fabric`: MNNVL all-reduce over cuMem FABRIC memory (FlashInfer mnnvl, TRT-LLM MNNVL).
 
-Requires (reference §2.4, §4.2, rows V2-V8, F1-F4): on every rank VMM and the fabric-handle
+Requires (rows V2-V8, F1-F4): on every rank VMM and the fabric-handle
 attribute, an IMEX channel, NVML fabric state COMPLETED with success status, and one non-zero
 cluster UUID over the group (one NVLink domain; NCCL's test). All ranks must agree, so the
 check is over the all-gathered view (FlashInfer MnnvlMemory AND-reduces it, §4.2).

@@ -1,6 +1,6 @@
 """`ipc`: custom all-reduce over legacy CUDA IPC (vLLM CustomAllreduce, TRT-LLM one/two-shot).
 
-Requires (reference §6.1.1, §9.5): every rank on one host (legacy handles are host-local, row
+Requires: every rank on one host (legacy handles are host-local, row
 L8); P2P between every pair (row L10); world size 2, 4, 6 or 8 (the compiled kernels, B2); for
 more than two GPUs full NVLink connectivity (B3). Set-up: cudaMalloc a workspace, export it,
 all-gather the handles, open every peer's (lazy peer access). Graph capture: the recorded

@@ -1,5 +1,5 @@
 """The backend registry: every backend is declared once, by its class, and everything else
-reads it (DESIGN.md §7): the communicator (which class a name runs), the default policy order,
+reads it: the communicator (which class a name runs), the default policy order,
 the oracle (each class's `truth` rule and declared limits), the cost model (`algorithms`,
 `cost_family`), plots and the sweep report (`colour`), and scenario validation (the names).
 

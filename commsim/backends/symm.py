@@ -1,6 +1,6 @@
 """`symm`: a symmetric-memory all-reduce built on a store rendezvous (PyTorch
 `torch.distributed._symmetric_memory`, FlashInfer SymmDeviceMemory, NCCL symmetric
-registration; reference §2.5, §3, §6.3, §6.5, §7.4).
+registration).
 
 Every rank allocates one cuMem buffer of the same size, the handles meet in the group's
 store, every rank maps every peer's buffer, and where the hardware allows a multicast object

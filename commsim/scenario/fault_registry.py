@@ -38,7 +38,7 @@ class FaultKind:
     fields: tuple[str, ...]                 # required keys (fields of Fault)
     target: str                             # MACHINE or DRIVER
     models: str                             # docs: what it models
-    row: str = "–"                          # docs: reference §9 row(s)
+    row: str = "–"                          # docs: the rule row(s) it exercises
     optional: tuple[str, ...] = ()          # optional keys, default from Fault
     # MACHINE: (cluster, fault) -> the degraded cluster; DRIVER: (faults, fault) -> None
     apply: Callable = None                  # type: ignore[assignment]

@@ -26,7 +26,7 @@ alike and never split one (measured over s1-0..s1-399: 363 groups whose IPC open
 one on all of its ranks). So a hygiene knob scenario provokes the commonest real set-up
 failure, on one rank: its first allocation, the ipc workspace `cudaMalloc`, runs out of memory
 (an `oom` fault at allocation 1, the fault kind the sampler already draws; the failure sglang
-guards against by probing the workspace allocation and BAND-voting it, reference §6.4). The provocation is chosen
+guards against by probing the workspace allocation and BAND-voting it). The provocation is chosen
 from the truth: only in a group where ipc is legal (`group_truth`), hence admitted and set up
 first at init, and only on a rank whose first communicator that group is; where no group
 qualifies there is no fault, set-up never fails, and the knob must be harmless. From the

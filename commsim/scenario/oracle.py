@@ -3,7 +3,7 @@
 
 Ground truth is the scenario's cluster after its faults. The oracle never calls a backend's
 `eligibility` or `accepts` and never reads a discovery view: each backend restates its
-documented rules over the topology in its `truth` classmethod (reference §9: rows L5-L10,
+documented rules over the topology in its `truth` classmethod (rows L5-L10,
 V2-V8, M1-M7, F1-F4, B2-B6) and declares its per-call limits, over the pairwise facts of
 commsim.topology.truth, so a wrong eligibility rule shows up as a disagreement instead of
 being agreed with.

@@ -4,8 +4,10 @@ The calls are grouped by the rules they follow: identity, address space, legacy 
 stream capture, NVML and kernels here; legacy IPC, VMM and multicast in the mixins
 driver_ipc.py, driver_vmm.py and driver_multicast.py; the @api wrapper they all share in
 driver_calls.py. Every method follows cuda-python's `(err, value...)` convention and returns the real codes;
-misuse never raises. Each rule cites its row in shared/reference/domain.md §9; the rows whose
-exact code is UNCONFIRMED take it from `unconfirmed.UNCONFIRMED`.
+misuse never raises. Each rule cites its row (L legacy IPC, V VMM, M multicast, F fabric info;
+the rows' cases and public sources are tests/conformance/test_rules.py, the later rows
+docs/fidelity-rules.md); the rows whose exact code is UNCONFIRMED take it from
+`unconfirmed.UNCONFIRMED`.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         return self._host.usable_imex_channels
 
     def shm_namespace(self) -> str:
-        """What vLLM's same-node test observes: hosts that share /dev/shm (reference §4.3);
+        """What vLLM's same-node test observes: hosts that share /dev/shm;
         a process in a container of its own has its own (row W6)."""
         return self._host.process_namespace(self.proc.pid)
 

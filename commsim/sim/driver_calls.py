@@ -3,7 +3,7 @@ cuda-python does it, a dead process, a sticky error, injected faults, capture re
 the body; a Fail becomes `(code, None...)`), a process's address-space mapping, and readers of
 struct fields and handle blobs. The calls themselves live in driver.py (identity, address
 space, memory, capture, NVML, kernels) and its mixins driver_ipc.py, driver_vmm.py and
-driver_multicast.py, grouped as domain.md §9 groups their rules.
+driver_multicast.py, grouped by the rules they follow (legacy IPC, VMM, multicast).
 """
 
 from __future__ import annotations

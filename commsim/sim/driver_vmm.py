@@ -1,6 +1,7 @@
-"""SimDriver's virtual memory management calls (cuMemCreate ... cuMemAddressFree), the
-shareable handles they export and import (POSIX fds as real fds, FABRIC blobs), with the rules
-of domain.md §9 they follow (rows cited beside each)."""
+"""SimDriver's virtual memory management calls (cuMemCreate ... cuMemAddressFree), the shareable
+handles they export and import (POSIX fds as real fds, FABRIC blobs), with the rules they follow
+(each row cited beside its code; the rows' cases and sources are
+tests/conformance/test_rules.py)."""
 
 from __future__ import annotations
 

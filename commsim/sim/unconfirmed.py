@@ -1,7 +1,8 @@
-"""The simulator's choices where the reference could not confirm a CUDA answer.
+"""The simulator's choices where no public source confirms a CUDA answer.
 
-Every semantic rule of the simulator cites its row in shared/reference/domain.md §9 in the
-code that applies it. The rows marked UNCONFIRMED there have no primary source for the exact
+Every semantic rule of the simulator cites its row in the code that applies it (the rows' cases
+and sources: tests/conformance/test_rules.py, docs/fidelity-rules.md,
+docs/lifecycle-rules.md). The rows marked UNCONFIRMED have no primary source for the exact
 code; this one table holds the code chosen for each, so a GPU run (device/) that observes a
 different answer has exactly one place to correct. tests/conformance asserts each entry as
 "UNCONFIRMED: chosen".

@@ -3,7 +3,7 @@
 A pasted matrix says how GPUs are linked, not what they are. These are the attributes the
 presets use for the same parts (presets.py), so an imported machine answers device queries
 like the preset of that machine. `multicast` and `fabric` say what the *part* can do; the
-importer turns them on only where the host also has an NVSwitch fabric (reference §3.2).
+importer turns them on only where the host also has an NVSwitch fabric.
 """
 
 from __future__ import annotations

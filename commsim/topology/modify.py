@@ -14,7 +14,7 @@ from commsim.topology.model import Cluster, FabricState, GpuRef, NVML_ERROR_UNKN
 
 def without_imex(cluster: Cluster, host: str) -> Cluster:
     """No usable IMEX channel on `host` (not created, wrong major/minor, not mounted):
-    cuMemCreate/Import with FABRIC answer NOT_PERMITTED there (reference row V3, V5)."""
+    cuMemCreate/Import with FABRIC answer NOT_PERMITTED there (rows V3, V5)."""
     return cluster.replace_host(host, imex_channels=())
 
 

@@ -16,7 +16,7 @@ from commsim.topology.model import (
 GiB = 1 << 30
 
 # NVSwitch boards outside MNNVL report a COMPLETED fabric with an all-zero cluster UUID; NCCL
-# and NVSHMEM read the zero UUID as "no MNNVL" (reference §4.2, row F2).
+# and NVSHMEM read the zero UUID as "no MNNVL" (row F2).
 SINGLE_NODE_FABRIC = FabricInfo(state=FabricState.COMPLETED)
 # PCIe cards and NVLink-bridge pairs have no fabric manager: NVML state NOT_SUPPORTED (§4.1).
 NO_FABRIC = FabricInfo()

@@ -1,8 +1,8 @@
 """Presets: real machine shapes, each with the source of its facts.
 
 `build("gb200-nvl72")` returns the whole rack; `build("gb200-nvl72:2")` its first two trays.
-Attributes a preset cannot source are chosen as the most plausible value and say so.
-Reference tags ([CUDA13-h], §5 ...) point into `shared/reference/domain.md`.
+Attributes a preset cannot source are chosen as the most plausible value and say so; each
+preset names its public sources (vendor pages, datasheets, issue threads).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ def hgx_h100_8() -> Cluster:
     return nvswitch_box(
         "hgx-h100-8", "hgx-h100-0",
         "HGX/DGX H100: 8 GPUs all-to-all over NVSwitch, 18 NVLink-4 links per GPU, 900 GB/s "
-        "(reference §5: scaleway H100-SXM docs, NVIDIA vGPU NVSwitch page)",
+        "(scaleway H100-SXM docs, NVIDIA vGPU NVSwitch page)",
         model="NVIDIA H100 80GB HBM3", cc=(9, 0), mem=80 * GiB)
 
 
 def hgx_h200_8() -> Cluster:
     return nvswitch_box(
         "hgx-h200-8", "hgx-h200-0",
-        "HGX H200: same NVSwitch baseboard as H100 with 141 GB HBM3e (reference §5; NVIDIA vGPU "
+        "HGX H200: same NVSwitch baseboard as H100 with 141 GB HBM3e (NVIDIA vGPU "
         "NVSwitch page lists HGX H200 8-GPU)",
         model="NVIDIA H200", cc=(9, 0), mem=141 * GiB)
 
@@ -35,7 +35,7 @@ def dgx_b200_8() -> Cluster:
     return nvswitch_box(
         "dgx-b200-8", "dgx-b200-0",
         "DGX/HGX B200: 8 Blackwell GPUs over NVSwitch, NVLink 5, 1440 GB HBM3e in all; fabric "
-        "attribute 1 but no IMEX (reference §5, DeepEP#487)",
+        "attribute 1 but no IMEX (DeepEP#487)",
         model="NVIDIA B200", cc=(10, 0), mem=180 * GiB)
 
 
@@ -51,7 +51,7 @@ def gb200_nvl72() -> Cluster:
     return tray_rack(
         "gb200-nvl72", 18,
         "GB200 NVL72: 18 x 1RU compute trays of 4 GPUs, each tray its own OS image, 72 GPUs in "
-        "one NVLink domain (NVIDIA Multi-Node Tuning Guide, reference §5)")
+        "one NVLink domain (NVIDIA Multi-Node Tuning Guide)")
 
 
 def gb300_nvl72() -> Cluster:
@@ -71,7 +71,7 @@ def gb200_nvl36x2() -> Cluster:
     return tray_rack(
         "gb200-nvl36x2", 18,
         "GB200 NVL36x2: two racks of 9 compute trays x 4 GPUs, joined into one 72-GPU domain "
-        "(NVIDIA Multi-Node Tuning Guide; cross-rack detail UNCONFIRMED, reference §5)",
+        "(NVIDIA Multi-Node Tuning Guide; cross-rack detail UNCONFIRMED)",
         trays_per_clique=9)
 
 
@@ -90,7 +90,7 @@ def l40s_8_pcie() -> Cluster:
     # L40S has no NVLink (PCIe Gen4 x16); whether PCIe P2P works is platform-dependent and
     # UNCONFIRMED (§5). This preset is the box *without* P2P, as the issue asks.
     return pcie_box("l40s-8-pcie", "l40s-0", 8, lambda i, j: two_socket_pcie(i, j, 4, False, False),
-                    "8 x L40S PCIe, no NVLink, P2P disabled (vendor spec; reference §5)",
+                    "8 x L40S PCIe, no NVLink, P2P disabled (vendor spec)",
                     model="NVIDIA L40S", compute_capability=(8, 9), memory_bytes=48 * GiB)
 
 
@@ -98,7 +98,7 @@ def rtx4090_8() -> Cluster:
     # GeForce: cudaDeviceCanAccessPeer = 0 for every pair (sglang#4814, nccl-tests#287).
     return pcie_box("rtx4090-8", "rtx4090-0", 8, lambda i, j: two_socket_pcie(i, j, 4, False, False),
                     "8 x RTX 4090, PCIe only, P2P not supported on GeForce (sglang#4814, "
-                    "NVIDIA/nccl-tests#287; reference §5)",
+                    "NVIDIA/nccl-tests#287)",
                     model="NVIDIA GeForce RTX 4090", compute_capability=(8, 9),
                     memory_bytes=24 * GiB, gpu_direct_rdma=False)
 
@@ -113,7 +113,7 @@ def a100_pcie_bridge_8() -> Cluster:
         return two_socket_pcie(i, j, 4, True, False)
 
     return pcie_box("a100-pcie-bridge-8", "a100-pcie-0", 8, cell,
-                    "A100 PCIe with NVLink-bridge pairs (reference §5; vLLM "
+                    "A100 PCIe with NVLink-bridge pairs (vLLM "
                     "flashinfer_all_reduce.py note on bridge-only machines)",
                     model="NVIDIA A100 80GB PCIe", compute_capability=(8, 0), memory_bytes=80 * GiB)
 
@@ -134,7 +134,7 @@ _DGX1 = (
 
 
 def dgx1_v100() -> Cluster:
-    # P2P only over NVLink: the SYS pairs cross sockets (reference §5, V100 cross-socket row).
+    # P2P only over NVLink: the SYS pairs cross sockets (V100 cross-socket row).
     return pcie_box("dgx1-v100", "dgx1-0", 8,
                     lambda i, j: Link.parse(_DGX1[i][j], p2p=_DGX1[i][j].startswith("NV")),
                     "DGX-1 V100 hybrid cube-mesh (NVIDIA DGX-1 whitepaper; Azure NDv2 uses "

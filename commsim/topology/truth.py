@@ -1,7 +1,7 @@
-"""Ground truth about sharing memory, from the topology alone (DESIGN.md §4).
+"""Ground truth about sharing memory, from the topology alone.
 
 Which handle types the process on one GPU can import from the process on another, restated
-from the documented rules (reference §9: rows L5-L10, V2-V9, F1-F4), and the facts about one
+from the documented rules (rows L5-L10, V2-V9, F1-F4), and the facts about one
 group of GPUs that a backend's oracle rule (`Backend.truth`) reads. Nothing here looks at a
 driver or a discovery view: a wrong rule in a backend's `eligibility` shows up as a
 disagreement with this, instead of being agreed with.

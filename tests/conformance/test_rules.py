@@ -1,6 +1,8 @@
-"""The semantics as a table: one case per rule of shared/reference/domain.md §1-4 and §9.
+"""The semantics as a table: one case per rule the simulated driver follows (legacy IPC L,
+VMM V, multicast M, fabric info F, and the rows of docs/fidelity-rules.md).
 
-Each Case names its reference row and the citation behind it, the topology and the placement
+Each Case names its row and the public citation behind it (a "§" names the section of the
+CUDA, NVML or library documentation the rule was read from), the topology and the placement
 of its processes (one simulated process per placement entry, built by conftest.make_rig, the
 only factory), and a body written against the Driver protocol (commsim/driver.py) plus
 `check`. The body returns the result tuple of the call the rule is about; the runner checks
@@ -53,7 +55,7 @@ class U:
 
 @dataclass(frozen=True)
 class Case:
-    row: str                                   # reference §9 row (or § for non-row facts)
+    row: str                                   # the rule's row id (or a name for a non-row fact)
     title: str
     source: str                                # citation, as the reference gives it
     topology: str | Callable[[], Any]          # preset spec, or a function building a Cluster
@@ -1118,7 +1120,7 @@ def _(rig):
 
 
 @case("N2", "NVLinks down with PCIe P2P: CanAccessPeer 1, NVML NVLink status NOT_SUPPORTED",
-      "reference §4.2 (FlashInfer/TRT-LLM read nvmlDeviceGetNvLinkState); row N2",
+      "FlashInfer/TRT-LLM read nvmlDeviceGetNvLinkState; row N2",
       lambda: modify.with_nvlinks_down(build("hgx-h100-8"), GpuRef("hgx-h100-0", 1)), [(0, 0)],
       expect=E.cudaSuccess)
 def _(rig):
@@ -1243,7 +1245,7 @@ def _(rig):
 
 
 @case("W6/one-container", "without the fact, one host is one namespace: IPC opens as before",
-      "reference §4.3; row W6 (the control)", "hgx-h100-8", [(0, 0), (0, 1)], expect=E.cudaSuccess)
+      "row W6 (the control)", "hgx-h100-8", [(0, 0), (0, 1)], expect=E.cudaSuccess)
 def _(rig):
     assert rig[0].shm_namespace() == rig[1].shm_namespace()
     p, _h, res = _ipc_round_trip(rig)

@@ -1,4 +1,4 @@
-"""Registries (DESIGN.md §7): a backend and a fault kind added from outside the package,
+"""Registries: a backend and a fault kind added from outside the package,
 editing no commsim module, run in a scenario; the docs' fault table is the registry's.
 
 The plugins are installed in a temporary directory put on PYTHONPATH of a fresh interpreter:

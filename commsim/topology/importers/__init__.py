@@ -1,4 +1,4 @@
-"""Topology importers behind one `load(spec)` that sniffs the format (DESIGN.md §2).
+"""Topology importers behind one `load(spec)` that sniffs the format.
 
 A spec is a preset name, optionally sliced (`gb200-nvl72:2`), or a file: an NCCL topology XML
 (`nccl_xml`), or `nvidia-smi topo -m` text as pasted in bug reports (`nvidia_smi`, parsed by
