@@ -245,7 +245,7 @@ class GroupView:
         return ""
 
     def nvlink_all(self) -> bool:
-        """vLLM `is_fully_connected`: NVML NVLink P2P status OK for every pair (§6.1.1)."""
+        """vLLM `is_fully_connected`: NVML NVLink P2P status OK for every pair (custom_all_reduce.py)."""
         return self._nvlink_all
 
     @functools.cached_property
@@ -253,7 +253,7 @@ class GroupView:
         return all(a.host == b.host and a.nvlink[b.gpu] for a, b in self.pairs())
 
     def same_fabric_domain(self) -> bool:
-        """NCCL's domain test: one non-zero cluster UUID over the group (§4.2)."""
+        """NCCL's domain test: one non-zero cluster UUID over the group (src/mnnvl.cc)."""
         return self._same_fabric_domain
 
     @functools.cached_property

@@ -34,7 +34,7 @@ FABRIC = int(HandleType.CU_MEM_HANDLE_TYPE_FABRIC)
 
 IPC_HANDLE_SIZE = 64                    # CUDA_IPC_HANDLE_SIZE
 FABRIC_HANDLE_SIZE = 64                 # CUmemFabricHandle.data
-LAZY_ENABLE_PEER_ACCESS = cudart.cudaIpcMemLazyEnablePeerAccess  # 0x01, required flag (§1.1)
+LAZY_ENABLE_PEER_ACCESS = cudart.cudaIpcMemLazyEnablePeerAccess  # 0x01, required flag (cudaIpcOpenMemHandle)
 CAPTURE_MODE_GLOBAL = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal
 CAPTURE_MODE_RELAXED = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
 
@@ -64,8 +64,8 @@ class CudaError(RuntimeError):
 def error_string(err: Any) -> str:
     """The text `cudaGetErrorString` gives for a code (runtime strings).
 
-    Driver `cuGetErrorString` texts are UNCONFIRMED (§1.5); the runtime string of the same
-    number is used, which matches the one driver text seen in public logs (NOT_PERMITTED).
+    Driver `cuGetErrorString` texts are UNCONFIRMED (no driver string was read); the runtime
+    string of the same number is used, which matches the one driver text seen in public logs (NOT_PERMITTED).
     """
     code = int(err)
     try:
@@ -108,7 +108,7 @@ class GpuFabricInfo:
 
 
 def alloc_prop(device: int, handle_types: int = 0) -> "cu.CUmemAllocationProp":
-    """A `CUmemAllocationProp` for pinned device memory, as every project builds it (§2.1)."""
+    """A `CUmemAllocationProp` for pinned device memory, as every project builds it."""
     p = cu.CUmemAllocationProp()
     p.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     p.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE

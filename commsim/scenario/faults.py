@@ -113,7 +113,7 @@ BUILT_IN: tuple[FaultKind, ...] = (
     FaultKind("nvlinks_down", ("gpu",), MACHINE,
               "some P2P-capable NVLink of the GPU is inactive (what FlashInfer / TRT-LLM check before "
               "MNNVL); NVML's NVLink P2P status to its peers reads not supported, while "
-              "`cuDeviceCanAccessPeer` keeps the P2P fact (PCIe P2P).", "§4.2, B22, N2",
+              "`cuDeviceCanAccessPeer` keeps the P2P fact (PCIe P2P).", "B22, N2",
               apply=lambda c, f: modify.with_nvlinks_down(c, f.gpu), weight=8),
     FaultKind("oom", ("rank", "at_allocation"), DRIVER,
               "driver fault: the rank's `at_allocation`-th allocation (1 = the first) fails out of "

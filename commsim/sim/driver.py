@@ -442,7 +442,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         return (0, GpuFabricInfo(f.cluster_uuid, f.status, f.clique_id, int(f.state)))
 
     def nvmlDeviceGetP2PStatus(self, index1: int, index2: int) -> tuple:
-        """NVML_P2P_CAPS_INDEX_NVLINK status, what vLLM's `is_fully_connected` reads (§6.1.1)."""
+        """NVML_P2P_CAPS_INDEX_NVLINK status, what vLLM's `is_fully_connected` reads."""
         h = self._host
         a, b = self._nvml_gpu(index1), self._nvml_gpu(index2)
         if a is None or b is None:
@@ -456,7 +456,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         return (0, NVML_P2P_STATUS_OK if up else NVML_P2P_STATUS_NOT_SUPPORTED)
 
     def nvmlDeviceGetNvLinkState(self, index: int) -> tuple:
-        """Whether every P2P-capable NVLink of the GPU is active (FlashInfer / TRT-LLM, §4.2)."""
+        """Whether every P2P-capable NVLink of the GPU is active (FlashInfer / TRT-LLM check it)."""
         g = self._nvml_gpu(index)
         if g is None:
             return (2, None)

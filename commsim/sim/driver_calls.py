@@ -114,7 +114,7 @@ def _attr_int(x: Any) -> int:
 def _prop_handle_types(prop: Any) -> int:
     """`prop.requestedHandleTypes` as an int. cuda-python's setter takes any mask, but its
     getter raises ValueError for one that is no single enum member (FD|FABRIC, the "ANY" mode
-    of §2.2); then the raw field is read (CUmemAllocationProp: type, requestedHandleTypes,
+    projects request); then the raw field is read (CUmemAllocationProp: type, requestedHandleTypes,
     both 32-bit, per cuda.h)."""
     try:
         return _attr_int(getattr(prop, "requestedHandleTypes", 0))

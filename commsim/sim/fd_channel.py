@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def socket_path(pid: int) -> str:
-    return f"/tmp/symm_mem-{pid}"      # PyTorch's IpcChannel names its socket so (§2.5)
+    return f"/tmp/symm_mem-{pid}"      # PyTorch's IpcChannel names its socket so
 
 
 class SimFdChannel:
@@ -28,7 +28,7 @@ class SimFdChannel:
         self.driver = driver
 
     def send(self, fd: int, dst_pid: int) -> None:
-        """sendmsg(SCM_RIGHTS) to the socket of process `dst_pid` (PyTorch IpcChannel, §2.5).
+        """sendmsg(SCM_RIGHTS) to the socket of process `dst_pid` (PyTorch IpcChannel).
         The OS resolves the socket path on the sender's host: a peer elsewhere is unreachable."""
         src = self.driver
         target = src.fd_target(fd)

@@ -29,7 +29,7 @@ UNCONFIRMED: dict[str, tuple[object, str]] = {
     "M1": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMulticastCreate where attribute 132 is 0"),
     "M5": (R.CUDA_ERROR_INVALID_VALUE, "multicast bind offset/size off the MINIMUM granularity"),
     "M6": (R.CUDA_ERROR_INVALID_VALUE, "cuMulticastUnbind offset/size other than bound (UB: flagged)"),
-    "X1": (R.CUDA_ERROR_INVALID_VALUE, "export of a handle type not requested at cuMemCreate (§2.3)"),
+    "X1": (R.CUDA_ERROR_INVALID_VALUE, "export of a handle type not requested at cuMemCreate"),
     "X2": (R.CUDA_ERROR_SYSTEM_NOT_READY, "cuMemCreate(FABRIC) / multicast bind while the GPU's "
            "fabric state is not COMPLETED (fabric manager not done; M3's code)"),
     "X3": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMulticastAddDevice of a GPU outside the creator's "
@@ -54,8 +54,8 @@ def code(row: str):
     return UNCONFIRMED[row][0]
 
 
-# Granularity: typical values are UNCONFIRMED (§10); 2 MiB matches what FlashInfer rounds to
-# (§2.3) for both allocation granularities and the multicast granularity.
+# Granularity: typical values are UNCONFIRMED; 2 MiB matches what FlashInfer rounds to
+# for both allocation granularities and the multicast granularity.
 GRANULARITY_MIN = 2 << 20
 GRANULARITY_RECOMMENDED = 2 << 20
 MULTICAST_GRANULARITY_MIN = 2 << 20

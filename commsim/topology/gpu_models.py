@@ -22,11 +22,11 @@ class GpuSpec:
     model: str                      # marketing name reported by the device
     compute_capability: tuple[int, int]
     memory_gib: int
-    multicast: bool = False         # MULTICAST_SUPPORTED on an NVSwitch board (SM90+, §3.2)
-    fabric: bool = False            # HANDLE_TYPE_FABRIC_SUPPORTED on an NVSwitch board (§2.4)
+    multicast: bool = False         # MULTICAST_SUPPORTED on an NVSwitch board (SM90+)
+    fabric: bool = False            # HANDLE_TYPE_FABRIC_SUPPORTED on an NVSwitch board
     gpu_direct_rdma: bool = True
     arch: str = "x86_64"            # CPU of the host the part ships in
-    pcie_p2p: bool | None = None    # None: platform-dependent; False: never (GeForce, §5)
+    pcie_p2p: bool | None = None    # None: platform-dependent; False: never (GeForce)
     sxm_model: str = ""             # name to report when the matrix is an NVSwitch board
     aliases: tuple[str, ...] = ()
     nvlinks: int = 18               # NVLink links per GPU: decides switch vs mesh (row T1/T2)
@@ -51,7 +51,7 @@ KNOWN: tuple[GpuSpec, ...] = (
     GpuSpec("H200NVL", "NVIDIA H200 NVL", (9, 0), 141),
     GpuSpec("H200", "NVIDIA H200", (9, 0), 141, True, True),
     GpuSpec("H100", "NVIDIA H100 80GB HBM3", (9, 0), 80, True, True),
-    # A100 has NVSwitch boards (HGX A100) but no multicast objects (Hopper+ only, §3.2).
+    # A100 has NVSwitch boards (HGX A100) but no multicast objects (Hopper+ only).
     GpuSpec("A100", "NVIDIA A100 80GB PCIe", (8, 0), 80, sxm_model="NVIDIA A100-SXM4-80GB",
             nvlinks=12),
     GpuSpec("L40S", "NVIDIA L40S", (8, 9), 48, nvlinks=0),

@@ -44,5 +44,5 @@ def without_multicast(cluster: Cluster, ref: GpuRef) -> Cluster:
 
 
 def with_nvlinks_down(cluster: Cluster, ref: GpuRef) -> Cluster:
-    """Some P2P-capable NVLink of this GPU is inactive (FlashInfer / TRT-LLM check, §4.2)."""
+    """Some P2P-capable NVLink of this GPU is inactive (what FlashInfer / TRT-LLM check)."""
     return cluster.replace_gpu(ref, nvlinks_up=False)

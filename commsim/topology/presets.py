@@ -88,7 +88,7 @@ def gh200_nvl32() -> Cluster:
 
 def l40s_8_pcie() -> Cluster:
     # L40S has no NVLink (PCIe Gen4 x16); whether PCIe P2P works is platform-dependent and
-    # UNCONFIRMED (§5). This preset is the box *without* P2P, as the issue asks.
+    # UNCONFIRMED. This preset is the box *without* P2P, as the bug reports have it.
     return pcie_box("l40s-8-pcie", "l40s-0", 8, lambda i, j: two_socket_pcie(i, j, 4, False, False),
                     "8 x L40S PCIe, no NVLink, P2P disabled (vendor spec)",
                     model="NVIDIA L40S", compute_capability=(8, 9), memory_bytes=48 * GiB)
@@ -105,8 +105,8 @@ def rtx4090_8() -> Cluster:
 
 def a100_pcie_bridge_8() -> Cluster:
     # NVLink bridges join GPU pairs (0,1), (2,3), ...; NV12 = three bridges of 4 links (pairing
-    # and count UNCONFIRMED, §5). Same-socket PCIe P2P allowed, cross-socket not (the V100
-    # PCIe cross-socket row of §5). No NVSwitch, so no multicast (§3.2).
+    # and count UNCONFIRMED). Same-socket PCIe P2P allowed, cross-socket not (as on V100 PCIe
+    # boxes). No NVSwitch, so no multicast (multicast objects need an NVSwitch).
     def cell(i: int, j: int) -> Link:
         if i // 2 == j // 2:
             return Link("NV", 12)
