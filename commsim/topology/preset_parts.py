@@ -24,9 +24,15 @@ NO_FABRIC = FabricInfo()
 
 @dataclass(frozen=True)
 class Preset:
+    """A preset, declared once: its name, the builder that makes the machine under that name
+    (the cluster's own name), and the one-line summary `commsim topo list` prints."""
+
     name: str
-    build: Callable[[], Cluster]
+    builder: Callable[[str], Cluster]
     summary: str
+
+    def build(self) -> Cluster:
+        return self.builder(self.name)
 
 
 def gpu_uuid(host: str, index: int) -> str:

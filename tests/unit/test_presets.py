@@ -41,6 +41,13 @@ def test_every_preset_has_facts_and_a_source():
         assert build_preset(name).source, name
 
 
+def test_a_preset_is_named_once_and_its_machine_carries_that_name():
+    """The declaration's name is the cluster's: a builder writes no name of its own."""
+    for name, preset in PRESETS.items():
+        assert preset.name == name and preset.build().name == name
+        assert preset.builder("renamed").name == "renamed", name
+
+
 @pytest.mark.parametrize("name", sorted(FACTS))
 def test_preset_attributes(name):
     hosts, per, sm, all_nv, p2p, mc, fab, imex, mnnvl, arch = FACTS[name]
