@@ -21,7 +21,10 @@ GROUP_RANK, MASTER_ADDR/PORT ...) or, with --launcher mpirun, Open MPI's (OMPI_C
 its simulated host's hostname and /dev/shm, and CUDA, NVML, torch.distributed and mpi4py
 answered by the simulated machine. At the end: a verdict per rank
 (exit status, first CUDA error and where the program made the call, hangs, residue at exit)
-and the command that replays the run. Exit status 1 when any rank failed."""
+and the command that replays the run. A failing run's verdict leads with the root cause (the
+first failing rank, its error, where and why, in the machine's terms), then the ranks that
+failed the same way and the knock-on failures; -v lists every process. Exit status 1 when
+any rank failed."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK), "
                         "with mpi4py's COMM_WORLD spanning the ranks")
     p.add_argument("--quiet", action="store_true", help="do not echo the ranks' output")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="a failing run's verdict lists every process (its error, notes, hang "
+                        "diagnosis and residue) after the root cause")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- python prog.py ARGS  (or -- python -m module ARGS)")
     p.set_defaults(func=run)
@@ -71,5 +77,5 @@ def run(args: argparse.Namespace) -> int:
                     residue=args.residue, launcher=args.launcher,
                     command=split_command(list(args.command)))
     v = execute(cfg, echo=not args.quiet)
-    print(v.format(), file=sys.stderr, flush=True)
+    print(v.format(verbose=args.verbose), file=sys.stderr, flush=True)
     return v.exit_code
