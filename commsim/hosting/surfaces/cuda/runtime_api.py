@@ -142,8 +142,7 @@ def cudaGetDeviceProperties(device):
     p.multiProcessorCount = facts.sms
     p.pciBusID, p.pciDeviceID, p.pciDomainID = pci.bus, pci.device, pci.domain
     p.unifiedAddressing = 1
-    uuid = bytes.fromhex(g.uuid.removeprefix("GPU-").replace("-", ""))[:16].ljust(16, b"\0")
-    ctypes.memmove(p.uuid.getPtr(), uuid, 16)           # cudaUUID_t.bytes is read-only
+    ctypes.memmove(p.uuid.getPtr(), device_facts.uuid_bytes(g.uuid), 16)           # cudaUUID_t.bytes is read-only
     return (E.cudaSuccess, p)
 
 

@@ -82,6 +82,33 @@ def _on(device: Any) -> Iterator[int]:
             _check(api.cudaSetDevice(prev))
 
 
+class _CUuuid:
+    """`torch._C._CUuuid`, the type of `get_device_properties(i).uuid` (the CPU build of
+    torch has none): `.bytes` is the 16 bytes as a list of ints, `str()` the 8-4-4-4-12 hex
+    form without NVML's `GPU-` prefix, no equality beyond identity (torch/csrc/cuda/Module.cpp,
+    registerCudaDeviceProperties, pytorch/pytorch at 87a08c18). Code that names a device
+    to NVML writes `f"GPU-{props.uuid}"`."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = bytes(raw)
+
+    @property
+    def bytes(self) -> list[int]:
+        return list(self._raw)
+
+    def __str__(self) -> str:
+        h = self._raw.hex()
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+    def __repr__(self) -> str:
+        return f"<torch._C._CUuuid object at {id(self):#x}>"
+
+
+_CUuuid.__module__ = "torch._C"
+
+
 @dataclass(frozen=True)
 class HostedDeviceProperties:
     """What torch.cuda.get_device_properties gives (torch._C._CudaDeviceProperties fields)."""
@@ -91,7 +118,7 @@ class HostedDeviceProperties:
     minor: int
     total_memory: int
     multi_processor_count: int
-    uuid: str
+    uuid: _CUuuid
     pci_bus_id: int
     pci_device_id: int
     pci_domain_id: int
@@ -101,7 +128,7 @@ class HostedDeviceProperties:
     def __repr__(self) -> str:
         return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
                 f"total_memory={self.total_memory // (1 << 20)}MB, multi_processor_count="
-                f"{self.multi_processor_count}, uuid={self.uuid.removeprefix('GPU-')}, "
+                f"{self.multi_processor_count}, uuid={self.uuid}, "
                 f"pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
                 f"pci_domain_id={self.pci_domain_id})")
 
@@ -217,7 +244,8 @@ def get_device_properties(device: Any = None) -> HostedDeviceProperties:
     g = r.cluster.gpu(ref)
     pci = device_facts.pci_address(r.cluster, ref)
     return HostedDeviceProperties(g.model, g.compute_capability[0], g.compute_capability[1],
-                                  g.memory_bytes, device_facts.model_facts(g.model).sms, g.uuid,
+                                  g.memory_bytes, device_facts.model_facts(g.model).sms,
+                                  _CUuuid(device_facts.uuid_bytes(g.uuid)),
                                   pci.bus, pci.device, pci.domain)
 
 
