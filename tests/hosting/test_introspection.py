@@ -30,3 +30,21 @@ def test_find_spec_and_module_specs_are_the_installed_packages(mode):
                          nproc_per_host=2)
     assert v.ok, v.format() + out
     assert [res[r]["modules"] for r in (0, 1)] == [expected, expected]
+
+
+@pytest.mark.parametrize("mode", ["inproc", "procs"])
+def test_from_dlpack_of_a_cuda_capsule_is_a_tensor_over_the_mapped_bytes(mode):
+    """FlashInfer wraps IPC/MNNVL mappings with a hand-made capsule and
+    torch.utils.dlpack.from_dlpack; the CPU build gave a tensor that failed at first use."""
+    v, res, out = hosted(PROGRAMS / "dlpack_peer_view.py", "hgx-h100-8", mode=mode,
+                         nproc_per_host=2, residue="fail")
+    assert v.ok, v.format() + out
+    assert "flagged" not in v.format()
+    for r in (0, 1):
+        fact = res[r]
+        assert fact["refused"].startswith("commsim hosting: from_dlpack of a CUDA DLPack capsule: "
+                                          "224 byte(s) at 0x10 are not device memory"), fact
+        del fact["refused"]
+        assert fact == {"rank": r, "device": f"cuda:{r}", "dtype": "torch.int32",
+                        "shape": [4, 8], "stride": [16, 1], "data_ptr": True, "read": True,
+                        "marked": True, "deleter_called": True}
