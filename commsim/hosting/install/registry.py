@@ -37,6 +37,7 @@ SURFACE_MODULES = (
     "commsim.hosting.surfaces.mpi.mpi4py",
     "commsim.hosting.surfaces.nccl.libnccl",
     "commsim.hosting.surfaces.torch_distributed.symm_mem",
+    "commsim.hosting.surfaces.compiled.guard",
 )
 
 
