@@ -186,4 +186,5 @@ def bootstrap() -> None:
     atexit.register(_write_report)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     from commsim.hosting.install.registry import install_all
-    install_all()
+    from commsim.hosting.surfaces.table import MODULES
+    install_all(MODULES)
