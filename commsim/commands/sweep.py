@@ -114,7 +114,8 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
     _refuse_plain_only(args)
     if args.junit_xml:
         check_output(args.junit_xml, "--junit-xml")
-    program = split_command(shlex.split(args.exec) + list(args.exec_args or ()))
+    program = split_command(shlex.split(args.exec) + list(args.exec_args or ()),
+                            prefix="commsim sweep --exec", placement=False)
     ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),
                            enumerate_=args.enumerate, start=args.start, knobs=False), args.shard)
     say = None if args.quiet else progress_printer(len(ids))
