@@ -69,7 +69,7 @@ FLAGS = (
 # torchrun's --nproc-per-node words that mean "one per accelerator of the node" (commsim's
 # default, one rank per GPU of each host); "cpu" and "xpu" name devices a simulated GPU
 # machine does not run ranks on.
-_PER_GPU_WORDS = ("gpu", "auto", "cuda")
+_PER_GPU_WORDS = ("gpu", "auto")
 
 
 def nproc_per_node(text: str) -> int:

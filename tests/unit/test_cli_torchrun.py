@@ -43,6 +43,7 @@ def test_nnodes_takes_the_machines_first_hosts(capsys):
     (["--max-restarts", "3"], "a hosted run is judged, never restarted"),
     (["--nproc-per-node", "cpu"], "argument --nproc-per-node/--nproc_per_node: 'cpu': commsim "
                                   "runs one rank per simulated GPU"),
+    (["--nproc-per-node", "cuda"], "give a number of ranks per host or one of gpu, auto"),
     (["--nnodes", "1:4"], "(torchrun's elastic MIN:MAX does not apply); give --nnodes N"),
 ])
 def test_other_torchrun_flags_are_refused_by_name(flags, words, capsys):
