@@ -135,8 +135,14 @@ def run_exec_sweep(program: list[str], ids: list[str], *, mode: str = "inproc",
 
 
 def progress_printer(total: int, stream: TextIO = sys.stderr, every: int = 25) -> Callable[[int, int], None]:
+    """Progress of an --exec sweep: a bar on a TTY, else a line every `every` machines (a run
+    takes seconds, not milliseconds), each with its ETA."""
+    from commsim.scenario.sweep import Progress
+    p = Progress(total, stream, every_n=every, what="sweep --exec", unit="machines",
+                 failed="with a defect")
+
     def say(done: int, defects: int) -> None:
-        if done % every == 0 or done == total:
-            print(f"[sweep --exec] {done}/{total} machines, {defects} with a defect",
-                  file=stream, flush=True)
+        p.update(done, defects)
+        if done == total:
+            p.close()
     return say
