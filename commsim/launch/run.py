@@ -26,13 +26,19 @@ PYTHONS = ("python", "python3", os.path.basename(sys.executable))
 _COMMSIM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def split_command(argv: list[str]) -> list[str]:
-    """`python prog.py ARGS` / `python -m mod ARGS` -> what follows the interpreter."""
+def split_command(argv: list[str], *, prefix: str = "commsim exec --machine PRESET",
+                  placement: bool = True) -> list[str]:
+    """`python prog.py ARGS` / `python -m mod ARGS` -> what follows the interpreter. A
+    torchrun line is refused with the commsim command that runs its program: `prefix` (the
+    command up to its own flags), with torchrun's placement flags when `placement`."""
     from commsim.errors import UserError
+    from commsim.launch.torchrun_flags import advice, launcher_in
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise UserError("no program: add `-- python prog.py ARGS` (or `-- python -m module ARGS`)")
+    if launcher_in(argv):
+        raise UserError(advice(argv, prefix, placement))
     if os.path.basename(argv[0]) in PYTHONS or argv[0] == sys.executable:
         argv = argv[1:]
     elif not argv[0].endswith(".py") and argv[0] != "-m":
