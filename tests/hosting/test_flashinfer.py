@@ -41,3 +41,15 @@ def test_trtllm_workspace_on_one_host_stops_at_its_kernels_named():
     for r in (0, 1):
         assert res[r]["outcome"].startswith(NOT_SERVED), res[r]
         assert res[r]["compilers"] == []
+
+
+def test_auto_workspace_on_hgx_completes_in_procs_mode():
+    """backend="auto" picks mnnvl on an HGX H100 (multicast, no fabric handles): unicast
+    buffers exchanged as POSIX fds over FlashInfer's AF_UNIX sockets, a multicast team whose
+    cuMemMap waits for every device to join (row M2), polled in real time across the
+    processes; created and destroyed with nothing left behind."""
+    v, res, out = hosted(PROGRAM, "hgx-h100-8", "workspace", "auto", "torch", mode="procs",
+                         nproc_per_host=2)
+    assert v.ok, v.format() + out
+    assert [res[r]["outcome"] for r in (0, 1)] == ["ok", "ok"], out
+    assert [p.residue for p in v.ranks] == [[], []], v.format()
