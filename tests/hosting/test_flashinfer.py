@@ -53,3 +53,13 @@ def test_auto_workspace_on_hgx_completes_in_procs_mode():
     assert v.ok, v.format() + out
     assert [res[r]["outcome"] for r in (0, 1)] == ["ok", "ok"], out
     assert [p.residue for p in v.ranks] == [[], []], v.format()
+
+
+def test_auto_workspace_in_inproc_mode_runs_as_processes_and_says_so():
+    """FlashInfer's fd exchange listens on AF_UNIX sockets: inproc ranks cannot serve it, so
+    the run goes to procs (named in the verdict) and completes there."""
+    v, res, out = hosted(PROGRAM, "hgx-h100-8", "workspace", "auto", "torch", mode="inproc",
+                         nproc_per_host=2)
+    assert v.ok, v.format() + out
+    assert v.cfg.mode == "procs" and "at fd_exchange.py:" in v.needs_procs, v.format()
+    assert [res[r]["outcome"] for r in (0, 1)] == ["ok", "ok"], out
