@@ -63,3 +63,16 @@ def test_auto_workspace_in_inproc_mode_runs_as_processes_and_says_so():
     assert v.ok, v.format() + out
     assert v.cfg.mode == "procs" and "at fd_exchange.py:" in v.needs_procs, v.format()
     assert [res[r]["outcome"] for r in (0, 1)] == ["ok", "ok"], out
+
+
+def test_auto_workspace_with_flashinfer_s_default_mpi_backend_says_mpi4py_is_missing():
+    """Without a comm_backend FlashInfer's mnnvl workspace all-gathers handles over mpi4py's
+    COMM_WORLD; this interpreter has no mpi4py, so under torchrun the real run stops with
+    FlashInfer's own "mpi4py is not installed" (it was an unnamed IndexError over a served
+    world of one)."""
+    from commsim.hosting.surfaces.mpi.mpi4py import installed
+    if installed():
+        pytest.skip("mpi4py is installed here: its singleton world is the real answer")
+    v, res, out = hosted(PROGRAM, "hgx-h100-8", "workspace", "auto", mode="procs",
+                         nproc_per_host=2)
+    assert [res[r]["outcome"] for r in (0, 1)] == ["ImportError: mpi4py is not installed"] * 2, out

@@ -92,7 +92,7 @@ TABLE: tuple[Entry, ...] = (
           lambda m: {"torch.cuda.nvtx": ["_nvtx"]}),
     Entry(f"{_PKG}.torch.accelerator", "torch.accelerator",
           lambda m: _accelerator(m, True), lambda m: _accelerator(m, False)),
-    Entry(f"{_PKG}.mpi.mpi4py", "mpi4py (served whether or not it is installed)",
+    Entry(f"{_PKG}.mpi.mpi4py", "mpi4py (where installed, and under --launcher mpirun)",
           _mpi_served,
           lambda m: {"mpi4py.MPI": sorted(m.MPI_NAMES), "mpi4py.MPI.Comm": sorted(m.COMM_NAMES)},
           others="AttributeError, as a module without the name", needs_launcher=True),
