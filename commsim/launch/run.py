@@ -132,6 +132,26 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
     return env
 
 
+def _again_in_procs(cfg: RunConfig, why: str, *, out: TextIO, err: TextIO,
+                    echo: bool) -> Verdict:
+    """An inproc run that a blocking socket between ranks ended, run again as processes in a
+    fresh run directory (the first run's files and segments are gone with it)."""
+    from commsim.launch.procs import run_procs
+    err.write(f"commsim exec: {why}: blocking sockets between ranks need real processes; "
+              f"running again in procs mode\n")
+    shm.sweep(cfg.shm_prefix)
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)
+    cfg.mode = "procs"
+    cfg.run_dir = tempfile.mkdtemp(prefix="commsim-exec-")
+    cfg.shm_prefix = shm.new_prefix()
+    make_run_dirs(cfg.run_dir)
+    boot = write_sitecustomize(cfg.run_dir)
+    cfg.dump(os.path.join(cfg.run_dir, "config.json"))
+    v = run_procs(cfg, boot, out=out, err=err, echo=echo)
+    v.needs_procs = why
+    return v
+
+
 def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = None,
             echo: bool = True, target: Any = None) -> Verdict:
     """Run cfg's program as every rank of its machine; the verdict. Nothing of the run is
@@ -153,8 +173,11 @@ def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = N
             from commsim.launch.inproc import run_inproc
             v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo,
                            target=target)
+            if v.needs_procs and target is None:
+                v = _again_in_procs(cfg, v.needs_procs, out=out or sys.stdout,
+                                    err=err or sys.stderr, echo=echo)
     finally:
         shm.sweep(cfg.shm_prefix)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(cfg.run_dir, ignore_errors=True)     # the procs rerun's, if any
     v.wall_s = time.monotonic() - t0
     return v
