@@ -27,7 +27,6 @@ interpreter start, before user code runs.
 from __future__ import annotations
 
 import sys
-import threading
 import types
 from typing import Any
 
@@ -38,9 +37,9 @@ from cuda.bindings import runtime as _real_runtime
 from commsim.hosting.surfaces.cuda import driver_api as cuda_driver_api
 from commsim.hosting.surfaces.cuda import driver_vmm as cuda_driver_vmm
 from commsim.hosting.surfaces.cuda import runtime_api as cuda_runtime_api
-from commsim.hosting.state.cuda_state import not_simulated
-from commsim.hosting.state.cuda_state import maybe_rank
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.dispatch import not_simulated
+from commsim.hosting.state.session import hosted
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 
 RUNTIME = "cuda.bindings.runtime"
@@ -69,10 +68,10 @@ class HostedCudaModule(types.ModuleType):
         value = getattr(real, name)          # AttributeError exactly as the real module
         if not _is_api(name, value) or name in _PURE:
             return value
-        if maybe_rank() is None:
+        if hosted() is None:
             return value                     # not a hosted rank: the real binding
         impl = self.__dict__["_impl"].get(name)
-        return impl if impl is not None else not_simulated(self.__name__, name)
+        return impl if impl is not None else not_simulated(f"{self.__name__}.{name}")
 
     def __dir__(self) -> list[str]:
         return sorted(set(dir(self.__dict__["_real"])))
@@ -85,9 +84,6 @@ _STANDIN = {RUNTIME: HostedCudaModule(RUNTIME, cuda_runtime_api),
             DRIVER: HostedCudaModule(DRIVER, cuda_driver_api, cuda_driver_vmm)}
 # Pre-13.0 name -> the module it forwarded to (cuda-python 12.6.1 release notes).
 LEGACY = {"cuda.cudart": RUNTIME, "cuda.cuda": DRIVER}
-_saved: dict[str, tuple[Any, Any]] = {}
-_lock = threading.Lock()
-_MISSING = object()
 
 
 def standin(name: str) -> HostedCudaModule:
@@ -143,45 +139,24 @@ def _legacy_missing() -> bool:
         return True
 
 
-_legacy_finder: _LegacyFinder | None = None
+def _install(patches: Patches) -> None:
+    for name, mod in _STANDIN.items():
+        patches.module(name, mod)
+        patches.attr(_pkg, name.rsplit(".", 1)[1], mod)
+    if _legacy_missing():
+        finder = _LegacyFinder()
+        sys.meta_path.append(finder)
+        patches.on_restore(lambda: _forget_legacy(finder))
 
 
-def _install() -> None:
-    global _legacy_finder
-    with _lock:
-        for name, mod in _STANDIN.items():
-            attr = name.rsplit(".", 1)[1]
-            _saved[name] = (sys.modules.get(name), _pkg.__dict__.get(attr, _MISSING))
-            sys.modules[name] = mod
-            setattr(_pkg, attr, mod)
-        if _legacy_finder is None and _legacy_missing():
-            _legacy_finder = _LegacyFinder()
-            sys.meta_path.append(_legacy_finder)
+def _forget_legacy(finder: _LegacyFinder) -> None:
+    import cuda          # the namespace package cuda.bindings lives in (loaded with it)
+    sys.meta_path.remove(finder)
+    for name in LEGACY:
+        if sys.modules.get(name) in _STANDIN.values():
+            del sys.modules[name]
+        cuda.__dict__.pop(name.split(".")[1], None)
 
 
-def _uninstall() -> None:
-    global _legacy_finder
-    with _lock:
-        if _legacy_finder is not None:
-            sys.meta_path.remove(_legacy_finder)
-            _legacy_finder = None
-            import cuda
-            for name in LEGACY:
-                if sys.modules.get(name) in _STANDIN.values():
-                    del sys.modules[name]
-                cuda.__dict__.pop(name.split(".")[1], None)
-        for name in _STANDIN:
-            attr = name.rsplit(".", 1)[1]
-            mod, pkg_attr = _saved.pop(name, (None, _MISSING))
-            if mod is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = mod
-            if pkg_attr is _MISSING:
-                _pkg.__dict__.pop(attr, None)
-            else:
-                setattr(_pkg, attr, pkg_attr)
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("cuda-python", install, uninstall)
+SURFACE = register_surface("cuda-python", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

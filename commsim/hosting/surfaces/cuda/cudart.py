@@ -30,9 +30,10 @@ from cuda.bindings import runtime as _rt
 from commsim.driver import IPC_HANDLE_SIZE
 from commsim.hosting.surfaces.cuda import runtime_api as api
 from commsim.hosting.install import fakelib
-from commsim.hosting.state.cuda_state import not_simulated
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.dispatch import not_simulated
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
+from commsim.hosting.state.session import hosted
 
 SONAME = "libcudart.so.13"
 _EINVAL = int(_rt.cudaError_t.cudaErrorInvalidValue)
@@ -136,7 +137,7 @@ _SYMBOLS = frozenset(n for n in dir(_rt) if n.startswith("cuda") and callable(ge
 
 def library(name: str) -> fakelib.FakeLibrary:
     return fakelib.FakeLibrary(name, _FUNCTIONS, lambda s: s in _SYMBOLS or s in _FUNCTIONS,
-                               lambda s: not_simulated("libcudart", s))
+                               lambda s: not_simulated(f"libcudart.{s}"))
 
 
 class _Mapped:
@@ -165,12 +166,12 @@ def mapped_path() -> str | None:
     return _mapped.path if _mapped is not None else None
 
 
-def _install() -> None:
+def _patch(patches: Patches) -> None:
     global _mapped
     _mapped = _Mapped()
     atexit.register(_cleanup)
-    fakelib.serve("libcudart.so", library, _mapped.path)
-    fakelib.install()
+    patches.on_restore(_cleanup)
+    fakelib.serve(patches, "libcudart.so", library, hosted, _mapped.path)
 
 
 def _cleanup() -> None:
@@ -180,11 +181,5 @@ def _cleanup() -> None:
         _mapped = None
 
 
-def _uninstall() -> None:
-    fakelib.unserve("libcudart.so")
-    fakelib.uninstall()
-    _cleanup()
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("libcudart", install, uninstall)
+SURFACE = register_surface("libcudart", _patch)
+install, uninstall = SURFACE.install, SURFACE.uninstall

@@ -32,7 +32,6 @@ import functools
 import operator
 import os
 import sys
-import threading
 import time
 import types
 from typing import Any, Callable
@@ -47,9 +46,10 @@ from commsim.hosting.surfaces.mpi.comm import (ANY_SOURCE, ANY_TAG, COMM_TYPE_SH
                        Request, Status)
 from commsim.hosting.wire.ranks import (InprocTransport, SoloGroup, SoloTransport, Transport,
                             procs_transport)
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import HostedRank, current
-from commsim.hosting.install.registry import not_simulated, register_surface
+from commsim.hosting.install.dispatch import not_simulated
+from commsim.hosting.install.registry import register_surface
 
 KEY = "mpi4py"
 VERSION, SUBVERSION = 3, 1       # the MPI standard Open MPI 4.x/5.0 report (MPI_VERSION)
@@ -327,29 +327,15 @@ def _build() -> dict[str, types.ModuleType]:
 
 
 _MODULES = _build()
-_saved: dict[str, Any] = {}
-_lock = threading.Lock()
 
 
-def _install() -> None:
-    with _lock:
-        for name, mod in _MODULES.items():
-            _saved[name] = sys.modules.get(name)
-            sys.modules[name] = mod
+def _install(patches: Patches) -> None:
+    for name, mod in _MODULES.items():
+        patches.module(name, mod)
 
 
-def _uninstall() -> None:
-    with _lock:
-        for name in _MODULES:
-            old = _saved.pop(name, None)
-            if old is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = old
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("mpi4py", install, uninstall)
+SURFACE = register_surface("mpi4py", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall
 
 __all__ = ["rank_state", "as_op", "install", "uninstall", "SUM", "COMM_WORLD", "COMM_SELF",
            "COMM_NULL", "mpi_comm"]

@@ -61,12 +61,13 @@ import numpy as np
 from commsim.sim.driver_calls import Fail
 from commsim.hosting.install import fakelib
 from commsim.hosting.surfaces.nccl import comm as nc
-from commsim.hosting.state.cuda_state import not_simulated
+from commsim.hosting.install.dispatch import not_simulated
 from commsim.hosting.surfaces.nccl.comm import (DTYPES, INVALID_ARGUMENT, INVALID_USAGE, NUM_OPS, NUM_TYPES, OPS,
                         SUCCESS, UNHANDLED_CUDA, Comm, NcclFailure, RankNccl)
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import current, user_site
 from commsim.hosting.install.registry import register_surface
+from commsim.hosting.state.session import hosted
 
 SONAME = "libnccl.so.2"
 # ncclGetVersion: 2.27.3 (NCCL_VERSION(2,27,3) = 2*10000 + 27*100 + 3, nccl.h); 2.27 is the
@@ -499,20 +500,14 @@ _FUNCTIONS = _functions()
 
 def library(name: str) -> fakelib.FakeLibrary:
     return fakelib.FakeLibrary(name, _FUNCTIONS, lambda s: s in _SYMBOLS or s in _FUNCTIONS,
-                               lambda s: not_simulated("libnccl", s))
+                               lambda s: not_simulated(f"libnccl.{s}"))
 
 
-def _install() -> None:
-    fakelib.serve("libnccl.so", library)
-    fakelib.install()
+def _patch(patches: Patches) -> None:
+    fakelib.serve(patches, "libnccl.so", library, hosted)
 
 
-def _uninstall() -> None:
-    fakelib.unserve("libnccl.so")
-    fakelib.uninstall()
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("libnccl", install, uninstall)
+SURFACE = register_surface("libnccl", _patch)
+install, uninstall = SURFACE.install, SURFACE.uninstall
 
 __all__ = ["SONAME", "VERSION", "ERROR_STRINGS", "library", "install", "uninstall", "OPS"]

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from commsim.hosting.state.cuda_state import not_simulated
-from commsim.hosting.install.nesting import nested
-from commsim.hosting.install.registry import register_surface, when_imported
+from commsim.hosting.install.dispatch import not_simulated
+from commsim.hosting.install.patches import Patches
+from commsim.hosting.install.dispatch import per_rank, per_rank_class
+from commsim.hosting.install.registry import register_surface
+from commsim.hosting.state.session import hosted
 
 
 def current_accelerator(check_available: bool = False) -> Any:
@@ -79,47 +81,28 @@ HOSTED: dict[str, Callable[..., Any]] = {
     "set_device_index": _cuda("set_device"), "set_device_idx": _cuda("set_device"),
     "current_stream": _cuda("current_stream"), "set_stream": _cuda("set_stream"),
     "synchronize": _cuda("synchronize"),
-    "get_device_capability": not_simulated("torch.accelerator", "get_device_capability"),
+    "get_device_capability": not_simulated("torch.accelerator.get_device_capability"),
     **MEMORY,
 }
 CLASSES = {"device_index": HostedDeviceIndex,
-           "Graph": not_simulated("torch.accelerator", "Graph")}
+           "Graph": not_simulated("torch.accelerator.Graph")}
 
-_saved: list[tuple[Any, str, Any]] = []
-_active = [False]
-_done: set[str] = set()
-
-
-def _patch(module: Any, table: dict[str, Callable[..., Any]], classes: dict[str, Any]) -> None:
-    from commsim.hosting.surfaces.torch.cuda import _ClassDispatch, _dispatch
-    if not _active[0] or module.__name__ in _done:
-        return
-    _done.add(module.__name__)
+def _patch(patches: Patches, module: Any, table: dict[str, Callable[..., Any]],
+           classes: dict[str, Any]) -> None:
     for name, fn in table.items():
         real = getattr(module, name, None)
         if real is not None:
-            _saved.append((module, name, real))
-            setattr(module, name, _dispatch(name, fn, real))
-    for name, hosted in classes.items():
+            patches.attr(module, name, per_rank(name, fn, real, hosted))
+    for name, cls in classes.items():
         real = getattr(module, name, None)
         if real is not None:
-            _saved.append((module, name, real))
-            setattr(module, name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": real}))
+            patches.attr(module, name, per_rank_class(name, cls, real, hosted))
 
 
-def _install() -> None:
-    _active[0] = True
-    when_imported("torch.accelerator", lambda m: _patch(m, HOSTED, CLASSES))
-    when_imported("torch.accelerator.memory", lambda m: _patch(m, MEMORY, {}))
+def _install(patches: Patches) -> None:
+    patches.on_import("torch.accelerator", lambda m: _patch(patches, m, HOSTED, CLASSES))
+    patches.on_import("torch.accelerator.memory", lambda m: _patch(patches, m, MEMORY, {}))
 
 
-def _uninstall() -> None:
-    _active[0] = False
-    for module, name, real in reversed(_saved):
-        setattr(module, name, real)
-    _saved.clear()
-    _done.clear()
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("torch.accelerator", install, uninstall)
+SURFACE = register_surface("torch.accelerator", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

@@ -24,21 +24,18 @@ C10_CUDA_CHECK does (torch 2.13: AcceleratorError, a RuntimeError).
 from __future__ import annotations
 
 import contextlib
-import functools
-import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
-
-from commsim.hosting.install.registry import when_imported
+from typing import Any, Iterator
 
 torch: Any = None          # bound when the program imports torch.cuda (see _install)
 from commsim.driver import error_string
 from commsim.hosting.surfaces.cuda import runtime_api as api
 from commsim.hosting.state import device_facts
-from commsim.hosting.state.cuda_state import maybe_rank, not_simulated, rank_state, runtime_entry
+from commsim.hosting.install.dispatch import not_simulated, per_rank, per_rank_class
+from commsim.hosting.state.cuda_state import rank_state, runtime_entry
 from commsim.hosting.state.session import current, hosted
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 
 _CHECK_TAIL = ("\nCUDA kernel errors might be asynchronously reported at some other API call, "
@@ -278,17 +275,6 @@ class _HostedVersion(types.ModuleType):
         self.__dict__["cuda"] = value
 
 
-def _patch_version(module: Any) -> None:
-    if _active[0] and type(module) is types.ModuleType:
-        module.__class__ = _HostedVersion
-
-
-def _unpatch_version() -> None:
-    module = sys.modules.get("torch.version")
-    if module is not None and type(module) is _HostedVersion:
-        module.__class__ = types.ModuleType
-
-
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     _lazy_init()
     with _on(device):
@@ -394,125 +380,75 @@ SIMULATED = tuple(sorted(_HOSTED) + list(PASSTHROUGH) + [
                                      "manual_seed", "manual_seed_all", "seed", "seed_all",
                                      "initial_seed", "get_rng_state", "set_rng_state",
                                      "get_rng_state_all", "set_rng_state_all"])
-_saved: dict[str, Any] = {}
-
-
-def _dispatch(name: str, hosted: Callable[..., Any], real: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(real)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if maybe_rank() is None:
-            return real(*args, **kwargs)
-        return hosted(*args, **kwargs)
-    return call
-
-
-class _ClassDispatch(type):
-    """A class whose construction gives the hosted object in a hosted rank, torch's own
-    object elsewhere (`torch.cuda.Stream(...)`, `torch.cuda.device(...)`)."""
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        impl = cls._hosted if maybe_rank() is not None else cls._real
-        return impl(*args, **kwargs)
-
-    def __instancecheck__(cls, obj: Any) -> bool:
-        kinds = tuple(k for k in (cls._hosted, cls._real) if isinstance(k, type))
-        return isinstance(obj, kinds)
-
-
 # torch.cuda classes a hosted program may construct that commsim does not simulate.
 _UNSIMULATED_CLASSES = ("MemPool", "GreenContext", "CUDAPluggableAllocator")
 
 
-_tc: list[Any] = [None]      # the torch.cuda module once patched
-
-
-def _public_functions() -> list[str]:
+def _public_functions(tc: Any) -> list[str]:
     import inspect
-    return [n for n in dir(_tc[0]) if not n.startswith("_")
-            and inspect.isfunction(getattr(_tc[0], n))
-            and getattr(getattr(_tc[0], n), "__module__", "").startswith("torch.cuda")]
+    return [n for n in dir(tc) if not n.startswith("_") and inspect.isfunction(getattr(tc, n))
+            and getattr(getattr(tc, n), "__module__", "").startswith("torch.cuda")]
 
 
-_active = [False]
-
-
-def _install() -> None:
-    """Patch _tc[0] when the program imports it (at once if it already has): a hosted
+def _install(patches: Patches) -> None:
+    """Patch torch.cuda when the program imports it (at once if it already has): a hosted
     process that never loads torch does not pay for importing it."""
-    _active[0] = True
-    when_imported("torch.cuda", _patch)
-    when_imported("torch.cuda.memory", _patch_memory_module)
-    when_imported("torch.version", _patch_version)
+    patches.on_import("torch.cuda", lambda module: _patch(patches, module))
+    patches.on_import("torch.cuda.memory", lambda module: _patch_memory_module(patches, module))
+    patches.on_import("torch.version", lambda module: _patch_version(patches, module))
 
 
-_saved_memory_module: dict[str, Any] = {}
-_mm: list[Any] = [None]      # torch.cuda.memory once patched
+def _patch_version(patches: Patches, module: Any) -> None:
+    if type(module) is types.ModuleType:
+        patches.attr(module, "__class__", _HostedVersion)
 
 
-def _patch_memory_module(module: Any) -> None:
+def _patch_memory_module(patches: Patches, module: Any) -> None:
     """torch.cuda.memory's own Python functions (memory_summary, memory_allocated ...) call
     its module-level memory_stats / memory_stats_as_nested_dict: route those too, so torch's
     formatter runs over the hosted statistics."""
-    if not _active[0] or _saved_memory_module:
-        return
     from commsim.hosting.surfaces.torch import cuda_memory as tcm
-    _mm[0] = module
     for name in ("memory_stats", "memory_stats_as_nested_dict"):
-        _saved_memory_module[name] = getattr(module, name)
-        setattr(module, name, _dispatch(name, tcm.HOSTED[name], _saved_memory_module[name]))
+        patches.attr(module, name, per_rank(name, tcm.HOSTED[name], getattr(module, name), hosted))
 
 
-def _patch(module: Any) -> None:
+def _patch(patches: Patches, tc: Any) -> None:
     global torch
-    if not _active[0] or _saved:
-        return
     import torch as _torch
     torch = _torch          # may be partially initialised here: used only at call time
-    _tc[0] = module         # torch.cuda itself (not yet an attribute of the torch package)
-    for name, fn in _HOSTED.items():
-        _saved[name] = getattr(_tc[0], name)
-        setattr(_tc[0], name, _dispatch(name, fn, _saved[name]))
-    # torch's C++ calls torch.cuda._lazy_init before it makes a CUDA tensor (a factory
-    # reached without the tensor surface's mode: another thread of a procs-mode rank).
-    _saved["_lazy_init"] = _tc[0]._lazy_init
-    _tc[0]._lazy_init = _dispatch("_lazy_init", _lazy_init, _saved["_lazy_init"])
+    # tc is torch.cuda itself (not yet an attribute of the torch package)
     from commsim.hosting.surfaces.torch.events import HostedEvent
     from commsim.hosting.surfaces.torch import graphs as tg
     from commsim.hosting.surfaces.torch import random as torch_random
+
+    def serve(name: str, fn: Any) -> None:
+        patches.attr(tc, name, per_rank(name, fn, getattr(tc, name), hosted))
+
+    def serve_class(name: str, cls: Any) -> None:
+        patches.attr(tc, name, per_rank_class(name, cls, getattr(tc, name), hosted))
+
+    for name, fn in _HOSTED.items():
+        serve(name, fn)
+    # torch's C++ calls torch.cuda._lazy_init before it makes a CUDA tensor (a factory
+    # reached without the tensor surface's mode: another thread of a procs-mode rank).
+    serve("_lazy_init", _lazy_init)
     for name, fn in (("graph_pool_handle", tg.graph_pool_handle),
                      ("is_current_stream_capturing", tg.is_current_stream_capturing),
                      *torch_random.HOSTED.items()):
-        _saved[name] = getattr(_tc[0], name)
-        setattr(_tc[0], name, _dispatch(name, fn, _saved[name]))
-    for name, hosted in (("Stream", HostedStream), ("device", HostedDevice),
-                         ("device_of", HostedDeviceOf), ("ExternalStream", external_stream),
-                         ("StreamContext", HostedStreamContext), ("Event", HostedEvent),
-                         ("CUDAGraph", tg.HostedCUDAGraph), ("graph", tg.HostedGraphContext)):
-        _saved[name] = getattr(_tc[0], name)
-        setattr(_tc[0], name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": _saved[name]}))
+        serve(name, fn)
+    for name, cls in (("Stream", HostedStream), ("device", HostedDevice),
+                      ("device_of", HostedDeviceOf), ("ExternalStream", external_stream),
+                      ("StreamContext", HostedStreamContext), ("Event", HostedEvent),
+                      ("CUDAGraph", tg.HostedCUDAGraph), ("graph", tg.HostedGraphContext)):
+        serve_class(name, cls)
     # Everything else public fails loudly in a hosted rank, naming itself.
-    for name in _public_functions():
-        if name in _saved or name in PASSTHROUGH:
-            continue
-        _saved[name] = getattr(_tc[0], name)
-        setattr(_tc[0], name, _dispatch(name, not_simulated("torch.cuda", name), _saved[name]))
+    for name in _public_functions(tc):
+        if not patches.holds(tc, name) and name not in PASSTHROUGH:
+            serve(name, not_simulated(f"torch.cuda.{name}"))
     for name in _UNSIMULATED_CLASSES:
-        if hasattr(_tc[0], name):
-            _saved[name] = getattr(_tc[0], name)
-            setattr(_tc[0], name, _ClassDispatch(
-                name, (), {"_hosted": not_simulated("torch.cuda", name), "_real": _saved[name]}))
+        if hasattr(tc, name):
+            serve_class(name, not_simulated(f"torch.cuda.{name}"))
 
 
-def _uninstall() -> None:
-    _active[0] = False
-    for name, value in _saved.items():
-        setattr(_tc[0], name, value)
-    _saved.clear()
-    for name, value in _saved_memory_module.items():
-        setattr(_mm[0], name, value)
-    _saved_memory_module.clear()
-    _unpatch_version()
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("torch.cuda", install, uninstall)
+SURFACE = register_surface("torch.cuda", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from commsim.hosting.state.session import hosted
-from commsim.hosting.install.nesting import nested
-from commsim.hosting.install.registry import register_surface, when_imported
+from commsim.hosting.install.patches import Patches
+from commsim.hosting.install.registry import register_surface
 
 _mode: list[Any] = []          # the one mode instance, once torch is imported
 _active = [False]
@@ -196,7 +196,7 @@ def _empty_kernel(name: str) -> Any:
 _CUDA_FACTORIES = ("empty.memory_format", "empty_strided")
 
 
-def _guard_dlpack(torch: Any) -> None:
+def _guard_dlpack(patches: Patches) -> None:
     """torch.utils.dlpack.to_dlpack of a CUDA tensor would export a capsule whose pointer no
     kernel can use: refused in a hosted rank, naming itself."""
     import torch.utils.dlpack as dl
@@ -207,31 +207,32 @@ def _guard_dlpack(torch: Any) -> None:
         if isinstance(tensor, HostedCudaTensor):
             _no_dlpack()
         return real(tensor, *args, **kwargs)
-    dl.to_dlpack = to_dlpack
+    patches.attr(dl, "to_dlpack", to_dlpack)
 
 
-def _push(torch_module: Any) -> None:
-    if not _active[0] or _mode:
+def _push(patches: Patches) -> None:
+    _guard_dlpack(patches)
+    if _mode:
         return
     import torch
     lib = torch.library.Library("aten", "IMPL")        # noqa: TOR901 (kept for the process)
     for name in _CUDA_FACTORIES:
         lib.impl(name, _empty_kernel(name), "CUDA")
-    _guard_dlpack(torch)
     _mode.append(_make_mode())
     _mode.append(lib)
     _mode[0].__enter__()      # stays on this thread's mode stack for the process's life
 
 
-def _install() -> None:
-    _active[0] = True
-    when_imported("torch", _push)
-
-
-def _uninstall() -> None:
+def _pass_through() -> None:
     # The mode stays on the stack (something may sit above it) but passes everything through.
     _active[0] = False
 
 
-install, uninstall = nested(_install, _uninstall)
-register_surface("torch CUDA tensors", install, uninstall)
+def _install(patches: Patches) -> None:
+    _active[0] = True
+    patches.on_restore(_pass_through)
+    patches.on_import("torch", lambda _torch: _push(patches))
+
+
+SURFACE = register_surface("torch CUDA tensors", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

@@ -39,7 +39,8 @@ from typing import Any, Callable
 from cuda.bindings import runtime as cudart
 
 from commsim.hosting.surfaces.torch import memory as torch_memory
-from commsim.hosting.state.cuda_state import maybe_rank, rank_state
+from commsim.hosting.state.cuda_state import rank_state
+from commsim.hosting.state.session import hosted
 from commsim.hosting.state.session import current
 
 CAPTURING = [0]       # captures underway in this process: the tensor dispatch's fast check
@@ -115,7 +116,7 @@ def _state(r: Any) -> GraphState:
 
 def capture_for(devices: Any) -> Capture | None:
     """The rank's capture underway on one of `devices` and its capture stream, if any."""
-    r = maybe_rank()
+    r = hosted()
     if r is None:
         return None
     c = _state(r).capture
@@ -130,7 +131,7 @@ def capture_on(device: int, stream: int) -> Capture | None:
     recorded into it (`Capture.work`) instead of running."""
     if not CAPTURING[0]:
         return None
-    r = maybe_rank()
+    r = hosted()
     if r is None:
         return None
     c = _state(r).capture

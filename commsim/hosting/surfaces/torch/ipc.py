@@ -34,14 +34,13 @@ from typing import Any
 
 from commsim.driver import LAZY_ENABLE_PEER_ACCESS
 from commsim.hosting.state.cuda_state import rank_state
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import current, hosted
-from commsim.hosting.install.registry import register_surface, when_imported
+from commsim.hosting.install.registry import register_surface
 
 KEY = "torch.ipc"
 _RANGE_START_ADDR = 11        # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
 _real: dict[str, Any] = {}
-_active = [False]
 
 
 @dataclass
@@ -68,7 +67,7 @@ def _check(res: tuple) -> Any:
 def reduce_tensor(tensor: Any) -> Any:
     """torch.multiprocessing.reductions.reduce_tensor: a hosted CUDA tensor by IPC handle."""
     from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
-    if not _active[0] or not isinstance(tensor, HostedCudaTensor) or hosted() is None:
+    if not isinstance(tensor, HostedCudaTensor) or hosted() is None:
         return _real["reduce_tensor"](tensor)
     import torch
     block, inner = tensor._block, tensor._inner
@@ -94,7 +93,7 @@ def rebuild_cuda_tensor(tensor_cls: Any, tensor_size: Any, tensor_stride: Any, t
                         ref_counter_handle: Any, ref_counter_offset: Any, event_handle: Any,
                         event_sync_required: Any) -> Any:
     """torch.multiprocessing.reductions.rebuild_cuda_tensor in a hosted rank."""
-    if not _active[0] or hosted() is None:
+    if hosted() is None:
         return _real["rebuild_cuda_tensor"](
             tensor_cls, tensor_size, tensor_stride, tensor_offset, storage_cls, dtype,
             storage_device, storage_handle, storage_size_bytes, storage_offset_bytes,
@@ -154,30 +153,22 @@ def _release(r: Any, opened: _Opened, handle: bytes, device: int) -> None:
     torch_memory._with_device(r, device, lambda: r.driver.cudaIpcCloseMemHandle(entry[0]))
 
 
-def _patch(reductions: Any) -> None:
-    if "module" in _real:
-        return
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
+def _patch(patches: Patches, reductions: Any) -> None:
+    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor   # imports torch
     _real.update(module=reductions, reduce_tensor=reductions.reduce_tensor,
                  rebuild_cuda_tensor=reductions.rebuild_cuda_tensor)
     for fn, name in ((reduce_tensor, "reduce_tensor"), (rebuild_cuda_tensor, "rebuild_cuda_tensor")):
         # Pickled by reference: the receiver looks the name up in torch's module.
         fn.__module__, fn.__qualname__ = reductions.__name__, name
-        setattr(reductions, name, fn)
+        patches.attr(reductions, name, fn)
     # torch.multiprocessing's pickler finds reducers by exact type (its dispatch table).
     from multiprocessing.reduction import ForkingPickler
     ForkingPickler.register(HostedCudaTensor, reduce_tensor)
 
 
-def _install() -> None:
-    _active[0] = True
-    when_imported("torch.multiprocessing.reductions", _patch)
+def _install(patches: Patches) -> None:
+    patches.on_import("torch.multiprocessing.reductions", lambda m: _patch(patches, m))
 
 
-def _uninstall() -> None:
-    # The functions stay patched (a program may hold them) and pass through outside a rank.
-    _active[0] = False
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("torch CUDA IPC (torch.multiprocessing)", install, uninstall)
+SURFACE = register_surface("torch CUDA IPC (torch.multiprocessing)", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

@@ -70,6 +70,6 @@ def _wrap_tensors(real: Any) -> Any:
     return call
 
 
-wrap_torch_distributed("torch.distributed (procs)", "__commsim_procs__",
+wrap_torch_distributed("torch.distributed (procs)",
                        {"init_process_group": _wrap_init, "new_group": _wrap_new_group,
                         **{name: _wrap_tensors for name in TENSOR_CALLS}})

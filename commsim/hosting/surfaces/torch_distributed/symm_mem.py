@@ -57,9 +57,10 @@ from commsim.libmodels.fd_exchange import PyTorchRing, transport as fd_transport
 from commsim.kernels.collectives import reduce_into
 from commsim.sim import real_fds
 from commsim.hosting.state.cuda_state import rank_state
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import HostedRank, current, hosted, user_site
-from commsim.hosting.install.registry import register_surface, when_imported
+from commsim.hosting.install.dispatch import not_simulated, per_rank
+from commsim.hosting.install.registry import register_surface
 
 KEY = "torch.symm_mem"
 MODULE = "torch.distributed._symmetric_memory"
@@ -756,13 +757,13 @@ class _Packet:
         return getattr(self._real, name)
 
 
-def _wrap_packets() -> None:
+def _wrap_packets(patches: Patches) -> None:
     import torch
     ns = torch.ops.symm_mem
     for name in _OPS:
         real = getattr(ns, name, None)
         if real is not None and not isinstance(real, _Packet):
-            setattr(ns, name, _Packet(real))
+            patches.attr(ns, name, _Packet(real))
 
 
 def _symm_of(r: HostedRank, op: str, t: Any, group_name: str, what: str = "input") -> HostedSymmetricMemory:
@@ -953,49 +954,27 @@ SERVED = {"empty": empty, "rendezvous": rendezvous, "is_nvshmem_available": is_n
           "is_symm_mem_tensor": is_symm_mem_tensor}
 NOT_SIMULATED = ("get_mem_pool", "get_mempool_allocator", "set_backend", "get_backend",
                  "put_signal", "wait_signal", "get_symm_mem_workspace")
-_saved: list[tuple[Any, str, Any]] = []
 
 
-def _dispatcher(name: str, real: Any, impl: Any) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        r = hosted()
-        if r is None:
-            return real(*args, **kwargs)
-        if impl is None:
-            raise NotImplementedError(f"commsim hosting: {MODULE}.{name} is not simulated")
-        return impl(r, *args, **kwargs)
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = getattr(real, "__doc__", None)
-    call.__commsim_symm__ = True       # type: ignore[attr-defined]
-    return call
-
-
-def _patch(mod: Any) -> None:
-    for name, impl in [*SERVED.items(), *((n, None) for n in NOT_SIMULATED)]:
+def _patch(patches: Patches, mod: Any) -> None:
+    for name, impl in [*SERVED.items(),
+                       *((n, not_simulated(f"{MODULE}.{n}")) for n in NOT_SIMULATED)]:
         real = getattr(mod, name, None)
-        if real is None or getattr(real, "__commsim_symm__", False):
-            continue
-        _saved.append((mod, name, real))
-        setattr(mod, name, _dispatcher(name, real, impl))
+        if real is not None:
+            patches.attr(mod, name, per_rank(name, impl, real, hosted, with_rank=True))
 
 
-def _on_torch(_torch: Any) -> None:
-    from commsim.hosting.surfaces.torch import tensors as torch_tensors
+def _on_torch(patches: Patches) -> None:
+    from commsim.hosting.surfaces.torch import tensors as torch_tensors   # imports torch
     torch_tensors.register_op_namespace("symm_mem", run_op)
-    _wrap_packets()
-    when_imported(MODULE, _patch)
+    _wrap_packets(patches)
+    patches.on_import(MODULE, lambda mod: _patch(patches, mod))
 
 
-def _install() -> None:
+def _install(patches: Patches) -> None:
     # torch_tensors imports torch: wait for the program to import it.
-    when_imported("torch", _on_torch)
+    patches.on_import("torch", lambda _torch: _on_torch(patches))
 
 
-def _uninstall() -> None:
-    while _saved:
-        mod, name, real = _saved.pop()
-        setattr(mod, name, real)
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface(MODULE, install, uninstall)
+SURFACE = register_surface(MODULE, _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

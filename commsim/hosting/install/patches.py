@@ -1,0 +1,88 @@
+"""The patch recorder: every change hosting makes to a foreign module goes through one.
+
+Modelled on pyfakefs's `Patcher`, which patches every place a faked module is reachable and
+undoes them all from one list: a `Patches` records each attribute it replaces (on a module,
+a class or any other foreign object), each `sys.modules` entry, each post-import hook and
+each extra undo, and `restore()` puts them back in reverse order. A surface owns one
+recorder; `registry.Surface` drives it, so nested install/uninstall pairs (the bootstrap's
+and a test's) patch once and restore once."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable
+
+from commsim.hosting.install import hooks
+
+__all__ = ["Patches"]
+
+_ABSENT = object()
+
+
+class Patches:
+    """One surface's patches, restorable in one call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._undo: list[Callable[[], None]] = []
+        self._held: set[tuple[int, str]] = set()
+
+    def attr(self, target: Any, name: str, value: Any) -> Any:
+        """Set `target.name = value`; restore() puts back what was there. Returns the value
+        replaced (None where there was none), the real one to fall back on."""
+        with self._lock:
+            own = vars(target).get(name, _ABSENT) if hasattr(target, "__dict__") else _ABSENT
+            before = getattr(target, name, None)
+            setattr(target, name, value)
+            self._held.add((id(target), name))
+            self._undo.append(lambda: _put_back(target, name, own, before))
+            return before
+
+    def holds(self, target: Any, name: str) -> bool:
+        """Whether this recorder has replaced `target.name` (and not yet restored it)."""
+        return (id(target), name) in self._held
+
+    def module(self, name: str, module: Any) -> Any:
+        """Set `sys.modules[name] = module`; restore() puts back the entry (or its absence)."""
+        with self._lock:
+            before = sys.modules.get(name, _ABSENT)
+            sys.modules[name] = module
+
+            def undo() -> None:
+                if before is _ABSENT:
+                    if sys.modules.get(name) is module:
+                        del sys.modules[name]
+                else:
+                    sys.modules[name] = before
+            self._undo.append(undo)
+            return None if before is _ABSENT else before
+
+    def on_import(self, module_name: str, patch: Callable[[Any], None]) -> None:
+        """Run patch(module) once the program imports `module_name` (now, if it has): a
+        surface over a heavy module (torch) costs nothing to a program that never loads it.
+        restore() stops the hook; patch's own changes go through this recorder too."""
+        with self._lock:
+            self._undo.append(lambda: hooks.forget(module_name, patch))
+        hooks.when_imported(module_name, patch)
+
+    def on_restore(self, undo: Callable[[], None]) -> None:
+        """Run `undo` at restore(), in reverse order with the other patches."""
+        with self._lock:
+            self._undo.append(undo)
+
+    def restore(self) -> None:
+        with self._lock:
+            while self._undo:
+                self._undo.pop()()
+            self._held.clear()
+
+
+def _put_back(target: Any, name: str, own: Any, before: Any) -> None:
+    if own is not _ABSENT:
+        setattr(target, name, own)
+        return
+    try:
+        delattr(target, name)          # it was inherited (a class attribute) or absent
+    except (AttributeError, TypeError):
+        setattr(target, name, before)  # not deletable (a module's __class__)
