@@ -48,6 +48,7 @@ class Patches:
         with self._lock:
             before = sys.modules.get(name, _ABSENT)
             sys.modules[name] = module
+            self._held.add((id(sys.modules), name))
 
             def undo() -> None:
                 if before is _ABSENT:
@@ -57,6 +58,20 @@ class Patches:
                     sys.modules[name] = before
             self._undo.append(undo)
             return None if before is _ABSENT else before
+
+    def switch(self, target: Any, name: str, value: Any) -> None:
+        """Set an attribute this recorder holds to another value without recording it: a
+        view switched often (the environ mapping an inproc rank sees, on every greenlet
+        switch); restore() still puts back the original."""
+        if (id(target), name) not in self._held:
+            raise KeyError(f"switch({name!r}) of an attribute this recorder does not hold")
+        setattr(target, name, value)
+
+    def switch_module(self, name: str, module: Any) -> None:
+        """`switch` for a sys.modules entry this recorder holds (a rank's __main__)."""
+        if (id(sys.modules), name) not in self._held:
+            raise KeyError(f"switch_module({name!r}) of an entry this recorder does not hold")
+        sys.modules[name] = module
 
     def on_import(self, module_name: str, patch: Callable[[Any], None]) -> None:
         """Run patch(module) once the program imports `module_name` (now, if it has): a

@@ -31,6 +31,7 @@ from typing import Any, Iterator
 
 import greenlet
 
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import hosted
 
 # The variables the launcher sets per rank; kept in sync with the C environment on switch.
@@ -45,6 +46,7 @@ _base: dict | None = None       # the process's own environ mapping (outside ran
 _active: Any = None             # the HostedRank whose view is in place (None: the base)
 _base_main: Any = None          # sys.modules["__main__"] outside ranks
 _real_sleep = time.sleep
+_patches = Patches()            # the views' attributes while installed
 
 
 def encoded(env: dict[str, str]) -> dict:
@@ -58,8 +60,9 @@ def _apply(rank: Any) -> None:
         return
     _swap_generators(_active, rank)
     data = _base if rank is None else rank.env
-    os.environ._data = data   # type: ignore[attr-defined]
-    sys.modules["__main__"] = _base_main if rank is None else rank.state.get("__main__", _base_main)
+    _patches.switch(os.environ, "_data", data)
+    _patches.switch_module("__main__", _base_main if rank is None else
+                           rank.state.get("__main__", _base_main))
     for k in PER_RANK:
         bk = os.environ.encodekey(k)
         v = data.get(bk)
@@ -152,12 +155,14 @@ def installed() -> Iterator[None]:
     _base = os.environ._data   # type: ignore[attr-defined]
     _base_main = sys.modules.get("__main__")
     _active = None
+    _patches.attr(os.environ, "_data", _base)
+    _patches.module("__main__", _base_main)
     prev = greenlet.settrace(_trace)
-    time.sleep = _sleep
+    _patches.attr(time, "sleep", _sleep)
     try:
         yield
     finally:
         greenlet.settrace(prev)
-        time.sleep = _real_sleep
         _apply(None)
+        _patches.restore()
         _base = None

@@ -47,6 +47,7 @@ from commsim.hosting.surfaces.mpi.comm import (ANY_SOURCE, ANY_TAG, COMM_TYPE_SH
 from commsim.hosting.wire.ranks import (InprocTransport, SoloGroup, SoloTransport, Transport,
                             procs_transport)
 from commsim.hosting.install.patches import Patches
+from commsim.hosting.state.process_run import process_run
 from commsim.hosting.state.session import HostedRank, current
 from commsim.hosting.install.dispatch import not_simulated
 from commsim.hosting.install.registry import register_surface
@@ -86,9 +87,8 @@ def _start(r: HostedRank) -> RankMPI:
         t = InprocTransport(r.world)
         members, me = tuple(range(r.world_size)), r.rank
     else:
-        from commsim.launch.bootstrap import run_config
-        cfg = run_config()
-        t = procs_transport(r.rank, r.world_size, cfg.run_dir, cfg.timeout)
+        run = process_run()
+        t = procs_transport(r.rank, r.world_size, run.run_dir, run.timeout)
         members, me = tuple(range(r.world_size)), r.rank
     st = RankMPI(r, t)
     st.world = Handle(st, t.group("w", "MPI_COMM_WORLD", members, me), "w", "MPI_COMM_WORLD",

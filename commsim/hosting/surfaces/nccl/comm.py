@@ -54,6 +54,7 @@ import numpy as np
 from commsim.kernels.collectives import store_rounded
 from commsim.libmodels.nccl_rules import ENV_VARS, decide, machine_from_cluster, parse_env
 from commsim.runtime.scheduler import wait_until
+from commsim.hosting.state.process_run import process_run
 from commsim.hosting.state.session import HostedRank
 
 # ncclResult_t (nccl.h)
@@ -229,9 +230,8 @@ class _Prefixed:
 
 
 def _timeout() -> float:
-    from commsim.launch.bootstrap import run_config
-    cfg = run_config()
-    return float(cfg.timeout) if cfg is not None else 60.0
+    run = process_run()
+    return float(run.timeout) if run is not None else 60.0
 
 
 @dataclass

@@ -53,6 +53,9 @@ class _Opened:
     # unmapped everything; a call then would be a CUDA error of a process that is gone).
     exited: bool = False
 
+    def exit(self) -> None:
+        self.exited = True
+
 
 def _check(res: tuple) -> Any:
     """What torch's C10_CUDA_CHECK raises for a failed call (torch_cuda.py)."""
@@ -125,7 +128,7 @@ def _open(r: Any, handle: bytes, device: int, offset: int, nbytes: int) -> tuple
     opened = rank_state(r, KEY, _Opened)
     if not opened.hooked:
         opened.hooked = True
-        torch_memory.before_exit(r, lambda: setattr(opened, "exited", True))
+        torch_memory.before_exit(r, opened.exit)
     entry = opened.maps.get(handle)
     if entry is None:
         def open_() -> int:
