@@ -34,8 +34,8 @@ from commsim.hosting.state import rankview
 from commsim.launch.bootstrap import shm_dir
 from commsim.launch.config import RunConfig
 from commsim.hosting.state.driver_view import HostedDriver
-from commsim.launch.procs import read_reports, worker_results
-from commsim.launch.run import free_port, rank_env, visible_of
+from commsim.launch.rank_env import free_port, rank_env, visible_of
+from commsim.launch.reports import read_reports, worker_results
 from commsim.hosting.state.session import HostedRank, RankEvents, bound, exception_line, hosted
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import install_all
