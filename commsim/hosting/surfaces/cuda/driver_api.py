@@ -16,10 +16,12 @@ from typing import Any, Callable
 
 import numpy as np
 from cuda.bindings import driver as cu
+from cuda.bindings.runtime import cudaMemcpyKind
 
 from commsim.driver import error_string
 from commsim.sim.pointers import pointer_info
 from commsim.hosting.state import device_facts
+from commsim.hosting.surfaces.cuda.device_calls import device_attribute, mem_get_info, memcpy
 from commsim.hosting.state.cuda_state import (R, ApiFail, api_call, as_cu, c_int, check_struct, host_buffer,
                          ctx_handle, ctx_ordinal, current, devptr, enum_attr_value, enum_value,
                          handle_value, new_stream, state)
@@ -115,38 +117,6 @@ def cuDeviceGetPCIBusId(length, dev):
     return (R.CUDA_SUCCESS, text)
 
 
-# Attributes the SimDriver does not answer but the topology does (cuda.h numbering).
-def device_attribute(attrib: int, ordinal: int) -> tuple:
-    """(CUresult, value) of a device attribute; an attribute commsim does not simulate fails
-    loudly instead of inventing a value."""
-    d = _drv()
-    # Ask the SimDriver's own table unwatched: an attribute it lacks but the topology answers
-    # is no CUDA error of the program's; the caller reports the final code.
-    res = getattr(d, "inner", d).cuDeviceGetAttribute(attrib, ordinal)
-    if int(res[0]) == 0 or int(res[0]) == int(R.CUDA_ERROR_INVALID_DEVICE):
-        return res
-    if not 0 <= ordinal < len(d.proc.gpus):
-        return (R.CUDA_ERROR_INVALID_DEVICE, None)
-    r = current()
-    ref = d.proc.gpus[ordinal]
-    g = r.cluster.gpu(ref)
-    pci = device_facts.pci_address(r.cluster, ref)
-    extra = {
-        int(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT): device_facts.model_facts(g.model).sms,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_BUS_ID): pci.bus,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID): pci.device,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID): pci.domain,
-        int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_MODE): 0,          # CU_COMPUTEMODE_DEFAULT
-        int(A.CU_DEVICE_ATTRIBUTE_INTEGRATED): 0,
-        int(A.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY): 1,
-    }
-    if attrib in extra:
-        return (R.CUDA_SUCCESS, extra[attrib])
-    try:
-        name = A(attrib).name
-    except ValueError:
-        return (R.CUDA_ERROR_INVALID_VALUE, None)            # no such attribute
-    raise NotImplementedError(f"commsim hosting: device attribute {name} is not simulated")
 
 
 @driver_api(1)
@@ -240,7 +210,6 @@ def cuMemFree(dptr):
 
 @driver_api(2, context=True)
 def cuMemGetInfo():
-    from commsim.hosting.surfaces.cuda.runtime_api import mem_get_info
     _, free, total = mem_get_info(current())
     return (R.CUDA_SUCCESS, free, total)
 
@@ -274,15 +243,12 @@ def cuMemcpyDtoH(dstHost, srcDevice, ByteCount):
 
 @driver_api(0, context=True)
 def cuMemcpyDtoD(dstDevice, srcDevice, ByteCount):
-    from cuda.bindings.runtime import cudaMemcpyKind
     return _drv().cudaMemcpy(devptr(dstDevice), devptr(srcDevice), c_int(ByteCount, "size_t"),
                              cudaMemcpyKind.cudaMemcpyDeviceToDevice)[0]
 
 
 @driver_api(0, context=True)
 def cuMemcpy(dst, src, ByteCount):
-    from cuda.bindings.runtime import cudaMemcpyKind
-    from commsim.hosting.surfaces.cuda.runtime_api import memcpy
     return memcpy(_drv(), devptr(dst), devptr(src), c_int(ByteCount, "size_t"),
                   int(cudaMemcpyKind.cudaMemcpyDefault))
 
