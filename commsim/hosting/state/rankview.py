@@ -33,6 +33,8 @@ import greenlet
 
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import hosted
+from commsim.hosting.state.session import _bound
+from commsim.runtime.scheduler import current_scheduler
 
 # The variables the launcher sets per rank; kept in sync with the C environment on switch.
 PER_RANK = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE",
@@ -122,7 +124,6 @@ def _trace(event: str, args: Any) -> None:
 
 
 def _rank_of(g: Any) -> Any:
-    from commsim.hosting.state.session import _bound
     while g is not None:
         stack = _bound.get(g)
         if stack:
@@ -140,7 +141,6 @@ def refresh() -> None:
 def _sleep(seconds: float) -> None:
     r = hosted()
     if r is not None and r.mode == "inproc":
-        from commsim.runtime.scheduler import current_scheduler
         sched = current_scheduler()
         if sched is not None and sched.current_rank is not None:
             sched.sleep(seconds)

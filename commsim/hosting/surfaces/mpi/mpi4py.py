@@ -45,6 +45,7 @@ from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import current
 from commsim.hosting.install.dispatch import not_simulated
 from commsim.hosting.install.registry import register_surface
+from commsim.runtime.scheduler import in_rank, now
 
 VERSION, SUBVERSION = 3, 1       # the MPI standard Open MPI 4.x/5.0 report (MPI_VERSION)
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3   # mpi.h
@@ -123,7 +124,6 @@ def Get_library_version() -> str:
 
 
 def Wtime() -> float:
-    from commsim.runtime.scheduler import in_rank, now
     return now() if in_rank() else time.time()    # inproc: the scheduler's virtual clock
 
 

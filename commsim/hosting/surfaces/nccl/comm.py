@@ -56,6 +56,13 @@ from commsim.libmodels.nccl_rules import ENV_VARS, decide, machine_from_cluster,
 from commsim.runtime.scheduler import wait_until
 from commsim.hosting.state.process_run import process_run
 from commsim.hosting.state.session import HostedRank
+from commsim.hosting.state.cuda_state import rank_state
+from commsim.hosting.wire.ranks import InprocTransport
+from commsim.group.torch_dist import ProcessWorld
+from commsim.hosting.wire.kvstore import StoreClient
+from commsim.hosting.wire.ranks import ProcsTransport
+from commsim.topology.model import GpuRef
+from commsim.hosting.wire.kvstore import StoreServer
 
 # ncclResult_t (nccl.h)
 SUCCESS, UNHANDLED_CUDA, SYSTEM, INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, \
@@ -120,7 +127,6 @@ class RankNccl:
 
 
 def state(r: HostedRank) -> RankNccl:
-    from commsim.hosting.state.cuda_state import rank_state
     return rank_state(r, "libnccl", RankNccl)
 
 
@@ -161,7 +167,6 @@ class _Root:
     first must not take the values its peers are still reading with it."""
 
     def __init__(self) -> None:
-        from commsim.hosting.wire.kvstore import StoreServer
         self.server = StoreServer()
         self.port = self.server.port
         self.made = 0
@@ -260,7 +265,6 @@ def rendezvous(r: HostedRank, st: RankNccl, blob: bytes, nranks: int, rank: int,
 
 def _inproc(r: HostedRank, blob: bytes, gen: int, name: str, nranks: int, rank: int,
             site: str) -> Membership:
-    from commsim.hosting.wire.ranks import InprocTransport
     table = _checkins.setdefault(r.world, {})
     entry = table.setdefault((blob, gen), {"nranks": nranks, "ranks": {}})
     # NCCL's bootstrap root refuses a second check-in of one rank and a differing rank count
@@ -287,9 +291,6 @@ def _inproc(r: HostedRank, blob: bytes, gen: int, name: str, nranks: int, rank: 
 
 
 def _procs(blob: bytes, gen: int, name: str, nranks: int, rank: int) -> Membership:
-    from commsim.group.torch_dist import ProcessWorld
-    from commsim.hosting.wire.kvstore import StoreClient
-    from commsim.hosting.wire.ranks import ProcsTransport
     body = blob[len(_MAGIC):]
     if not body.startswith(b"procs!"):
         raise NcclFailure(SYSTEM, "ncclCommInitRank: a unique id made by an in-process rank "
@@ -316,7 +317,6 @@ def _procs(blob: bytes, gen: int, name: str, nranks: int, rank: int) -> Membersh
 
 def init_decision(r: HostedRank, group: Any, device: int, site: str) -> None:
     """Every rank's GPU, then NCCL's init outcome from the project's rules (module doc)."""
-    from commsim.topology.model import GpuRef
     ref = r.visible[device]
     placement = [GpuRef(h, i) for h, i in group.all_gather_object(
         (ref.host, ref.index), tag=f"ncclCommInitRank at {site}")]

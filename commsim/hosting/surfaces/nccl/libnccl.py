@@ -68,6 +68,8 @@ from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import current, user_site
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
+from commsim.hosting.surfaces.torch.graphs import capture_on
+from commsim.hosting.surfaces.cuda import runtime_api as rt
 
 SONAME = "libnccl.so.2"
 # ncclGetVersion: 2.27.3 (NCCL_VERSION(2,27,3) = 2*10000 + 27*100 + 3, nccl.h); 2.27 is the
@@ -213,7 +215,6 @@ def _launch(ops: list[Op], api: str) -> None:
     """Operations on a capture stream go into the capture's graph, as NCCL's kernels do:
     nothing moves until the graph is replayed (a failure then raises out of replay(), where a
     GPU would fault inside the graph). The others run now."""
-    from commsim.hosting.surfaces.torch.graphs import capture_on
     now: list[Op] = []
     captured: dict[int, tuple[Any, list[Op]]] = {}
     for op in ops:
@@ -372,7 +373,6 @@ def _comm_init_rank(out: int, nranks: int, unique: Any, rank: int) -> None:
     blob = unique if isinstance(unique, bytes) else ctypes.string_at(unique, nc.ID_BYTES)
     r, st = _rank_state()
     site = user_site(3, 1)
-    from commsim.hosting.surfaces.cuda import runtime_api as rt
     err, device = rt.cudaGetDevice()
     if int(err) != 0:
         raise NcclFailure(UNHANDLED_CUDA, f"{api} : cudaGetDevice failed ({int(err)})")
@@ -422,7 +422,6 @@ def _last_error(comm: int) -> bytes:
 # ---- memory, windows, registration --------------------------------------------------------------
 
 def _mem_alloc(out: int, size: int) -> None:
-    from commsim.hosting.surfaces.cuda import runtime_api as rt
     _ptr_check(out, "ncclMemAlloc", "ptr")
     err, ptr = rt.cudaMalloc(size)
     if int(err) != 0:
@@ -434,7 +433,6 @@ def _mem_alloc(out: int, size: int) -> None:
 
 
 def _mem_free(ptr: int) -> None:
-    from commsim.hosting.surfaces.cuda import runtime_api as rt
     _, st = _rank_state()
     if ptr not in st.mem:
         raise NcclFailure(INVALID_ARGUMENT, f"ncclMemFree : {hex(ptr)} was not allocated by "

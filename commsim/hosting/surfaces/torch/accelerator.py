@@ -3,7 +3,7 @@
 On the CPU build `torch.accelerator.current_accelerator()` is None and `device_count()` 0,
 so code that picks its device through this API (PyTorch's own device-generic code does, and
 newer serving code) would take its CPU path in a hosted rank. Installed, the API answers
-from the same places as torch.cuda (torch_cuda.py, torch_cuda_memory.py): the accelerator is
+from the same places as torch.cuda (cuda.py, cuda_memory.py): the accelerator is
 `device(type='cuda')`, the device index, streams and synchronisation are the rank's, and
 torch.accelerator.memory's statistics are the caching allocator's. `empty_host_cache` has
 nothing to release (pinned host memory is not simulated, so its cache is always empty);
@@ -15,24 +15,24 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from commsim.hosting.install.dispatch import not_simulated
+from commsim.hosting.install.dispatch import not_simulated, per_rank, per_rank_class
 from commsim.hosting.install.patches import Patches
-from commsim.hosting.install.dispatch import per_rank, per_rank_class
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
+from commsim.hosting.surfaces.torch import cuda as tc
+from commsim.hosting.surfaces.torch import cuda_memory
+from commsim.hosting.surfaces.torch.device import HostedDevice, is_available
 
 
 def current_accelerator(check_available: bool = False) -> Any:
     import torch
-    from commsim.hosting.surfaces.torch import cuda as tc
-    if check_available and not tc.is_available():
+    if check_available and not is_available():
         return None
     return torch.device("cuda")
 
 
 def _cuda(name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
-        from commsim.hosting.surfaces.torch import cuda as tc
         return getattr(tc, name)(*args, **kwargs)
     call.__name__ = name
     return call
@@ -40,8 +40,7 @@ def _cuda(name: str) -> Callable[..., Any]:
 
 def _memory(name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
-        from commsim.hosting.surfaces.torch import cuda_memory as tcm
-        return getattr(tcm, name)(*args, **kwargs)
+        return getattr(cuda_memory, name)(*args, **kwargs)
     call.__name__ = name
     return call
 
@@ -54,8 +53,7 @@ class HostedDeviceIndex:
     """`with torch.accelerator.device_index(i):` (None: no change)."""
 
     def __init__(self, device: int | None, /) -> None:
-        from commsim.hosting.surfaces.torch import cuda as tc
-        self._ctx = tc.HostedDevice(device) if device is not None else None
+        self._ctx = HostedDevice(device) if device is not None else None
 
     def __enter__(self) -> None:
         if self._ctx is not None:

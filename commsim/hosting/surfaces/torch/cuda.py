@@ -2,81 +2,46 @@
 
 The CPU build has no CUDA: `torch.cuda.is_available()` is False and most calls assert
 "Torch not compiled with CUDA enabled". Installed, this surface answers the control-plane
-calls from the rank's runtime (cuda_runtime_api.py), so they agree with cuda-python,
-libcudart and NVML: `is_available`, `device_count`, `current_device`, `set_device`,
-`device` (context manager), `get_device_capability`, `get_device_name`,
-`get_device_properties`, `can_device_access_peer`, `synchronize`, `mem_get_info`,
-`is_initialized`, `init`, `current_stream` / `default_stream` / `Stream` (with
-`.cuda_stream`, the cudaStream_t value), `stream` / `StreamContext` / `set_stream` (the
-current stream per device, per rank). `Event` is torch_events.py's; `CUDAGraph`, `graph`,
-`graph_pool_handle` and `is_current_stream_capturing` are torch_graphs.py's; `device_of`,
-`ExternalStream` (a Stream over a given cudaStream_t), `get_arch_list`, and torch's own
-`is_bf16_supported` / `is_tf32_supported` (PASSTHROUGH) too. Outside a hosted rank every name
-is torch's own.
+calls from the rank's runtime (surfaces/cuda/runtime_api.py), so they agree with cuda-python,
+libcudart and NVML: the device calls (`is_available`, `device_count`, `current_device`,
+`set_device`, `device`, `device_of`, `synchronize`, `mem_get_info`, `is_initialized`, `init`:
+device.py), the device's properties (`get_device_capability`, `get_device_name`,
+`get_device_properties`, `can_device_access_peer`, `get_arch_list`: here), streams and events
+(`current_stream` / `default_stream` / `Stream` / `ExternalStream`, `stream` /
+`StreamContext` / `set_stream`, `Event`: streams.py), CUDA graphs (`CUDAGraph`, `graph`,
+`graph_pool_handle`, `is_current_stream_capturing`: graphs.py), the CUDA generators
+(random.py), and torch's own `is_bf16_supported` / `is_tf32_supported` (PASSTHROUGH) too.
+Outside a hosted rank every name is torch's own.
 
 The memory API (`memory_stats`, `memory_allocated`, `memory_summary`,
-`set_per_process_memory_fraction` ...: torch_cuda_memory.py) and `empty_cache` answer from
-the rank's caching allocator of CUDA tensors (torch_memory.py;
-the tensors themselves: torch_tensors.py, torch_factories.py). A CUDA error raises `torch.AcceleratorError("CUDA error: <text>")` as torch's
-C10_CUDA_CHECK does (torch 2.13: AcceleratorError, a RuntimeError).
+`set_per_process_memory_fraction` ...: cuda_memory.py) and `empty_cache` answer from the
+rank's caching allocator of CUDA tensors (memory.py; the tensors themselves: tensors.py,
+factories.py).
 """
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import types
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
-torch: Any = None          # bound when the program imports torch.cuda (see _install)
-from commsim.driver import error_string
-from commsim.hosting.surfaces.cuda import runtime_api as api
-from commsim.hosting.state import device_facts
 from commsim.hosting.install.dispatch import not_simulated, per_rank, per_rank_class
-from commsim.hosting.state.cuda_state import rank_state, runtime_entry
-from commsim.hosting.state.session import current, hosted
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
-
-_CHECK_TAIL = ("\nCUDA kernel errors might be asynchronously reported at some other API call, "
-               "so the stacktrace below might be incorrect.\nFor debugging consider passing "
-               "CUDA_LAUNCH_BLOCKING=1")
-
-
-def _check(res: tuple) -> Any:
-    if int(res[0]) != 0:
-        raise torch.AcceleratorError(f"CUDA error: {error_string(res[0])}{_CHECK_TAIL}")
-    return res[1] if len(res) == 2 else res[1:]
-
-
-def _index(device: Any, optional: bool = True) -> int:
-    """torch.cuda._utils._get_device_index for the hosted rank."""
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != "cuda":
-            raise ValueError(f"Expected a cuda device, but got: {device}")
-        device = device.index
-    if device is None:
-        if not optional:
-            raise ValueError("Expected a torch.device with a specified index or an integer, but got:None")
-        return int(_check(api.cudaGetDevice()))
-    if isinstance(device, int):
-        return device
-    raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
-
-
-@contextlib.contextmanager
-def _on(device: Any) -> Iterator[int]:
-    d = _index(device)
-    prev = int(_check(api.cudaGetDevice()))
-    if d != prev and d >= 0:
-        _check(api.cudaSetDevice(d))
-    try:
-        yield d
-    finally:
-        if d != prev and d >= 0:
-            _check(api.cudaSetDevice(prev))
+from commsim.hosting.state import device_facts
+from commsim.hosting.state.session import current, hosted
+from commsim.hosting.surfaces.cuda import runtime_api as api
+from commsim.hosting.surfaces.torch import cuda_memory
+from commsim.hosting.surfaces.torch import graphs as torch_graphs
+from commsim.hosting.surfaces.torch import random as torch_random
+from commsim.hosting.surfaces.torch.device import (HostedDevice, HostedDeviceOf, check_cuda, current_device,
+                                                   device_count, device_index_of, empty_cache, init,
+                                                   is_available, is_initialized, lazy_init, mem_get_info,
+                                                   set_device, synchronize)
+from commsim.hosting.surfaces.torch.streams import (HostedEvent, HostedStream, HostedStreamContext,
+                                                    current_stream, default_stream, external_stream,
+                                                    set_stream, stream)
 
 
 @dataclass(frozen=True)
@@ -103,110 +68,11 @@ class HostedDeviceProperties:
                 f"pci_domain_id={self.pci_domain_id})")
 
 
-class HostedStream:
-    """torch.cuda.Stream of a hosted rank: a name for a cudaStream_t (work completes at
-    launch in the simulator, so synchronize and query are immediate)."""
-
-    def __init__(self, device: Any = None, priority: int = 0, *, stream_ptr: int | None = None,
-                 **kwargs: Any):
-        _lazy_init()
-        self.device_index = _index(device)
-        if stream_ptr is None:
-            with _on(self.device_index):
-                stream_ptr = int(_check(api.cudaStreamCreate()))
-        self.cuda_stream = int(stream_ptr)
-        self.priority = priority
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cuda", self.device_index)
-
-    def synchronize(self) -> None:
-        _check(api.cudaStreamSynchronize(self.cuda_stream))
-
-    def query(self) -> bool:
-        return True
-
-    def wait_stream(self, stream: "HostedStream") -> None:
-        pass
-
-    def record_event(self, event: Any = None) -> Any:
-        from commsim.hosting.surfaces.torch.events import HostedEvent
-        event = event if event is not None else HostedEvent()
-        event.record(self)
-        return event
-
-    def wait_event(self, event: Any) -> None:
-        event.wait(self)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, HostedStream) and (self.cuda_stream, self.device_index) == \
-            (other.cuda_stream, other.device_index)
-
-    def __hash__(self) -> int:
-        return hash((self.cuda_stream, self.device_index))
-
-    def __repr__(self) -> str:
-        return f"<torch.cuda.Stream device=cuda:{self.device_index} cuda_stream={self.cuda_stream:#x}>"
-
-
-class HostedDevice:
-    """`with torch.cuda.device(d):` for a hosted rank."""
-
-    def __init__(self, device: Any):
-        self.idx = _index(device)
-        self.prev_idx = -1
-
-    def __enter__(self) -> None:
-        self.prev_idx = int(_check(api.cudaGetDevice()))
-        if self.idx >= 0 and self.idx != self.prev_idx:
-            _check(api.cudaSetDevice(self.idx))
-
-    def __exit__(self, *exc: Any) -> bool:
-        if self.idx >= 0 and self.idx != self.prev_idx:
-            _check(api.cudaSetDevice(self.prev_idx))
-        return False
-
-
-class HostedDeviceOf(HostedDevice):
-    """`with torch.cuda.device_of(t):` the device of a CUDA tensor (or storage), no change
-    for a CPU one (torch.cuda.device_of: index `obj.get_device()` if `obj.is_cuda`, else -1)."""
-
-    def __init__(self, obj: Any):
-        super().__init__(obj.get_device() if obj.is_cuda else -1)
-
-
-def external_stream(stream_ptr: int, device: Any = None) -> HostedStream:
-    """torch.cuda.ExternalStream: a Stream naming a cudaStream_t made elsewhere (by the
-    rank's cudart or cuda-python); torch takes it as given, without checking it."""
-    return HostedStream(device, stream_ptr=int(stream_ptr))
-
-
 # ---- the hosted functions -----------------------------------------------------------------
 
-def is_available() -> bool:
-    return int(api.cudaGetDeviceCount()[1] or 0) > 0
-
-
-def device_count() -> int:
-    return int(_check(api.cudaGetDeviceCount()))
-
-
-def current_device() -> int:
-    _lazy_init()
-    return int(_check(api.cudaGetDevice()))
-
-
-def set_device(device: Any) -> None:
-    _lazy_init()
-    d = _index(device)
-    if d >= 0:
-        _check(api.cudaSetDevice(d))
-
-
 def get_device_properties(device: Any = None) -> HostedDeviceProperties:
-    _lazy_init()
-    d = _index(device)
+    lazy_init()
+    d = device_index_of(device)
     if not 0 <= d < device_count():
         raise AssertionError("Invalid device id")         # torch.cuda.get_device_properties
     r = current()
@@ -228,20 +94,14 @@ def get_device_name(device: Any = None) -> str:
 
 
 def can_device_access_peer(device: Any, peer_device: Any) -> bool:
-    _lazy_init()
-    d, p = _index(device), _index(peer_device, optional=False)
+    lazy_init()
+    d, p = device_index_of(device), device_index_of(peer_device, optional=False)
     n = device_count()
     if not 0 <= d < n:
         raise AssertionError("Invalid device id")         # torch.cuda.can_device_access_peer
     if not 0 <= p < n:
         raise AssertionError("Invalid peer device id")
-    return bool(_check(api.cudaDeviceCanAccessPeer(d, p)))
-
-
-def synchronize(device: Any = None) -> None:
-    _lazy_init()
-    with _on(device):
-        _check(api.cudaDeviceSynchronize())
+    return bool(check_cuda(api.cudaDeviceCanAccessPeer(d, p)))
 
 
 # What torch.cuda.get_arch_list() gives (the SASS/PTX targets the build was compiled for),
@@ -275,88 +135,8 @@ class _HostedVersion(types.ModuleType):
         self.__dict__["cuda"] = value
 
 
-def mem_get_info(device: Any = None) -> tuple[int, int]:
-    _lazy_init()
-    with _on(device):
-        free, total = _check(api.cudaMemGetInfo())
-    return int(free), int(total)
-
-
-def _lazy_init() -> None:
-    """torch.cuda._lazy_init for the rank: torch's own "initialised" flag, set by the calls
-    that run _lazy_init in torch/cuda/__init__.py (not by is_available / device_count)."""
-    r = current()
-    runtime_entry(r)
-    rank_state(r, "torch.cuda", dict)["initialized"] = True
-
-
-def is_initialized() -> bool:
-    return rank_state(current(), "torch.cuda", dict).get("initialized", False)
-
-
-def init() -> None:
-    _lazy_init()
-
-
-def _current_streams() -> dict[int, int]:
-    """device -> the cudaStream_t torch.cuda.current_stream(device) names, for the rank."""
-    return rank_state(current(), "torch.cuda", dict).setdefault("streams", {})
-
-
-def current_stream(device: Any = None) -> HostedStream:
-    # torch's current stream starts as the default (legacy NULL) stream: cuda_stream 0.
-    _lazy_init()
-    d = _index(device)
-    return HostedStream(d, stream_ptr=_current_streams().get(d, 0))
-
-
-def set_stream(stream: Any) -> None:
-    """The stream's device gets it as its current stream (the current device stays)."""
-    if stream is None:
-        return
-    _lazy_init()
-    _current_streams()[stream.device_index] = stream.cuda_stream
-
-
-class HostedStreamContext:
-    """`with torch.cuda.stream(s):` for a hosted rank: `s` is its device's current stream
-    inside (torch.cuda.StreamContext's semantics: the current device does not change)."""
-
-    def __init__(self, stream: Any):
-        self.stream = stream
-        self.prev: list[HostedStream] = []
-
-    def __enter__(self) -> None:
-        if self.stream is None:
-            return
-        self.prev = [current_stream(None)]
-        if self.stream.device_index != self.prev[0].device_index:
-            self.prev.append(current_stream(self.stream.device_index))
-        set_stream(self.stream)
-
-    def __exit__(self, *exc: Any) -> bool:
-        for s in reversed(self.prev):
-            set_stream(s)
-        self.prev = []
-        return False
-
-
-def stream(stream: Any) -> HostedStreamContext:
-    return HostedStreamContext(stream)
-
-
-def default_stream(device: Any = None) -> HostedStream:
-    return HostedStream(device, stream_ptr=0)
-
-
-def empty_cache() -> None:
-    from commsim.hosting.surfaces.torch import memory as torch_memory
-    torch_memory.empty_cache(current())
-
-
 def _stats() -> dict[str, Any]:
-    from commsim.hosting.surfaces.torch import cuda_memory as torch_cuda_memory
-    return {**torch_cuda_memory.HOSTED, "empty_cache": empty_cache}
+    return {**cuda_memory.HOSTED, "empty_cache": empty_cache}
 
 
 _HOSTED: dict[str, Any] = {
@@ -385,7 +165,6 @@ _UNSIMULATED_CLASSES = ("MemPool", "GreenContext", "CUDAPluggableAllocator")
 
 
 def _public_functions(tc: Any) -> list[str]:
-    import inspect
     return [n for n in dir(tc) if not n.startswith("_") and inspect.isfunction(getattr(tc, n))
             and getattr(getattr(tc, n), "__module__", "").startswith("torch.cuda")]
 
@@ -407,20 +186,13 @@ def _patch_memory_module(patches: Patches, module: Any) -> None:
     """torch.cuda.memory's own Python functions (memory_summary, memory_allocated ...) call
     its module-level memory_stats / memory_stats_as_nested_dict: route those too, so torch's
     formatter runs over the hosted statistics."""
-    from commsim.hosting.surfaces.torch import cuda_memory as tcm
     for name in ("memory_stats", "memory_stats_as_nested_dict"):
-        patches.attr(module, name, per_rank(name, tcm.HOSTED[name], getattr(module, name), hosted))
+        patches.attr(module, name, per_rank(name, cuda_memory.HOSTED[name], getattr(module, name),
+                                            hosted))
 
 
 def _patch(patches: Patches, tc: Any) -> None:
-    global torch
-    import torch as _torch
-    torch = _torch          # may be partially initialised here: used only at call time
     # tc is torch.cuda itself (not yet an attribute of the torch package)
-    from commsim.hosting.surfaces.torch.events import HostedEvent
-    from commsim.hosting.surfaces.torch import graphs as tg
-    from commsim.hosting.surfaces.torch import random as torch_random
-
     def serve(name: str, fn: Any) -> None:
         patches.attr(tc, name, per_rank(name, fn, getattr(tc, name), hosted))
 
@@ -431,15 +203,16 @@ def _patch(patches: Patches, tc: Any) -> None:
         serve(name, fn)
     # torch's C++ calls torch.cuda._lazy_init before it makes a CUDA tensor (a factory
     # reached without the tensor surface's mode: another thread of a procs-mode rank).
-    serve("_lazy_init", _lazy_init)
-    for name, fn in (("graph_pool_handle", tg.graph_pool_handle),
-                     ("is_current_stream_capturing", tg.is_current_stream_capturing),
+    serve("_lazy_init", lazy_init)
+    for name, fn in (("graph_pool_handle", torch_graphs.graph_pool_handle),
+                     ("is_current_stream_capturing", torch_graphs.is_current_stream_capturing),
                      *torch_random.HOSTED.items()):
         serve(name, fn)
     for name, cls in (("Stream", HostedStream), ("device", HostedDevice),
                       ("device_of", HostedDeviceOf), ("ExternalStream", external_stream),
                       ("StreamContext", HostedStreamContext), ("Event", HostedEvent),
-                      ("CUDAGraph", tg.HostedCUDAGraph), ("graph", tg.HostedGraphContext)):
+                      ("CUDAGraph", torch_graphs.HostedCUDAGraph),
+                      ("graph", torch_graphs.HostedGraphContext)):
         serve_class(name, cls)
     # Everything else public fails loudly in a hosted rank, naming itself.
     for name in _public_functions(tc):

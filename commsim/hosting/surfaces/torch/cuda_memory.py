@@ -26,14 +26,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from commsim.hosting.surfaces.torch import memory as torch_memory
 from commsim.hosting.state.session import HostedRank, current
+from commsim.hosting.surfaces.torch import memory as torch_memory
+from commsim.hosting.surfaces.torch.device import device_index_of, lazy_init
+from commsim.hosting.surfaces.torch.streams import HostedStream
 
 
 def _rank_device(device: Any) -> tuple[HostedRank, int]:
-    from commsim.hosting.surfaces.torch.cuda import _index, _lazy_init
-    _lazy_init()
-    return current(), _index(device)
+    lazy_init()
+    return current(), device_index_of(device)
 
 
 def _stats(device: Any) -> Any:
@@ -89,8 +90,8 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """torch's own table (torch.cuda.memory.memory_summary is Python over memory_stats, which
     this surface routes to the allocator), for an explicit device index."""
     r, d = _rank_device(device)
-    from commsim.hosting.surfaces.torch.cuda import _saved
-    return _saved["memory_summary"](device=d, abbreviated=abbreviated)
+    import torch.cuda.memory as real      # torch's own (loaded: torch.cuda called us)
+    return real.memory_summary(device=d, abbreviated=abbreviated)
 
 
 def memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list[dict[str, Any]]:
@@ -136,7 +137,6 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 
 def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
-    from commsim.hosting.surfaces.torch.cuda import HostedStream
     r, d = _rank_device(device)
     if stream is not None and not isinstance(stream, (int, HostedStream)):
         raise TypeError("Invalid type for stream argument, must be `torch.cuda.Stream` or `int` "

@@ -23,35 +23,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from commsim.hosting.state.session import hosted
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
+from commsim.hosting.state.session import hosted
+from commsim.hosting.surfaces.torch import graphs as torch_graphs
+from commsim.hosting.surfaces.torch.device import cuda_index, is_ordinal
+from commsim.hosting.surfaces.torch.graphs import check_no_host_copy
+from commsim.hosting.surfaces.torch.random import factory_kwargs
+
+# tensors.py and moves.py import torch: this module is imported when the surfaces install,
+# before the program runs, so they are imported inside the functions (run once torch is).
 
 _mode: list[Any] = []          # the one mode instance, once torch is imported
 _active = [False]
-
-
-def _is_ordinal(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _cuda_index(dev: Any) -> int | None:
-    """The device index a `device=` argument names when it is a CUDA device, else None."""
-    import torch
-    if _is_ordinal(dev):
-        d = torch.device("cuda", dev)
-    elif isinstance(dev, (str, torch.device)):
-        d = torch.device(dev)
-    else:
-        return None
-    if d.type != "cuda":
-        return None
-    from commsim.hosting.surfaces.torch import cuda as torch_cuda
-    torch_cuda._lazy_init()
-    index = torch_cuda.current_device() if d.index is None else d.index
-    if not 0 <= index < torch_cuda.device_count():
-        raise torch.AcceleratorError("CUDA error: invalid device ordinal" + torch_cuda._CHECK_TAIL)
-    return index
 
 
 def _not_pinned() -> None:
@@ -81,10 +65,8 @@ def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
             # Through the dispatch: a fill inside a CUDA graph capture is recorded, not run.
             torch.ops.aten.fill_.Scalar(t, value)
         return t
-    from commsim.hosting.surfaces.torch.graphs import check_no_host_copy
     check_no_host_copy(index, f"{getattr(func, '__name__', func)}(device=cuda) (made on the host, "
                               f"then copied)")
-    from commsim.hosting.surfaces.torch.random import factory_kwargs
     out = func(*args, **{**factory_kwargs(func, kwargs, index), "device": torch.device("cpu")})
     return place(out, index) if isinstance(out, torch.Tensor) else out
 
@@ -96,12 +78,12 @@ def _to(func: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     copy = bool(kwargs.get("copy", False))
     rest = {k: v for k, v in kwargs.items() if k != "copy"}
     # An int names a CUDA ordinal here; torch's parser would ask for an accelerator.
-    if _is_ordinal(rest.get("device")):
+    if is_ordinal(rest.get("device")):
         rest["device"] = torch.device("cuda", rest["device"])
-    if args and _is_ordinal(args[0]):
+    if args and is_ordinal(args[0]):
         args = (torch.device("cuda", args[0]), *args[1:])
     device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **rest)
-    index = _cuda_index(device) if device is not None else None
+    index = cuda_index(device) if device is not None else None
     if index is None:
         return func(self, *args, **kwargs)
     same = isinstance(self, HostedCudaTensor) and self.device.index == index
@@ -109,8 +91,7 @@ def _to(func: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
             memory_format in (None, torch.preserve_format):
         return self
     if not isinstance(self, HostedCudaTensor):
-        from commsim.hosting.surfaces.torch.graphs import check_no_host_copy
-        check_no_host_copy(index, "Tensor.to(cuda) of a CPU tensor")
+            check_no_host_copy(index, "Tensor.to(cuda) of a CPU tensor")
     src = inner_of(self)
     moved = src.to(dtype=dtype or src.dtype, memory_format=memory_format or torch.preserve_format,
                    copy=True)
@@ -121,7 +102,6 @@ def _to(func: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _record_device_copy(src: Any, out: Any) -> None:
     """A device-to-device `.to()` inside a CUDA graph capture: replay copies again."""
-    from commsim.hosting.surfaces.torch import graphs as torch_graphs
     if torch_graphs.CAPTURING[0]:
         cap = torch_graphs.capture_for((src.device.index, out.device.index))
         if cap is not None:
@@ -131,7 +111,7 @@ def _record_device_copy(src: Any, out: Any) -> None:
 def _cuda(func: Any, self: Any, device: Any = None, non_blocking: bool = False,
           memory_format: Any = None) -> Any:
     import torch
-    index = _cuda_index("cuda" if device is None else device)
+    index = cuda_index("cuda" if device is None else device)
     if index is None:
         raise RuntimeError(f"Invalid device, must be cuda device, got {device}")
     kw = {} if memory_format is None else {"memory_format": memory_format}
@@ -164,7 +144,7 @@ def _make_mode() -> Any:
                 return set_data(func, *args)
             dev = kwargs.get("device")
             if dev is not None:
-                index = _cuda_index(dev)
+                index = cuda_index(dev)
                 if index is not None:
                     return _factory(func, index, args, kwargs)
             if kwargs.get("pin_memory"):
@@ -185,7 +165,7 @@ def _empty_kernel(name: str) -> Any:
             raise NotImplementedError(f"Could not run 'aten::{name}' with arguments from the "
                                       f"'CUDA' backend (a CPU-only build of torch)")
         device = kwargs.pop("device", None)
-        index = _cuda_index(device if device is not None else "cuda")
+        index = cuda_index(device if device is not None else "cuda")
         kwargs.pop("pin_memory", None)
         meta = getattr(torch.ops.aten, name.split(".")[0]).__getattr__(
             name.split(".")[1] if "." in name else "default")(*args, device="meta", **kwargs)

@@ -37,6 +37,11 @@ from commsim.hosting.state.cuda_state import rank_state
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import current, hosted
 from commsim.hosting.install.registry import register_surface
+from commsim.hosting.surfaces.torch import memory as torch_memory
+from commsim.hosting.surfaces.torch.device import check_cuda, cuda_index
+
+# tensors.py imports torch: this module is imported when the surfaces install, before the
+# program runs, so it is imported inside the functions (run once torch is).
 
 KEY = "torch.ipc"
 _RANGE_START_ADDR = 11        # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
@@ -57,16 +62,6 @@ class _Opened:
         self.exited = True
 
 
-def _check(res: tuple) -> Any:
-    """What torch's C10_CUDA_CHECK raises for a failed call (torch_cuda.py)."""
-    import torch
-    from commsim.driver import error_string
-    from commsim.hosting.surfaces.torch.cuda import _CHECK_TAIL
-    if int(res[0]) != 0:
-        raise torch.AcceleratorError(f"CUDA error: {error_string(res[0])}{_CHECK_TAIL}")
-    return res[1]
-
-
 def reduce_tensor(tensor: Any) -> Any:
     """torch.multiprocessing.reductions.reduce_tensor: a hosted CUDA tensor by IPC handle."""
     from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
@@ -80,8 +75,8 @@ def reduce_tensor(tensor: Any) -> Any:
     else:
         r = current()
         storage_ptr = block.device_address(inner.untyped_storage().data_ptr())
-        base = int(_check(r.driver.cuPointerGetAttribute(_RANGE_START_ADDR, storage_ptr)))
-        handle = bytes(_check(r.driver.cudaIpcGetMemHandle(base)))
+        base = int(check_cuda(r.driver.cuPointerGetAttribute(_RANGE_START_ADDR, storage_ptr)))
+        handle = bytes(check_cuda(r.driver.cudaIpcGetMemHandle(base)))
         size, offset = inner.untyped_storage().nbytes(), storage_ptr - base
     rebuild = _real["module"].rebuild_cuda_tensor
     cls = torch.nn.Parameter if isinstance(tensor, torch.nn.Parameter) else torch.Tensor
@@ -104,8 +99,7 @@ def rebuild_cuda_tensor(tensor_cls: Any, tensor_size: Any, tensor_stride: Any, t
             event_sync_required)
     import torch
     from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, new_empty
-    from commsim.hosting.surfaces.torch.factories import _cuda_index
-    device = _cuda_index(storage_device)
+    device = cuda_index(storage_device)
     if storage_handle is None or storage_size_bytes == 0:
         t = new_empty(tuple(tensor_size), tuple(tensor_stride), dtype, device)
     else:
@@ -124,7 +118,6 @@ def _open(r: Any, handle: bytes, device: int, offset: int, nbytes: int) -> tuple
     """A uint8 CPU tensor over `nbytes` at `offset` of the allocation `handle` names, mapped
     in this rank once per handle (torch's CudaIPCTypes), and its DeviceBlock."""
     import torch
-    from commsim.hosting.surfaces.torch import memory as torch_memory
     opened = rank_state(r, KEY, _Opened)
     if not opened.hooked:
         opened.hooked = True
@@ -132,7 +125,7 @@ def _open(r: Any, handle: bytes, device: int, offset: int, nbytes: int) -> tuple
     entry = opened.maps.get(handle)
     if entry is None:
         def open_() -> int:
-            return int(_check(r.driver.cudaIpcOpenMemHandle(handle, int(LAZY_ENABLE_PEER_ACCESS))))
+            return int(check_cuda(r.driver.cudaIpcOpenMemHandle(handle, int(LAZY_ENABLE_PEER_ACCESS))))
         entry = opened.maps[handle] = [torch_memory._with_device(r, device, open_), 0]
     base = entry[0]
     view = r.driver.view(base + offset, nbytes)
@@ -152,7 +145,6 @@ def _release(r: Any, opened: _Opened, handle: bytes, device: int) -> None:
     if entry[1] > 0:
         return
     del opened.maps[handle]
-    from commsim.hosting.surfaces.torch import memory as torch_memory
     torch_memory._with_device(r, device, lambda: r.driver.cudaIpcCloseMemHandle(entry[0]))
 
 

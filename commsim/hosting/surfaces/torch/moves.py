@@ -21,6 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch.nn import Parameter
+
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
+
 # What the wrapper keeps in __dict__ (torch_tensors.HostedCudaTensor): the alias brings its
 # own; the program's attributes come from the object being moved.
 _WRAPPER_STATE = frozenset({"_inner", "_block", "_wants_grad", "_is_param"})
@@ -29,9 +34,6 @@ _WRAPPER_STATE = frozenset({"_inner", "_block", "_wants_grad", "_is_param"})
 def set_data(func: Any, self: Any, value: Any) -> Any:
     """`self.data = value` when either side is a hosted CUDA tensor (both sides on the host
     are torch's own `func`)."""
-    import torch
-    from torch.nn import Parameter
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     hosted_self, hosted_value = isinstance(self, HostedCudaTensor), isinstance(value, HostedCudaTensor)
     if not hosted_self and not hosted_value:
         return func(self, value)

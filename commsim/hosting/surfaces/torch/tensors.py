@@ -30,6 +30,9 @@ from typing import Any
 import torch
 
 from commsim.hosting.surfaces.torch import graphs as torch_graphs
+from commsim.hosting.surfaces.torch.device import cuda_index
+from commsim.hosting.surfaces.torch.graphs import leaves
+from commsim.hosting.surfaces.torch.streams import HostedStream
 from commsim.hosting.surfaces.torch import memory as torch_memory
 from commsim.hosting.surfaces.torch import random as torch_random
 from commsim.hosting.state.session import current
@@ -100,7 +103,6 @@ class HostedCudaTensor(torch.Tensor):
         rank's torch.cuda.Stream is not; the block's reuse needs no deferring here (work
         completes when it is launched), so only the argument is checked, as torch's parser
         checks it."""
-        from commsim.hosting.surfaces.torch.cuda import HostedStream
         if not isinstance(stream, (HostedStream, torch.Stream)):
             raise TypeError(f"record_stream(): argument 's' (position 1) must be Stream, "
                             f"not {type(stream).__name__}")
@@ -150,7 +152,7 @@ class HostedCudaTensor(torch.Tensor):
             return None
         cap = torch_graphs.capture_for((self.device.index,))
         if cap is not None and any(isinstance(x, torch.Tensor) and not isinstance(x, HostedCudaTensor)
-                                   and x.dim() > 0 for x in _leaves((index, value), [])):
+                                   and x.dim() > 0 for x in leaves((index, value), [])):
             torch_graphs.host_sync("indexing a CUDA tensor with a CPU tensor")
         return cap
 
@@ -313,18 +315,6 @@ def _map(fn: Any, x: Any) -> Any:
     return fn(x)
 
 
-def _leaves(x: Any, out: list) -> list:
-    if isinstance(x, (tuple, list)):
-        for v in x:
-            _leaves(v, out)
-    elif isinstance(x, dict):
-        for v in x.values():
-            _leaves(v, out)
-    else:
-        out.append(x)
-    return out
-
-
 def is_hosted_cuda(t: Any) -> bool:
     return isinstance(t, HostedCudaTensor)
 
@@ -403,8 +393,7 @@ def _target(kwargs: dict) -> tuple[dict, Any]:
     dev = kwargs.get("device")
     if dev is None:
         return kwargs, None
-    from commsim.hosting.surfaces.torch.factories import _cuda_index
-    index = _cuda_index(dev)          # validates the ordinal as torch does
+    index = cuda_index(dev)          # validates the ordinal as torch does
     dev = torch.device("cuda", index) if index is not None else torch.device(dev)
     return {**kwargs, "device": torch.device("cpu")}, dev
 
@@ -422,7 +411,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         return None
     if name in _REFUSED:
         raise NotImplementedError(f"commsim hosting: {func} on a CUDA tensor is not simulated")
-    flat = _leaves((args, kwargs), [])
+    flat = leaves((args, kwargs), [])
     wrappers = [x for x in flat if isinstance(x, HostedCudaTensor)]
     _autograd_refused(name, wrappers)
     if name not in _MIXING:
@@ -473,7 +462,8 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         return _adopt(o, device, wrappers, fresh)
     result = _map(wrap, out)
     if cap is not None:
-        cap.record_result(func, inner_args, inner_kwargs, result)
+        cap.record_result(func, inner_args, inner_kwargs,
+                          [t for t in leaves(result, []) if isinstance(t, HostedCudaTensor)])
     return result
 
 

@@ -22,6 +22,7 @@ from commsim.hosting.state.session import HostedRank, hosted, user_site
 from commsim.hosting.install.dispatch import not_simulated, per_rank
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface, wrap_torch_distributed
+from commsim.hosting.surfaces.torch.graphs import check_outside_capture
 
 KEY = "torch.distributed"
 NOT_SIMULATED = tuple("""
@@ -274,7 +275,6 @@ def _stack(parts: list) -> Any:
 def _host(t: Any, what: str) -> Any:
     """The CPU tensor whose bytes are `t`'s: `t` itself, or a hosted CUDA tensor's inner
     tensor over its simulated device memory (writing it writes the device's bytes)."""
-    from commsim.hosting.surfaces.torch.graphs import check_outside_capture
     from commsim.hosting.surfaces.torch.tensors import inner_of
     check_outside_capture(t, f"torch.distributed.{what}")
     h = inner_of(t)

@@ -61,6 +61,14 @@ from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import HostedRank, current, hosted, user_site
 from commsim.hosting.install.dispatch import not_simulated, per_rank
 from commsim.hosting.install.registry import register_surface
+from commsim.topology.model import FabricState
+from commsim.hosting.surfaces.torch.memory import _with_device as wd
+from commsim.hosting.surfaces.torch.device import cuda_index
+from commsim.hosting.surfaces.torch.memory import DeviceBlock, device_clock
+from commsim.hosting.surfaces.torch.memory import before_exit
+from commsim.hosting.surfaces.torch_distributed.inproc import HostedGroup
+from commsim.hosting.surfaces.torch import graphs as torch_graphs
+from commsim.hosting.surfaces.torch_distributed.inproc import group_by_name
 
 KEY = "torch.symm_mem"
 MODULE = "torch.distributed._symmetric_memory"
@@ -192,13 +200,11 @@ def _multicast_supported(r: HostedRank, device: int) -> bool:
 def _clique_id(r: HostedRank, device: int) -> int:
     """at::cuda::get_fabric_clique_id: NVML's clique id, -1 without a fabric (the -1:
     UNCONFIRMED)."""
-    from commsim.topology.model import FabricState
     fabric = _gpu(r, device).fabric
     return int(fabric.clique_id) if fabric.state == FabricState.COMPLETED else -1
 
 
 def _with_device(r: HostedRank, device: int, fn: Any) -> Any:
-    from commsim.hosting.surfaces.torch.memory import _with_device as wd
     return wd(r, device, fn)
 
 
@@ -228,15 +234,13 @@ def empty(r: HostedRank, *size: Any, dtype: Any = None, device: Any = None) -> A
     import numpy as np
     import torch
 
-    from commsim.hosting.surfaces.torch.factories import _cuda_index
-    from commsim.hosting.surfaces.torch.memory import DeviceBlock, device_clock
     from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     shape = tuple(int(s) for s in size)
     dtype = dtype or torch.get_default_dtype()
     dev = torch.get_default_device() if device is None else device
-    index = _cuda_index(dev)
+    index = cuda_index(dev)
     if index is None:
         # _SymmetricMemory.empty_strided_p2p on a device without a symmetric-memory allocator
         # (the installed torch's own text).
@@ -320,7 +324,6 @@ def _release_at_exit(r: HostedRank, st: RankSymm) -> None:
     if st.hooked:
         return
     st.hooked = True
-    from commsim.hosting.surfaces.torch.memory import before_exit
     before_exit(r, lambda: [_release(r, a) for a in list(st.allocs)])
 
 
@@ -340,7 +343,6 @@ class _Members:
     def __init__(self, r: HostedRank, name: str) -> None:
         self.name = name
         if r.mode == "inproc":
-            from commsim.hosting.surfaces.torch_distributed.inproc import group_by_name
             self._local = group_by_name(r, name)
             if self._local is None:
                 raise _unresolved(name)
@@ -380,7 +382,6 @@ def _group_name(group: Any) -> str:
     __init__.py raises); an inproc rank's groups are commsim's HostedGroup."""
     from torch._C._distributed_c10d import ProcessGroup
 
-    from commsim.hosting.surfaces.torch_distributed.inproc import HostedGroup
     if isinstance(group, str):
         return group
     if isinstance(group, (ProcessGroup, HostedGroup)):
@@ -644,7 +645,6 @@ class HostedSymmetricMemory:
         import numpy as np
         import torch
 
-        from commsim.hosting.surfaces.torch.memory import DeviceBlock, device_clock
         from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
         shape = tuple(int(s) for s in sizes)
         item = torch.empty((), dtype=dtype).element_size()
@@ -721,7 +721,6 @@ def _run(r: HostedRank, name: str, values: list) -> Any:
     impl = _OPS.get(name)
     if impl is None:
         raise NotImplementedError(f"commsim hosting: torch.ops.symm_mem.{name} is not simulated")
-    from commsim.hosting.surfaces.torch import graphs as torch_graphs
     if torch_graphs.CAPTURING[0]:
         raise NotImplementedError(f"commsim hosting: torch.ops.symm_mem.{name} inside a CUDA graph "
                                   f"capture is not simulated")
