@@ -1,7 +1,9 @@
 """DESIGN.md §2: a backend sees the driver protocol only. No module under commsim/backends/,
 nor the communicator, policy or discovery, imports the simulator or the device binding, even
 indirectly (the static walk follows every import statement, also those inside functions);
-importing commsim changes nothing global."""
+importing commsim changes nothing global. Hosting imports nothing above it (launch, scenario,
+procs, commands), and its layers import one way: surfaces -> state -> install; hosting and
+launch have no import cycle."""
 
 from __future__ import annotations
 
@@ -104,3 +106,101 @@ def test_importing_the_layer_loads_neither_and_changes_no_global():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120, env={"PATH": "", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0 and p.stdout.startswith("ok"), p.stdout + p.stderr
+
+
+# ---- hosting and launch ----------------------------------------------------------------------
+
+ABOVE_HOSTING = ("commsim.launch", "commsim.scenario", "commsim.procs", "commsim.commands")
+
+
+def _modules(package: str) -> list[str]:
+    base = ROOT.joinpath(*package.split("."))
+    out = []
+    for p in sorted(base.rglob("*.py")):
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        out.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return out
+
+
+def _under(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def _direct(name: str) -> set[str]:
+    """The commsim modules `name`'s import statements name (those inside functions too)."""
+    path = _module_file(name)
+    assert path is not None, name
+    return {d for d in _imports(name, path) if d.startswith("commsim") and _module_file(d)}
+
+
+def test_hosting_never_imports_launch_scenario_procs_or_commands():
+    seen = _closure(_modules("commsim.hosting"))
+    bad = [m for m in seen if _under(m, ABOVE_HOSTING)]
+    assert not bad, "\n".join(_chain(seen, m) for m in bad)
+    # Not vacuous: the walk reaches the simulator the surfaces answer from.
+    assert "commsim.sim.driver" in seen and "commsim.hosting.install.patches" in seen
+
+
+def test_hosting_layers_import_one_way():
+    """install knows no rank and no surface; state knows no surface."""
+    rules = {"commsim.hosting.install": ("commsim.hosting.state", "commsim.hosting.surfaces"),
+             "commsim.hosting.state": ("commsim.hosting.surfaces",)}
+    bad = []
+    for layer, forbidden in rules.items():
+        seen = _closure(_modules(layer))
+        bad += [_chain(seen, m) for m in seen if _under(m, forbidden)]
+    assert not bad, "\n".join(bad)
+
+
+def _cycles(modules: list[str]) -> list[list[str]]:
+    """The import cycles among `modules` (Tarjan's strongly connected components of size > 1
+    or importing themselves)."""
+    inside = set(modules)
+    graph = {m: {d for d in _direct(m) if d in inside and d != m} for m in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for m in modules:
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_hosting_and_launch_have_no_import_cycle():
+    cycles = _cycles(_modules("commsim.hosting") + _modules("commsim.launch"))
+    assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_function_body(tmp_path, monkeypatch):
+    pkg = tmp_path / "commsim" / "cyc"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from commsim.cyc import b\n")
+    (pkg / "b.py").write_text("def f():\n    from commsim.cyc.a import x\n")
+    (pkg / "c.py").write_text("import commsim.cyc.a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _cycles(["commsim.cyc.a", "commsim.cyc.b", "commsim.cyc.c"]) == [["commsim.cyc.a", "commsim.cyc.b"]]
