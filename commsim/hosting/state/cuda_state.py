@@ -1,6 +1,6 @@
 """Per-rank CUDA state and argument conversion shared by the hosted CUDA surfaces.
 
-The cuda-python modules (cuda_runtime_api / cuda_driver_api) and the ctypes libcudart
+The cuda-python modules (surfaces/cuda/runtime_api, driver_api) and the ctypes libcudart
 (cudart.py) are two faces of one process's CUDA: they share the rank's driver and this
 state (driver initialised, current context, primary-context references, streams, the
 runtime's sticky last error), so a program mixing them sees one consistent process.

@@ -92,7 +92,7 @@ class HostedRank:
     visible: tuple             # GPUs this process sees, CUDA ordinal i -> visible[i]
     shm_dir: str               # private directory standing in for this host's /dev/shm
     events: RankEvents = field(default_factory=RankEvents)
-    # -- beyond the contract (16a's own use) --
+    # -- what the launcher and the surfaces keep besides the launcher's environment --
     mode: str = "procs"        # "procs" | "inproc"
     pid: int = 0               # the pid the process observes (simulated in inproc mode)
     env: dict | None = None    # inproc: this rank's os.environ view

@@ -2,7 +2,7 @@
 
 Installing the surface replaces both modules (in sys.modules and as attributes of the
 `cuda.bindings` package) by stand-ins. On each attribute lookup a stand-in answers:
-- an API function commsim simulates (cuda_runtime_api / cuda_driver_api): that function,
+- an API function commsim simulates (surfaces/cuda/runtime_api, driver_api, driver_vmm): that function,
   which serves the rank running the call (session.current());
 - any other name of the real module (enums, structs, handle types, constants,
   `cudaGetErrorString`/`cudaGetErrorName`, which need no GPU): the real object, so types

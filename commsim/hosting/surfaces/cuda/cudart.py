@@ -10,7 +10,7 @@ Installing this surface creates a real file named `libcudart.so.13` in a private
 (0700, unguessable) and maps it read-only into the process, so it appears in
 /proc/self/maps; `ctypes.CDLL` of that path (or of the soname) returns the simulated
 library (fakelib.py). Its functions are the C ABI over the same per-rank runtime as
-`cuda.bindings.runtime` (cuda_runtime_api.py): return codes are `cudaError_t` numbers,
+`cuda.bindings.runtime` (surfaces/cuda/runtime_api.py): return codes are `cudaError_t` numbers,
 `cudaGetErrorString` returns the real runtime's texts (cuda-python's table, which needs no
 GPU, reference §1.5), so a wrapper's `RuntimeError(f"CUDART error: {text}")` is the real one.
 """

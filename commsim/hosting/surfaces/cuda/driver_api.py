@@ -1,6 +1,6 @@
 """`cuda.bindings.driver` functions for a hosted rank (cuda-python 13.x signatures).
 
-Same contract as cuda_runtime_api: the real parameter names, the binding's argument
+Same contract as runtime_api.py: the real parameter names, the binding's argument
 conversion and return types (`CUdevice`, `CUcontext`, `CUdeviceptr`,
 `CUmemGenericAllocationHandle`, `CUmemFabricHandle`, an int fd for POSIX-fd export), and
 the driver's rules: nothing but cuInit works before cuInit ("cuInit must be called before

@@ -93,7 +93,7 @@ def Recv(self: Any, buf: Any, source: int = -1, tag: int = -1, status: Any = Non
 
 
 def Isend(self: Any, buf: Any, dest: int, tag: int = 0) -> Any:
-    Send(self, buf, dest, tag)         # eager, as the lowercase send (mpi_transport.py)
+    Send(self, buf, dest, tag)         # eager, as the lowercase send (wire/ranks.py)
     return Request(done=True)
 
 

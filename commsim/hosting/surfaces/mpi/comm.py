@@ -13,7 +13,7 @@ errors").
 Every collective crosses the communicator as one all-gather of (call, parameters, payload),
 so each member checks that all members made the same call: a mismatch (rank 0 in bcast, rank
 1 in allgather) is an error naming who called what, where real MPI would hang or garble
-data. A rank that never arrives is the transport's diagnosis (mpi_transport.py).
+data. A rank that never arrives is the transport's diagnosis (wire/ranks.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ torch.distributed CPU group). Here:
   kept per LocalWorld and wait with the scheduler's `wait_until` until `nranks` have, so a
   rank that never calls ncclCommInitRank is a diagnosed hang; the communicator is then a
   `LocalWorld.shared_group` of the world ranks in comm-rank order, and ncclSend/ncclRecv go
-  through the same mailboxes as the mpi4py surface (mpi_transport.InprocTransport).
+  through the same mailboxes as the mpi4py surface (wire.ranks.InprocTransport).
 - procs (real processes): the process that calls ncclGetUniqueId hosts a key-value store on
   127.0.0.1 (kvstore.StoreServer, as NCCL's bootstrap root listens on a socket) and writes its
   port and a fresh 32-byte secret into the id; every rank connects, and the communicator is
@@ -107,7 +107,7 @@ class Comm:
     rank: int
     device: int                   # the CUDA ordinal current at init (ncclCommCuDevice)
     group: Any                    # commsim Group over the comm's ranks, in comm-rank order
-    transport: Any                # point-to-point (mpi_transport.Transport)
+    transport: Any                # point-to-point (wire.ranks.Transport)
     ctx: str                      # the transport's context name for this communicator
     members: tuple[int, ...]      # what the transport names peers by
     windows: dict[int, tuple[int, int]] = field(default_factory=dict)   # window -> (ptr, size)

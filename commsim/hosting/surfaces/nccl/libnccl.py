@@ -11,7 +11,7 @@ every non-zero result goes through ncclGetErrorString into `RuntimeError("NCCL e
 
 `ctypes.CDLL` of a name starting `libnccl.so` returns this library in a hosted rank
 (fakelib.py; nothing is mapped: wrappers load NCCL by soname or an env path, not through
-/proc/self/maps). Its functions are the C ABI over the communicators of nccl_comm.py.
+/proc/self/maps). Its functions are the C ABI over the communicators of nccl/comm.py.
 
 Rules, with their sources (nccl.h and NCCL's docs; src/ paths are NCCL's source tree):
 - Result codes and ncclGetErrorString texts: nccl.h / src/init.cc; an unknown code is
@@ -20,7 +20,7 @@ Rules, with their sources (nccl.h and NCCL's docs; src/ paths are NCCL's source 
   ncclCommCount ...) is ncclInvalidArgument (PtrCheck, src/misc/argcheck.cc).
 - ncclCommInitRank: `nranks < 1` or `rank` outside 0..nranks-1 is ncclInvalidArgument
   ("Invalid rank requested", src/init.cc); then the rendezvous and the machine's init rules
-  (nccl_comm.py). Called inside ncclGroupStart/End, a blocking init still completes at the
+  (nccl/comm.py). Called inside ncclGroupStart/End, a blocking init still completes at the
   call here (NCCL defers it to ncclGroupEnd: UNCONFIRMED whether a program can tell).
 - Every operation checks its comm (CommCheck: NULL or not a live communicator:
   ncclInvalidArgument), its root or peer (0..nranks-1), datatype (< ncclNumTypes) and
@@ -47,7 +47,7 @@ Rules, with their sources (nccl.h and NCCL's docs; src/ paths are NCCL's source 
 
 Work completes at the call (as every simulated stream operation). Inside a CUDA graph
 capture made with `torch.cuda.graph` on the same device, an operation on the capture stream
-is recorded in the graph instead of running, and runs at each `replay()` (torch_graphs.py),
+is recorded in the graph instead of running, and runs at each `replay()` (torch/graphs.py),
 as NCCL kernels captured on a GPU do; the peers must replay their graphs too.
 """
 

@@ -3,7 +3,7 @@
 Serving stacks size their KV cache from these (vLLM's profiling run reads
 `memory_stats()["allocated_bytes.all.peak"]`, `memory_reserved()`, `mem_get_info()`), cap a
 process with `set_per_process_memory_fraction`, and print `memory_summary()` on an OOM. Each
-device of the rank has one allocator (torch_memory.py) keeping PyTorch's statistics
+device of the rank has one allocator (torch/memory.py) keeping PyTorch's statistics
 (commsim/libmodels/allocator_stats.py), so the figures are what the simulated allocator did:
 
 - `memory_stats` / `memory_stats_as_nested_dict`: torch's keys and shape. Not reported:
@@ -19,7 +19,7 @@ device of the rank has one allocator (torch_memory.py) keeping PyTorch's statist
 - `get_allocator_backend`: "native" (PYTORCH_CUDA_ALLOC_CONF is not read).
 - `ipc_collect`: nothing to collect. torch keeps a block another process imported in a
   limbo until its reference counter drops; here a producer's block returns to its allocator
-  when its tensor is collected (torch_ipc.py sends no reference counter), so no limbo exists.
+  when its tensor is collected (torch/ipc.py sends no reference counter), so no limbo exists.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ lazy init: "Torch not compiled with CUDA enabled"). Installed, this surface puts
 - `Tensor.cuda(...)`, `Tensor.to(...)` towards a CUDA device (a no-op when nothing changes,
   as in torch); `.cpu()` / `.to("cpu")` of a CUDA tensor reach the tensor's dispatch;
 - pinned host memory (`pin_memory()`, `pin_memory=True`): not simulated, fails naming itself.
-Random factories draw from the device's generator of the rank (torch_random.py; a GPU draws
+Random factories draw from the device's generator of the rank (torch/random.py; a GPU draws
 from its Philox stream: the values differ from a real run's, their distribution does not).
 
 Everywhere else (outside a hosted rank) the mode passes every call through unchanged, and a
@@ -49,7 +49,7 @@ def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
     if kwargs.get("pin_memory"):
         _not_pinned()
     if kwargs.get("requires_grad"):
-        # A flag on the tensor only (torch_tensors.HostedCudaTensor.requires_grad_).
+        # A flag on the tensor only (tensors.HostedCudaTensor.requires_grad_).
         made = _factory(func, index, args, {k: v for k, v in kwargs.items() if k != "requires_grad"})
         return made.requires_grad_() if isinstance(made, HostedCudaTensor) else made
     direct = func in (torch.empty, torch.empty_strided, torch.Tensor.new_empty, torch.zeros,

@@ -49,12 +49,12 @@ class DeviceBlock:
 @dataclass
 class RankMemory:
     """Per rank: an allocator per device (it keeps torch.cuda's statistics,
-    torch_cuda_memory.py reads them) and the raw blocks of caching_allocator_alloc."""
+    torch/cuda_memory.py reads them) and the raw blocks of caching_allocator_alloc."""
 
     allocators: dict[int, CachingAllocator] = field(default_factory=dict)
     raw: dict[int, int] = field(default_factory=dict)            # raw block ptr -> device
     # device -> [ops dispatched on its tensors]: the simulated clock torch.cuda.Event reads
-    # (torch_events.py); shared by reference with every block of the device.
+    # (torch/streams.py); shared by reference with every block of the device.
     clocks: dict[int, list[int]] = field(default_factory=dict)
     closed: bool = False
 
@@ -192,7 +192,7 @@ def close(r: HostedRank) -> None:
             pass
 
 
-# ---- torch.cuda.empty_cache (the statistics: torch_cuda_memory.py) -------------------------
+# ---- torch.cuda.empty_cache (the statistics: torch/cuda_memory.py) -------------------------
 
 def empty_cache(r: HostedRank) -> None:
     mem = _memory(r)

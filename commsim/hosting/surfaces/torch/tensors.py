@@ -3,7 +3,7 @@
 `HostedCudaTensor` is a wrapper subclass (`torch.Tensor._make_wrapper_subclass`): to torch
 and to the program it is a tensor on `cuda:N` (`.device`, `.is_cuda`, `.get_device()`), with
 its own sizes, strides and storage offset; its elements live in an inner CPU tensor whose
-storage is the rank's simulated device memory (torch_memory.py). Every aten op reaches
+storage is the rank's simulated device memory (torch/memory.py). Every aten op reaches
 `__torch_dispatch__`, which runs it on the inner tensors, on the CPU, over the same bytes,
 and gives back CUDA tensors of the same device:
 - an in-place op or an `out=` op returns the tensor it wrote;
@@ -51,7 +51,7 @@ _OWN_NAMESPACES = frozenset({"aten", "prims"})
 # Ops with nothing to compute on a simulated device.
 _NO_OP = frozenset({"record_stream"})
 # Namespaces of ops another surface computes over the simulated devices (torch.ops.symm_mem:
-# torch_symm_mem.py): namespace -> handler(func, args, kwargs).
+# torch_distributed/symm_mem.py): namespace -> handler(func, args, kwargs).
 _OP_NAMESPACES: dict[str, Any] = {}
 
 
@@ -235,7 +235,7 @@ class HostedCudaTensor(torch.Tensor):
         weights_only unpickler allows it). A Parameter stays one (torch's
         `_rebuild_parameter`). Unpickled where no such device exists, `.to(device)` fails
         as torch does there. torch.multiprocessing's pickler sends CUDA IPC handles
-        instead (torch_ipc.py)."""
+        instead (torch/ipc.py)."""
         import torch._utils as tu
         if self.__dict__.get("_is_param"):
             return (tu._rebuild_parameter, (self.detach(), self.requires_grad, {}))
@@ -432,7 +432,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                                   f"is not simulated")
     inner_args, inner_kwargs = _map(inner_of, args), _map(inner_of, kwargs)
     if wrappers and (target is None or target.type == "cuda"):
-        # A random op draws from its device's generator (torch_random.py).
+        # A random op draws from its device's generator (torch/random.py).
         func, inner_kwargs = torch_random.op_with_generator(
             func, inner_kwargs, target.index if target is not None else wrappers[0].device.index)
     cap = _capture(func, name, flat, wrappers, target) if torch_graphs.CAPTURING[0] else None
@@ -440,7 +440,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         return cap.record_write(func, args, kwargs, inner_args, inner_kwargs)
     out = func(*inner_args, **inner_kwargs)
     if wrappers and wrappers[0]._block is not None:
-        wrappers[0]._block.clock[0] += 1          # the device's op clock (torch_events.py)
+        wrappers[0]._block.clock[0] += 1          # the device's op clock (torch/streams.py)
     if target is not None and target.type == "cpu":
         return out                    # moved to the host (.cpu(), .to("cpu"), new_* on cpu)
     device = target.index if target is not None else wrappers[0].device.index
@@ -468,7 +468,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _capture(func: Any, name: str, flat: list, wrappers: list, target: Any) -> Any:
-    """The graph capture that records this op (torch_graphs.py), or None when it runs as
+    """The graph capture that records this op (torch/graphs.py), or None when it runs as
     usual: no capture on its device's capture stream, or a view (no device work)."""
     devices = {w.device.index for w in wrappers}
     if target is not None and target.type == "cuda":

@@ -8,7 +8,7 @@ functions. Served: init_process_group, is_initialized, destroy_process_group, ge
 get_world_size, get_backend, new_group, get_process_group_ranks, get_global_rank,
 get_group_rank, all_gather_object, broadcast_object_list, gather_object, barrier, and
 all_reduce / all_gather / broadcast / all_gather_into_tensor / reduce_scatter_tensor, in
-place, on CPU tensors and on the rank's CUDA tensors (torch_tensors.py: their bytes are the
+place, on CPU tensors and on the rank's CUDA tensors (torch/tensors.py: their bytes are the
 simulated device memory, read and written where they are). Any other collective fails
 loudly, naming itself. A backend of "nccl" is served the same way.
 """

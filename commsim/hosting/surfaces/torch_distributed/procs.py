@@ -3,7 +3,7 @@
 The CPU build of torch has no NCCL, so a hosted program that asks for backend "nccl" (or
 "cpu:gloo,cuda:nccl") gets gloo, which serves its CPU tensors and object collectives; the
 substitution is noted in the rank's verdict. A `device_id` naming a CUDA device is dropped.
-The rank's CUDA tensors (torch_tensors.py) reach gloo as the CPU tensors over their
+The rank's CUDA tensors (torch/tensors.py) reach gloo as the CPU tensors over their
 simulated device memory, so a collective reads and writes the device's bytes in place.
 Everything else is torch's own code.
 """
