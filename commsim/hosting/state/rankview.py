@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sys
 import time
 from typing import Any, Iterator
@@ -81,7 +82,6 @@ _TORCH_DEFAULT_SEED = 67280421310721
 
 def _generators() -> dict[str, tuple[Any, Any]]:
     """(get_state, set_state) of each process-wide generator loaded now."""
-    import random
     out: dict[str, tuple[Any, Any]] = {"random": (random.getstate, random.setstate)}
     np_random = sys.modules.get("numpy.random")
     if np_random is not None and hasattr(np_random, "get_state"):
@@ -100,7 +100,6 @@ def _fresh(name: str, rank: Any) -> None:
     elif name == "numpy":
         sys.modules["numpy.random"].seed(0x5EED0000 + rank.rank)
     else:
-        import random
         random.seed(0x5EED0000 + rank.rank)
 
 

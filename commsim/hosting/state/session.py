@@ -14,9 +14,10 @@ import contextlib
 import os
 import sys
 import threading
+import traceback
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from greenlet import getcurrent
 
@@ -162,7 +163,6 @@ def exception_line(tp: Any, value: BaseException) -> str:
     """The one line a verdict names an exception by: "Type: first line of the message".
     A SyntaxError's source lines come before that line and notes after it; a multi-line
     message (torch's CUDA errors add hints below the error) is named by its first line."""
-    import traceback
     entries = traceback.format_exception_only(tp, value)
     head = next((e for e in entries if e.strip() and not e.startswith((" ", "\t"))), entries[-1])
     return head.strip().splitlines()[0]

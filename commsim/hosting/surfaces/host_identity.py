@@ -22,6 +22,8 @@ import socket
 import sys
 from typing import Any
 
+import _posixshmem          # CPython's shm_open/shm_unlink, which multiprocessing calls
+
 from commsim.hosting.state.session import hosted
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
@@ -89,7 +91,6 @@ def _shm_unlink(path: str) -> None:
 
 
 def _patch(patches: Patches) -> None:
-    import _posixshmem         # CPython's shm_open/shm_unlink, which multiprocessing calls
     for target, name, fake in ((socket, "gethostname", _gethostname), (os, "uname", _uname),
                                (os, "getpid", _getpid), (_posixshmem, "shm_open", _shm_open),
                                (_posixshmem, "shm_unlink", _shm_unlink)):

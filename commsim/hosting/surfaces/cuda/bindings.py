@@ -26,10 +26,14 @@ interpreter start, before user code runs.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import sys
 import types
+import warnings
 from typing import Any
 
+import cuda
 import cuda.bindings as _pkg
 from cuda.bindings import driver as _real_driver
 from cuda.bindings import runtime as _real_runtime
@@ -103,14 +107,12 @@ class _LegacyFinder:
     def find_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in LEGACY:
             return None
-        import importlib.machinery
         return importlib.machinery.ModuleSpec(fullname, _LegacyLoader(), origin="commsim hosting")
 
 
 class _LegacyLoader:
     @staticmethod
     def create_module(spec: Any) -> Any:
-        import warnings
         target = LEGACY[spec.name]
         warnings.warn(f"The {spec.name} module is deprecated and will be removed in a future "
                       f"release, please switch to use the {target} module instead.",
@@ -132,7 +134,6 @@ _specs: dict[str, Any] = {}
 
 
 def _legacy_missing() -> bool:
-    import importlib.util
     try:
         return all(importlib.util.find_spec(n) is None for n in LEGACY)
     except (ImportError, ValueError):
@@ -150,7 +151,6 @@ def _install(patches: Patches) -> None:
 
 
 def _forget_legacy(finder: _LegacyFinder) -> None:
-    import cuda          # the namespace package cuda.bindings lives in (loaded with it)
     sys.meta_path.remove(finder)
     for name in LEGACY:
         if sys.modules.get(name) in _STANDIN.values():

@@ -24,6 +24,7 @@ device of the rank has one allocator (torch/memory.py) keeping PyTorch's statist
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable
 
 from commsim.hosting.state.session import HostedRank, current
@@ -57,7 +58,6 @@ def _flat(device: Any) -> dict[str, Any]:
         else:
             out.append((prefix, obj))
     walk("", memory_stats_as_nested_dict(device))
-    import collections
     return collections.OrderedDict(sorted(out))
 
 

@@ -30,9 +30,8 @@ from commsim.hosting.surfaces.torch import graphs as torch_graphs
 from commsim.hosting.surfaces.torch.device import cuda_index, is_ordinal
 from commsim.hosting.surfaces.torch.graphs import check_no_host_copy
 from commsim.hosting.surfaces.torch.random import factory_kwargs
-
-# tensors.py and moves.py import torch: this module is imported when the surfaces install,
-# before the program runs, so they are imported inside the functions (run once torch is).
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, inner_of, new_empty, place, _no_dlpack
+from commsim.hosting.surfaces.torch.moves import set_data
 
 _mode: list[Any] = []          # the one mode instance, once torch is imported
 _active = [False]
@@ -45,7 +44,6 @@ def _not_pinned() -> None:
 
 def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
     import torch
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, new_empty, place
     if kwargs.get("pin_memory"):
         _not_pinned()
     if kwargs.get("requires_grad"):
@@ -74,7 +72,6 @@ def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
 def _to(func: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     """Tensor.to towards a CUDA device; anything else is torch's own."""
     import torch
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, inner_of, place
     copy = bool(kwargs.get("copy", False))
     rest = {k: v for k, v in kwargs.items() if k != "copy"}
     # An int names a CUDA ordinal here; torch's parser would ask for an accelerator.
@@ -140,7 +137,6 @@ def _make_mode() -> Any:
             if special is not None:
                 return special(func, *args, **kwargs)
             if getattr(func, "__self__", None) is data_descriptor and func.__name__ == "__set__":
-                from commsim.hosting.surfaces.torch.moves import set_data
                 return set_data(func, *args)
             dev = kwargs.get("device")
             if dev is not None:
@@ -160,7 +156,6 @@ def _empty_kernel(name: str) -> Any:
     has none. In a hosted rank it allocates on the device; elsewhere it fails as before."""
     def kernel(*args: Any, **kwargs: Any) -> Any:
         import torch
-        from commsim.hosting.surfaces.torch.tensors import new_empty
         if hosted() is None or not _active[0]:
             raise NotImplementedError(f"Could not run 'aten::{name}' with arguments from the "
                                       f"'CUDA' backend (a CPU-only build of torch)")
@@ -183,7 +178,6 @@ def _guard_dlpack(patches: Patches) -> None:
     real = dl.to_dlpack
 
     def to_dlpack(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, _no_dlpack
         if isinstance(tensor, HostedCudaTensor):
             _no_dlpack()
         return real(tensor, *args, **kwargs)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from commsim.driver import LAZY_ENABLE_PEER_ACCESS
@@ -39,9 +40,7 @@ from commsim.hosting.state.session import current, hosted
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.surfaces.torch import memory as torch_memory
 from commsim.hosting.surfaces.torch.device import check_cuda, cuda_index
-
-# tensors.py imports torch: this module is imported when the surfaces install, before the
-# program runs, so it is imported inside the functions (run once torch is).
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, new_empty
 
 KEY = "torch.ipc"
 _RANGE_START_ADDR = 11        # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
@@ -64,7 +63,6 @@ class _Opened:
 
 def reduce_tensor(tensor: Any) -> Any:
     """torch.multiprocessing.reductions.reduce_tensor: a hosted CUDA tensor by IPC handle."""
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     if not isinstance(tensor, HostedCudaTensor) or hosted() is None:
         return _real["reduce_tensor"](tensor)
     import torch
@@ -98,7 +96,6 @@ def rebuild_cuda_tensor(tensor_cls: Any, tensor_size: Any, tensor_stride: Any, t
             requires_grad, ref_counter_handle, ref_counter_offset, event_handle,
             event_sync_required)
     import torch
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, new_empty
     device = cuda_index(storage_device)
     if storage_handle is None or storage_size_bytes == 0:
         t = new_empty(tuple(tensor_size), tuple(tensor_stride), dtype, device)
@@ -149,7 +146,6 @@ def _release(r: Any, opened: _Opened, handle: bytes, device: int) -> None:
 
 
 def _patch(patches: Patches, reductions: Any) -> None:
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor   # imports torch
     _real.update(module=reductions, reduce_tensor=reductions.reduce_tensor,
                  rebuild_cuda_tensor=reductions.rebuild_cuda_tensor)
     for fn, name in ((reduce_tensor, "reduce_tensor"), (rebuild_cuda_tensor, "rebuild_cuda_tensor")):
@@ -157,7 +153,6 @@ def _patch(patches: Patches, reductions: Any) -> None:
         fn.__module__, fn.__qualname__ = reductions.__name__, name
         patches.attr(reductions, name, fn)
     # torch.multiprocessing's pickler finds reducers by exact type (its dispatch table).
-    from multiprocessing.reduction import ForkingPickler
     ForkingPickler.register(HostedCudaTensor, reduce_tensor)
 
 

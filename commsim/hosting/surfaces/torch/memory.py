@@ -23,6 +23,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from commsim.libmodels.caching_allocator import CachingAllocator
 from commsim.driver import CudaError
 from commsim.hosting.state.cuda_state import rank_state
@@ -113,7 +115,6 @@ def _with_device(r: HostedRank, device: int, fn: Any) -> Any:
 def allocate(r: HostedRank, device: int, nbytes: int) -> tuple[Any, DeviceBlock | None]:
     """A 1-D uint8 CPU tensor whose storage is `nbytes` of device memory on `device`, and the
     block (None for 0 bytes: PyTorch gives an empty tensor a null data pointer)."""
-    import numpy as np
     import torch
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8), None

@@ -18,11 +18,14 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import numpy as np
+
 from commsim.hosting.state.session import HostedRank, hosted, user_site
 from commsim.hosting.install.dispatch import not_simulated, per_rank
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface, wrap_torch_distributed
 from commsim.hosting.surfaces.torch.graphs import check_outside_capture
+from commsim.hosting.surfaces.torch.tensors import inner_of
 
 KEY = "torch.distributed"
 NOT_SIMULATED = tuple("""
@@ -244,7 +247,6 @@ def barrier(r: HostedRank, group: Any = None, async_op: bool = False, device_ids
 
 
 def _reduce(op: Any, arrays: list) -> Any:
-    import numpy as np
     import torch.distributed as dist
     R = dist.ReduceOp
     if op == R.SUM:
@@ -268,14 +270,12 @@ def _reduce_parts(parts: list, op: Any) -> Any:
 def _stack(parts: list) -> Any:
     """combine_arrays' fn for all_gather: rank i's array at index i (a ragged gather raises
     here, in Python, before any rank copies anything)."""
-    import numpy as np
     return np.stack(parts)
 
 
 def _host(t: Any, what: str) -> Any:
     """The CPU tensor whose bytes are `t`'s: `t` itself, or a hosted CUDA tensor's inner
     tensor over its simulated device memory (writing it writes the device's bytes)."""
-    from commsim.hosting.surfaces.torch.tensors import inner_of
     check_outside_capture(t, f"torch.distributed.{what}")
     h = inner_of(t)
     if h.device.type != "cpu":
@@ -292,7 +292,6 @@ def _array(h: Any) -> Any:
 
 def _store(h: Any, a: Any) -> None:
     """h[...] = a, written into h's own bytes (the combined arrays are shared read-only)."""
-    import numpy as np
     import torch
     if h.dtype == torch.bfloat16:
         h.copy_(torch.from_numpy(np.array(a, dtype=np.float32)).reshape(h.shape))

@@ -16,6 +16,7 @@ from typing import Any
 from commsim.hosting.state.session import hosted
 from commsim.hosting.install.registry import wrap_torch_distributed
 from commsim.hosting.surfaces.torch.graphs import check_outside_capture
+from commsim.hosting.surfaces.torch.tensors import inner_of
 
 
 def _gloo(backend: Any) -> Any:
@@ -62,7 +63,6 @@ def _wrap_tensors(real: Any) -> Any:
         r = hosted()
         if r is not None and r.mode == "procs":
             from torch.utils._pytree import tree_leaves, tree_map
-            from commsim.hosting.surfaces.torch.tensors import inner_of
             for t in tree_leaves((args, kwargs)):
                 check_outside_capture(t, f"torch.distributed.{real.__name__}")
             args, kwargs = tree_map(inner_of, args), tree_map(inner_of, kwargs)

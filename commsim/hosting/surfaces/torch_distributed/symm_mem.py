@@ -45,11 +45,15 @@ graph capture, every other `torch.ops.symm_mem` op.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+from cuda.bindings.driver import CUdevice_attribute as A
 
 from commsim.driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, \
     error_string, multicast_prop
@@ -62,13 +66,13 @@ from commsim.hosting.state.session import HostedRank, current, hosted, user_site
 from commsim.hosting.install.dispatch import not_simulated, per_rank
 from commsim.hosting.install.registry import register_surface
 from commsim.topology.model import FabricState
-from commsim.hosting.surfaces.torch.memory import _with_device as wd
-from commsim.hosting.surfaces.torch.device import cuda_index
-from commsim.hosting.surfaces.torch.memory import DeviceBlock, device_clock
-from commsim.hosting.surfaces.torch.memory import before_exit
-from commsim.hosting.surfaces.torch_distributed.inproc import HostedGroup
 from commsim.hosting.surfaces.torch import graphs as torch_graphs
-from commsim.hosting.surfaces.torch_distributed.inproc import group_by_name
+from commsim.hosting.surfaces.torch import tensors as torch_tensors
+from commsim.hosting.surfaces.torch.device import cuda_index
+from commsim.hosting.surfaces.torch.memory import DeviceBlock, before_exit, device_clock
+from commsim.hosting.surfaces.torch.memory import _with_device as wd
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, inner_of
+from commsim.hosting.surfaces.torch_distributed.inproc import HostedGroup, group_by_name
 
 KEY = "torch.symm_mem"
 MODULE = "torch.distributed._symmetric_memory"
@@ -156,7 +160,6 @@ def _gpu(r: HostedRank, device: int) -> Any:
 
 
 def _attr(r: HostedRank, name: str, device: int) -> int:
-    from cuda.bindings.driver import CUdevice_attribute as A
     err, value = r.driver.cuDeviceGetAttribute(int(getattr(A, name)), device)
     return int(value) if int(err) == 0 else 0
 
@@ -231,10 +234,8 @@ def _unmap(r: HostedRank, va: int, size: int) -> None:
 # ---- symm_mem.empty ------------------------------------------------------------------------
 
 def empty(r: HostedRank, *size: Any, dtype: Any = None, device: Any = None) -> Any:
-    import numpy as np
     import torch
 
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     shape = tuple(int(s) for s in size)
@@ -396,7 +397,6 @@ def rendezvous(r: HostedRank, tensor: Any, group: Any) -> "HostedSymmetricMemory
 
 
 def _rendezvous_name(r: HostedRank, tensor: Any, name: str) -> "HostedSymmetricMemory | None":
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     hit = find(r, tensor.untyped_storage().data_ptr()) if isinstance(tensor, HostedCudaTensor) else None
     if hit is None:
         # CUDASymmetricMemoryAllocator::rendezvous: TORCH_WARN and no handle.
@@ -642,10 +642,8 @@ class HostedSymmetricMemory:
 
     def _tensor(self, ptr: int, limit: int, what: str, sizes: Any, dtype: Any,
                 storage_offset: int) -> Any:
-        import numpy as np
         import torch
 
-        from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
         shape = tuple(int(s) for s in sizes)
         item = torch.empty((), dtype=dtype).element_size()
         numel = int(np.prod(shape, dtype=np.int64))
@@ -737,7 +735,6 @@ class _Packet:
         self.__name__ = real.__name__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
         r = hosted()
         if r is None or not any(isinstance(x, HostedCudaTensor) for x in (*args, *kwargs.values())):
             return self._real(*args, **kwargs)
@@ -812,7 +809,6 @@ def _checks(op: str, t: Any, reduce_op: str, out: Any = None) -> None:
 def _reduce(h: HostedSymmetricMemory, t: Any) -> Any:
     """Every rank's elements at t's offset, summed in rank order, after a barrier (inputs
     written); a second barrier once read, so no rank overwrites a buffer still being read."""
-    import numpy as np
     import torch
     r, p = h._r, h._p
     item, n = t.element_size(), t.numel()
@@ -828,7 +824,6 @@ def _reduce(h: HostedSymmetricMemory, t: Any) -> Any:
 
 
 def _write(dst: Any, value: Any) -> Any:
-    from commsim.hosting.surfaces.torch.tensors import inner_of
     inner_of(dst).copy_(value)
     return dst
 
@@ -934,7 +929,6 @@ def enable_symm_mem_for_group(r: HostedRank, group_name: str) -> None:
 
 
 def is_symm_mem_enabled_for_group(r: HostedRank, group_name: str) -> bool:
-    import sys
     mod = sys.modules[MODULE]
     if getattr(mod, "_is_test_mode", False):
         names = getattr(mod, "_mocked_group_names", None)
@@ -943,7 +937,6 @@ def is_symm_mem_enabled_for_group(r: HostedRank, group_name: str) -> bool:
 
 
 def is_symm_mem_tensor(r: HostedRank, tensor: Any) -> bool:
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     return isinstance(tensor, HostedCudaTensor) and find(r, tensor.untyped_storage().data_ptr()) is not None
 
 
@@ -964,14 +957,13 @@ def _patch(patches: Patches, mod: Any) -> None:
 
 
 def _on_torch(patches: Patches) -> None:
-    from commsim.hosting.surfaces.torch import tensors as torch_tensors   # imports torch
     torch_tensors.register_op_namespace("symm_mem", run_op)
     _wrap_packets(patches)
     patches.on_import(MODULE, lambda mod: _patch(patches, mod))
 
 
 def _install(patches: Patches) -> None:
-    # torch_tensors imports torch: wait for the program to import it.
+    # torch.ops.symm_mem's packets are there once torch has executed.
     patches.on_import("torch", lambda _torch: _on_torch(patches))
 
 
