@@ -23,6 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.utils.dlpack as dl
+from torch.overrides import TorchFunctionMode
+
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
@@ -43,7 +47,6 @@ def _not_pinned() -> None:
 
 
 def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
-    import torch
     if kwargs.get("pin_memory"):
         _not_pinned()
     if kwargs.get("requires_grad"):
@@ -71,7 +74,6 @@ def _factory(func: Any, index: int, args: tuple, kwargs: dict) -> Any:
 
 def _to(func: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     """Tensor.to towards a CUDA device; anything else is torch's own."""
-    import torch
     copy = bool(kwargs.get("copy", False))
     rest = {k: v for k, v in kwargs.items() if k != "copy"}
     # An int names a CUDA ordinal here; torch's parser would ask for an accelerator.
@@ -107,7 +109,6 @@ def _record_device_copy(src: Any, out: Any) -> None:
 
 def _cuda(func: Any, self: Any, device: Any = None, non_blocking: bool = False,
           memory_format: Any = None) -> Any:
-    import torch
     index = cuda_index("cuda" if device is None else device)
     if index is None:
         raise RuntimeError(f"Invalid device, must be cuda device, got {device}")
@@ -120,8 +121,6 @@ def _pin(func: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _make_mode() -> Any:
-    import torch
-    from torch.overrides import TorchFunctionMode
 
     methods = {torch.Tensor.to: _to, torch.Tensor.cuda: _cuda, torch.Tensor.pin_memory: _pin}
     data_descriptor = torch._C.TensorBase.data
@@ -155,7 +154,6 @@ def _empty_kernel(name: str) -> Any:
     with a Python scalar makes its scalar a tensor on the operands' device): the CPU build
     has none. In a hosted rank it allocates on the device; elsewhere it fails as before."""
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        import torch
         if hosted() is None or not _active[0]:
             raise NotImplementedError(f"Could not run 'aten::{name}' with arguments from the "
                                       f"'CUDA' backend (a CPU-only build of torch)")
@@ -174,7 +172,6 @@ _CUDA_FACTORIES = ("empty.memory_format", "empty_strided")
 def _guard_dlpack(patches: Patches) -> None:
     """torch.utils.dlpack.to_dlpack of a CUDA tensor would export a capsule whose pointer no
     kernel can use: refused in a hosted rank, naming itself."""
-    import torch.utils.dlpack as dl
     real = dl.to_dlpack
 
     def to_dlpack(tensor: Any, *args: Any, **kwargs: Any) -> Any:
@@ -188,7 +185,6 @@ def _push(patches: Patches) -> None:
     _guard_dlpack(patches)
     if _mode:
         return
-    import torch
     lib = torch.library.Library("aten", "IMPL")        # noqa: TOR901 (kept for the process)
     for name in _CUDA_FACTORIES:
         lib.impl(name, _empty_kernel(name), "CUDA")

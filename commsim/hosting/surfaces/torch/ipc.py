@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import torch
+
 from commsim.driver import LAZY_ENABLE_PEER_ACCESS
 from commsim.hosting.state.cuda_state import rank_state
 from commsim.hosting.install.patches import Patches
@@ -65,7 +67,6 @@ def reduce_tensor(tensor: Any) -> Any:
     """torch.multiprocessing.reductions.reduce_tensor: a hosted CUDA tensor by IPC handle."""
     if not isinstance(tensor, HostedCudaTensor) or hosted() is None:
         return _real["reduce_tensor"](tensor)
-    import torch
     block, inner = tensor._block, tensor._inner
     device = tensor.device.index
     if block is None:               # an empty storage has no allocation (a null pointer)
@@ -95,7 +96,6 @@ def rebuild_cuda_tensor(tensor_cls: Any, tensor_size: Any, tensor_stride: Any, t
             storage_device, storage_handle, storage_size_bytes, storage_offset_bytes,
             requires_grad, ref_counter_handle, ref_counter_offset, event_handle,
             event_sync_required)
-    import torch
     device = cuda_index(storage_device)
     if storage_handle is None or storage_size_bytes == 0:
         t = new_empty(tuple(tensor_size), tuple(tensor_stride), dtype, device)
@@ -114,7 +114,6 @@ def rebuild_cuda_tensor(tensor_cls: Any, tensor_size: Any, tensor_stride: Any, t
 def _open(r: Any, handle: bytes, device: int, offset: int, nbytes: int) -> tuple[Any, Any]:
     """A uint8 CPU tensor over `nbytes` at `offset` of the allocation `handle` names, mapped
     in this rank once per handle (torch's CudaIPCTypes), and its DeviceBlock."""
-    import torch
     opened = rank_state(r, KEY, _Opened)
     if not opened.hooked:
         opened.hooked = True

@@ -28,6 +28,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch._utils as tu
+from torch import _tensor_str
 
 from commsim.hosting.surfaces.torch import graphs as torch_graphs
 from commsim.hosting.surfaces.torch.device import cuda_index
@@ -118,7 +120,6 @@ class HostedCudaTensor(torch.Tensor):
         return object.__format__(self, spec)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        from torch import _tensor_str
         body = tensor_contents
         if body is None and self.numel() > 0:
             _no_host_read(self, "printing a CUDA tensor")
@@ -236,7 +237,6 @@ class HostedCudaTensor(torch.Tensor):
         `_rebuild_parameter`). Unpickled where no such device exists, `.to(device)` fails
         as torch does there. torch.multiprocessing's pickler sends CUDA IPC handles
         instead (torch/ipc.py)."""
-        import torch._utils as tu
         if self.__dict__.get("_is_param"):
             return (tu._rebuild_parameter, (self.detach(), self.requires_grad, {}))
         _no_host_read(self, "pickling a CUDA tensor")

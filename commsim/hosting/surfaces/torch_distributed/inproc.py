@@ -19,6 +19,7 @@ import functools
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from commsim.hosting.state.session import HostedRank, hosted, user_site
 from commsim.hosting.install.dispatch import not_simulated, per_rank
@@ -286,13 +287,11 @@ def _host(t: Any, what: str) -> Any:
 
 def _array(h: Any) -> Any:
     """numpy view of a CPU tensor (numpy has no bfloat16: such tensors travel as float32)."""
-    import torch
     return (h.detach().float() if h.dtype == torch.bfloat16 else h.detach()).numpy()
 
 
 def _store(h: Any, a: Any) -> None:
     """h[...] = a, written into h's own bytes (the combined arrays are shared read-only)."""
-    import torch
     if h.dtype == torch.bfloat16:
         h.copy_(torch.from_numpy(np.array(a, dtype=np.float32)).reshape(h.shape))
     else:

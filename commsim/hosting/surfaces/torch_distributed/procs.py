@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from torch.utils._pytree import tree_leaves, tree_map
+
 from commsim.hosting.state.session import hosted
 from commsim.hosting.install.registry import wrap_torch_distributed
 from commsim.hosting.surfaces.torch.graphs import check_outside_capture
@@ -62,7 +64,6 @@ def _wrap_tensors(real: Any) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         r = hosted()
         if r is not None and r.mode == "procs":
-            from torch.utils._pytree import tree_leaves, tree_map
             for t in tree_leaves((args, kwargs)):
                 check_outside_capture(t, f"torch.distributed.{real.__name__}")
             args, kwargs = tree_map(inner_of, args), tree_map(inner_of, kwargs)

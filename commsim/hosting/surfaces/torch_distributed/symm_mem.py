@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from cuda.bindings.driver import CUdevice_attribute as A
 
 from commsim.driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, \
@@ -234,7 +235,6 @@ def _unmap(r: HostedRank, va: int, size: int) -> None:
 # ---- symm_mem.empty ------------------------------------------------------------------------
 
 def empty(r: HostedRank, *size: Any, dtype: Any = None, device: Any = None) -> Any:
-    import torch
 
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
@@ -279,7 +279,6 @@ def empty(r: HostedRank, *size: Any, dtype: Any = None, device: Any = None) -> A
 
 
 def _signal_pad_size() -> int:
-    import torch
     return int(torch._C._distributed_c10d._SymmetricMemory.signal_pad_size)
 
 
@@ -612,7 +611,6 @@ class HostedSymmetricMemory:
 
     @property
     def device(self) -> Any:
-        import torch
         return torch.device("cuda", self._a.device)
 
     @property
@@ -642,7 +640,6 @@ class HostedSymmetricMemory:
 
     def _tensor(self, ptr: int, limit: int, what: str, sizes: Any, dtype: Any,
                 storage_offset: int) -> Any:
-        import torch
 
         shape = tuple(int(s) for s in sizes)
         item = torch.empty((), dtype=dtype).element_size()
@@ -668,7 +665,6 @@ class HostedSymmetricMemory:
 
     def get_signal_pad(self, rank: int, sizes: Any = (), dtype: Any = None,
                        storage_offset: int = 0) -> Any:
-        import torch
         _check_rank(rank, self.world_size)
         dtype = dtype or torch.uint32
         if not tuple(sizes):
@@ -754,7 +750,6 @@ class _Packet:
 
 
 def _wrap_packets(patches: Patches) -> None:
-    import torch
     ns = torch.ops.symm_mem
     for name in _OPS:
         real = getattr(ns, name, None)
@@ -809,7 +804,6 @@ def _checks(op: str, t: Any, reduce_op: str, out: Any = None) -> None:
 def _reduce(h: HostedSymmetricMemory, t: Any) -> Any:
     """Every rank's elements at t's offset, summed in rank order, after a barrier (inputs
     written); a second barrier once read, so no rank overwrites a buffer still being read."""
-    import torch
     r, p = h._r, h._p
     item, n = t.element_size(), t.numel()
     off = h.offset + t.storage_offset() * item
@@ -843,7 +837,6 @@ def one_shot_all_reduce_out(r: HostedRank, inp: Any, reduce_op: str, group_name:
 
 
 def one_shot_all_reduce(r: HostedRank, inp: Any, reduce_op: str, group_name: str) -> Any:
-    import torch
     return one_shot_all_reduce_out(r, inp, reduce_op, group_name, torch.empty_like(inp))
 
 
@@ -899,7 +892,6 @@ def multimem_one_shot_all_reduce_out(r: HostedRank, inp: Any, reduce_op: str, gr
 
 
 def multimem_one_shot_all_reduce(r: HostedRank, inp: Any, reduce_op: str, group_name: str) -> Any:
-    import torch
     return multimem_one_shot_all_reduce_out(r, inp, reduce_op, group_name, torch.empty_like(inp))
 
 
