@@ -27,6 +27,7 @@ from typing import Any
 
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import install_all
+from commsim.hosting.surfaces.table import MODULES
 from commsim.hosting.state import session
 from commsim.hosting.state.process_run import ProcessRun, set_process_run
 from commsim.launch.config import RunConfig
@@ -184,4 +185,4 @@ def bootstrap() -> None:
     _state["prev_hook"] = _process.attr(sys, "excepthook", _excepthook)
     atexit.register(_write_report)
     os.register_at_fork(after_in_child=_after_fork_in_child)
-    install_all()
+    install_all(MODULES)

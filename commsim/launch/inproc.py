@@ -39,6 +39,7 @@ from commsim.launch.reports import read_reports, worker_results
 from commsim.hosting.state.session import HostedRank, RankEvents, bound, exception_line, hosted
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import install_all
+from commsim.hosting.surfaces.table import MODULES as SURFACE_MODULES
 from commsim.launch.verdict import ProcResult, Verdict
 
 
@@ -220,7 +221,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         # A signal, not _thread.interrupt_main(): it also ends a blocking system call.
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
-    install_all()
+    install_all(SURFACE_MODULES)
     import multiprocessing
     children_before = set(multiprocessing.active_children())
     run = Patches()             # this interpreter's argv and __main__ while the ranks run

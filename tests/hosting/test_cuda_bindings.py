@@ -1,4 +1,4 @@
-"""cuda.bindings.runtime / cuda.bindings.driver as a hosted rank sees them (issue 16 point 2).
+"""cuda.bindings.runtime / cuda.bindings.driver as a hosted rank sees them.
 
 Programs import cuda-python themselves and know nothing of commsim; the harness only
 decides which simulated process each rank is. Machines: a 2-tray GB200 slice, an HGX H100
@@ -92,8 +92,8 @@ def test_unsimulated_functions_and_attributes_fail_loudly_naming_themselves():
         with pytest.raises(NotImplementedError, match=r"cuda\.bindings\.driver\.cuLaunchKernel is not simulated"):
             cu.cuLaunchKernel(*[None] * 11)
         cu.cuInit(0)
-        with pytest.raises(NotImplementedError, match="CU_DEVICE_ATTRIBUTE_CLOCK_RATE is not simulated"):
-            cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 0)
+        with pytest.raises(NotImplementedError, match="CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT is not simulated"):
+            cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, 0)
         with pytest.raises(AttributeError):
             rt.cuMemCreate              # driver API is not on the runtime module
         with pytest.raises(AttributeError):

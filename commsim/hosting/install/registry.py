@@ -3,9 +3,10 @@
 A surface is declared once, in its own module: `register_surface(name, patch)`, where
 `patch(patches)` makes every change through the surface's one recorder (`patches.Patches`:
 attributes of foreign modules, `sys.modules` entries, post-import hooks, served libraries).
-`install_all()` imports every surface module that exists and installs each registered surface
-once per interpreter; a surface's install/uninstall nest (the bootstrap's and a test's), the
-outermost pair patching and restoring. A surface over a heavy module (torch) patches it from
+`install_all(modules)` imports the surface modules the caller names (the launcher passes the
+surface table's, commsim/hosting/surfaces/table.py: this layer imports no surface) and installs
+each registered surface once per interpreter; a surface's install/uninstall nest (the
+bootstrap's and a test's), the outermost pair patching and restoring. A surface over a heavy module (torch) patches it from
 `patches.on_import(...)`, so hosting costs nothing for a program that never loads it.
 """
 
@@ -15,32 +16,13 @@ import importlib
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from commsim.hosting.install.dispatch import not_simulated
 from commsim.hosting.install.patches import Patches
 
 __all__ = ["register_surface", "install_all", "uninstall_all", "installed", "surfaces",
-           "not_simulated", "wrap_torch_distributed", "Surface", "SURFACE_MODULES"]
-
-# Modules that declare surfaces; a name missing from the tree is skipped.
-SURFACE_MODULES = (
-    "commsim.hosting.surfaces.host_identity",
-    "commsim.hosting.surfaces.torch_distributed.inproc",
-    "commsim.hosting.surfaces.torch_distributed.procs",
-    "commsim.hosting.surfaces.cuda.bindings",
-    "commsim.hosting.surfaces.cuda.cudart",
-    "commsim.hosting.surfaces.nvml",
-    "commsim.hosting.surfaces.torch.cuda",
-    "commsim.hosting.surfaces.torch.factories",
-    "commsim.hosting.surfaces.torch.ipc",
-    "commsim.hosting.surfaces.torch.nvtx",
-    "commsim.hosting.surfaces.torch.accelerator",
-    "commsim.hosting.surfaces.mpi.mpi4py",
-    "commsim.hosting.surfaces.nccl.libnccl",
-    "commsim.hosting.surfaces.torch_distributed.symm_mem",
-)
-
+           "not_simulated", "wrap_torch_distributed", "Surface"]
 
 @dataclass(eq=False)
 class Surface:
@@ -84,8 +66,9 @@ def register_surface(name: str, patch: Callable[[Patches], None]) -> Surface:
         return s
 
 
-def surfaces() -> tuple[str, ...]:
-    _load_modules()
+def surfaces(modules: Sequence[str] = ()) -> tuple[str, ...]:
+    """The registered surfaces, after importing `modules`."""
+    _load_modules(modules)
     return tuple(_surfaces)
 
 
@@ -93,21 +76,17 @@ def installed() -> tuple[str, ...]:
     return tuple(n for n, s in _surfaces.items() if s.installed)
 
 
-def _load_modules() -> None:
-    for mod in SURFACE_MODULES:
-        if mod in sys.modules:
-            continue
-        try:
+def _load_modules(modules: Sequence[str]) -> None:
+    for mod in modules:
+        if mod not in sys.modules:
             importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
 
 
-def install_all() -> None:
-    """Install every registered surface once per interpreter (idempotent)."""
+def install_all(modules: Sequence[str] = ()) -> None:
+    """Import `modules` (each registers its surfaces) and install every registered surface
+    once per interpreter (idempotent)."""
     with _lock:
-        _load_modules()
+        _load_modules(modules)
         for s in list(_surfaces.values()):
             if not s.installed:
                 s.install()

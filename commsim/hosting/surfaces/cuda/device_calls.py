@@ -13,7 +13,7 @@ from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
 from commsim.sim.pointers import pointer_info
-from commsim.hosting.state import device_facts
+from commsim.hosting.state.device_props import device_props
 from commsim.hosting.state.cuda_state import E, R, current
 
 A = cu.CUdevice_attribute
@@ -34,16 +34,28 @@ def device_attribute(attrib: int, ordinal: int) -> tuple:
         return (R.CUDA_ERROR_INVALID_DEVICE, None)
     r = current()
     ref = d.proc.gpus[ordinal]
-    g = r.cluster.gpu(ref)
-    pci = device_facts.pci_address(r.cluster, ref)
+    p = device_props(r.cluster, ref)
     extra = {
-        int(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT): device_facts.model_facts(g.model).sms,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_BUS_ID): pci.bus,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID): pci.device,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID): pci.domain,
+        int(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT): p.multi_processor_count,
+        int(A.CU_DEVICE_ATTRIBUTE_PCI_BUS_ID): p.pci.bus,
+        int(A.CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID): p.pci.device,
+        int(A.CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID): p.pci.domain,
         int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_MODE): 0,          # CU_COMPUTEMODE_DEFAULT
-        int(A.CU_DEVICE_ATTRIBUTE_INTEGRATED): 0,
+        int(A.CU_DEVICE_ATTRIBUTE_INTEGRATED): p.integrated,
         int(A.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY): 1,
+        int(A.CU_DEVICE_ATTRIBUTE_WARP_SIZE): p.warp_size,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK): p.max_threads_per_block,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR): p.max_threads_per_multi_processor,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK): p.shared_memory_per_block,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN): p.shared_memory_per_block_optin,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR): p.shared_memory_per_multiprocessor,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK): p.regs_per_block,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR): p.regs_per_multiprocessor,
+        int(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE): p.l2_cache_size,
+        int(A.CU_DEVICE_ATTRIBUTE_CLOCK_RATE): p.clock_rate_khz,
+        int(A.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE): p.memory_clock_rate_khz,
+        int(A.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH): p.memory_bus_width,
+        int(A.CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD): 0,
     }
     if attrib in extra:
         return (R.CUDA_SUCCESS, extra[attrib])

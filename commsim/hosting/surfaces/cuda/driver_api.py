@@ -20,7 +20,7 @@ from cuda.bindings.runtime import cudaMemcpyKind
 
 from commsim.driver import error_string
 from commsim.sim.pointers import pointer_info
-from commsim.hosting.state import device_facts
+from commsim.hosting.state import host_layout
 from commsim.hosting.surfaces.cuda.device_calls import device_attribute, mem_get_info, memcpy
 from commsim.hosting.state.cuda_state import (R, ApiFail, api_call, as_cu, c_int, check_struct, host_buffer,
                          ctx_handle, ctx_ordinal, current, devptr, enum_attr_value, enum_value,
@@ -76,7 +76,7 @@ def cuInit(Flags):
 @driver_api(1)
 def cuDriverGetVersion():
     r = current()
-    return (R.CUDA_SUCCESS, device_facts.cuda_driver_version(r.cluster, r.host))
+    return (R.CUDA_SUCCESS, host_layout.cuda_driver_version(r.cluster, r.host))
 
 
 @driver_api(1)
@@ -111,7 +111,7 @@ def cuDeviceTotalMem(dev):
 def cuDeviceGetPCIBusId(length, dev):
     n = c_int(length)
     _, ref = _gpu(_ordinal(dev))
-    text = device_facts.pci_address(current().cluster, ref).cuda_bus_id.encode()
+    text = host_layout.pci_address(current().cluster, ref).cuda_bus_id.encode()
     if n <= len(text):
         raise _Err(R.CUDA_ERROR_INVALID_VALUE)
     return (R.CUDA_SUCCESS, text)
