@@ -1,9 +1,11 @@
 """Every change hosting makes to a foreign module goes through the install layer
 (commsim/hosting/install/: one patch recorder restores them all). Over the AST of every
-module of hosting and of its run machinery (commsim/launch/) outside it: no `setattr`/`delattr` but on `self`, no assignment to an attribute
-of a foreign module or of anything imported from one, no `sys.modules[...] = ...`. Then the
-recorder itself: it restores attributes, inherited ones, a module's class and sys.modules
-entries in reverse order, and nested installs of a surface patch and restore once."""
+module of hosting and of its run machinery (commsim/launch/) outside it: no `setattr`/`delattr`
+but on `self`, no assignment to an attribute of a foreign module or of anything imported from
+one, no `sys.modules[...] = ...` (nor deleting or popping an entry), no change to
+`sys.meta_path`. Then the recorder itself: it restores attributes, inherited ones, a module's
+class, sys.modules entries and meta-path finders in reverse order, and nested installs of a
+surface patch and restore once."""
 
 from __future__ import annotations
 
@@ -42,9 +44,13 @@ def _root(node: ast.AST) -> ast.AST:
     return node
 
 
-def _is_sys_modules(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr == "modules"
+def _is_sys(node: ast.AST, attr: str) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == attr
             and isinstance(node.value, ast.Name) and node.value.id == "sys")
+
+
+def _is_sys_modules(node: ast.AST) -> bool:
+    return _is_sys(node, "modules")
 
 
 def violations(source: str, name: str) -> list[str]:
@@ -61,6 +67,15 @@ def violations(source: str, name: str) -> list[str]:
             target = node.args[0]
             if not (isinstance(target, ast.Name) and target.id == "self"):
                 flag(node, f"{node.func.id}({ast.unparse(target)}, ...)")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and (_is_sys(node.func.value, "meta_path") or _is_sys(node.func.value, "path_hooks")
+                     or (_is_sys_modules(node.func.value) and node.func.attr in ("pop", "clear", "update"))) \
+                and node.func.attr not in ("index", "count", "copy", "get", "keys", "items", "values"):
+            flag(node, f"{ast.unparse(node.func)}(...)")
+        if isinstance(node, ast.Delete):
+            for t in node.targets:
+                if isinstance(t, ast.Subscript) and _is_sys_modules(t.value):
+                    flag(t, f"del {ast.unparse(t)}")
         targets: list[ast.AST] = []
         if isinstance(node, ast.Assign):
             targets = list(node.targets)
@@ -99,9 +114,13 @@ def test_the_check_sees_each_kind_of_patch():
            "    sys.modules['mpi4py'] = m\n"
            "    a, sys.excepthook = 1, f\n"
            "    self_made = object(); self_made.x = 1\n"
-           "    weakref.finalize(self_made, f).atexit = False\n")
+           "    weakref.finalize(self_made, f).atexit = False\n"
+           "    sys.meta_path.append(m)\n"
+           "    del sys.modules['mpi4py']\n"
+           "    sys.modules.pop('mpi4py', None)\n"
+           "    sys.modules.get('mpi4py'); sys.meta_path.index(m)\n")
     found = violations(src, "p.py")
-    assert sorted(int(v.split(":")[1]) for v in found) == [5, 6, 7, 8, 9, 10], found
+    assert sorted(int(v.split(":")[1]) for v in found) == [5, 6, 7, 8, 9, 10, 13, 14, 15], found
 
 
 def test_patches_restore_everything_in_reverse():
@@ -128,6 +147,40 @@ def test_patches_restore_everything_in_reverse():
     assert Target.own == "own" and "inherited" not in vars(Target) and Target.inherited == "base"
     assert mod.value == 1 and not hasattr(mod, "absent") and type(mod) is types.ModuleType
     assert "commsim_test_module" not in sys.modules and not p.holds(mod, "value")
+
+
+def test_a_finder_goes_with_the_modules_it_made():
+    import importlib
+    import importlib.machinery
+
+    made = types.ModuleType("commsim_test_pkg.legacy")
+
+    class Loader:
+        @staticmethod
+        def create_module(spec: object) -> types.ModuleType:
+            return made
+
+        @staticmethod
+        def exec_module(module: object) -> None:
+            pass
+
+    class Finder:
+        @staticmethod
+        def find_spec(name: str, path: object = None, target: object = None) -> object:
+            return importlib.machinery.ModuleSpec(name, Loader()) if name == made.__name__ else None
+
+    pkg = types.ModuleType("commsim_test_pkg")
+    pkg.__path__ = []
+    sys.modules["commsim_test_pkg"] = pkg
+    try:
+        p = Patches()
+        p.finder(Finder(), [made.__name__], lambda m: m is made)
+        assert importlib.import_module(made.__name__) is made and pkg.legacy is made
+        p.restore()
+        assert made.__name__ not in sys.modules and not hasattr(pkg, "legacy")
+        assert not any(isinstance(f, Finder) for f in sys.meta_path)
+    finally:
+        del sys.modules["commsim_test_pkg"]
 
 
 def test_a_surface_installs_once_however_deep_the_nesting():

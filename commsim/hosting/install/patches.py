@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from commsim.hosting.install import hooks
 
@@ -72,6 +72,26 @@ class Patches:
         if (id(sys.modules), name) not in self._held:
             raise KeyError(f"switch_module({name!r}) of an entry this recorder does not hold")
         sys.modules[name] = module
+
+    def finder(self, finder: Any, names: Iterable[str], made: Callable[[Any], bool]) -> None:
+        """Put a meta-path finder last on sys.meta_path. restore() removes it and forgets what
+        an import through it left: each of `names` whose module is one it `made` leaves
+        sys.modules and its parent package, so a later import finds what it finds without it."""
+        with self._lock:
+            sys.meta_path.append(finder)
+
+            def undo() -> None:
+                if finder in sys.meta_path:
+                    sys.meta_path.remove(finder)
+                for name in names:
+                    module = sys.modules.get(name)
+                    if module is None or not made(module):
+                        continue
+                    del sys.modules[name]
+                    parent, _, short = name.rpartition(".")
+                    if parent in sys.modules and vars(sys.modules[parent]).get(short) is module:
+                        delattr(sys.modules[parent], short)
+            self._undo.append(undo)
 
     def on_import(self, module_name: str, patch: Callable[[Any], None]) -> None:
         """Run patch(module) once the program imports `module_name` (now, if it has): a

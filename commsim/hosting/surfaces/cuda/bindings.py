@@ -33,7 +33,6 @@ import types
 import warnings
 from typing import Any
 
-import cuda
 import cuda.bindings as _pkg
 from cuda.bindings import driver as _real_driver
 from cuda.bindings import runtime as _real_runtime
@@ -145,17 +144,7 @@ def _install(patches: Patches) -> None:
         patches.module(name, mod)
         patches.attr(_pkg, name.rsplit(".", 1)[1], mod)
     if _legacy_missing():
-        finder = _LegacyFinder()
-        sys.meta_path.append(finder)
-        patches.on_restore(lambda: _forget_legacy(finder))
-
-
-def _forget_legacy(finder: _LegacyFinder) -> None:
-    sys.meta_path.remove(finder)
-    for name in LEGACY:
-        if sys.modules.get(name) in _STANDIN.values():
-            del sys.modules[name]
-        cuda.__dict__.pop(name.split(".")[1], None)
+        patches.finder(_LegacyFinder(), LEGACY, lambda module: module in _STANDIN.values())
 
 
 SURFACE = register_surface("cuda-python", _install)
