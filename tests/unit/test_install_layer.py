@@ -149,38 +149,19 @@ def test_patches_restore_everything_in_reverse():
     assert "commsim_test_module" not in sys.modules and not p.holds(mod, "value")
 
 
-def test_a_finder_goes_with_the_modules_it_made():
-    import importlib
-    import importlib.machinery
-
-    made = types.ModuleType("commsim_test_pkg.legacy")
-
-    class Loader:
-        @staticmethod
-        def create_module(spec: object) -> types.ModuleType:
-            return made
-
-        @staticmethod
-        def exec_module(module: object) -> None:
-            pass
-
+def test_a_finder_is_on_the_meta_path_until_restore():
     class Finder:
         @staticmethod
-        def find_spec(name: str, path: object = None, target: object = None) -> object:
-            return importlib.machinery.ModuleSpec(name, Loader()) if name == made.__name__ else None
+        def find_spec(name: str, path: object = None, target: object = None) -> None:
+            return None
 
-    pkg = types.ModuleType("commsim_test_pkg")
-    pkg.__path__ = []
-    sys.modules["commsim_test_pkg"] = pkg
-    try:
-        p = Patches()
-        p.finder(Finder(), [made.__name__], lambda m: m is made)
-        assert importlib.import_module(made.__name__) is made and pkg.legacy is made
-        p.restore()
-        assert made.__name__ not in sys.modules and not hasattr(pkg, "legacy")
-        assert not any(isinstance(f, Finder) for f in sys.meta_path)
-    finally:
-        del sys.modules["commsim_test_pkg"]
+    first, last = Finder(), Finder()
+    p = Patches()
+    p.finder(first, first=True)
+    p.finder(last)
+    assert sys.meta_path[0] is first and sys.meta_path[-1] is last
+    p.restore()
+    assert first not in sys.meta_path and last not in sys.meta_path
 
 
 def test_a_surface_installs_once_however_deep_the_nesting():

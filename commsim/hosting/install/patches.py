@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from commsim.hosting.install import hooks
 
@@ -73,25 +73,15 @@ class Patches:
             raise KeyError(f"switch_module({name!r}) of an entry this recorder does not hold")
         sys.modules[name] = module
 
-    def finder(self, finder: Any, names: Iterable[str], made: Callable[[Any], bool]) -> None:
-        """Put a meta-path finder last on sys.meta_path. restore() removes it and forgets what
-        an import through it left: each of `names` whose module is one it `made` leaves
-        sys.modules and its parent package, so a later import finds what it finds without it."""
+    def finder(self, finder: Any, *, first: bool = False) -> None:
+        """Put a meta-path finder on sys.meta_path (ahead of the others when `first`);
+        restore() takes it off."""
         with self._lock:
-            sys.meta_path.append(finder)
-
-            def undo() -> None:
-                if finder in sys.meta_path:
-                    sys.meta_path.remove(finder)
-                for name in names:
-                    module = sys.modules.get(name)
-                    if module is None or not made(module):
-                        continue
-                    del sys.modules[name]
-                    parent, _, short = name.rpartition(".")
-                    if parent in sys.modules and vars(sys.modules[parent]).get(short) is module:
-                        delattr(sys.modules[parent], short)
-            self._undo.append(undo)
+            if first:
+                sys.meta_path.insert(0, finder)
+            else:
+                sys.meta_path.append(finder)
+            self._undo.append(lambda: sys.meta_path.remove(finder) if finder in sys.meta_path else None)
 
     def on_import(self, module_name: str, patch: Callable[[Any], None]) -> None:
         """Run patch(module) once the program imports `module_name` (now, if it has): a

@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
+from commsim.hosting.surfaces.torch import dlpack as torch_dlpack
 from commsim.hosting.surfaces.torch import graphs as torch_graphs
 from commsim.hosting.surfaces.torch.device import cuda_index, is_ordinal
 from commsim.hosting.surfaces.torch.graphs import check_no_host_copy
@@ -179,6 +180,9 @@ def _guard_dlpack(patches: Patches) -> None:
             _no_dlpack()
         return real(tensor, *args, **kwargs)
     patches.attr(dl, "to_dlpack", to_dlpack)
+    # Import of a CUDA capsule (a library's hand-made one over device memory): a hosted CUDA
+    # tensor over the rank's bytes (surfaces/torch/dlpack.py); both from_dlpack paths call it.
+    patches.attr(torch._C, "_from_dlpack", torch_dlpack.from_dlpack_of(torch._C._from_dlpack))
 
 
 def _push(patches: Patches) -> None:
