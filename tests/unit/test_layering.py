@@ -2,8 +2,8 @@
 nor the communicator, policy or discovery, imports the simulator or the device binding, even
 indirectly (the static walk follows every import statement, also those inside functions);
 importing commsim changes nothing global. Hosting imports nothing above it (launch, scenario,
-procs, commands), and its layers import one way: surfaces -> state -> install; hosting and
-launch have no import cycle."""
+procs, commands), and its layers import one way: surfaces -> state -> install (that no
+import circle is left anywhere in commsim is tests/unit/test_import_cycles.py's)."""
 
 from __future__ import annotations
 
@@ -126,13 +126,6 @@ def _under(name: str, packages: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
-def _direct(name: str) -> set[str]:
-    """The commsim modules `name`'s import statements name (those inside functions too)."""
-    path = _module_file(name)
-    assert path is not None, name
-    return {d for d in _imports(name, path) if d.startswith("commsim") and _module_file(d)}
-
-
 def test_hosting_never_imports_launch_scenario_procs_or_commands():
     seen = _closure(_modules("commsim.hosting"))
     bad = [m for m in seen if _under(m, ABOVE_HOSTING)]
@@ -150,57 +143,3 @@ def test_hosting_layers_import_one_way():
         seen = _closure(_modules(layer))
         bad += [_chain(seen, m) for m in seen if _under(m, forbidden)]
     assert not bad, "\n".join(bad)
-
-
-def _cycles(modules: list[str]) -> list[list[str]]:
-    """The import cycles among `modules` (Tarjan's strongly connected components of size > 1
-    or importing themselves)."""
-    inside = set(modules)
-    graph = {m: {d for d in _direct(m) if d in inside and d != m} for m in modules}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for m in modules:
-        if m not in index:
-            visit(m)
-    return out
-
-
-def test_hosting_and_launch_have_no_import_cycle():
-    cycles = _cycles(_modules("commsim.hosting") + _modules("commsim.launch"))
-    assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
-
-
-def test_the_cycle_check_sees_a_cycle_through_a_function_body(tmp_path, monkeypatch):
-    pkg = tmp_path / "commsim" / "cyc"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from commsim.cyc import b\n")
-    (pkg / "b.py").write_text("def f():\n    from commsim.cyc.a import x\n")
-    (pkg / "c.py").write_text("import commsim.cyc.a\n")
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    assert _cycles(["commsim.cyc.a", "commsim.cyc.b", "commsim.cyc.c"]) == [["commsim.cyc.a", "commsim.cyc.b"]]
