@@ -1,14 +1,9 @@
-"""Hosting: run users' unmodified programs as the ranks of a simulated machine (DESIGN.md
-section 9). `commsim exec` (commands/exec.py), the pytest plugin (pytest_plugin.py) and
-`sweep --exec` (sweep_exec.py) drive `run.execute`; a hosted program sees the surfaces
-registered in `surfaces` and answered for its rank (`session.current()`)."""
+"""Hosting: what a user's unmodified program sees as a rank of a simulated machine (DESIGN.md
+section 9), in three layers that import one way: `surfaces/` (fakes of foreign packages,
+grouped by the package they answer) -> `state/` (the rank running the call: `session`) ->
+`install/` (the surface registry, the patch recorder, the per-rank dispatcher). The run
+machinery that starts ranks (commsim/launch/) sits above and is never imported from here."""
 
 from commsim.hosting.state.session import HostedRank, NotHosted, RankEvents, bound, current
 
-__all__ = ["HostedRank", "NotHosted", "RankEvents", "bound", "current", "bootstrap"]
-
-
-def bootstrap() -> None:
-    """Host this interpreter when COMMSIM_HOSTING names a run's config (start-up hook)."""
-    from commsim.launch.bootstrap import bootstrap as _bootstrap
-    _bootstrap()
+__all__ = ["HostedRank", "NotHosted", "RankEvents", "bound", "current"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from commsim.launch.cause import causes, root_cause
 from commsim.launch.config import RunConfig
+from commsim.launch.run import execute
 from commsim.launch.verdict import ProcResult, Verdict
 
 MODES = ("procs", "inproc")
@@ -92,7 +93,6 @@ def compare(procs: Verdict, inproc: Verdict) -> Agreement:
 
 def modes_agree(cfg: RunConfig) -> Agreement:
     """Run cfg's program in both modes (cfg.mode is ignored) and compare the verdicts."""
-    from commsim.launch.run import execute
     got = {}
     for mode in MODES:
         sink = io.StringIO()

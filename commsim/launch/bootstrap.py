@@ -25,7 +25,11 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from commsim.hosting.install.patches import Patches
+from commsim.hosting.install.registry import install_all
+from commsim.hosting.surfaces.table import MODULES
 from commsim.hosting.state import session
+from commsim.hosting.state.process_run import ProcessRun, set_process_run
 from commsim.launch.config import RunConfig
 from commsim.hosting.state.session import HostedRank, RankEvents
 
@@ -38,6 +42,7 @@ if os.environ.get("COMMSIM_HOSTING"):
 '''
 
 _state: dict[str, Any] = {}
+_process = Patches()            # what the bootstrap changes for the process's life
 
 
 def write_sitecustomize(run_dir: str) -> str:
@@ -101,11 +106,6 @@ def build_rank(cfg: RunConfig, rank: int, slot: int, host: str, visible: tuple[i
                       slot=slot)
 
 
-def run_config() -> RunConfig | None:
-    """The run this process belongs to (None when it is not hosted through the bootstrap)."""
-    return _state.get("cfg")
-
-
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
     _state["exception"] = session.exception_line(tp, value)
     _state["prev_hook"](tp, value, tb)
@@ -154,6 +154,7 @@ def _start(cfg: RunConfig, slot: int) -> None:
     vis = os.environ.get("COMMSIM_HOSTING_VISIBLE", "")
     visible = tuple(int(x) for x in vis.split(",") if x) or (cfg.placement[rank][1],)
     _state.update(cfg=cfg, slot=slot, rank=rank, host=host, exception=None)
+    set_process_run(ProcessRun(cfg.run_dir, float(cfg.timeout)))
     session.set_process_rank(build_rank(cfg, rank, slot, host, visible))
     f = open(os.path.join(cfg.run_dir, "stacks", f"{slot}.txt"), "w")
     _state["stacks"] = f
@@ -183,10 +184,7 @@ def bootstrap() -> None:
     slot = int(given) if given else _new_slot(cfg)
     os.environ["COMMSIM_HOSTING_SLOT"] = ""      # processes it spawns take slots of their own
     _start(cfg, slot)
-    _state["prev_hook"] = sys.excepthook
-    sys.excepthook = _excepthook
+    _state["prev_hook"] = _process.attr(sys, "excepthook", _excepthook)
     atexit.register(_write_report)
     os.register_at_fork(after_in_child=_after_fork_in_child)
-    from commsim.hosting.install.registry import install_all
-    from commsim.hosting.surfaces.table import MODULES
     install_all(MODULES)

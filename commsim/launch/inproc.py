@@ -34,9 +34,10 @@ from commsim.hosting.state import rankview
 from commsim.launch.bootstrap import shm_dir
 from commsim.launch.config import RunConfig
 from commsim.hosting.state.driver_view import HostedDriver
-from commsim.launch.procs import read_reports, worker_results
-from commsim.launch.run import free_port, rank_env, visible_of
+from commsim.launch.rank_env import free_port, rank_env, visible_of
+from commsim.launch.reports import read_reports, worker_results
 from commsim.hosting.state.session import HostedRank, RankEvents, bound, exception_line, hosted
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import install_all
 from commsim.hosting.surfaces.mpi import mpi4py as mpi4py_surface
 from commsim.hosting.surfaces.sockets import NeedsProcesses
@@ -87,15 +88,16 @@ class RankStream(io.TextIOBase):
 
 @contextlib.contextmanager
 def _streams(out: TextIO, err: TextIO, echo: bool) -> Iterator[tuple[RankStream, RankStream]]:
-    so, se = sys.stdout, sys.stderr
     o, e = RankStream(out, echo), RankStream(err, echo)
-    sys.stdout, sys.stderr = o, e
+    patches = Patches()
+    patches.attr(sys, "stdout", o)
+    patches.attr(sys, "stderr", e)
     try:
         yield o, e
     finally:
         o.flush()
         e.flush()
-        sys.stdout, sys.stderr = so, se
+        patches.restore()
 
 
 def main_module(command: list[str]) -> tuple[types.ModuleType, Any]:
@@ -231,16 +233,19 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
     mpi4py_surface.forget()
     import multiprocessing
     children_before = set(multiprocessing.active_children())
+    run = Patches()             # this interpreter's argv and __main__ while the ranks run
     main_was = sys.modules.get("__main__")
+    if main_was is not None:
+        run.module("__main__", main_was)
     program = None
     for hr in ranks:
         if target is None:
             hr.state["__main__"], program = main_module(cfg.command)
-    argv, path0 = sys.argv, list(sys.path)
+    path0 = list(sys.path)
     if target is None and cfg.command[0] != "-m":
         sys.path.insert(0, os.path.dirname(os.path.abspath(cfg.command[0])))
-    sys.argv = [cfg.command[1] if cfg.command[0] == "-m" else cfg.command[0]] + \
-        list(cfg.command[2 if cfg.command[0] == "-m" else 1:])
+    run.attr(sys, "argv", [cfg.command[1] if cfg.command[0] == "-m" else cfg.command[0]] +
+             list(cfg.command[2 if cfg.command[0] == "-m" else 1:]))
     watchdog = threading.Timer(cfg.timeout, _expire)
     watchdog.daemon = True
     try:
@@ -254,10 +259,8 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
             finally:
                 watchdog.cancel()
     finally:
-        sys.argv = argv
+        run.restore()
         sys.path[:] = path0
-        if main_was is not None:
-            sys.modules["__main__"] = main_was
     _end_spawned(children_before)
     if timed_out.is_set():
         for res in results:

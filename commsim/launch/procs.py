@@ -10,7 +10,6 @@ are killed. Each rank runs in its own session, so the workers it spawned go with
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,8 +21,10 @@ from typing import Any, TextIO
 
 from commsim.procs.reap import Session, reap
 from commsim.launch.config import RunConfig
-from commsim.launch.run import free_port, rank_env
-from commsim.launch.verdict import ProcResult, Verdict
+from commsim.launch.mpirun import MpiRendezvous
+from commsim.launch.rank_env import free_port, rank_env
+from commsim.launch.reports import from_report, read_reports, stacks, user_stack, worker_results
+from commsim.launch.verdict import Verdict
 
 GRACE = 20.0       # seconds the survivors of a failed rank get before they are killed
 
@@ -39,64 +40,6 @@ def _pump(pipe: Any, sink: TextIO | None, prefix: str, tail: deque, lock: thread
     pipe.close()
 
 
-def read_reports(run_dir: str) -> dict[int, dict]:
-    out = {}
-    d = os.path.join(run_dir, "reports")
-    for name in os.listdir(d):
-        if name.endswith(".json"):
-            try:
-                with open(os.path.join(d, name)) as f:
-                    rep = json.load(f)
-                out[int(rep["slot"])] = rep
-            except (OSError, ValueError, KeyError):
-                continue
-    return out
-
-
-def _stacks(run_dir: str, slot: int) -> str:
-    try:
-        with open(os.path.join(run_dir, "stacks", f"{slot}.txt")) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def user_stack(dump: str) -> str:
-    """The frames of a faulthandler dump that are the program's (not commsim's, not torch's
-    internals), main thread first: where the rank waits."""
-    keep = []
-    for line in dump.splitlines():
-        s = line.strip()
-        if s.startswith("File ") and ("/commsim/" in s or "/site-packages/" in s
-                                      or "/lib/python3" in s or "<frozen " in s):
-            continue
-        keep.append(line)
-    if not any(x.strip().startswith("File ") for x in keep):
-        return dump          # nothing of the program's own: the whole dump says more
-    return "\n".join(keep)
-
-
-def worker_results(cfg: RunConfig, reports: dict[int, dict]) -> list[ProcResult]:
-    out = []
-    for slot in sorted(s for s in reports if s >= cfg.world_size):
-        rep = reports[slot]
-        if not (rep.get("cuda") or rep.get("exception") or rep.get("residue")):
-            continue     # a helper process (resource tracker, forkserver) that never used CUDA
-        res = from_report(rep, worker=True)
-        res.status = "failed" if rep.get("exception") else "ok"
-        out.append(res)
-    return out
-
-
-def from_report(rep: dict, worker: bool = False) -> ProcResult:
-    return ProcResult(int(rep["slot"]), int(rep.get("rank", 0)), rep.get("host", "?"),
-                      int(rep.get("pid", 0)), exception=rep.get("exception"),
-                      first_cuda_error=rep.get("first_cuda_error"),
-                      cuda_errors=int(rep.get("cuda_errors", 0)),
-                      residue=list(rep.get("residue", [])), flags=list(rep.get("flags", [])),
-                      notes=list(rep.get("notes", [])), worker=worker)
-
-
 def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: bool) -> Verdict:
     cluster = cfg.cluster()
     port = free_port()
@@ -108,7 +51,6 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
     killed: dict[int, str] = {}
     mpi = None
     if cfg.launcher == "mpirun":
-        from commsim.launch.mpirun import MpiRendezvous
         mpi = MpiRendezvous(cfg)
     try:
         for r in range(cfg.world_size):
@@ -174,7 +116,7 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
         if r in killed:
             res.status = "hang" if "timeout" in killed[r] else "killed"
             res.exception = res.exception or killed[r]
-            res.hang = user_stack(_stacks(cfg.run_dir, r)) or None
+            res.hang = user_stack(stacks(cfg.run_dir, r)) or None
         elif res.exit_code != 0:
             res.status = "failed"
             if res.exception is None:

@@ -71,13 +71,13 @@ def test_install_nests_and_the_last_uninstall_restores_the_real_modules():
     cuda_bindings.install()                 # a second, nested install (the bootstrap's)
     cuda_bindings.uninstall()
     assert sys.modules["cuda.bindings.runtime"] is standin
-    cuda_bindings._uninstall()              # what the outermost uninstall does
+    cuda_bindings.SURFACE.patches.restore()     # what the outermost uninstall does
     try:
         assert sys.modules["cuda.bindings.runtime"] is REAL_RT and cuda.bindings.driver is REAL_CU
         import cuda.bindings.runtime as again
         assert again is REAL_RT
     finally:
-        cuda_bindings._install()
+        cuda_bindings._install(cuda_bindings.SURFACE.patches)
     assert sys.modules["cuda.bindings.runtime"] is standin and cuda.bindings.runtime is standin
 
 

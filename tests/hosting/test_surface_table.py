@@ -21,12 +21,13 @@ SURFACES = ROOT / "commsim" / "hosting" / "surfaces"
 
 
 def _registering_modules() -> set[str]:
-    """Surface modules whose top level calls register_surface or wrap_torch_distributed."""
+    """Surface modules whose top level calls register_surface or wrap_torch_distributed (as a
+    statement or to keep the Surface it returns)."""
     out = set()
     for path in SURFACES.rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in tree.body:
-            call = node.value if isinstance(node, ast.Expr) else None
+            call = node.value if isinstance(node, (ast.Expr, ast.Assign)) else None
             if isinstance(call, ast.Call) and getattr(call.func, "id", "") in (
                     "register_surface", "wrap_torch_distributed"):
                 rel = path.relative_to(ROOT).with_suffix("")

@@ -1,7 +1,9 @@
 """DESIGN.md §2: a backend sees the driver protocol only. No module under commsim/backends/,
 nor the communicator, policy or discovery, imports the simulator or the device binding, even
 indirectly (the static walk follows every import statement, also those inside functions);
-importing commsim changes nothing global."""
+importing commsim changes nothing global. Hosting imports nothing above it (launch, scenario,
+procs, commands), and its layers import one way: surfaces -> state -> install (that no
+import circle is left anywhere in commsim is tests/unit/test_import_cycles.py's)."""
 
 from __future__ import annotations
 
@@ -104,3 +106,40 @@ def test_importing_the_layer_loads_neither_and_changes_no_global():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120, env={"PATH": "", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0 and p.stdout.startswith("ok"), p.stdout + p.stderr
+
+
+# ---- hosting and launch ----------------------------------------------------------------------
+
+ABOVE_HOSTING = ("commsim.launch", "commsim.scenario", "commsim.procs", "commsim.commands")
+
+
+def _modules(package: str) -> list[str]:
+    base = ROOT.joinpath(*package.split("."))
+    out = []
+    for p in sorted(base.rglob("*.py")):
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        out.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return out
+
+
+def _under(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_hosting_never_imports_launch_scenario_procs_or_commands():
+    seen = _closure(_modules("commsim.hosting"))
+    bad = [m for m in seen if _under(m, ABOVE_HOSTING)]
+    assert not bad, "\n".join(_chain(seen, m) for m in bad)
+    # Not vacuous: the walk reaches the simulator the surfaces answer from.
+    assert "commsim.sim.driver" in seen and "commsim.hosting.install.patches" in seen
+
+
+def test_hosting_layers_import_one_way():
+    """install knows no rank and no surface; state knows no surface."""
+    rules = {"commsim.hosting.install": ("commsim.hosting.state", "commsim.hosting.surfaces"),
+             "commsim.hosting.state": ("commsim.hosting.surfaces",)}
+    bad = []
+    for layer, forbidden in rules.items():
+        seen = _closure(_modules(layer))
+        bad += [_chain(seen, m) for m in seen if _under(m, forbidden)]
+    assert not bad, "\n".join(bad)

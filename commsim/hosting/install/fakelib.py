@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from typing import Any, Callable
 
-_lock = threading.Lock()
+from commsim.hosting.install.patches import Patches
+
+_lock = threading.RLock()
 _real_cdll = ctypes.CDLL
-_served: dict[str, Callable[[str], "FakeLibrary"]] = {}   # soname prefix -> factory
+# soname prefix -> (factory, the running rank or None)
+_served: dict[str, tuple[Callable[[str], "FakeLibrary"], Callable[[], Any]]] = {}
 _paths: dict[str, str] = {}                               # our real file path -> prefix
-_installed = 0
 
 
 class FakeLibrary:
@@ -160,30 +163,32 @@ def _static_string(b: bytes) -> int:
 
 # ---- ctypes.CDLL interposition -------------------------------------------------------------
 
-def serve(soname_prefix: str, factory: Callable[[str], FakeLibrary], path: str | None = None) -> None:
-    """Serve `factory(name)` for CDLL(name) when name's file name starts with the prefix
-    (e.g. "libcudart.so") or name is `path` (a real file standing in for it)."""
+def serve(patches: Patches, soname_prefix: str, factory: Callable[[str], FakeLibrary],
+          rank_of: Callable[[], Any], path: str | None = None) -> None:
+    """Serve `factory(name)` for CDLL(name) in a hosted rank (`rank_of()` not None) when
+    name's file name starts with the prefix (e.g. "libcudart.so") or name is `path` (a real
+    file standing in for it); ctypes itself is interposed while any library is served.
+    patches.restore() stops serving it."""
     with _lock:
-        _served[soname_prefix] = factory
+        _served[soname_prefix] = (factory, rank_of)
         if path is not None:
             _paths[os.path.realpath(path)] = soname_prefix
+    _interpose()
+    patches.on_restore(lambda: _unserve(soname_prefix))
 
 
-def unserve(soname_prefix: str) -> None:
+def _unserve(soname_prefix: str) -> None:
     with _lock:
         _served.pop(soname_prefix, None)
         for p, pre in list(_paths.items()):
             if pre == soname_prefix:
                 del _paths[p]
+        if not _served:
+            _ctypes_patches.restore()
 
 
 def lookup(name: Any) -> FakeLibrary | None:
     if not isinstance(name, (str, os.PathLike)):
-        return None
-    from commsim.hosting.state.session import hosted
-    if hosted() is None:
-        # Not a hosted rank (the launcher's own threads; a test runner or Ray in the same
-        # interpreter after an inproc run): the machine's real libraries, as without commsim.
         return None
     name = os.fspath(name)
     prefix = _paths.get(os.path.realpath(name)) if os.sep in name else None
@@ -192,9 +197,14 @@ def lookup(name: Any) -> FakeLibrary | None:
         prefix = next((p for p in _served if base.startswith(p)), None)
         if prefix is None or (os.sep in name and not os.path.exists(name)):
             return None
+    factory, rank_of = _served[prefix]
+    if rank_of() is None:
+        # Not a hosted rank (the launcher's own threads; a test runner or Ray in the same
+        # interpreter after an inproc run): the machine's real libraries, as without commsim.
+        return None
     # A new library object per CDLL call, as ctypes gives: restype/argtypes set on one
     # object's functions do not leak into another's.
-    return _served[prefix](name)
+    return factory(name)
 
 
 class HostedCDLL(_real_cdll):
@@ -207,28 +217,17 @@ class HostedCDLL(_real_cdll):
         return super().__new__(cls)
 
 
-def _patch_pynvml(cdll: Any) -> None:
-    import sys
-    mod = sys.modules.get("pynvml")
-    if mod is not None and hasattr(mod, "CDLL"):
-        mod.CDLL = cdll
+_ctypes_patches = Patches()
 
 
-def install() -> None:
-    global _installed
+def _interpose() -> None:
+    """ctypes.CDLL, ctypes.cdll's loader and pynvml's own CDLL name (it took ctypes' by
+    `from ctypes import *`) give HostedCDLL while a library is served."""
     with _lock:
-        _installed += 1
-        if _installed == 1:
-            ctypes.CDLL = HostedCDLL
-            ctypes.cdll._dlltype = HostedCDLL
-            _patch_pynvml(HostedCDLL)
-
-
-def uninstall() -> None:
-    global _installed
-    with _lock:
-        _installed -= 1
-        if _installed == 0:
-            ctypes.CDLL = _real_cdll
-            ctypes.cdll._dlltype = _real_cdll
-            _patch_pynvml(_real_cdll)
+        if _ctypes_patches.holds(ctypes, "CDLL"):
+            return
+        _ctypes_patches.attr(ctypes, "CDLL", HostedCDLL)
+        _ctypes_patches.attr(ctypes.cdll, "_dlltype", HostedCDLL)
+        pynvml = sys.modules.get("pynvml")
+        if pynvml is not None and hasattr(pynvml, "CDLL"):
+            _ctypes_patches.attr(pynvml, "CDLL", HostedCDLL)

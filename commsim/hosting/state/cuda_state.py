@@ -1,6 +1,6 @@
 """Per-rank CUDA state and argument conversion shared by the hosted CUDA surfaces.
 
-The cuda-python modules (cuda_runtime_api / cuda_driver_api) and the ctypes libcudart
+The cuda-python modules (surfaces/cuda/runtime_api, driver_api) and the ctypes libcudart
 (cudart.py) are two faces of one process's CUDA: they share the rank's driver and this
 state (driver initialised, current context, primary-context references, streams, the
 runtime's sticky last error), so a program mixing them sees one consistent process.
@@ -24,7 +24,7 @@ from cuda.bindings import runtime as cudart
 
 from commsim.driver import error_name, error_string
 from commsim.hosting.state.driver_view import refusal_of
-from commsim.hosting.state.session import HostedRank, NotHosted, current
+from commsim.hosting.state.session import HostedRank, current, hosted
 
 E = cudart.cudaError_t
 R = cu.CUresult
@@ -68,21 +68,9 @@ def rank_state(r: Any, key: str, make: Callable[[], Any]) -> Any:
 _by_driver: dict[str, "weakref.WeakKeyDictionary[Any, Any]"] = {}
 
 
-def rank() -> HostedRank:
-    return current()
-
-
-def maybe_rank() -> HostedRank | None:
-    """The running hosted rank, or None outside one (the launcher's own threads)."""
-    try:
-        return current()
-    except NotHosted:
-        return None
-
-
 def state(driver: Any) -> RankCuda:
     """The CUDA state of the rank that owns `driver` (the running rank)."""
-    r = maybe_rank()
+    r = hosted()
     if r is not None and r.driver is driver:
         return rank_state(r, "cuda", RankCuda)
     st = _states.get(driver)
@@ -283,11 +271,3 @@ def check_struct(x: Any, cls: type, pname: str, allow_none: bool = True) -> None
     if not isinstance(x, cls):
         raise TypeError(f"Argument '{pname}' has incorrect type (expected "
                         f"{cls.__module__}.{cls.__name__}, got {type(x).__name__})")
-
-
-def not_simulated(module: str, name: str) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"commsim hosting: {module}.{name} is not simulated")
-    call.__name__ = name
-    call.__qualname__ = name
-    return call

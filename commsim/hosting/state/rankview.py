@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sys
 import time
 from typing import Any, Iterator
 
 import greenlet
 
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import hosted
+from commsim.hosting.state.session import _bound
+from commsim.runtime.scheduler import current_scheduler
 
 # The variables the launcher sets per rank; kept in sync with the C environment on switch.
 PER_RANK = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE",
@@ -45,6 +49,7 @@ _base: dict | None = None       # the process's own environ mapping (outside ran
 _active: Any = None             # the HostedRank whose view is in place (None: the base)
 _base_main: Any = None          # sys.modules["__main__"] outside ranks
 _real_sleep = time.sleep
+_patches = Patches()            # the views' attributes while installed
 
 
 def encoded(env: dict[str, str]) -> dict:
@@ -58,8 +63,9 @@ def _apply(rank: Any) -> None:
         return
     _swap_generators(_active, rank)
     data = _base if rank is None else rank.env
-    os.environ._data = data   # type: ignore[attr-defined]
-    sys.modules["__main__"] = _base_main if rank is None else rank.state.get("__main__", _base_main)
+    _patches.switch(os.environ, "_data", data)
+    _patches.switch_module("__main__", _base_main if rank is None else
+                           rank.state.get("__main__", _base_main))
     for k in PER_RANK:
         bk = os.environ.encodekey(k)
         v = data.get(bk)
@@ -76,7 +82,6 @@ _TORCH_DEFAULT_SEED = 67280421310721
 
 def _generators() -> dict[str, tuple[Any, Any]]:
     """(get_state, set_state) of each process-wide generator loaded now."""
-    import random
     out: dict[str, tuple[Any, Any]] = {"random": (random.getstate, random.setstate)}
     np_random = sys.modules.get("numpy.random")
     if np_random is not None and hasattr(np_random, "get_state"):
@@ -95,7 +100,6 @@ def _fresh(name: str, rank: Any) -> None:
     elif name == "numpy":
         sys.modules["numpy.random"].seed(0x5EED0000 + rank.rank)
     else:
-        import random
         random.seed(0x5EED0000 + rank.rank)
 
 
@@ -119,7 +123,6 @@ def _trace(event: str, args: Any) -> None:
 
 
 def _rank_of(g: Any) -> Any:
-    from commsim.hosting.state.session import _bound
     while g is not None:
         stack = _bound.get(g)
         if stack:
@@ -137,7 +140,6 @@ def refresh() -> None:
 def _sleep(seconds: float) -> None:
     r = hosted()
     if r is not None and r.mode == "inproc":
-        from commsim.runtime.scheduler import current_scheduler
         sched = current_scheduler()
         if sched is not None and sched.current_rank is not None:
             sched.sleep(seconds)
@@ -152,12 +154,14 @@ def installed() -> Iterator[None]:
     _base = os.environ._data   # type: ignore[attr-defined]
     _base_main = sys.modules.get("__main__")
     _active = None
+    _patches.attr(os.environ, "_data", _base)
+    _patches.module("__main__", _base_main)
     prev = greenlet.settrace(_trace)
-    time.sleep = _sleep
+    _patches.attr(time, "sleep", _sleep)
     try:
         yield
     finally:
         greenlet.settrace(prev)
-        time.sleep = _real_sleep
         _apply(None)
+        _patches.restore()
         _base = None

@@ -14,9 +14,10 @@ import contextlib
 import os
 import sys
 import threading
+import traceback
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from greenlet import getcurrent
 
@@ -98,7 +99,7 @@ class HostedRank:
     visible: tuple             # GPUs this process sees, CUDA ordinal i -> visible[i]
     shm_dir: str               # private directory standing in for this host's /dev/shm
     events: RankEvents = field(default_factory=RankEvents)
-    # -- beyond the contract (16a's own use) --
+    # -- what the launcher and the surfaces keep besides the launcher's environment --
     mode: str = "procs"        # "procs" | "inproc"
     pid: int = 0               # the pid the process observes (simulated in inproc mode)
     env: dict | None = None    # inproc: this rank's os.environ view
@@ -168,7 +169,6 @@ def exception_line(tp: Any, value: BaseException) -> str:
     """The one line a verdict names an exception by: "Type: first line of the message".
     A SyntaxError's source lines come before that line and notes after it; a multi-line
     message (torch's CUDA errors add hints below the error) is named by its first line."""
-    import traceback
     entries = traceback.format_exception_only(tp, value)
     head = next((e for e in entries if e.strip() and not e.startswith((" ", "\t"))), entries[-1])
     return head.strip().splitlines()[0]

@@ -22,7 +22,10 @@ import socket
 import sys
 from typing import Any
 
+import _posixshmem          # CPython's shm_open/shm_unlink, which multiprocessing calls
+
 from commsim.hosting.state.session import hosted
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 
 _real: dict[str, Any] = {}
@@ -87,30 +90,13 @@ def _shm_unlink(path: str) -> None:
     os.unlink(shm_path(r.shm_dir, path))
 
 
-def _install() -> None:
-    import _posixshmem
-    _real.update(gethostname=socket.gethostname, uname=os.uname, getpid=os.getpid,
-                 shm_open=_posixshmem.shm_open, shm_unlink=_posixshmem.shm_unlink)
-    _real["platform.uname"] = platform.uname
-    _real["platform.node"] = platform.node
-    socket.gethostname = _gethostname
-    os.uname = _uname
-    os.getpid = _getpid
-    platform.uname = _platform_uname
-    platform.node = _platform_node
-    _posixshmem.shm_open = _shm_open
-    _posixshmem.shm_unlink = _shm_unlink
+def _patch(patches: Patches) -> None:
+    for target, name, fake in ((socket, "gethostname", _gethostname), (os, "uname", _uname),
+                               (os, "getpid", _getpid), (_posixshmem, "shm_open", _shm_open),
+                               (_posixshmem, "shm_unlink", _shm_unlink)):
+        _real[name] = patches.attr(target, name, fake)
+    _real["platform.uname"] = patches.attr(platform, "uname", _platform_uname)
+    _real["platform.node"] = patches.attr(platform, "node", _platform_node)
 
 
-def _uninstall() -> None:
-    import _posixshmem
-    socket.gethostname = _real["gethostname"]
-    os.uname = _real["uname"]
-    os.getpid = _real["getpid"]
-    platform.uname = _real["platform.uname"]
-    platform.node = _real["platform.node"]
-    _posixshmem.shm_open = _real["shm_open"]
-    _posixshmem.shm_unlink = _real["shm_unlink"]
-
-
-register_surface("identity", _install, _uninstall)
+register_surface("identity", _patch)

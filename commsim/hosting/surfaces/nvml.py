@@ -25,10 +25,12 @@ from commsim.topology.model import GpuRef
 from commsim.hosting.state import host_layout
 from commsim.topology.gpu_models import part_of
 from commsim.hosting.install import fakelib
-from commsim.hosting.state.cuda_state import not_simulated, rank_state
+from commsim.hosting.install.dispatch import not_simulated
+from commsim.hosting.state.cuda_state import rank_state
 from commsim.hosting.state.session import current
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
+from commsim.hosting.state.session import hosted
 
 SONAME = "libnvidia-ml.so"
 _handles: dict[tuple[str, int], Any] = {}    # (host, index) -> buffer whose address is the handle
@@ -390,27 +392,17 @@ SIMULATED = tuple(sorted(_FUNCTIONS))
 def library(name: str) -> fakelib.FakeLibrary:
     # Every nvml* symbol exists in the real library; the ones not simulated fail loudly.
     return fakelib.FakeLibrary(name, _FUNCTIONS, lambda s: s.startswith("nvml"),
-                               lambda s: not_simulated("libnvidia-ml", s))
+                               lambda s: not_simulated(f"libnvidia-ml.{s}"))
 
 
-def _reset_pynvml() -> None:
+def _patch(patches: Patches) -> None:
+    fakelib.serve(patches, SONAME, library, hosted)
     # pynvml keeps the library it loaded and the functions it looked up: drop them so the
     # next nvmlInit loads the served (or, after uninstall, the real) library.
-    N.nvmlLib = None
+    patches.attr(N, "nvmlLib", None)
     N._nvmlGetFunctionPointer_cache.clear()
+    patches.on_restore(N._nvmlGetFunctionPointer_cache.clear)
 
 
-def _install() -> None:
-    fakelib.serve(SONAME, library)
-    fakelib.install()
-    _reset_pynvml()
-
-
-def _uninstall() -> None:
-    fakelib.unserve(SONAME)
-    fakelib.uninstall()
-    _reset_pynvml()
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("pynvml", install, uninstall)
+SURFACE = register_surface("pynvml", _patch)
+install, uninstall = SURFACE.install, SURFACE.uninstall

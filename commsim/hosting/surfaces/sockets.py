@@ -23,7 +23,7 @@ import socket
 import sys
 from typing import Any
 
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
 
@@ -64,34 +64,21 @@ def _site() -> str:
     return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} in {f.f_code.co_name}"
 
 
-_real: dict[str, Any] = {}
-
-
-def _guarded(name: str, families: tuple[int, ...]) -> Any:
-    real = _real[name]
-
+def _guarded(name: str, families: tuple[int, ...], real: Any) -> Any:
     def call(self: socket.socket, *args: Any, **kwargs: Any) -> Any:
         r = hosted()
         if r is not None and r.mode == "inproc" and self.family in families:
             raise NeedsProcesses(f"socket.{name}({_FAMILY[self.family]})", _site())
         return real(self, *args, **kwargs)
-
     call.__name__ = call.__qualname__ = name
     call.__doc__ = real.__doc__
     return call
 
 
-def _install() -> None:
+def _install(patches: Patches) -> None:
     for name, families in BETWEEN_RANKS.items():
-        _real[name] = getattr(socket.socket, name)
-        setattr(socket.socket, name, _guarded(name, families))
+        patches.attr(socket.socket, name, _guarded(name, families, getattr(socket.socket, name)))
 
 
-def _uninstall() -> None:
-    for name, real in _real.items():
-        setattr(socket.socket, name, real)
-    _real.clear()
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("sockets", install, uninstall)
+SURFACE = register_surface("sockets", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

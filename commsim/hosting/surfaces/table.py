@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Iterable, Iterator, Mapping
 
-from commsim.hosting.state import cuda_state
+from commsim.hosting.install import dispatch
 
 Names = Mapping[str, Iterable[str]]     # foreign module -> names
 
@@ -42,9 +42,9 @@ def _mpi_served(m: ModuleType) -> Names:
             for name, mod in m._MODULES.items()}
 
 
-# The code of every stand-in cuda_state.not_simulated makes: how a declared stand-in is told
+# The code of every stand-in dispatch.not_simulated makes: how a declared stand-in is told
 # from a served function.
-_STANDIN_CODE = cuda_state.not_simulated("", "").__code__
+_STANDIN_CODE = dispatch.not_simulated("").__code__
 
 
 def _accelerator(m: ModuleType, served: bool) -> Names:
@@ -94,7 +94,7 @@ TABLE: tuple[Entry, ...] = (
           lambda m: _accelerator(m, True), lambda m: _accelerator(m, False)),
     Entry(f"{_PKG}.mpi.mpi4py", "mpi4py (where installed, and under --launcher mpirun)",
           _mpi_served,
-          lambda m: {"mpi4py.MPI": sorted(m.MPI_NAMES), "mpi4py.MPI.Comm": sorted(m.COMM_NAMES)},
+          lambda m: {"mpi4py.MPI": sorted(m.MPI_NAMES), "mpi4py.MPI.Comm": sorted(m.mpi_comm.COMM_NAMES)},
           others="AttributeError, as a module without the name", needs_launcher=True),
     Entry(f"{_PKG}.sockets", "sockets between in-process ranks (refused: the run goes to procs)",
           lambda m: {"socket.socket (procs mode)": _keys(m.BETWEEN_RANKS)},

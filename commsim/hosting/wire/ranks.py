@@ -29,6 +29,10 @@ from collections import deque
 from typing import Any, Sequence
 
 from commsim.runtime.scheduler import wait_until
+from commsim.group.torch_dist import ProcessWorld
+from commsim.hosting.wire.kvstore import StoreClient
+from commsim.group.torch_dist import TorchDistGroup
+from commsim.runtime.diagnosis import HangDetected
 
 ANY_TAG = -1
 STORE_ENV = "COMMSIM_HOSTING_MPI_STORE"    # host:port of the run's store (procs, mpirun)
@@ -113,7 +117,6 @@ class SoloTransport(Transport):
         i = _match(q, tag)
         if i is None:
             # Nothing else can ever send to a lone process: waiting would be forever.
-            from commsim.runtime.diagnosis import HangDetected
             raise HangDetected(f"hang: {what} in a one-process MPI job, and nothing was sent "
                                f"to it: it would wait forever")
         t, blob = q[i]
@@ -162,7 +165,6 @@ class ProcsTransport(Transport):
         return max(self.deadline - time.time(), 0.5)
 
     def group(self, ctx: str, name: str, members: tuple[int, ...], index: int) -> Any:
-        from commsim.group.torch_dist import TorchDistGroup
         return TorchDistGroup(self.pw, name, f"mpi/{ctx}", members, index)
 
     @staticmethod
@@ -208,8 +210,6 @@ def procs_transport(rank: int, size: int, run_dir: str, timeout: float) -> Procs
     """A procs-mode rank's connection to its run's store. The store's address comes in the
     environment; the secret never travels through the store: it is a 0600 file of the run's
     private directory (mkdtemp, 0700), read without following a link."""
-    from commsim.group.torch_dist import ProcessWorld
-    from commsim.hosting.wire.kvstore import StoreClient
     host, _, port = os.environ[STORE_ENV].rpartition(":")
     fd = os.open(os.path.join(run_dir, SECRET_FILE), os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Callable
 
 __all__ = ["CompiledExtension", "CompiledExtensionNotServed", "EXTENSIONS", "declared",
@@ -85,7 +86,6 @@ def version_in(version: str, versions: tuple[str, str]) -> bool:
 
 
 def _installed(library: str) -> str | None:
-    from importlib import metadata
     try:
         return metadata.version(library)
     except metadata.PackageNotFoundError:

@@ -17,18 +17,15 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
-import sys
-import threading
 from typing import Any
 
-from commsim.hosting.install.nesting import nested
-from commsim.hosting.install.registry import register_surface, when_imported
+from commsim.hosting.install.patches import Patches
+from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
 from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, not_served_error
 
 _IMPORTED = frozenset(e.module for e in EXTENSIONS if e.kind == "import")
 _active = [False]
-_lock = threading.Lock()
 
 
 class _RefusingLoader(importlib.abc.Loader):
@@ -55,7 +52,6 @@ class _ExtensionFinder(importlib.abc.MetaPathFinder):
 
 
 _finder = _ExtensionFinder()
-_patched: list[tuple[Any, str, Any]] = []
 
 
 def _refusing(real: Any) -> Any:
@@ -77,33 +73,24 @@ def _spec_classes(base: type) -> list[type]:
     return out
 
 
-def _patch_jit(core: Any) -> None:
-    with _lock:
-        for cls in _spec_classes(core.JitSpec):
-            for attr in ("build_and_load", "build", "load", "_build_and_load_jit_fallback"):
-                real = cls.__dict__.get(attr)
-                if real is None or getattr(real, "__commsim_compiled__", False):
-                    continue
-                _patched.append((cls, attr, real))
-                setattr(cls, attr, _refusing(real))
+def _patch_jit(patches: Patches, core: Any) -> None:
+    for cls in _spec_classes(core.JitSpec):
+        for attr in ("build_and_load", "build", "load", "_build_and_load_jit_fallback"):
+            real = cls.__dict__.get(attr)
+            if real is not None and not getattr(real, "__commsim_compiled__", False):
+                patches.attr(cls, attr, _refusing(real))
 
 
-def _install() -> None:
-    _active[0] = True
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
-    when_imported("flashinfer.jit.core", _patch_jit)
-
-
-def _uninstall() -> None:
+def _deactivate() -> None:
     _active[0] = False
-    if _finder in sys.meta_path:
-        sys.meta_path.remove(_finder)
-    with _lock:
-        while _patched:
-            cls, attr, real = _patched.pop()
-            setattr(cls, attr, real)
 
 
-install, uninstall = nested(_install, _uninstall)
-register_surface("compiled CUDA extensions", install, uninstall)
+def _install(patches: Patches) -> None:
+    _active[0] = True
+    patches.on_restore(_deactivate)
+    patches.finder(_finder, first=True)
+    patches.on_import("flashinfer.jit.core", lambda core: _patch_jit(patches, core))
+
+
+SURFACE = register_surface("compiled CUDA extensions", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

@@ -2,7 +2,7 @@
 
 Installing the surface replaces both modules (in sys.modules and as attributes of the
 `cuda.bindings` package) by stand-ins. On each attribute lookup a stand-in answers:
-- an API function commsim simulates (cuda_runtime_api / cuda_driver_api): that function,
+- an API function commsim simulates (surfaces/cuda/runtime_api, driver_api, driver_vmm): that function,
   which serves the rank running the call (session.current());
 - any other name of the real module (enums, structs, handle types, constants,
   `cudaGetErrorString`/`cudaGetErrorName`, which need no GPU): the real object, so types
@@ -32,8 +32,8 @@ interpreter start, before user code runs.
 from __future__ import annotations
 
 import sys
-import threading
 import types
+import warnings
 from typing import Any
 
 import cuda.bindings as _pkg
@@ -43,9 +43,9 @@ from cuda.bindings import runtime as _real_runtime
 from commsim.hosting.surfaces.cuda import driver_api as cuda_driver_api
 from commsim.hosting.surfaces.cuda import driver_vmm as cuda_driver_vmm
 from commsim.hosting.surfaces.cuda import runtime_api as cuda_runtime_api
-from commsim.hosting.state.cuda_state import not_simulated
-from commsim.hosting.state.cuda_state import maybe_rank
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.dispatch import not_simulated
+from commsim.hosting.state.session import hosted
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 
 RUNTIME = "cuda.bindings.runtime"
@@ -76,10 +76,10 @@ class HostedCudaModule(types.ModuleType):
         value = getattr(real, name)          # AttributeError exactly as the real module
         if not _is_api(name, value) or name in _PURE:
             return value
-        if maybe_rank() is None:
+        if hosted() is None:
             return value                     # not a hosted rank: the real binding
         impl = self.__dict__["_impl"].get(name)
-        return impl if impl is not None else not_simulated(self.__name__, name)
+        return impl if impl is not None else not_simulated(f"{self.__name__}.{name}")
 
     def __dir__(self) -> list[str]:
         return sorted(set(dir(self.__dict__["_real"])))
@@ -90,9 +90,6 @@ class HostedCudaModule(types.ModuleType):
 
 _STANDIN = {RUNTIME: HostedCudaModule(RUNTIME, cuda_runtime_api),
             DRIVER: HostedCudaModule(DRIVER, cuda_driver_api, cuda_driver_vmm)}
-_saved: dict[str, tuple[Any, Any]] = {}
-_lock = threading.Lock()
-_MISSING = object()
 
 
 def standin(name: str) -> HostedCudaModule:
@@ -104,29 +101,11 @@ def simulated_functions() -> dict[str, tuple[str, ...]]:
     return {n: tuple(sorted(m.__dict__["_impl"])) for n, m in _STANDIN.items()}
 
 
-def _install() -> None:
-    with _lock:
-        for name, mod in _STANDIN.items():
-            attr = name.rsplit(".", 1)[1]
-            _saved[name] = (sys.modules.get(name), _pkg.__dict__.get(attr, _MISSING))
-            sys.modules[name] = mod
-            setattr(_pkg, attr, mod)
+def _install(patches: Patches) -> None:
+    for name, mod in _STANDIN.items():
+        patches.module(name, mod)
+        patches.attr(_pkg, name.rsplit(".", 1)[1], mod)
 
 
-def _uninstall() -> None:
-    with _lock:
-        for name in _STANDIN:
-            attr = name.rsplit(".", 1)[1]
-            mod, pkg_attr = _saved.pop(name, (None, _MISSING))
-            if mod is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = mod
-            if pkg_attr is _MISSING:
-                _pkg.__dict__.pop(attr, None)
-            else:
-                setattr(_pkg, attr, pkg_attr)
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("cuda-python", install, uninstall)
+SURFACE = register_surface("cuda-python", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

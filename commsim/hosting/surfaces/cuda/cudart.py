@@ -10,7 +10,7 @@ Installing this surface creates a real file named `libcudart.so.13` in a private
 (0700, unguessable) and maps it read-only into the process, so it appears in
 /proc/self/maps; `ctypes.CDLL` of that path (or of the soname) returns the simulated
 library (fakelib.py). Its functions are the C ABI over the same per-rank runtime as
-`cuda.bindings.runtime` (cuda_runtime_api.py): return codes are `cudaError_t` numbers,
+`cuda.bindings.runtime` (surfaces/cuda/runtime_api.py): return codes are `cudaError_t` numbers,
 `cudaGetErrorString` returns the real runtime's texts (cuda-python's table, which needs no
 GPU, reference §1.5), so a wrapper's `RuntimeError(f"CUDART error: {text}")` is the real one.
 """
@@ -30,9 +30,10 @@ from cuda.bindings import runtime as _rt
 from commsim.driver import IPC_HANDLE_SIZE
 from commsim.hosting.surfaces.cuda import runtime_api as api
 from commsim.hosting.install import fakelib
-from commsim.hosting.state.cuda_state import not_simulated
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.dispatch import not_simulated
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
+from commsim.hosting.state.session import hosted
 
 SONAME = "libcudart.so.13"
 _EINVAL = int(_rt.cudaError_t.cudaErrorInvalidValue)
@@ -137,7 +138,7 @@ _SYMBOLS = frozenset(n for n in dir(_rt) if n.startswith("cuda") and callable(ge
 
 def library(name: str) -> fakelib.FakeLibrary:
     return fakelib.FakeLibrary(name, _FUNCTIONS, lambda s: s in _SYMBOLS or s in _FUNCTIONS,
-                               lambda s: not_simulated("libcudart", s))
+                               lambda s: not_simulated(f"libcudart.{s}"))
 
 
 class _Mapped:
@@ -166,12 +167,12 @@ def mapped_path() -> str | None:
     return _mapped.path if _mapped is not None else None
 
 
-def _install() -> None:
+def _patch(patches: Patches) -> None:
     global _mapped
     _mapped = _Mapped()
     atexit.register(_cleanup)
-    fakelib.serve("libcudart.so", library, _mapped.path)
-    fakelib.install()
+    patches.on_restore(_cleanup)
+    fakelib.serve(patches, "libcudart.so", library, hosted, _mapped.path)
 
 
 def _cleanup() -> None:
@@ -181,11 +182,5 @@ def _cleanup() -> None:
         _mapped = None
 
 
-def _uninstall() -> None:
-    fakelib.unserve("libcudart.so")
-    fakelib.uninstall()
-    _cleanup()
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("libcudart", install, uninstall)
+SURFACE = register_surface("libcudart", _patch)
+install, uninstall = SURFACE.install, SURFACE.uninstall

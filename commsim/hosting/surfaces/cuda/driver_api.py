@@ -1,6 +1,6 @@
 """`cuda.bindings.driver` functions for a hosted rank (cuda-python 13.x signatures).
 
-Same contract as cuda_runtime_api: the real parameter names, the binding's argument
+Same contract as runtime_api.py: the real parameter names, the binding's argument
 conversion and return types (`CUdevice`, `CUcontext`, `CUdeviceptr`,
 `CUmemGenericAllocationHandle`, `CUmemFabricHandle`, an int fd for POSIX-fd export), and
 the driver's rules: nothing but cuInit works before cuInit ("cuInit must be called before
@@ -16,11 +16,12 @@ from typing import Any, Callable
 
 import numpy as np
 from cuda.bindings import driver as cu
+from cuda.bindings.runtime import cudaMemcpyKind
 
 from commsim.driver import error_string
 from commsim.sim.pointers import pointer_info
 from commsim.hosting.state import host_layout
-from commsim.hosting.state.device_props import device_props
+from commsim.hosting.surfaces.cuda.device_calls import device_attribute, mem_get_info, memcpy
 from commsim.hosting.state.cuda_state import (R, ApiFail, api_call, as_cu, c_int, check_struct, host_buffer,
                          ctx_handle, ctx_ordinal, current, devptr, enum_attr_value, enum_value,
                          handle_value, new_stream, state)
@@ -116,50 +117,6 @@ def cuDeviceGetPCIBusId(length, dev):
     return (R.CUDA_SUCCESS, text)
 
 
-# Attributes the SimDriver does not answer but the topology does (cuda.h numbering).
-def device_attribute(attrib: int, ordinal: int) -> tuple:
-    """(CUresult, value) of a device attribute; an attribute commsim does not simulate fails
-    loudly instead of inventing a value."""
-    d = _drv()
-    # Ask the SimDriver's own table unwatched: an attribute it lacks but the topology answers
-    # is no CUDA error of the program's; the caller reports the final code.
-    res = getattr(d, "inner", d).cuDeviceGetAttribute(attrib, ordinal)
-    if int(res[0]) == 0 or int(res[0]) == int(R.CUDA_ERROR_INVALID_DEVICE):
-        return res
-    if not 0 <= ordinal < len(d.proc.gpus):
-        return (R.CUDA_ERROR_INVALID_DEVICE, None)
-    r = current()
-    ref = d.proc.gpus[ordinal]
-    p = device_props(r.cluster, ref)
-    extra = {
-        int(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT): p.multi_processor_count,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_BUS_ID): p.pci.bus,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID): p.pci.device,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID): p.pci.domain,
-        int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_MODE): 0,          # CU_COMPUTEMODE_DEFAULT
-        int(A.CU_DEVICE_ATTRIBUTE_INTEGRATED): p.integrated,
-        int(A.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY): 1,
-        int(A.CU_DEVICE_ATTRIBUTE_WARP_SIZE): p.warp_size,
-        int(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK): p.max_threads_per_block,
-        int(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR): p.max_threads_per_multi_processor,
-        int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK): p.shared_memory_per_block,
-        int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN): p.shared_memory_per_block_optin,
-        int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR): p.shared_memory_per_multiprocessor,
-        int(A.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK): p.regs_per_block,
-        int(A.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR): p.regs_per_multiprocessor,
-        int(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE): p.l2_cache_size,
-        int(A.CU_DEVICE_ATTRIBUTE_CLOCK_RATE): p.clock_rate_khz,
-        int(A.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE): p.memory_clock_rate_khz,
-        int(A.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH): p.memory_bus_width,
-        int(A.CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD): 0,
-    }
-    if attrib in extra:
-        return (R.CUDA_SUCCESS, extra[attrib])
-    try:
-        name = A(attrib).name
-    except ValueError:
-        return (R.CUDA_ERROR_INVALID_VALUE, None)            # no such attribute
-    raise NotImplementedError(f"commsim hosting: device attribute {name} is not simulated")
 
 
 @driver_api(1)
@@ -253,7 +210,6 @@ def cuMemFree(dptr):
 
 @driver_api(2, context=True)
 def cuMemGetInfo():
-    from commsim.hosting.surfaces.cuda.runtime_api import mem_get_info
     _, free, total = mem_get_info(current())
     return (R.CUDA_SUCCESS, free, total)
 
@@ -287,15 +243,12 @@ def cuMemcpyDtoH(dstHost, srcDevice, ByteCount):
 
 @driver_api(0, context=True)
 def cuMemcpyDtoD(dstDevice, srcDevice, ByteCount):
-    from cuda.bindings.runtime import cudaMemcpyKind
     return _drv().cudaMemcpy(devptr(dstDevice), devptr(srcDevice), c_int(ByteCount, "size_t"),
                              cudaMemcpyKind.cudaMemcpyDeviceToDevice)[0]
 
 
 @driver_api(0, context=True)
 def cuMemcpy(dst, src, ByteCount):
-    from cuda.bindings.runtime import cudaMemcpyKind
-    from commsim.hosting.surfaces.cuda.runtime_api import memcpy
     return memcpy(_drv(), devptr(dst), devptr(src), c_int(ByteCount, "size_t"),
                   int(cudaMemcpyKind.cudaMemcpyDefault))
 

@@ -1,6 +1,6 @@
 """`cuda.bindings.driver` VMM and multicast calls for a hosted rank (cuda-python 13.x).
 
-The same contract as cuda_driver_api (real parameter names, the binding's conversions and
+The same contract as driver_api.py (real parameter names, the binding's conversions and
 return types): `cuMemCreate` gives a `CUmemGenericAllocationHandle`,
 `cuMemExportToShareableHandle` a `CUmemFabricHandle` for FABRIC and an int fd for POSIX-fd
 (cuda-python's _HelperCUmemAllocationHandleType.pyObj), and `cuMemImportFromShareableHandle`

@@ -12,15 +12,15 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
-import numpy as np
 from cuda.bindings import runtime as cudart
 
 from commsim.driver import IPC_HANDLE_SIZE
 from commsim.sim.pointers import pointer_info
 from commsim.hosting.state import host_layout
 from commsim.hosting.state.device_props import device_props
-from commsim.hosting.state.cuda_state import (E, ApiFail, api_call, as_rt, c_int, check_struct, current, new_stream,
-                         runtime_entry, state, void_ptr)
+from commsim.hosting.surfaces.cuda.device_calls import device_attribute, mem_get_info, memcpy
+from commsim.hosting.state.cuda_state import (E, ApiFail, api_call, as_rt, c_int, check_struct, current,
+                                              handle_value, new_stream, runtime_entry, state, void_ptr)
 
 K = cudart.cudaMemcpyKind
 _Err = ApiFail
@@ -104,7 +104,6 @@ def cudaDeviceDisablePeerAccess(peerDevice):
 @runtime_api(1, context=False)
 def cudaDeviceGetAttribute(attr, device):
     # cudaDeviceAttr shares its numbering with CUdevice_attribute (driver_types.h / cuda.h).
-    from commsim.hosting.surfaces.cuda.driver_api import device_attribute
     code, value = device_attribute(int(attr), c_int(device))
     return (as_rt(code), value)
 
@@ -205,40 +204,6 @@ def cudaMemGetInfo():
     return mem_get_info(current())
 
 
-def mem_get_info(r: Any) -> tuple:
-    """(free, total) of the current device: total minus what every process holds on it."""
-    d = r.driver
-    g = d.device
-    total = r.cluster.gpu(g).memory_bytes
-    used = d.bytes_used(g)
-    return (E.cudaSuccess, max(total - used, 0), total)
-
-
-def memcpy(d: Any, dst: int, src: int, count: int, kind: int) -> Any:
-    """cudaMemcpy over raw addresses: a host side is this process's real memory (UVA:
-    cudaMemcpyDefault tells them apart by address, Runtime API docs)."""
-    if count == 0:
-        return E.cudaSuccess
-    dst_dev = pointer_info(d, dst) is not None
-    src_dev = pointer_info(d, src) is not None
-    if kind == K.cudaMemcpyDefault:
-        kind = (K.cudaMemcpyDeviceToDevice if dst_dev and src_dev else
-                K.cudaMemcpyHostToDevice if dst_dev else
-                K.cudaMemcpyDeviceToHost if src_dev else K.cudaMemcpyHostToHost)
-    if kind == K.cudaMemcpyHostToHost:
-        ctypes.memmove(dst, src, count)
-        return E.cudaSuccess
-    if kind == K.cudaMemcpyHostToDevice:
-        host = np.frombuffer(ctypes.string_at(src, count), dtype=np.uint8)
-        return d.memcpy_htod(dst, host)[0]
-    if kind == K.cudaMemcpyDeviceToHost:
-        err, data = d.memcpy_dtoh(src, count)
-        if int(err) == 0:
-            ctypes.memmove(dst, data.ctypes.data, count)
-        return err
-    if kind == K.cudaMemcpyDeviceToDevice:
-        return d.cudaMemcpy(dst, src, count, K.cudaMemcpyDeviceToDevice)[0]
-    return E.cudaErrorInvalidMemcpyDirection
 
 
 @runtime_api(0)
@@ -328,7 +293,6 @@ def cudaIpcCloseMemHandle(devPtr):
 # ---- streams (work completes at launch in the simulator, so a stream is a name) -----------
 
 def _stream(x: Any) -> int:
-    from commsim.hosting.state.cuda_state import handle_value
     return handle_value(cudart.cudaStream_t, x)
 
 

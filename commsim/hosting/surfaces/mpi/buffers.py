@@ -14,6 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from commsim.hosting.surfaces.mpi.ops import SUM, as_op
+from commsim.hosting.surfaces.mpi.results import ERR_TRUNCATE, Exception, Request
+
 
 class InPlace:
     """mpi4py.MPI.IN_PLACE."""
@@ -47,7 +50,6 @@ def _array(spec: Any) -> np.ndarray:
 
 
 def _fill(dst: memoryview, data: bytes, call: str) -> None:
-    from commsim.hosting.surfaces.mpi.comm import ERR_TRUNCATE, Exception
     if dst.readonly:
         raise TypeError(f"Comm.{call}: the receive buffer is read-only")
     if len(data) != len(dst):
@@ -71,7 +73,6 @@ def Bcast(self: Any, buf: Any, root: int = 0) -> None:
 
 
 def Allreduce(self: Any, sendbuf: Any, recvbuf: Any, op: Any = None) -> None:
-    from commsim.hosting.surfaces.mpi.mpi4py import SUM, as_op
     o = as_op(SUM if op is None else op)
     src = recvbuf if sendbuf is IN_PLACE else sendbuf
     arr = np.ascontiguousarray(_array(src)).copy()
@@ -92,12 +93,10 @@ def Recv(self: Any, buf: Any, source: int = -1, tag: int = -1, status: Any = Non
 
 
 def Isend(self: Any, buf: Any, dest: int, tag: int = 0) -> Any:
-    from commsim.hosting.surfaces.mpi.comm import Request
-    Send(self, buf, dest, tag)         # eager, as the lowercase send (mpi_transport.py)
+    Send(self, buf, dest, tag)         # eager, as the lowercase send (wire/ranks.py)
     return Request(done=True)
 
 
 def Irecv(self: Any, buf: Any, source: int = -1, tag: int = -1) -> Any:
-    from commsim.hosting.surfaces.mpi.comm import Request
     self._handle("Comm.Irecv")
     return Request(lambda status: Recv(self, buf, source, tag, status))

@@ -13,7 +13,7 @@ errors").
 Every collective crosses the communicator as one all-gather of (call, parameters, payload),
 so each member checks that all members made the same call: a mismatch (rank 0 in bcast, rank
 1 in allgather) is an error naming who called what, where real MPI would hang or garble
-data. A rank that never arrives is the transport's diagnosis (mpi_transport.py).
+data. A rank that never arrives is the transport's diagnosis (wire/ranks.py).
 """
 
 from __future__ import annotations
@@ -21,114 +21,29 @@ from __future__ import annotations
 from typing import Any
 
 from commsim.runtime.diagnosis import CollectiveMismatch, rank_word
-from commsim.hosting.state.session import user_site
-
-ANY_SOURCE = -1          # Open MPI mpi.h: MPI_ANY_SOURCE
-ANY_TAG = -1             # MPI_ANY_TAG
-PROC_NULL = -2           # MPI_PROC_NULL
-ROOT = -4                # MPI_ROOT
-UNDEFINED = -32766       # MPI_UNDEFINED
-COMM_TYPE_SHARED = 0     # MPI_COMM_TYPE_SHARED (first of Open MPI's split-type enum)
-OMPI_COMM_TYPE_HOST = 9  # OMPI_COMM_TYPE_HOST (tenth of that enum; TensorRT-LLM and
-#                          FlashInfer define it as 9 themselves: mpi4py does not export it)
-
-# Open MPI's error classes (mpi.h) and strings (ompi/errhandler/errcode.c).
-ERR_COMM, ERR_RANK, ERR_ROOT, ERR_TAG, ERR_ARG, ERR_TRUNCATE, ERR_OTHER = 5, 6, 8, 4, 13, 15, 16
-ERR_TEXT = {ERR_COMM: "MPI_ERR_COMM: invalid communicator", ERR_RANK: "MPI_ERR_RANK: invalid rank",
-            ERR_ROOT: "MPI_ERR_ROOT: invalid root", ERR_TAG: "MPI_ERR_TAG: invalid tag",
-            ERR_ARG: "MPI_ERR_ARG: invalid argument of some other kind",
-            ERR_TRUNCATE: "MPI_ERR_TRUNCATE: message truncated",
-            ERR_OTHER: "MPI_ERR_OTHER: known error not in list"}
-
-
-class Exception(RuntimeError):      # noqa: A001  (mpi4py's name: MPI.Exception)
-    """mpi4py.MPI.Exception: an MPI error code; str() is the library's error string."""
-
-    def __init__(self, ierr: int = ERR_OTHER, detail: str = "") -> None:
-        self.ierr = int(ierr)
-        text = ERR_TEXT.get(self.ierr, f"MPI error {self.ierr}")
-        super().__init__(f"{text} ({detail})" if detail else text)
-
-    def Get_error_code(self) -> int:
-        return self.ierr
-
-    def Get_error_class(self) -> int:
-        return self.ierr
-
-    def Get_error_string(self) -> str:
-        return ERR_TEXT.get(self.ierr, f"MPI error {self.ierr}")
-
-    error_code = property(Get_error_code)
-    error_class = property(Get_error_class)
-
-
-class Handle:
-    """One rank's membership of one communicator."""
-
-    __slots__ = ("st", "group", "ctx", "name", "members", "rank", "made")
-
-    def __init__(self, st: Any, group: Any, ctx: str, name: str, members: tuple[int, ...],
-                 rank: int) -> None:
-        self.st = st                # the rank's MPI state (mpi.RankMPI)
-        self.group = group
-        self.ctx = ctx              # context id, the same on every member
-        self.name = name
-        self.members = members      # world rank of each communicator rank
-        self.rank = rank
-        self.made = 0               # communicators created from this one so far
-
-    @property
-    def size(self) -> int:
-        return len(self.members)
-
+from commsim.hosting.install.dispatch import not_simulated
+from commsim.hosting.state.session import current, user_site
+from commsim.hosting.surfaces.mpi import buffers
+from commsim.hosting.surfaces.mpi.ops import SUM, as_op
+from commsim.hosting.surfaces.mpi.results import (ANY_SOURCE, ANY_TAG, COMM_TYPE_SHARED, ERR_ARG, ERR_COMM,
+                                                  ERR_OTHER, ERR_RANK, ERR_ROOT, ERR_TAG, OMPI_COMM_TYPE_HOST,
+                                                  PROC_NULL, UNDEFINED, Exception, Request, Status)
+from commsim.hosting.surfaces.mpi.world import Handle, RankMPI, rank_state
 
 def _site() -> str:
     return user_site(2, 1)
 
 
-class Status:
-    """mpi4py.MPI.Status: source and tag of a received message."""
-
-    def __init__(self) -> None:
-        self.source = ANY_SOURCE
-        self.tag = ANY_TAG
-        self.error = 0
-
-    def Get_source(self) -> int:
-        return self.source
-
-    def Get_tag(self) -> int:
-        return self.tag
-
-    def Get_error(self) -> int:
-        return self.error
-
-
-class Request:
-    """mpi4py.MPI.Request of isend / irecv: isend completes eagerly; irecv receives on
-    wait() (or test(), when a message is there)."""
-
-    def __init__(self, recv: Any = None, done: bool = False) -> None:
-        self._recv = recv
-        self._done = done
-        self._value: Any = None
-
-    def wait(self, status: Status | None = None) -> Any:
-        if not self._done:
-            self._value = self._recv(status)
-            self._done = True
-        return self._value
-
-    def test(self, status: Status | None = None) -> tuple[bool, Any]:
-        # UNCONFIRMED: a test() that does not block is not simulated for a pending irecv;
-        # it completes the receive (a message that never comes is then a diagnosed hang).
-        return True, self.wait(status)
-
-    Wait = wait
-
-    def Test(self, status: Status | None = None) -> bool:
-        return self.test(status)[0]
-
+# mpi4py.MPI.Comm methods the hosted surface knows but does not simulate: calling them
+# says so.
+COMM_NAMES = frozenset("""
+    Abort Ack_failed Agree Allgatherv Alltoall Alltoallv Alltoallw Bsend Call_errhandler
+    Compare Create Create_cart Create_graph Create_group Create_intercomm Disconnect
+    Dup_with_info Gather Gatherv Get_attr Get_errhandler Get_group Get_info Get_parent
+    Get_topology Iallgather Iallreduce Ibarrier Ibcast Igather Improbe Iprobe Ireduce
+    Iscatter Mprobe Probe Reduce Reduce_scatter Reduce_scatter_block Rsend Scatter
+    Scatterv Sendrecv Set_attr Set_errhandler Set_info Set_name Ssend Split_type_with_info
+    exscan iprobe mprobe probe scan ibsend issend ssend bsend""".split())
 
 class Comm:
     """mpi4py.MPI.Comm. `_h` is COMM_NULL (None), "world"/"self" (COMM_WORLD / COMM_SELF:
@@ -140,11 +55,10 @@ class Comm:
 
     # ---- identity -----------------------------------------------------------------------
     def _handle(self, what: str) -> Handle:
-        from commsim.hosting.surfaces.mpi import mpi4py as mpi
         h = self._h
         if h is None:
             raise Exception(ERR_COMM, f"{what} on MPI.COMM_NULL")
-        st = mpi.rank_state()
+        st = rank_state()
         if st.finalized:
             # UNCONFIRMED: Open MPI reports a call after MPI_Finalize and aborts; here the
             # call raises, naming it.
@@ -258,12 +172,10 @@ class Comm:
         return [got[s][h.rank] for s in range(h.size)]
 
     def allreduce(self, sendobj: Any, op: Any = None) -> Any:
-        from commsim.hosting.surfaces.mpi.mpi4py import SUM, as_op
         o = as_op(SUM if op is None else op)
         return o.fold(self._all("allreduce", f"op={o.name}", sendobj)[1])
 
     def reduce(self, sendobj: Any, op: Any = None, root: int = 0) -> Any:
-        from commsim.hosting.surfaces.mpi.mpi4py import SUM, as_op
         o = as_op(SUM if op is None else op)
         self._root(root, "reduce")
         h, got = self._all("reduce", f"op={o.name}, root={root}", sendobj)
@@ -330,7 +242,6 @@ class Comm:
         ctx = f"{h.ctx}.{n}:{my_color}"
         name = f"{h.name}.{what}{n}[{my_color}]"
         index = local.index(h.rank)
-        from commsim.hosting.surfaces.mpi.mpi4py import RankMPI
         st: RankMPI = h.st
         out._h = Handle(st, st.transport.group(ctx, name, members, index), ctx, name, members,
                         index)
@@ -343,7 +254,6 @@ class Comm:
         return self._derive(h, got, int(color), "split")
 
     def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> "Comm":
-        from commsim.hosting.state.session import current
         r = current()
         if split_type == COMM_TYPE_SHARED:
             domain = r.shm_dir      # one shared-memory domain: the processes sharing /dev/shm
@@ -377,12 +287,11 @@ class Comm:
         self._handle("Comm.Free")
         self._h = None       # mpi4py: the object becomes MPI.COMM_NULL
 
-    # uppercase (buffer) methods: mpi_buffers.py
-    from commsim.hosting.surfaces.mpi.buffers import Allgather, Allreduce, Bcast, Irecv, Isend, Recv, Send  # noqa: E402
+    # uppercase (buffer) methods: buffers.py
+    Allgather, Allreduce, Bcast = buffers.Allgather, buffers.Allreduce, buffers.Bcast
+    Send, Recv, Isend, Irecv = buffers.Send, buffers.Recv, buffers.Isend, buffers.Irecv
 
     def __getattr__(self, name: str) -> Any:
-        from commsim.hosting.surfaces.mpi.mpi4py import COMM_NAMES
-        from commsim.hosting.install.registry import not_simulated
         if name in COMM_NAMES:
             return not_simulated(f"mpi4py.MPI.Comm.{name}")
         raise AttributeError(f"'mpi4py.MPI.{type(self).__name__}' object has no attribute {name!r}")

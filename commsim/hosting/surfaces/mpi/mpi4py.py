@@ -29,147 +29,32 @@ NotImplementedError("commsim hosting: mpi4py.MPI.<name> is not simulated").
 
 from __future__ import annotations
 
-import functools
 import importlib.abc
 import importlib.machinery
-import operator
-import os
 import sys
-import threading
 import time
 import types
-from typing import Any, Callable
-
-import numpy as np
+from typing import Any
 
 from commsim.hosting.surfaces.mpi import comm as mpi_comm
 from commsim.hosting.surfaces.mpi.buffers import IN_PLACE
-from commsim.hosting.surfaces.mpi.comm import (ANY_SOURCE, ANY_TAG, COMM_TYPE_SHARED, ERR_ARG, ERR_COMM, ERR_OTHER,
-                       ERR_RANK, ERR_ROOT, ERR_TAG, ERR_TRUNCATE,
-                       PROC_NULL, ROOT, UNDEFINED, Comm, Exception, Handle, Intracomm,
-                       Request, Status)
-from commsim.hosting.wire.ranks import (InprocTransport, SoloGroup, SoloTransport, Transport,
-                            procs_transport)
-from commsim.hosting.install.nesting import nested
-from commsim.hosting.state.session import HostedRank, current
-from commsim.hosting.install.registry import not_simulated, register_surface
+from commsim.hosting.surfaces.mpi.comm import Comm, Intracomm
+from commsim.hosting.surfaces.mpi.ops import OPS, SUM, Op, as_op
+from commsim.hosting.surfaces.mpi.results import (ANY_SOURCE, ANY_TAG, COMM_TYPE_SHARED, ERR_ARG, ERR_COMM,
+                                                  ERR_OTHER, ERR_RANK, ERR_ROOT, ERR_TAG, ERR_TRUNCATE, PROC_NULL,
+                                                  ROOT, UNDEFINED, Exception, Request, Status)
+from commsim.hosting.surfaces.mpi.world import by_mpirun, rank_state
+from commsim.hosting.install.patches import Patches, forget_module
+from commsim.hosting.state.session import HostedRank, current, hosted
+from commsim.hosting.install.dispatch import not_simulated
+from commsim.hosting.install.registry import register_surface
+from commsim.runtime.scheduler import in_rank, now
 
-KEY = "mpi4py"
 VERSION, SUBVERSION = 3, 1       # the MPI standard Open MPI 4.x/5.0 report (MPI_VERSION)
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3   # mpi.h
 MAX_PROCESSOR_NAME = 256         # Open MPI: OPAL_MAX_PROCESSOR_NAME
 SUCCESS = 0
 INFO_NULL = None
-
-
-class RankMPI:
-    """One rank's MPI: its transport, COMM_WORLD and COMM_SELF, finalisation."""
-
-    def __init__(self, r: HostedRank, transport: Transport) -> None:
-        self.world_rank = r.rank
-        self.transport = transport
-        self.world: Handle = None       # type: ignore[assignment]
-        self.self_: Handle = None       # type: ignore[assignment]
-        self.finalized = False
-
-
-def _by_mpirun(r: HostedRank) -> bool:
-    size, rank = os.environ.get("OMPI_COMM_WORLD_SIZE"), os.environ.get("OMPI_COMM_WORLD_RANK")
-    return (size is not None and rank is not None and r.slot < r.world_size
-            and size == str(r.world_size) and rank == str(r.rank))
-
-
-def _start(r: HostedRank) -> RankMPI:
-    if not _by_mpirun(r):
-        r.events.note("mpi4py: this process was not started by mpirun, so MPI.COMM_WORLD is "
-                      "this process alone (singleton MPI_Init); use --launcher mpirun")
-        t: Transport = SoloTransport(r.rank)
-        members, me = (r.rank,), 0
-    elif r.mode == "inproc":
-        t = InprocTransport(r.world)
-        members, me = tuple(range(r.world_size)), r.rank
-    else:
-        from commsim.launch.bootstrap import run_config
-        cfg = run_config()
-        t = procs_transport(r.rank, r.world_size, cfg.run_dir, cfg.timeout)
-        members, me = tuple(range(r.world_size)), r.rank
-    st = RankMPI(r, t)
-    st.world = Handle(st, t.group("w", "MPI_COMM_WORLD", members, me), "w", "MPI_COMM_WORLD",
-                      members, me)
-    st.self_ = Handle(st, SoloGroup("MPI_COMM_SELF", r.rank), f"self{r.rank}", "MPI_COMM_SELF",
-                      (r.rank,), 0)
-    return st
-
-
-def rank_state() -> RankMPI:
-    """The running rank's MPI, started on its first call (mpi4py initialises MPI at import)."""
-    r = current()
-    st = r.state.get(KEY)
-    if st is None:
-        st = r.state[KEY] = _start(r)
-    return st
-
-
-# ---- reduction operations ---------------------------------------------------------------------
-
-def _loc(better: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
-    # MAXLOC/MINLOC on (value, location) pairs: ties go to the lower location (MPI-3.1 5.9.4).
-    def pick(a: Any, b: Any) -> Any:
-        if better(a[0], b[0]) or (a[0] == b[0] and a[1] <= b[1]):
-            return a
-        return b
-    return pick
-
-
-class Op:
-    """mpi4py.MPI.Op: predefined operations. For Python objects mpi4py applies them with
-    Python's operators (SUM: +, PROD: *, LAND: and, BAND: &, ...); for buffers elementwise."""
-
-    def __init__(self, name: str, py: Callable[[Any, Any], Any], ufunc: Any) -> None:
-        self.name = name
-        self._py = py
-        self._ufunc = ufunc
-
-    def __call__(self, x: Any, y: Any) -> Any:
-        return self._py(x, y)
-
-    def __repr__(self) -> str:
-        return f"<mpi4py.MPI.Op {self.name}>"
-
-    def Is_commutative(self) -> bool:
-        return True
-
-    def fold(self, values: list[Any]) -> Any:
-        return functools.reduce(self._py, values)     # in rank order
-
-    def fold_arrays(self, arrays: list[Any]) -> Any:
-        if self._ufunc is None:
-            raise NotImplementedError(f"commsim hosting: mpi4py.MPI.{self.name} on buffers is "
-                                      f"not simulated")
-        return functools.reduce(self._ufunc, arrays)
-
-    Create = staticmethod(not_simulated("mpi4py.MPI.Op.Create"))
-
-
-SUM = Op("SUM", operator.add, np.add)
-PROD = Op("PROD", operator.mul, np.multiply)
-MAX = Op("MAX", lambda a, b: b if b > a else a, np.maximum)
-MIN = Op("MIN", lambda a, b: b if b < a else a, np.minimum)
-LAND = Op("LAND", lambda a, b: bool(a) and bool(b), np.logical_and)
-LOR = Op("LOR", lambda a, b: bool(a) or bool(b), np.logical_or)
-LXOR = Op("LXOR", lambda a, b: bool(a) != bool(b), np.logical_xor)
-BAND = Op("BAND", operator.and_, np.bitwise_and)
-BOR = Op("BOR", operator.or_, np.bitwise_or)
-BXOR = Op("BXOR", operator.xor, np.bitwise_xor)
-MAXLOC = Op("MAXLOC", _loc(operator.gt), None)
-MINLOC = Op("MINLOC", _loc(operator.lt), None)
-OPS = (SUM, PROD, MAX, MIN, LAND, LOR, LXOR, BAND, BOR, BXOR, MAXLOC, MINLOC)
-
-
-def as_op(op: Any) -> Op:
-    if isinstance(op, Op):
-        return op
-    raise TypeError(f"expecting an mpi4py.MPI.Op (MPI.SUM, MPI.MAX, ...), got {op!r}")
 
 
 class Datatype:
@@ -242,7 +127,6 @@ def Get_library_version() -> str:
 
 
 def Wtime() -> float:
-    from commsim.runtime.scheduler import in_rank, now
     return now() if in_rank() else time.time()    # inproc: the scheduler's virtual clock
 
 
@@ -256,15 +140,7 @@ COMM_SELF = Intracomm()
 COMM_SELF._h = "self"
 COMM_NULL = Comm()
 
-# mpi4py names the hosted surface knows but does not simulate: calling them says so.
-COMM_NAMES = frozenset("""
-    Abort Ack_failed Agree Allgatherv Alltoall Alltoallv Alltoallw Bsend Call_errhandler
-    Compare Create Create_cart Create_graph Create_group Create_intercomm Disconnect
-    Dup_with_info Gather Gatherv Get_attr Get_errhandler Get_group Get_info Get_parent
-    Get_topology Iallgather Iallreduce Ibarrier Ibcast Igather Improbe Iprobe Ireduce
-    Iscatter Mprobe Probe Reduce Reduce_scatter Reduce_scatter_block Rsend Scatter
-    Scatterv Sendrecv Set_attr Set_errhandler Set_info Set_name Ssend Split_type_with_info
-    exscan iprobe mprobe probe scan ibsend issend ssend bsend""".split())
+# mpi4py.MPI names the hosted surface knows but does not simulate: calling them says so.
 MPI_NAMES = frozenset("""
     Alloc_mem Attach_buffer Compute_dims Detach_buffer File Free_mem Get_error_string Group
     Info Lookup_name Open_port Pcontrol Publish_name Register_datarep Unpublish_name Win
@@ -334,8 +210,6 @@ def _build() -> dict[str, types.ModuleType]:
 
 
 _MODULES = _build()
-_saved: dict[str, Any] = {}
-_lock = threading.Lock()
 
 
 def installed() -> bool:
@@ -350,7 +224,7 @@ def served_to(r: HostedRank | None) -> bool:
     real one does: FlashInfer's MPIBackend then says "mpi4py is not installed"
     (flashinfer/comm/comm_backend.py, 0.7.2.post1) instead of all-gathering over a world of
     one that does not exist."""
-    return installed() or (r is not None and _by_mpirun(r))
+    return installed() or (r is not None and by_mpirun(r))
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -370,7 +244,6 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def current_or_none() -> HostedRank | None:
-    from commsim.hosting.state.session import hosted
     return hosted()
 
 
@@ -381,36 +254,27 @@ for _m in _MODULES.values():
 
 def forget() -> None:
     """Drop the hosted modules a previous run of this interpreter imported, so that this
-    run's first import asks `served_to` again (in-process runs share sys.modules)."""
-    with _lock:
-        for name, mod in _MODULES.items():
-            if sys.modules.get(name) is mod and name not in _saved:
-                del sys.modules[name]
+    run's first import asks `served_to` again (in-process runs share sys.modules); a real
+    mpi4py the program had imported before hosting began stays replaced."""
+    for name, mod in _MODULES.items():
+        if name not in _replaced:
+            forget_module(name, mod)
 
 
-def _install() -> None:
-    with _lock:
-        sys.meta_path.insert(0, _FINDER)
-        for name, mod in _MODULES.items():
-            if name in sys.modules:      # the real one, imported before hosting began
-                _saved[name] = sys.modules[name]
-                sys.modules[name] = mod
+_replaced: set[str] = set()
 
 
-def _uninstall() -> None:
-    with _lock:
-        if _FINDER in sys.meta_path:
-            sys.meta_path.remove(_FINDER)
-        for name in _MODULES:
-            old = _saved.pop(name, None)
-            if old is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = old
+def _install(patches: Patches) -> None:
+    patches.finder(_FINDER, first=True)
+    _replaced.clear()
+    for name, mod in _MODULES.items():
+        if name in sys.modules:      # the real one, imported before hosting began
+            _replaced.add(name)
+            patches.module(name, mod)
 
 
-install, uninstall = nested(_install, _uninstall)
-register_surface("mpi4py", install, uninstall)
+SURFACE = register_surface("mpi4py", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall
 
 __all__ = ["rank_state", "as_op", "install", "uninstall", "SUM", "COMM_WORLD", "COMM_SELF",
            "COMM_NULL", "mpi_comm"]

@@ -11,7 +11,7 @@ torch.distributed CPU group). Here:
   kept per LocalWorld and wait with the scheduler's `wait_until` until `nranks` have, so a
   rank that never calls ncclCommInitRank is a diagnosed hang; the communicator is then a
   `LocalWorld.shared_group` of the world ranks in comm-rank order, and ncclSend/ncclRecv go
-  through the same mailboxes as the mpi4py surface (mpi_transport.InprocTransport).
+  through the same mailboxes as the mpi4py surface (wire.ranks.InprocTransport).
 - procs (real processes): the process that calls ncclGetUniqueId hosts a key-value store on
   127.0.0.1 (kvstore.StoreServer, as NCCL's bootstrap root listens on a socket) and writes its
   port and a fresh 32-byte secret into the id; every rank connects, and the communicator is
@@ -54,7 +54,15 @@ import numpy as np
 from commsim.kernels.collectives import store_rounded
 from commsim.libmodels.nccl_rules import ENV_VARS, decide, machine_from_cluster, parse_env
 from commsim.runtime.scheduler import wait_until
+from commsim.hosting.state.process_run import process_run
 from commsim.hosting.state.session import HostedRank
+from commsim.hosting.state.cuda_state import rank_state
+from commsim.hosting.wire.ranks import InprocTransport
+from commsim.group.torch_dist import ProcessWorld
+from commsim.hosting.wire.kvstore import StoreClient
+from commsim.hosting.wire.ranks import ProcsTransport
+from commsim.topology.model import GpuRef
+from commsim.hosting.wire.kvstore import StoreServer
 
 # ncclResult_t (nccl.h)
 SUCCESS, UNHANDLED_CUDA, SYSTEM, INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, \
@@ -99,7 +107,7 @@ class Comm:
     rank: int
     device: int                   # the CUDA ordinal current at init (ncclCommCuDevice)
     group: Any                    # commsim Group over the comm's ranks, in comm-rank order
-    transport: Any                # point-to-point (mpi_transport.Transport)
+    transport: Any                # point-to-point (wire.ranks.Transport)
     ctx: str                      # the transport's context name for this communicator
     members: tuple[int, ...]      # what the transport names peers by
     windows: dict[int, tuple[int, int]] = field(default_factory=dict)   # window -> (ptr, size)
@@ -119,7 +127,6 @@ class RankNccl:
 
 
 def state(r: HostedRank) -> RankNccl:
-    from commsim.hosting.state.cuda_state import rank_state
     return rank_state(r, "libnccl", RankNccl)
 
 
@@ -160,7 +167,6 @@ class _Root:
     first must not take the values its peers are still reading with it."""
 
     def __init__(self) -> None:
-        from commsim.hosting.wire.kvstore import StoreServer
         self.server = StoreServer()
         self.port = self.server.port
         self.made = 0
@@ -229,9 +235,8 @@ class _Prefixed:
 
 
 def _timeout() -> float:
-    from commsim.launch.bootstrap import run_config
-    cfg = run_config()
-    return float(cfg.timeout) if cfg is not None else 60.0
+    run = process_run()
+    return float(run.timeout) if run is not None else 60.0
 
 
 @dataclass
@@ -260,7 +265,6 @@ def rendezvous(r: HostedRank, st: RankNccl, blob: bytes, nranks: int, rank: int,
 
 def _inproc(r: HostedRank, blob: bytes, gen: int, name: str, nranks: int, rank: int,
             site: str) -> Membership:
-    from commsim.hosting.wire.ranks import InprocTransport
     table = _checkins.setdefault(r.world, {})
     entry = table.setdefault((blob, gen), {"nranks": nranks, "ranks": {}})
     # NCCL's bootstrap root refuses a second check-in of one rank and a differing rank count
@@ -287,9 +291,6 @@ def _inproc(r: HostedRank, blob: bytes, gen: int, name: str, nranks: int, rank: 
 
 
 def _procs(blob: bytes, gen: int, name: str, nranks: int, rank: int) -> Membership:
-    from commsim.group.torch_dist import ProcessWorld
-    from commsim.hosting.wire.kvstore import StoreClient
-    from commsim.hosting.wire.ranks import ProcsTransport
     body = blob[len(_MAGIC):]
     if not body.startswith(b"procs!"):
         raise NcclFailure(SYSTEM, "ncclCommInitRank: a unique id made by an in-process rank "
@@ -316,7 +317,6 @@ def _procs(blob: bytes, gen: int, name: str, nranks: int, rank: int) -> Membersh
 
 def init_decision(r: HostedRank, group: Any, device: int, site: str) -> None:
     """Every rank's GPU, then NCCL's init outcome from the project's rules (module doc)."""
-    from commsim.topology.model import GpuRef
     ref = r.visible[device]
     placement = [GpuRef(h, i) for h, i in group.all_gather_object(
         (ref.host, ref.index), tag=f"ncclCommInitRank at {site}")]

@@ -11,7 +11,7 @@ every non-zero result goes through ncclGetErrorString into `RuntimeError("NCCL e
 
 `ctypes.CDLL` of a name starting `libnccl.so` returns this library in a hosted rank
 (fakelib.py; nothing is mapped: wrappers load NCCL by soname or an env path, not through
-/proc/self/maps). Its functions are the C ABI over the communicators of nccl_comm.py.
+/proc/self/maps). Its functions are the C ABI over the communicators of nccl/comm.py.
 
 Rules, with their sources (nccl.h and NCCL's docs; src/ paths are NCCL's source tree):
 - Result codes and ncclGetErrorString texts: nccl.h / src/init.cc; an unknown code is
@@ -20,7 +20,7 @@ Rules, with their sources (nccl.h and NCCL's docs; src/ paths are NCCL's source 
   ncclCommCount ...) is ncclInvalidArgument (PtrCheck, src/misc/argcheck.cc).
 - ncclCommInitRank: `nranks < 1` or `rank` outside 0..nranks-1 is ncclInvalidArgument
   ("Invalid rank requested", src/init.cc); then the rendezvous and the machine's init rules
-  (nccl_comm.py). Called inside ncclGroupStart/End, a blocking init still completes at the
+  (nccl/comm.py). Called inside ncclGroupStart/End, a blocking init still completes at the
   call here (NCCL defers it to ncclGroupEnd: UNCONFIRMED whether a program can tell).
 - Every operation checks its comm (CommCheck: NULL or not a live communicator:
   ncclInvalidArgument), its root or peer (0..nranks-1), datatype (< ncclNumTypes) and
@@ -47,7 +47,7 @@ Rules, with their sources (nccl.h and NCCL's docs; src/ paths are NCCL's source 
 
 Work completes at the call (as every simulated stream operation). Inside a CUDA graph
 capture made with `torch.cuda.graph` on the same device, an operation on the capture stream
-is recorded in the graph instead of running, and runs at each `replay()` (torch_graphs.py),
+is recorded in the graph instead of running, and runs at each `replay()` (torch/graphs.py),
 as NCCL kernels captured on a GPU do; the peers must replay their graphs too.
 """
 
@@ -61,12 +61,15 @@ import numpy as np
 from commsim.sim.driver_calls import Fail
 from commsim.hosting.install import fakelib
 from commsim.hosting.surfaces.nccl import comm as nc
-from commsim.hosting.state.cuda_state import not_simulated
+from commsim.hosting.install.dispatch import not_simulated
 from commsim.hosting.surfaces.nccl.comm import (DTYPES, INVALID_ARGUMENT, INVALID_USAGE, NUM_OPS, NUM_TYPES, OPS,
                         SUCCESS, UNHANDLED_CUDA, Comm, NcclFailure, RankNccl)
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import current, user_site
 from commsim.hosting.install.registry import register_surface
+from commsim.hosting.state.session import hosted
+from commsim.hosting.surfaces.torch.graphs import capture_on
+from commsim.hosting.surfaces.cuda import runtime_api as rt
 
 SONAME = "libnccl.so.2"
 # ncclGetVersion: 2.27.3 (NCCL_VERSION(2,27,3) = 2*10000 + 27*100 + 3, nccl.h); 2.27 is the
@@ -212,7 +215,6 @@ def _launch(ops: list[Op], api: str) -> None:
     """Operations on a capture stream go into the capture's graph, as NCCL's kernels do:
     nothing moves until the graph is replayed (a failure then raises out of replay(), where a
     GPU would fault inside the graph). The others run now."""
-    from commsim.hosting.surfaces.torch.graphs import capture_on
     now: list[Op] = []
     captured: dict[int, tuple[Any, list[Op]]] = {}
     for op in ops:
@@ -371,7 +373,6 @@ def _comm_init_rank(out: int, nranks: int, unique: Any, rank: int) -> None:
     blob = unique if isinstance(unique, bytes) else ctypes.string_at(unique, nc.ID_BYTES)
     r, st = _rank_state()
     site = user_site(3, 1)
-    from commsim.hosting.surfaces.cuda import runtime_api as rt
     err, device = rt.cudaGetDevice()
     if int(err) != 0:
         raise NcclFailure(UNHANDLED_CUDA, f"{api} : cudaGetDevice failed ({int(err)})")
@@ -421,7 +422,6 @@ def _last_error(comm: int) -> bytes:
 # ---- memory, windows, registration --------------------------------------------------------------
 
 def _mem_alloc(out: int, size: int) -> None:
-    from commsim.hosting.surfaces.cuda import runtime_api as rt
     _ptr_check(out, "ncclMemAlloc", "ptr")
     err, ptr = rt.cudaMalloc(size)
     if int(err) != 0:
@@ -433,7 +433,6 @@ def _mem_alloc(out: int, size: int) -> None:
 
 
 def _mem_free(ptr: int) -> None:
-    from commsim.hosting.surfaces.cuda import runtime_api as rt
     _, st = _rank_state()
     if ptr not in st.mem:
         raise NcclFailure(INVALID_ARGUMENT, f"ncclMemFree : {hex(ptr)} was not allocated by "
@@ -500,20 +499,14 @@ SIMULATED = tuple(sorted(_FUNCTIONS))
 
 def library(name: str) -> fakelib.FakeLibrary:
     return fakelib.FakeLibrary(name, _FUNCTIONS, lambda s: s in _SYMBOLS or s in _FUNCTIONS,
-                               lambda s: not_simulated("libnccl", s))
+                               lambda s: not_simulated(f"libnccl.{s}"))
 
 
-def _install() -> None:
-    fakelib.serve("libnccl.so", library)
-    fakelib.install()
+def _patch(patches: Patches) -> None:
+    fakelib.serve(patches, "libnccl.so", library, hosted)
 
 
-def _uninstall() -> None:
-    fakelib.unserve("libnccl.so")
-    fakelib.uninstall()
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("libnccl", install, uninstall)
+SURFACE = register_surface("libnccl", _patch)
+install, uninstall = SURFACE.install, SURFACE.uninstall
 
 __all__ = ["SONAME", "VERSION", "ERROR_STRINGS", "library", "install", "uninstall", "OPS"]

@@ -3,7 +3,7 @@
 On the CPU build `torch.accelerator.current_accelerator()` is None and `device_count()` 0,
 so code that picks its device through this API (PyTorch's own device-generic code does, and
 newer serving code) would take its CPU path in a hosted rank. Installed, the API answers
-from the same places as torch.cuda (torch_cuda.py, torch_cuda_memory.py): the accelerator is
+from the same places as torch.cuda (cuda.py, cuda_memory.py): the accelerator is
 `device(type='cuda')`, the device index, streams and synchronisation are the rank's, and
 torch.accelerator.memory's statistics are the caching allocator's. `empty_host_cache` has
 nothing to release (pinned host memory is not simulated, so its cache is always empty);
@@ -15,22 +15,24 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from commsim.hosting.state.cuda_state import not_simulated
-from commsim.hosting.install.nesting import nested
-from commsim.hosting.install.registry import register_surface, when_imported
+from commsim.hosting.install.dispatch import not_simulated, per_rank, per_rank_class
+from commsim.hosting.install.patches import Patches
+from commsim.hosting.install.registry import register_surface
+from commsim.hosting.state.session import hosted
+from commsim.hosting.surfaces.torch import cuda as tc
+from commsim.hosting.surfaces.torch import cuda_memory
+from commsim.hosting.surfaces.torch.device import HostedDevice, is_available
 
 
 def current_accelerator(check_available: bool = False) -> Any:
     import torch
-    from commsim.hosting.surfaces.torch import cuda as tc
-    if check_available and not tc.is_available():
+    if check_available and not is_available():
         return None
     return torch.device("cuda")
 
 
 def _cuda(name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
-        from commsim.hosting.surfaces.torch import cuda as tc
         return getattr(tc, name)(*args, **kwargs)
     call.__name__ = name
     return call
@@ -38,8 +40,7 @@ def _cuda(name: str) -> Callable[..., Any]:
 
 def _memory(name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
-        from commsim.hosting.surfaces.torch import cuda_memory as tcm
-        return getattr(tcm, name)(*args, **kwargs)
+        return getattr(cuda_memory, name)(*args, **kwargs)
     call.__name__ = name
     return call
 
@@ -52,8 +53,7 @@ class HostedDeviceIndex:
     """`with torch.accelerator.device_index(i):` (None: no change)."""
 
     def __init__(self, device: int | None, /) -> None:
-        from commsim.hosting.surfaces.torch import cuda as tc
-        self._ctx = tc.HostedDevice(device) if device is not None else None
+        self._ctx = HostedDevice(device) if device is not None else None
 
     def __enter__(self) -> None:
         if self._ctx is not None:
@@ -79,47 +79,28 @@ HOSTED: dict[str, Callable[..., Any]] = {
     "set_device_index": _cuda("set_device"), "set_device_idx": _cuda("set_device"),
     "current_stream": _cuda("current_stream"), "set_stream": _cuda("set_stream"),
     "synchronize": _cuda("synchronize"),
-    "get_device_capability": not_simulated("torch.accelerator", "get_device_capability"),
+    "get_device_capability": not_simulated("torch.accelerator.get_device_capability"),
     **MEMORY,
 }
 CLASSES = {"device_index": HostedDeviceIndex,
-           "Graph": not_simulated("torch.accelerator", "Graph")}
+           "Graph": not_simulated("torch.accelerator.Graph")}
 
-_saved: list[tuple[Any, str, Any]] = []
-_active = [False]
-_done: set[str] = set()
-
-
-def _patch(module: Any, table: dict[str, Callable[..., Any]], classes: dict[str, Any]) -> None:
-    from commsim.hosting.surfaces.torch.cuda import _ClassDispatch, _dispatch
-    if not _active[0] or module.__name__ in _done:
-        return
-    _done.add(module.__name__)
+def _patch(patches: Patches, module: Any, table: dict[str, Callable[..., Any]],
+           classes: dict[str, Any]) -> None:
     for name, fn in table.items():
         real = getattr(module, name, None)
         if real is not None:
-            _saved.append((module, name, real))
-            setattr(module, name, _dispatch(name, fn, real))
-    for name, hosted in classes.items():
+            patches.attr(module, name, per_rank(name, fn, real, hosted))
+    for name, cls in classes.items():
         real = getattr(module, name, None)
         if real is not None:
-            _saved.append((module, name, real))
-            setattr(module, name, _ClassDispatch(name, (), {"_hosted": hosted, "_real": real}))
+            patches.attr(module, name, per_rank_class(name, cls, real, hosted))
 
 
-def _install() -> None:
-    _active[0] = True
-    when_imported("torch.accelerator", lambda m: _patch(m, HOSTED, CLASSES))
-    when_imported("torch.accelerator.memory", lambda m: _patch(m, MEMORY, {}))
+def _install(patches: Patches) -> None:
+    patches.on_import("torch.accelerator", lambda m: _patch(patches, m, HOSTED, CLASSES))
+    patches.on_import("torch.accelerator.memory", lambda m: _patch(patches, m, MEMORY, {}))
 
 
-def _uninstall() -> None:
-    _active[0] = False
-    for module, name, real in reversed(_saved):
-        setattr(module, name, real)
-    _saved.clear()
-    _done.clear()
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("torch.accelerator", install, uninstall)
+SURFACE = register_surface("torch.accelerator", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

@@ -3,7 +3,7 @@
 Serving stacks size their KV cache from these (vLLM's profiling run reads
 `memory_stats()["allocated_bytes.all.peak"]`, `memory_reserved()`, `mem_get_info()`), cap a
 process with `set_per_process_memory_fraction`, and print `memory_summary()` on an OOM. Each
-device of the rank has one allocator (torch_memory.py) keeping PyTorch's statistics
+device of the rank has one allocator (torch/memory.py) keeping PyTorch's statistics
 (commsim/libmodels/allocator_stats.py), so the figures are what the simulated allocator did:
 
 - `memory_stats` / `memory_stats_as_nested_dict`: torch's keys and shape. Not reported:
@@ -19,21 +19,23 @@ device of the rank has one allocator (torch_memory.py) keeping PyTorch's statist
 - `get_allocator_backend`: "native" (PYTORCH_CUDA_ALLOC_CONF is not read).
 - `ipc_collect`: nothing to collect. torch keeps a block another process imported in a
   limbo until its reference counter drops; here a producer's block returns to its allocator
-  when its tensor is collected (torch_ipc.py sends no reference counter), so no limbo exists.
+  when its tensor is collected (torch/ipc.py sends no reference counter), so no limbo exists.
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable
 
-from commsim.hosting.surfaces.torch import memory as torch_memory
 from commsim.hosting.state.session import HostedRank, current
+from commsim.hosting.surfaces.torch import memory as torch_memory
+from commsim.hosting.surfaces.torch.device import device_index_of, lazy_init
+from commsim.hosting.surfaces.torch.streams import HostedStream
 
 
 def _rank_device(device: Any) -> tuple[HostedRank, int]:
-    from commsim.hosting.surfaces.torch.cuda import _index, _lazy_init
-    _lazy_init()
-    return current(), _index(device)
+    lazy_init()
+    return current(), device_index_of(device)
 
 
 def _stats(device: Any) -> Any:
@@ -56,7 +58,6 @@ def _flat(device: Any) -> dict[str, Any]:
         else:
             out.append((prefix, obj))
     walk("", memory_stats_as_nested_dict(device))
-    import collections
     return collections.OrderedDict(sorted(out))
 
 
@@ -89,8 +90,8 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """torch's own table (torch.cuda.memory.memory_summary is Python over memory_stats, which
     this surface routes to the allocator), for an explicit device index."""
     r, d = _rank_device(device)
-    from commsim.hosting.surfaces.torch.cuda import _saved
-    return _saved["memory_summary"](device=d, abbreviated=abbreviated)
+    import torch.cuda.memory as real      # torch's own (loaded: torch.cuda called us)
+    return real.memory_summary(device=d, abbreviated=abbreviated)
 
 
 def memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list[dict[str, Any]]:
@@ -136,7 +137,6 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 
 def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
-    from commsim.hosting.surfaces.torch.cuda import HostedStream
     r, d = _rank_device(device)
     if stream is not None and not isinstance(stream, (int, HostedStream)):
         raise TypeError("Invalid type for stream argument, must be `torch.cuda.Stream` or `int` "

@@ -33,8 +33,13 @@ import weakref
 from typing import Any
 
 import numpy as np
+import torch
 
+from commsim.sim.driver_calls import Fail
 from commsim.hosting.state.session import HostedRank, hosted
+from commsim.hosting.surfaces.torch import memory as torch_memory
+from commsim.hosting.surfaces.torch.device import device_count
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_MANAGED = 1, 2, 13       # DLDeviceType
 _CUDA_DEVICES = (KDL_CUDA, KDL_CUDA_MANAGED)
@@ -131,7 +136,6 @@ def _parsed(real: Any, dl: DLTensor, host: int) -> tuple[Any, tuple, tuple]:
 
 
 def _bytes_at(r: HostedRank, ptr: int, nbytes: int) -> np.ndarray:
-    from commsim.sim.driver_calls import Fail
     try:
         m, _ = r.driver.resolve(ptr, nbytes)
     except Fail as e:
@@ -149,11 +153,6 @@ def _release(deleter: int, managed: int) -> None:
 
 def hosted_tensor(r: HostedRank, real: Any, capsule: Any, name: bytes, managed: Any) -> Any:
     """A hosted CUDA tensor over the bytes a CUDA DLPack capsule names."""
-    import torch
-
-    from commsim.hosting.surfaces.torch import memory as torch_memory
-    from commsim.hosting.surfaces.torch.cuda import device_count
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     dl = managed.dl_tensor
     device = dl.device.device_id
     if not 0 <= device < device_count():

@@ -38,11 +38,27 @@ from typing import Any, Callable
 
 from cuda.bindings import runtime as cudart
 
+from commsim.hosting.state.cuda_state import rank_state
+from commsim.hosting.state.session import current, hosted
 from commsim.hosting.surfaces.torch import memory as torch_memory
-from commsim.hosting.state.cuda_state import maybe_rank, rank_state
-from commsim.hosting.state.session import current
+from commsim.hosting.surfaces.torch.device import check_cuda, current_device, empty_cache, synchronize
+from commsim.hosting.surfaces.torch.streams import (HostedStream, HostedStreamContext, current_stream,
+                                                    current_streams)
 
 CAPTURING = [0]       # captures underway in this process: the tensor dispatch's fast check
+
+
+def leaves(x: Any, out: list) -> list:
+    """The items of nested tuples, lists and dicts, in order, appended to `out`."""
+    if isinstance(x, (tuple, list)):
+        for v in x:
+            leaves(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            leaves(v, out)
+    else:
+        out.append(x)
+    return out
 
 _MODE = cudart.cudaStreamCaptureMode
 _MODES = {"global": _MODE.cudaStreamCaptureModeGlobal,
@@ -73,8 +89,7 @@ class Capture:
     work: list[Callable[[], Any]]
 
     def on_stream(self) -> bool:
-        from commsim.hosting.surfaces.torch.cuda import _current_streams
-        return _current_streams().get(self.device, 0) == self.stream
+        return current_streams().get(self.device, 0) == self.stream
 
     def record_write(self, func: Any, args: tuple, kwargs: dict, inner_args: tuple,
                      inner_kwargs: dict) -> Any:
@@ -83,15 +98,13 @@ class Capture:
         self.work.append(lambda: func(*inner_args, **inner_kwargs))
         return result
 
-    def record_result(self, func: Any, inner_args: tuple, inner_kwargs: dict, result: Any) -> None:
-        """Record an op that made new tensors (already placed): replay recomputes them."""
-        from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, _leaves
-        outs = [t for t in _leaves(result, []) if isinstance(t, HostedCudaTensor)]
+    def record_result(self, func: Any, inner_args: tuple, inner_kwargs: dict, outs: list) -> None:
+        """Record an op that made new tensors `outs` (already placed): replay recomputes them."""
         if not outs:
             return
 
         def run() -> None:
-            again = [t for t in _leaves(func(*inner_args, **inner_kwargs), [])
+            again = [t for t in leaves(func(*inner_args, **inner_kwargs), [])
                      if hasattr(t, "copy_")]
             for dst, src in zip(outs, again):
                 dst._inner.copy_(src)
@@ -115,7 +128,7 @@ def _state(r: Any) -> GraphState:
 
 def capture_for(devices: Any) -> Capture | None:
     """The rank's capture underway on one of `devices` and its capture stream, if any."""
-    r = maybe_rank()
+    r = hosted()
     if r is None:
         return None
     c = _state(r).capture
@@ -130,7 +143,7 @@ def capture_on(device: int, stream: int) -> Capture | None:
     recorded into it (`Capture.work`) instead of running."""
     if not CAPTURING[0]:
         return None
-    r = maybe_rank()
+    r = hosted()
     if r is None:
         return None
     c = _state(r).capture
@@ -202,7 +215,6 @@ class HostedCUDAGraph:
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global",
                       check_input_liveness: bool = False) -> None:
-        from commsim.hosting.surfaces.torch import cuda as tc
         if self._ended:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph. To "
                                "capture a new graph, create a new instance.")
@@ -212,7 +224,7 @@ class HostedCUDAGraph:
                                f"or `relaxed`, got {capture_error_mode}")
         r = current()
         st = _state(r)
-        stream = tc.current_stream()
+        stream = current_stream()
         if stream.cuda_stream == 0:
             raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, "
                                "after capture, it's ok to replay them on the default stream.)")
@@ -234,19 +246,18 @@ class HostedCUDAGraph:
         if int(res[0]) != 0:
             routing.__exit__(None, None, None)
             _release(r, st, pool_id)
-            tc._check(res)
+            check_cuda(res)
         self._rank, self._device, self._pool_id = r, device, pool_id
         self._work = []
         st.capture = Capture(self, device, stream.cuda_stream, routing, self._work)
         CAPTURING[0] += 1
 
     def capture_end(self) -> None:
-        from commsim.hosting.surfaces.torch import cuda as tc
         r = current()
         st = _state(r)
         c = st.capture
-        if c is None or c.graph is not self or tc.current_stream(c.device).cuda_stream != c.stream \
-                or tc.current_device() != c.device:
+        if c is None or c.graph is not self or current_stream(c.device).cuda_stream != c.stream \
+                or current_device() != c.device:
             raise RuntimeError("Capture must end on the same stream it began on.")
         st.capture = None
         CAPTURING[0] -= 1
@@ -257,7 +268,7 @@ class HostedCUDAGraph:
             # the pool held until the process ends; commsim frees it for a clean residue).
             self._work = []
             _release(r, st, self._pool_id)
-            tc._check(res)
+            check_cuda(res)
         self._ended = True
 
     def instantiate(self) -> None:
@@ -332,27 +343,25 @@ class HostedGraphContext:
     def __init__(self, cuda_graph: HostedCUDAGraph, pool: Any = None, stream: Any = None,
                  capture_error_mode: str = "global", enable_annotations: bool = False,
                  check_input_liveness: bool = False):
-        from commsim.hosting.surfaces.torch import cuda as tc
         if enable_annotations:
             raise NotImplementedError("commsim hosting: torch.cuda.graph(enable_annotations=True)"
                                       " is not simulated")
         if stream is None:
             # torch keeps one side stream for every capture (graph.default_capture_stream).
             sides = _state(current()).side_streams
-            d = tc.current_device()
+            d = current_device()
             if d not in sides:
-                sides[d] = tc.HostedStream(d)
+                sides[d] = HostedStream(d)
             stream = sides[d]
         self.pool = () if pool is None else (pool,)
         self.capture_stream = stream
-        self.stream_ctx = tc.HostedStreamContext(stream)
+        self.stream_ctx = HostedStreamContext(stream)
         self.cuda_graph = cuda_graph
         self.capture_error_mode = capture_error_mode
 
     def __enter__(self) -> None:
-        from commsim.hosting.surfaces.torch import cuda as tc
-        tc.synchronize()
-        tc.empty_cache()                   # torch frees what it can for the graph first
+        synchronize()
+        empty_cache()                   # torch frees what it can for the graph first
         self.stream_ctx.__enter__()
         try:
             self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
@@ -376,9 +385,8 @@ def graph_pool_handle() -> tuple[int, int]:
 
 
 def is_current_stream_capturing() -> bool:
-    from commsim.hosting.surfaces.torch import cuda as tc
     c = _state(current()).capture
     if c is None:
         return False
-    device = int(tc._check(current().driver.cudaGetDevice()))
+    device = int(check_cuda(current().driver.cudaGetDevice()))
     return device == c.device and c.on_stream()

@@ -30,18 +30,23 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
+
+import torch
 
 from commsim.driver import LAZY_ENABLE_PEER_ACCESS
 from commsim.hosting.state.cuda_state import rank_state
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import current, hosted
-from commsim.hosting.install.registry import register_surface, when_imported
+from commsim.hosting.install.registry import register_surface
+from commsim.hosting.surfaces.torch import memory as torch_memory
+from commsim.hosting.surfaces.torch.device import check_cuda, cuda_index
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, new_empty
 
 KEY = "torch.ipc"
 _RANGE_START_ADDR = 11        # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
 _real: dict[str, Any] = {}
-_active = [False]
 
 
 @dataclass
@@ -54,23 +59,14 @@ class _Opened:
     # unmapped everything; a call then would be a CUDA error of a process that is gone).
     exited: bool = False
 
-
-def _check(res: tuple) -> Any:
-    """What torch's C10_CUDA_CHECK raises for a failed call (torch_cuda.py)."""
-    import torch
-    from commsim.driver import error_string
-    from commsim.hosting.surfaces.torch.cuda import _CHECK_TAIL
-    if int(res[0]) != 0:
-        raise torch.AcceleratorError(f"CUDA error: {error_string(res[0])}{_CHECK_TAIL}")
-    return res[1]
+    def exit(self) -> None:
+        self.exited = True
 
 
 def reduce_tensor(tensor: Any) -> Any:
     """torch.multiprocessing.reductions.reduce_tensor: a hosted CUDA tensor by IPC handle."""
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
-    if not _active[0] or not isinstance(tensor, HostedCudaTensor) or hosted() is None:
+    if not isinstance(tensor, HostedCudaTensor) or hosted() is None:
         return _real["reduce_tensor"](tensor)
-    import torch
     block, inner = tensor._block, tensor._inner
     device = tensor.device.index
     if block is None:               # an empty storage has no allocation (a null pointer)
@@ -78,8 +74,8 @@ def reduce_tensor(tensor: Any) -> Any:
     else:
         r = current()
         storage_ptr = block.device_address(inner.untyped_storage().data_ptr())
-        base = int(_check(r.driver.cuPointerGetAttribute(_RANGE_START_ADDR, storage_ptr)))
-        handle = bytes(_check(r.driver.cudaIpcGetMemHandle(base)))
+        base = int(check_cuda(r.driver.cuPointerGetAttribute(_RANGE_START_ADDR, storage_ptr)))
+        handle = bytes(check_cuda(r.driver.cudaIpcGetMemHandle(base)))
         size, offset = inner.untyped_storage().nbytes(), storage_ptr - base
     rebuild = _real["module"].rebuild_cuda_tensor
     cls = torch.nn.Parameter if isinstance(tensor, torch.nn.Parameter) else torch.Tensor
@@ -94,16 +90,13 @@ def rebuild_cuda_tensor(tensor_cls: Any, tensor_size: Any, tensor_stride: Any, t
                         ref_counter_handle: Any, ref_counter_offset: Any, event_handle: Any,
                         event_sync_required: Any) -> Any:
     """torch.multiprocessing.reductions.rebuild_cuda_tensor in a hosted rank."""
-    if not _active[0] or hosted() is None:
+    if hosted() is None:
         return _real["rebuild_cuda_tensor"](
             tensor_cls, tensor_size, tensor_stride, tensor_offset, storage_cls, dtype,
             storage_device, storage_handle, storage_size_bytes, storage_offset_bytes,
             requires_grad, ref_counter_handle, ref_counter_offset, event_handle,
             event_sync_required)
-    import torch
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, new_empty
-    from commsim.hosting.surfaces.torch.factories import _cuda_index
-    device = _cuda_index(storage_device)
+    device = cuda_index(storage_device)
     if storage_handle is None or storage_size_bytes == 0:
         t = new_empty(tuple(tensor_size), tuple(tensor_stride), dtype, device)
     else:
@@ -121,16 +114,14 @@ def rebuild_cuda_tensor(tensor_cls: Any, tensor_size: Any, tensor_stride: Any, t
 def _open(r: Any, handle: bytes, device: int, offset: int, nbytes: int) -> tuple[Any, Any]:
     """A uint8 CPU tensor over `nbytes` at `offset` of the allocation `handle` names, mapped
     in this rank once per handle (torch's CudaIPCTypes), and its DeviceBlock."""
-    import torch
-    from commsim.hosting.surfaces.torch import memory as torch_memory
     opened = rank_state(r, KEY, _Opened)
     if not opened.hooked:
         opened.hooked = True
-        torch_memory.before_exit(r, lambda: setattr(opened, "exited", True))
+        torch_memory.before_exit(r, opened.exit)
     entry = opened.maps.get(handle)
     if entry is None:
         def open_() -> int:
-            return int(_check(r.driver.cudaIpcOpenMemHandle(handle, int(LAZY_ENABLE_PEER_ACCESS))))
+            return int(check_cuda(r.driver.cudaIpcOpenMemHandle(handle, int(LAZY_ENABLE_PEER_ACCESS))))
         entry = opened.maps[handle] = [torch_memory._with_device(r, device, open_), 0]
     base = entry[0]
     view = r.driver.view(base + offset, nbytes)
@@ -150,34 +141,23 @@ def _release(r: Any, opened: _Opened, handle: bytes, device: int) -> None:
     if entry[1] > 0:
         return
     del opened.maps[handle]
-    from commsim.hosting.surfaces.torch import memory as torch_memory
     torch_memory._with_device(r, device, lambda: r.driver.cudaIpcCloseMemHandle(entry[0]))
 
 
-def _patch(reductions: Any) -> None:
-    if "module" in _real:
-        return
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
+def _patch(patches: Patches, reductions: Any) -> None:
     _real.update(module=reductions, reduce_tensor=reductions.reduce_tensor,
                  rebuild_cuda_tensor=reductions.rebuild_cuda_tensor)
     for fn, name in ((reduce_tensor, "reduce_tensor"), (rebuild_cuda_tensor, "rebuild_cuda_tensor")):
         # Pickled by reference: the receiver looks the name up in torch's module.
         fn.__module__, fn.__qualname__ = reductions.__name__, name
-        setattr(reductions, name, fn)
+        patches.attr(reductions, name, fn)
     # torch.multiprocessing's pickler finds reducers by exact type (its dispatch table).
-    from multiprocessing.reduction import ForkingPickler
     ForkingPickler.register(HostedCudaTensor, reduce_tensor)
 
 
-def _install() -> None:
-    _active[0] = True
-    when_imported("torch.multiprocessing.reductions", _patch)
+def _install(patches: Patches) -> None:
+    patches.on_import("torch.multiprocessing.reductions", lambda m: _patch(patches, m))
 
 
-def _uninstall() -> None:
-    # The functions stay patched (a program may hold them) and pass through outside a rank.
-    _active[0] = False
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("torch CUDA IPC (torch.multiprocessing)", install, uninstall)
+SURFACE = register_surface("torch CUDA IPC (torch.multiprocessing)", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

@@ -23,6 +23,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from commsim.libmodels.caching_allocator import CachingAllocator
 from commsim.driver import CudaError
 from commsim.hosting.state.cuda_state import rank_state
@@ -49,12 +51,12 @@ class DeviceBlock:
 @dataclass
 class RankMemory:
     """Per rank: an allocator per device (it keeps torch.cuda's statistics,
-    torch_cuda_memory.py reads them) and the raw blocks of caching_allocator_alloc."""
+    torch/cuda_memory.py reads them) and the raw blocks of caching_allocator_alloc."""
 
     allocators: dict[int, CachingAllocator] = field(default_factory=dict)
     raw: dict[int, int] = field(default_factory=dict)            # raw block ptr -> device
     # device -> [ops dispatched on its tensors]: the simulated clock torch.cuda.Event reads
-    # (torch_events.py); shared by reference with every block of the device.
+    # (torch/streams.py); shared by reference with every block of the device.
     clocks: dict[int, list[int]] = field(default_factory=dict)
     closed: bool = False
 
@@ -113,7 +115,6 @@ def _with_device(r: HostedRank, device: int, fn: Any) -> Any:
 def allocate(r: HostedRank, device: int, nbytes: int) -> tuple[Any, DeviceBlock | None]:
     """A 1-D uint8 CPU tensor whose storage is `nbytes` of device memory on `device`, and the
     block (None for 0 bytes: PyTorch gives an empty tensor a null data pointer)."""
-    import numpy as np
     import torch
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8), None
@@ -192,7 +193,7 @@ def close(r: HostedRank) -> None:
             pass
 
 
-# ---- torch.cuda.empty_cache (the statistics: torch_cuda_memory.py) -------------------------
+# ---- torch.cuda.empty_cache (the statistics: torch/cuda_memory.py) -------------------------
 
 def empty_cache(r: HostedRank) -> None:
     mem = _memory(r)

@@ -7,7 +7,7 @@ new tensor and then, keeping the parameter object (optimizers and user code hold
 build that re-points the parameter's TensorImpl at the new storage and device in place.
 
 A hosted CUDA tensor is a wrapper subclass whose elements live in a Python attribute
-(torch_tensors.py), so no in-place re-pointing of the C++ object can make a CPU tensor one,
+(torch/tensors.py), so no in-place re-pointing of the C++ object can make a CPU tensor one,
 or change the dtype of one. What does the same for the program is
 `torch.utils.swap_tensors` (the mechanism Module._apply itself uses for wrapper subclasses
 under `torch.__future__.set_swap_module_params_on_conversion`): the object keeps its
@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
-# What the wrapper keeps in __dict__ (torch_tensors.HostedCudaTensor): the alias brings its
+import torch
+from torch.nn import Parameter
+
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
+
+# What the wrapper keeps in __dict__ (tensors.HostedCudaTensor): the alias brings its
 # own; the program's attributes come from the object being moved.
 _WRAPPER_STATE = frozenset({"_inner", "_block", "_wants_grad", "_is_param"})
 
@@ -29,9 +34,6 @@ _WRAPPER_STATE = frozenset({"_inner", "_block", "_wants_grad", "_is_param"})
 def set_data(func: Any, self: Any, value: Any) -> Any:
     """`self.data = value` when either side is a hosted CUDA tensor (both sides on the host
     are torch's own `func`)."""
-    import torch
-    from torch.nn import Parameter
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     hosted_self, hosted_value = isinstance(self, HostedCudaTensor), isinstance(value, HostedCudaTensor)
     if not hosted_self and not hosted_value:
         return func(self, value)

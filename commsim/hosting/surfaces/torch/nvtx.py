@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from commsim.hosting.state.cuda_state import maybe_rank
-from commsim.hosting.install.nesting import nested
-from commsim.hosting.install.registry import register_surface, when_imported
+from commsim.hosting.state.session import hosted
+from commsim.hosting.install.patches import Patches
+from commsim.hosting.install.dispatch import PerRankObject
+from commsim.hosting.install.registry import register_surface
 
 NO_PUSH_POP_TRACKING = -2
 NO_RANGE_ID = 0
@@ -53,39 +54,12 @@ class _NoTool:
         return None
 
 
-class _Dispatch:
-    """torch.cuda.nvtx._nvtx while installed: the no-tool answers in a hosted rank, torch's
-    own binding (or stub) elsewhere."""
-
-    def __init__(self, real: Any):
-        self._real = real
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(_NoTool if maybe_rank() is not None else self._real, name)
+def _install(patches: Patches) -> None:
+    # torch.cuda.nvtx._nvtx: the no-tool answers in a hosted rank, torch's own binding (or
+    # stub) elsewhere.
+    patches.on_import("torch.cuda.nvtx", lambda module: patches.attr(
+        module, "_nvtx", PerRankObject(_NoTool, module._nvtx, hosted)))
 
 
-_saved: list[Any] = []       # (module, real _nvtx) once patched
-_active = [False]
-
-
-def _patch(module: Any) -> None:
-    if not _active[0] or _saved:
-        return
-    _saved.append((module, module._nvtx))
-    module._nvtx = _Dispatch(module._nvtx)
-
-
-def _install() -> None:
-    _active[0] = True
-    when_imported("torch.cuda.nvtx", _patch)
-
-
-def _uninstall() -> None:
-    _active[0] = False
-    for module, real in _saved:
-        module._nvtx = real
-    _saved.clear()
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface("torch.cuda.nvtx", install, uninstall)
+SURFACE = register_surface("torch.cuda.nvtx", _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

@@ -22,6 +22,7 @@ from typing import Any
 
 from commsim.hosting.state.cuda_state import rank_state
 from commsim.hosting.state.session import current
+from commsim.hosting.surfaces.torch.device import device_count, device_index_of
 
 DEFAULT_SEED = 67280421310721
 KEY = "torch.cuda.random"
@@ -48,18 +49,12 @@ def generator(device: int) -> Any:
     return g
 
 
-def _device_index(device: Any) -> int:
-    from commsim.hosting.surfaces.torch import cuda as torch_cuda
-    return torch_cuda._index(device)
-
-
 def _all_devices() -> range:
-    from commsim.hosting.surfaces.torch import cuda as torch_cuda
-    return range(torch_cuda.device_count())
+    return range(device_count())
 
 
 def manual_seed(seed: int) -> None:
-    generator(_device_index(None)).manual_seed(int(seed))
+    generator(device_index_of(None)).manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
@@ -83,15 +78,15 @@ def seed_all() -> None:
 
 
 def initial_seed() -> int:
-    return generator(_device_index(None)).initial_seed()
+    return generator(device_index_of(None)).initial_seed()
 
 
 def get_rng_state(device: Any = "cuda") -> Any:
-    return generator(_device_index(device)).get_state()
+    return generator(device_index_of(device)).get_state()
 
 
 def set_rng_state(new_state: Any, device: Any = "cuda") -> None:
-    generator(_device_index(device)).set_state(new_state)
+    generator(device_index_of(device)).set_state(new_state)
 
 
 def get_rng_state_all() -> list[Any]:

@@ -3,7 +3,7 @@
 `HostedCudaTensor` is a wrapper subclass (`torch.Tensor._make_wrapper_subclass`): to torch
 and to the program it is a tensor on `cuda:N` (`.device`, `.is_cuda`, `.get_device()`), with
 its own sizes, strides and storage offset; its elements live in an inner CPU tensor whose
-storage is the rank's simulated device memory (torch_memory.py). Every aten op reaches
+storage is the rank's simulated device memory (torch/memory.py). Every aten op reaches
 `__torch_dispatch__`, which runs it on the inner tensors, on the CPU, over the same bytes,
 and gives back CUDA tensors of the same device:
 - an in-place op or an `out=` op returns the tensor it wrote;
@@ -28,8 +28,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch._utils as tu
+from torch import _tensor_str
 
 from commsim.hosting.surfaces.torch import graphs as torch_graphs
+from commsim.hosting.surfaces.torch.device import cuda_index
+from commsim.hosting.surfaces.torch.graphs import leaves
+from commsim.hosting.surfaces.torch.streams import HostedStream
 from commsim.hosting.surfaces.torch import memory as torch_memory
 from commsim.hosting.surfaces.torch import random as torch_random
 from commsim.hosting.state.session import current
@@ -48,7 +53,7 @@ _OWN_NAMESPACES = frozenset({"aten", "prims"})
 # Ops with nothing to compute on a simulated device.
 _NO_OP = frozenset({"record_stream"})
 # Namespaces of ops another surface computes over the simulated devices (torch.ops.symm_mem:
-# torch_symm_mem.py): namespace -> handler(func, args, kwargs).
+# torch_distributed/symm_mem.py): namespace -> handler(func, args, kwargs).
 _OP_NAMESPACES: dict[str, Any] = {}
 
 
@@ -100,7 +105,6 @@ class HostedCudaTensor(torch.Tensor):
         rank's torch.cuda.Stream is not; the block's reuse needs no deferring here (work
         completes when it is launched), so only the argument is checked, as torch's parser
         checks it."""
-        from commsim.hosting.surfaces.torch.cuda import HostedStream
         if not isinstance(stream, (HostedStream, torch.Stream)):
             raise TypeError(f"record_stream(): argument 's' (position 1) must be Stream, "
                             f"not {type(stream).__name__}")
@@ -116,7 +120,6 @@ class HostedCudaTensor(torch.Tensor):
         return object.__format__(self, spec)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        from torch import _tensor_str
         body = tensor_contents
         if body is None and self.numel() > 0:
             _no_host_read(self, "printing a CUDA tensor")
@@ -150,7 +153,7 @@ class HostedCudaTensor(torch.Tensor):
             return None
         cap = torch_graphs.capture_for((self.device.index,))
         if cap is not None and any(isinstance(x, torch.Tensor) and not isinstance(x, HostedCudaTensor)
-                                   and x.dim() > 0 for x in _leaves((index, value), [])):
+                                   and x.dim() > 0 for x in leaves((index, value), [])):
             torch_graphs.host_sync("indexing a CUDA tensor with a CPU tensor")
         return cap
 
@@ -233,8 +236,7 @@ class HostedCudaTensor(torch.Tensor):
         weights_only unpickler allows it). A Parameter stays one (torch's
         `_rebuild_parameter`). Unpickled where no such device exists, `.to(device)` fails
         as torch does there. torch.multiprocessing's pickler sends CUDA IPC handles
-        instead (torch_ipc.py)."""
-        import torch._utils as tu
+        instead (torch/ipc.py)."""
         if self.__dict__.get("_is_param"):
             return (tu._rebuild_parameter, (self.detach(), self.requires_grad, {}))
         _no_host_read(self, "pickling a CUDA tensor")
@@ -311,18 +313,6 @@ def _map(fn: Any, x: Any) -> Any:
     if isinstance(x, dict):
         return {k: _map(fn, v) for k, v in x.items()}
     return fn(x)
-
-
-def _leaves(x: Any, out: list) -> list:
-    if isinstance(x, (tuple, list)):
-        for v in x:
-            _leaves(v, out)
-    elif isinstance(x, dict):
-        for v in x.values():
-            _leaves(v, out)
-    else:
-        out.append(x)
-    return out
 
 
 def is_hosted_cuda(t: Any) -> bool:
@@ -403,8 +393,7 @@ def _target(kwargs: dict) -> tuple[dict, Any]:
     dev = kwargs.get("device")
     if dev is None:
         return kwargs, None
-    from commsim.hosting.surfaces.torch.factories import _cuda_index
-    index = _cuda_index(dev)          # validates the ordinal as torch does
+    index = cuda_index(dev)          # validates the ordinal as torch does
     dev = torch.device("cuda", index) if index is not None else torch.device(dev)
     return {**kwargs, "device": torch.device("cpu")}, dev
 
@@ -422,7 +411,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         return None
     if name in _REFUSED:
         raise NotImplementedError(f"commsim hosting: {func} on a CUDA tensor is not simulated")
-    flat = _leaves((args, kwargs), [])
+    flat = leaves((args, kwargs), [])
     wrappers = [x for x in flat if isinstance(x, HostedCudaTensor)]
     _autograd_refused(name, wrappers)
     if name not in _MIXING:
@@ -443,7 +432,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                                   f"is not simulated")
     inner_args, inner_kwargs = _map(inner_of, args), _map(inner_of, kwargs)
     if wrappers and (target is None or target.type == "cuda"):
-        # A random op draws from its device's generator (torch_random.py).
+        # A random op draws from its device's generator (torch/random.py).
         func, inner_kwargs = torch_random.op_with_generator(
             func, inner_kwargs, target.index if target is not None else wrappers[0].device.index)
     cap = _capture(func, name, flat, wrappers, target) if torch_graphs.CAPTURING[0] else None
@@ -451,7 +440,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         return cap.record_write(func, args, kwargs, inner_args, inner_kwargs)
     out = func(*inner_args, **inner_kwargs)
     if wrappers and wrappers[0]._block is not None:
-        wrappers[0]._block.clock[0] += 1          # the device's op clock (torch_events.py)
+        wrappers[0]._block.clock[0] += 1          # the device's op clock (torch/streams.py)
     if target is not None and target.type == "cpu":
         return out                    # moved to the host (.cpu(), .to("cpu"), new_* on cpu)
     device = target.index if target is not None else wrappers[0].device.index
@@ -473,12 +462,13 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         return _adopt(o, device, wrappers, fresh)
     result = _map(wrap, out)
     if cap is not None:
-        cap.record_result(func, inner_args, inner_kwargs, result)
+        cap.record_result(func, inner_args, inner_kwargs,
+                          [t for t in leaves(result, []) if isinstance(t, HostedCudaTensor)])
     return result
 
 
 def _capture(func: Any, name: str, flat: list, wrappers: list, target: Any) -> Any:
-    """The graph capture that records this op (torch_graphs.py), or None when it runs as
+    """The graph capture that records this op (torch/graphs.py), or None when it runs as
     usual: no capture on its device's capture stream, or a view (no device work)."""
     devices = {w.device.index for w in wrappers}
     if target is not None and target.type == "cuda":

@@ -8,7 +8,7 @@ functions. Served: init_process_group, is_initialized, destroy_process_group, ge
 get_world_size, get_backend, new_group, get_process_group_ranks, get_global_rank,
 get_group_rank, all_gather_object, broadcast_object_list, gather_object, barrier, and
 all_reduce / all_gather / broadcast / all_gather_into_tensor / reduce_scatter_tensor, in
-place, on CPU tensors and on the rank's CUDA tensors (torch_tensors.py: their bytes are the
+place, on CPU tensors and on the rank's CUDA tensors (torch/tensors.py: their bytes are the
 simulated device memory, read and written where they are). Any other collective fails
 loudly, naming itself. A backend of "nccl" is served the same way.
 """
@@ -16,10 +16,17 @@ loudly, naming itself. A backend of "nccl" is served the same way.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
+import torch
 
 from commsim.hosting.state.session import HostedRank, hosted, user_site
-from commsim.hosting.install.registry import register_surface, when_imported, wrap_torch_distributed
+from commsim.hosting.install.dispatch import not_simulated, per_rank
+from commsim.hosting.install.patches import Patches
+from commsim.hosting.install.registry import register_surface, wrap_torch_distributed
+from commsim.hosting.surfaces.torch.graphs import check_outside_capture
+from commsim.hosting.surfaces.torch.tensors import inner_of
 
 KEY = "torch.distributed"
 NOT_SIMULATED = tuple("""
@@ -261,7 +268,6 @@ def barrier(r: HostedRank, group: Any = None, async_op: bool = False, device_ids
 
 
 def _reduce(op: Any, arrays: list) -> Any:
-    import numpy as np
     import torch.distributed as dist
     R = dist.ReduceOp
     if op == R.SUM:
@@ -285,15 +291,12 @@ def _reduce_parts(parts: list, op: Any) -> Any:
 def _stack(parts: list) -> Any:
     """combine_arrays' fn for all_gather: rank i's array at index i (a ragged gather raises
     here, in Python, before any rank copies anything)."""
-    import numpy as np
     return np.stack(parts)
 
 
 def _host(t: Any, what: str) -> Any:
     """The CPU tensor whose bytes are `t`'s: `t` itself, or a hosted CUDA tensor's inner
     tensor over its simulated device memory (writing it writes the device's bytes)."""
-    from commsim.hosting.surfaces.torch.graphs import check_outside_capture
-    from commsim.hosting.surfaces.torch.tensors import inner_of
     check_outside_capture(t, f"torch.distributed.{what}")
     h = inner_of(t)
     if h.device.type != "cpu":
@@ -304,14 +307,11 @@ def _host(t: Any, what: str) -> Any:
 
 def _array(h: Any) -> Any:
     """numpy view of a CPU tensor (numpy has no bfloat16: such tensors travel as float32)."""
-    import torch
     return (h.detach().float() if h.dtype == torch.bfloat16 else h.detach()).numpy()
 
 
 def _store(h: Any, a: Any) -> None:
     """h[...] = a, written into h's own bytes (the combined arrays are shared read-only)."""
-    import numpy as np
-    import torch
     if h.dtype == torch.bfloat16:
         h.copy_(torch.from_numpy(np.array(a, dtype=np.float32)).reshape(h.shape))
     else:
@@ -390,25 +390,16 @@ SERVED = {f.__name__: f for f in (
     broadcast, all_gather_into_tensor, reduce_scatter_tensor)}
 
 
-def _dispatcher(name: str, real: Any, impl: Any) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        r = _inproc()
-        if r is None:
-            return real(*args, **kwargs)
-        return impl(r, *args, **kwargs)
-    functools.update_wrapper(call, real) if real is not None else None
-    call.__name__ = name
-    return call
+def _served(name: str, impl: Any) -> Callable[[Any], Any]:
+    """The wrapper of torch.distributed.`name`: impl(rank, ...) in an inproc rank."""
+    return lambda real: per_rank(name, impl, real, _inproc, with_rank=True)
 
 
-def _not_simulated(name: str, real: Any) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if _inproc() is None:
-            return real(*args, **kwargs)
-        raise NotImplementedError(f"commsim hosting: torch.distributed.{name} is not simulated "
-                                  f"in inproc mode (run with --mode procs for real gloo)")
-    functools.update_wrapper(call, real)
-    return call
+def _refused(name: str) -> Callable[[Any], Any]:
+    """The wrapper of a torch.distributed function inproc ranks cannot run."""
+    stand_in = not_simulated(f"torch.distributed.{name}",
+                             "in inproc mode (run with --mode procs for real gloo)")
+    return lambda real: per_rank(name, stand_in, real, _inproc)
 
 
 def _get_default_group(r: HostedRank) -> Any:
@@ -420,35 +411,26 @@ def _get_default_group(r: HostedRank) -> Any:
 # torch's `GroupMember.WORLD` and `group.WORLD` are a property of their metaclass reading the
 # one default group of the interpreter; inproc ranks share the interpreter, so the property
 # answers each rank with its own world handle (None before init_process_group, as torch's).
-_world_property: list[Any] = []
-
-
-def _patch_world(dist: Any) -> None:
-    import torch.distributed.distributed_c10d as c10d
+def _patch_world(patches: Patches, dist: Any) -> None:
+    import torch.distributed.distributed_c10d as c10d      # loaded with torch.distributed
     meta = c10d._WorldMeta
     real = meta.__dict__.get("WORLD")
-    if real is None or _world_property:
+    if real is None:
         return
-    _world_property.append(real)
 
     def world(cls: Any) -> Any:
         r = _inproc()
         return real.fget(cls) if r is None else _st(r).world_handle
-    meta.WORLD = property(world, real.fset)
-
-
-def _unpatch_world() -> None:
-    if _world_property:
-        import torch.distributed.distributed_c10d as c10d
-        c10d._WorldMeta.WORLD = _world_property.pop()
+    patches.attr(meta, "WORLD", property(world, real.fset))
 
 
 register_surface("torch.distributed WORLD (inproc)",
-                 lambda: when_imported("torch.distributed", _patch_world), _unpatch_world)
+                 lambda patches: patches.on_import("torch.distributed",
+                                                   lambda dist: _patch_world(patches, dist)))
 
 
 wrap_torch_distributed(
-    "torch.distributed (inproc)", "__commsim_inproc__",
-    {"_get_default_group": functools.partial(_dispatcher, "_get_default_group", impl=_get_default_group),
-     **{name: functools.partial(_dispatcher, name, impl=impl) for name, impl in SERVED.items()},
-     **{name: functools.partial(_not_simulated, name) for name in NOT_SIMULATED if name not in SERVED}})
+    "torch.distributed (inproc)",
+    {"_get_default_group": _served("_get_default_group", _get_default_group),
+     **{name: _served(name, impl) for name, impl in SERVED.items()},
+     **{name: _refused(name) for name in NOT_SIMULATED if name not in SERVED}})

@@ -3,7 +3,7 @@
 The CPU build of torch has no NCCL, so a hosted program that asks for backend "nccl" (or
 "cpu:gloo,cuda:nccl") gets gloo, which serves its CPU tensors and object collectives; the
 substitution is noted in the rank's verdict. A `device_id` naming a CUDA device is dropped.
-The rank's CUDA tensors (torch_tensors.py) reach gloo as the CPU tensors over their
+The rank's CUDA tensors (torch/tensors.py) reach gloo as the CPU tensors over their
 simulated device memory, so a collective reads and writes the device's bytes in place.
 Everything else is torch's own code.
 """
@@ -13,8 +13,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from torch.utils._pytree import tree_leaves, tree_map
+
 from commsim.hosting.state.session import hosted
 from commsim.hosting.install.registry import wrap_torch_distributed
+from commsim.hosting.surfaces.torch.graphs import check_outside_capture
+from commsim.hosting.surfaces.torch.tensors import inner_of
 
 
 def _gloo(backend: Any) -> Any:
@@ -60,9 +64,6 @@ def _wrap_tensors(real: Any) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         r = hosted()
         if r is not None and r.mode == "procs":
-            from torch.utils._pytree import tree_leaves, tree_map
-            from commsim.hosting.surfaces.torch.graphs import check_outside_capture
-            from commsim.hosting.surfaces.torch.tensors import inner_of
             for t in tree_leaves((args, kwargs)):
                 check_outside_capture(t, f"torch.distributed.{real.__name__}")
             args, kwargs = tree_map(inner_of, args), tree_map(inner_of, kwargs)
@@ -70,6 +71,6 @@ def _wrap_tensors(real: Any) -> Any:
     return call
 
 
-wrap_torch_distributed("torch.distributed (procs)", "__commsim_procs__",
+wrap_torch_distributed("torch.distributed (procs)",
                        {"init_process_group": _wrap_init, "new_group": _wrap_new_group,
                         **{name: _wrap_tensors for name in TENSOR_CALLS}})

@@ -45,11 +45,16 @@ graph capture, every other `torch.ops.symm_mem` op.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import torch
+from cuda.bindings.driver import CUdevice_attribute as A
 
 from commsim.driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, \
     error_string, multicast_prop
@@ -57,9 +62,18 @@ from commsim.libmodels.fd_exchange import PyTorchRing, transport as fd_transport
 from commsim.kernels.collectives import reduce_into
 from commsim.sim import real_fds
 from commsim.hosting.state.cuda_state import rank_state
-from commsim.hosting.install.nesting import nested
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import HostedRank, current, hosted, user_site
-from commsim.hosting.install.registry import register_surface, when_imported
+from commsim.hosting.install.dispatch import not_simulated, per_rank
+from commsim.hosting.install.registry import register_surface
+from commsim.topology.model import FabricState
+from commsim.hosting.surfaces.torch import graphs as torch_graphs
+from commsim.hosting.surfaces.torch import tensors as torch_tensors
+from commsim.hosting.surfaces.torch.device import cuda_index
+from commsim.hosting.surfaces.torch.memory import DeviceBlock, before_exit, device_clock
+from commsim.hosting.surfaces.torch.memory import _with_device as wd
+from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor, inner_of
+from commsim.hosting.surfaces.torch_distributed.inproc import HostedGroup, group_by_name
 
 KEY = "torch.symm_mem"
 MODULE = "torch.distributed._symmetric_memory"
@@ -147,7 +161,6 @@ def _gpu(r: HostedRank, device: int) -> Any:
 
 
 def _attr(r: HostedRank, name: str, device: int) -> int:
-    from cuda.bindings.driver import CUdevice_attribute as A
     err, value = r.driver.cuDeviceGetAttribute(int(getattr(A, name)), device)
     return int(value) if int(err) == 0 else 0
 
@@ -191,13 +204,11 @@ def _multicast_supported(r: HostedRank, device: int) -> bool:
 def _clique_id(r: HostedRank, device: int) -> int:
     """at::cuda::get_fabric_clique_id: NVML's clique id, -1 without a fabric (the -1:
     UNCONFIRMED)."""
-    from commsim.topology.model import FabricState
     fabric = _gpu(r, device).fabric
     return int(fabric.clique_id) if fabric.state == FabricState.COMPLETED else -1
 
 
 def _with_device(r: HostedRank, device: int, fn: Any) -> Any:
-    from commsim.hosting.surfaces.torch.memory import _with_device as wd
     return wd(r, device, fn)
 
 
@@ -224,18 +235,13 @@ def _unmap(r: HostedRank, va: int, size: int) -> None:
 # ---- symm_mem.empty ------------------------------------------------------------------------
 
 def empty(r: HostedRank, *size: Any, dtype: Any = None, device: Any = None) -> Any:
-    import numpy as np
-    import torch
 
-    from commsim.hosting.surfaces.torch.factories import _cuda_index
-    from commsim.hosting.surfaces.torch.memory import DeviceBlock, device_clock
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     shape = tuple(int(s) for s in size)
     dtype = dtype or torch.get_default_dtype()
     dev = torch.get_default_device() if device is None else device
-    index = _cuda_index(dev)
+    index = cuda_index(dev)
     if index is None:
         # _SymmetricMemory.empty_strided_p2p on a device without a symmetric-memory allocator
         # (the installed torch's own text).
@@ -273,7 +279,6 @@ def empty(r: HostedRank, *size: Any, dtype: Any = None, device: Any = None) -> A
 
 
 def _signal_pad_size() -> int:
-    import torch
     return int(torch._C._distributed_c10d._SymmetricMemory.signal_pad_size)
 
 
@@ -319,7 +324,6 @@ def _release_at_exit(r: HostedRank, st: RankSymm) -> None:
     if st.hooked:
         return
     st.hooked = True
-    from commsim.hosting.surfaces.torch.memory import before_exit
     before_exit(r, lambda: [_release(r, a) for a in list(st.allocs)])
 
 
@@ -339,7 +343,6 @@ class _Members:
     def __init__(self, r: HostedRank, name: str) -> None:
         self.name = name
         if r.mode == "inproc":
-            from commsim.hosting.surfaces.torch_distributed.inproc import group_by_name
             self._local = group_by_name(r, name)
             if self._local is None:
                 raise _unresolved(name)
@@ -379,7 +382,6 @@ def _group_name(group: Any) -> str:
     __init__.py raises); an inproc rank's groups are commsim's HostedGroup."""
     from torch._C._distributed_c10d import ProcessGroup
 
-    from commsim.hosting.surfaces.torch_distributed.inproc import HostedGroup
     if isinstance(group, str):
         return group
     if isinstance(group, (ProcessGroup, HostedGroup)):
@@ -394,7 +396,6 @@ def rendezvous(r: HostedRank, tensor: Any, group: Any) -> "HostedSymmetricMemory
 
 
 def _rendezvous_name(r: HostedRank, tensor: Any, name: str) -> "HostedSymmetricMemory | None":
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     hit = find(r, tensor.untyped_storage().data_ptr()) if isinstance(tensor, HostedCudaTensor) else None
     if hit is None:
         # CUDASymmetricMemoryAllocator::rendezvous: TORCH_WARN and no handle.
@@ -610,7 +611,6 @@ class HostedSymmetricMemory:
 
     @property
     def device(self) -> Any:
-        import torch
         return torch.device("cuda", self._a.device)
 
     @property
@@ -640,11 +640,7 @@ class HostedSymmetricMemory:
 
     def _tensor(self, ptr: int, limit: int, what: str, sizes: Any, dtype: Any,
                 storage_offset: int) -> Any:
-        import numpy as np
-        import torch
 
-        from commsim.hosting.surfaces.torch.memory import DeviceBlock, device_clock
-        from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
         shape = tuple(int(s) for s in sizes)
         item = torch.empty((), dtype=dtype).element_size()
         numel = int(np.prod(shape, dtype=np.int64))
@@ -669,7 +665,6 @@ class HostedSymmetricMemory:
 
     def get_signal_pad(self, rank: int, sizes: Any = (), dtype: Any = None,
                        storage_offset: int = 0) -> Any:
-        import torch
         _check_rank(rank, self.world_size)
         dtype = dtype or torch.uint32
         if not tuple(sizes):
@@ -720,7 +715,6 @@ def _run(r: HostedRank, name: str, values: list) -> Any:
     impl = _OPS.get(name)
     if impl is None:
         raise NotImplementedError(f"commsim hosting: torch.ops.symm_mem.{name} is not simulated")
-    from commsim.hosting.surfaces.torch import graphs as torch_graphs
     if torch_graphs.CAPTURING[0]:
         raise NotImplementedError(f"commsim hosting: torch.ops.symm_mem.{name} inside a CUDA graph "
                                   f"capture is not simulated")
@@ -737,7 +731,6 @@ class _Packet:
         self.__name__ = real.__name__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
         r = hosted()
         if r is None or not any(isinstance(x, HostedCudaTensor) for x in (*args, *kwargs.values())):
             return self._real(*args, **kwargs)
@@ -756,13 +749,12 @@ class _Packet:
         return getattr(self._real, name)
 
 
-def _wrap_packets() -> None:
-    import torch
+def _wrap_packets(patches: Patches) -> None:
     ns = torch.ops.symm_mem
     for name in _OPS:
         real = getattr(ns, name, None)
         if real is not None and not isinstance(real, _Packet):
-            setattr(ns, name, _Packet(real))
+            patches.attr(ns, name, _Packet(real))
 
 
 def _symm_of(r: HostedRank, op: str, t: Any, group_name: str, what: str = "input") -> HostedSymmetricMemory:
@@ -812,8 +804,6 @@ def _checks(op: str, t: Any, reduce_op: str, out: Any = None) -> None:
 def _reduce(h: HostedSymmetricMemory, t: Any) -> Any:
     """Every rank's elements at t's offset, summed in rank order, after a barrier (inputs
     written); a second barrier once read, so no rank overwrites a buffer still being read."""
-    import numpy as np
-    import torch
     r, p = h._r, h._p
     item, n = t.element_size(), t.numel()
     off = h.offset + t.storage_offset() * item
@@ -828,7 +818,6 @@ def _reduce(h: HostedSymmetricMemory, t: Any) -> Any:
 
 
 def _write(dst: Any, value: Any) -> Any:
-    from commsim.hosting.surfaces.torch.tensors import inner_of
     inner_of(dst).copy_(value)
     return dst
 
@@ -848,7 +837,6 @@ def one_shot_all_reduce_out(r: HostedRank, inp: Any, reduce_op: str, group_name:
 
 
 def one_shot_all_reduce(r: HostedRank, inp: Any, reduce_op: str, group_name: str) -> Any:
-    import torch
     return one_shot_all_reduce_out(r, inp, reduce_op, group_name, torch.empty_like(inp))
 
 
@@ -904,7 +892,6 @@ def multimem_one_shot_all_reduce_out(r: HostedRank, inp: Any, reduce_op: str, gr
 
 
 def multimem_one_shot_all_reduce(r: HostedRank, inp: Any, reduce_op: str, group_name: str) -> Any:
-    import torch
     return multimem_one_shot_all_reduce_out(r, inp, reduce_op, group_name, torch.empty_like(inp))
 
 
@@ -934,7 +921,6 @@ def enable_symm_mem_for_group(r: HostedRank, group_name: str) -> None:
 
 
 def is_symm_mem_enabled_for_group(r: HostedRank, group_name: str) -> bool:
-    import sys
     mod = sys.modules[MODULE]
     if getattr(mod, "_is_test_mode", False):
         names = getattr(mod, "_mocked_group_names", None)
@@ -943,7 +929,6 @@ def is_symm_mem_enabled_for_group(r: HostedRank, group_name: str) -> bool:
 
 
 def is_symm_mem_tensor(r: HostedRank, tensor: Any) -> bool:
-    from commsim.hosting.surfaces.torch.tensors import HostedCudaTensor
     return isinstance(tensor, HostedCudaTensor) and find(r, tensor.untyped_storage().data_ptr()) is not None
 
 
@@ -953,49 +938,26 @@ SERVED = {"empty": empty, "rendezvous": rendezvous, "is_nvshmem_available": is_n
           "is_symm_mem_tensor": is_symm_mem_tensor}
 NOT_SIMULATED = ("get_mem_pool", "get_mempool_allocator", "set_backend", "get_backend",
                  "put_signal", "wait_signal", "get_symm_mem_workspace")
-_saved: list[tuple[Any, str, Any]] = []
 
 
-def _dispatcher(name: str, real: Any, impl: Any) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        r = hosted()
-        if r is None:
-            return real(*args, **kwargs)
-        if impl is None:
-            raise NotImplementedError(f"commsim hosting: {MODULE}.{name} is not simulated")
-        return impl(r, *args, **kwargs)
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = getattr(real, "__doc__", None)
-    call.__commsim_symm__ = True       # type: ignore[attr-defined]
-    return call
-
-
-def _patch(mod: Any) -> None:
-    for name, impl in [*SERVED.items(), *((n, None) for n in NOT_SIMULATED)]:
+def _patch(patches: Patches, mod: Any) -> None:
+    for name, impl in [*SERVED.items(),
+                       *((n, not_simulated(f"{MODULE}.{n}")) for n in NOT_SIMULATED)]:
         real = getattr(mod, name, None)
-        if real is None or getattr(real, "__commsim_symm__", False):
-            continue
-        _saved.append((mod, name, real))
-        setattr(mod, name, _dispatcher(name, real, impl))
+        if real is not None:
+            patches.attr(mod, name, per_rank(name, impl, real, hosted, with_rank=True))
 
 
-def _on_torch(_torch: Any) -> None:
-    from commsim.hosting.surfaces.torch import tensors as torch_tensors
+def _on_torch(patches: Patches) -> None:
     torch_tensors.register_op_namespace("symm_mem", run_op)
-    _wrap_packets()
-    when_imported(MODULE, _patch)
+    _wrap_packets(patches)
+    patches.on_import(MODULE, lambda mod: _patch(patches, mod))
 
 
-def _install() -> None:
-    # torch_tensors imports torch: wait for the program to import it.
-    when_imported("torch", _on_torch)
+def _install(patches: Patches) -> None:
+    # torch.ops.symm_mem's packets are there once torch has executed.
+    patches.on_import("torch", lambda _torch: _on_torch(patches))
 
 
-def _uninstall() -> None:
-    while _saved:
-        mod, name, real = _saved.pop()
-        setattr(mod, name, real)
-
-
-install, uninstall = nested(_install, _uninstall)
-register_surface(MODULE, install, uninstall)
+SURFACE = register_surface(MODULE, _install)
+install, uninstall = SURFACE.install, SURFACE.uninstall

@@ -1,6 +1,8 @@
-"""`torch.cuda.Event` of a hosted rank.
+"""Streams and events of a hosted rank's torch.cuda: `Stream` (with `.cuda_stream`, the
+cudaStream_t value), `ExternalStream`, the current stream per device (`current_stream`,
+`set_stream`, `stream` / `StreamContext`, `default_stream`) and `Event`.
 
-Work completes at launch in the simulator (torch_cuda.HostedStream), so an event is complete
+Work completes at launch in the simulator (HostedStream), so an event is complete
 as soon as it is recorded: `query()` is True, `synchronize()` and `wait()` return at once.
 Like torch's, the event is created lazily, on the device of the stream that first records
 it (`record(stream=None)` uses `torch.cuda.current_stream()`), and only streams of that
@@ -23,10 +25,117 @@ from __future__ import annotations
 
 from typing import Any
 
+from commsim.hosting.state.cuda_state import rank_state
 from commsim.hosting.state.session import current
+from commsim.hosting.surfaces.cuda import runtime_api as api
 from commsim.hosting.surfaces.torch import memory as torch_memory
+from commsim.hosting.surfaces.torch.device import check_cuda, device_index_of, lazy_init, on_device
 
 TICK_MS = 1e-3            # one op = 1 us on the clock (UNCONFIRMED, see the docstring)
+
+
+class HostedStream:
+    """torch.cuda.Stream of a hosted rank: a name for a cudaStream_t (work completes at
+    launch in the simulator, so synchronize and query are immediate)."""
+
+    def __init__(self, device: Any = None, priority: int = 0, *, stream_ptr: int | None = None,
+                 **kwargs: Any):
+        lazy_init()
+        self.device_index = device_index_of(device)
+        if stream_ptr is None:
+            with on_device(self.device_index):
+                stream_ptr = int(check_cuda(api.cudaStreamCreate()))
+        self.cuda_stream = int(stream_ptr)
+        self.priority = priority
+
+    @property
+    def device(self) -> Any:
+        import torch
+        return torch.device("cuda", self.device_index)
+
+    def synchronize(self) -> None:
+        check_cuda(api.cudaStreamSynchronize(self.cuda_stream))
+
+    def query(self) -> bool:
+        return True
+
+    def wait_stream(self, stream: "HostedStream") -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> Any:
+        event = event if event is not None else HostedEvent()
+        event.record(self)
+        return event
+
+    def wait_event(self, event: Any) -> None:
+        event.wait(self)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostedStream) and (self.cuda_stream, self.device_index) == \
+            (other.cuda_stream, other.device_index)
+
+    def __hash__(self) -> int:
+        return hash((self.cuda_stream, self.device_index))
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream device=cuda:{self.device_index} cuda_stream={self.cuda_stream:#x}>"
+
+
+def external_stream(stream_ptr: int, device: Any = None) -> HostedStream:
+    """torch.cuda.ExternalStream: a Stream naming a cudaStream_t made elsewhere (by the
+    rank's cudart or cuda-python); torch takes it as given, without checking it."""
+    return HostedStream(device, stream_ptr=int(stream_ptr))
+
+
+def current_streams() -> dict[int, int]:
+    """device -> the cudaStream_t torch.cuda.current_stream(device) names, for the rank."""
+    return rank_state(current(), "torch.cuda", dict).setdefault("streams", {})
+
+
+def current_stream(device: Any = None) -> HostedStream:
+    # torch's current stream starts as the default (legacy NULL) stream: cuda_stream 0.
+    lazy_init()
+    d = device_index_of(device)
+    return HostedStream(d, stream_ptr=current_streams().get(d, 0))
+
+
+def set_stream(stream: Any) -> None:
+    """The stream's device gets it as its current stream (the current device stays)."""
+    if stream is None:
+        return
+    lazy_init()
+    current_streams()[stream.device_index] = stream.cuda_stream
+
+
+class HostedStreamContext:
+    """`with torch.cuda.stream(s):` for a hosted rank: `s` is its device's current stream
+    inside (torch.cuda.StreamContext's semantics: the current device does not change)."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+        self.prev: list[HostedStream] = []
+
+    def __enter__(self) -> None:
+        if self.stream is None:
+            return
+        self.prev = [current_stream(None)]
+        if self.stream.device_index != self.prev[0].device_index:
+            self.prev.append(current_stream(self.stream.device_index))
+        set_stream(self.stream)
+
+    def __exit__(self, *exc: Any) -> bool:
+        for s in reversed(self.prev):
+            set_stream(s)
+        self.prev = []
+        return False
+
+
+def stream(stream: Any) -> HostedStreamContext:
+    return HostedStreamContext(stream)
+
+
+def default_stream(device: Any = None) -> HostedStream:
+    return HostedStream(device, stream_ptr=0)
 
 
 class HostedEvent:
@@ -58,9 +167,8 @@ class HostedEvent:
         return self._handle
 
     def record(self, stream: Any = None) -> None:
-        from commsim.hosting.surfaces.torch import cuda as torch_cuda
         if stream is None:
-            stream = torch_cuda.current_stream()
+            stream = current_stream()
         d = stream.device_index
         if self.device_index is not None and d != self.device_index:
             # ATen/cuda/CUDAEvent.h (record): the event stays on the device it was made on.
@@ -108,7 +216,6 @@ def _no_ipc(name: str) -> None:
 
 def _new_handle(r: Any) -> int:
     """A distinct, nonzero cudaEvent_t value per rank (an opaque handle, never dereferenced)."""
-    from commsim.hosting.state.cuda_state import rank_state
     st = rank_state(r, "torch.events", lambda: [0])
     st[0] += 1
     return 0xE0000000 + st[0]
