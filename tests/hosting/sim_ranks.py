@@ -70,9 +70,10 @@ class Recorder:
         self.first_error: CudaErrorSeen | None = None
         self.notes: list[str] = []
 
-    def cuda_error(self, api: str, code: int, name: str, text: str) -> None:
+    def cuda_error(self, api: str, code: int, name: str, text: str, site: str | None = None,
+                   why: object = None) -> None:
         if self.first_error is None:
-            self.first_error = CudaErrorSeen(api, int(code), name, text, call_site(3))
+            self.first_error = CudaErrorSeen(api, int(code), name, text, site or call_site(3))
 
     def note(self, text: str) -> None:
         self.notes.append(text)

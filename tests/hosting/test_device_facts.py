@@ -45,7 +45,8 @@ def _lim(field: str) -> Fact:
 TORCH: dict[str, Fact] = {
     "name": lambda part, lim, g: g.model,
     "gcnArchName": lambda part, lim, g: g.model,
-    "uuid": lambda part, lim, g: g.uuid,
+    # torch's _CUuuid prints the 8-4-4-4-12 form without NVML's "GPU-" prefix
+    "uuid": lambda part, lim, g: g.uuid.removeprefix("GPU-"),
     "major": lambda part, lim, g: g.compute_capability[0],
     "minor": lambda part, lim, g: g.compute_capability[1],
     "total_memory": lambda part, lim, g: g.memory_bytes,

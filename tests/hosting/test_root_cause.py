@@ -75,7 +75,10 @@ def test_where_the_modes_cannot_agree_the_harness_says_why():
     a = modes_agree(RunConfig(machine="gb200-nvl72:2", nproc_per_host=4, seed=1, timeout=60,
                               command=[FLASHINFER]))
     assert not a.agree
-    assert a.why.startswith("exit order: rank(s) 1, 2, 3 failed after a peer exited"), a.text()
+    # which of ranks 1-3 lose the race to rank 0's exit in procs mode is up to the OS
+    assert a.why.startswith("exit order: rank(s) "), a.text()
+    named = a.why.removeprefix("exit order: rank(s) ").split(" failed")[0]
+    assert named and set(named.split(", ")) <= {"1", "2", "3"}, a.text()
     roots = {m: root_cause(v) for m, v in a.verdicts.items()}
     assert {(r.proc.rank, r.cause.kind) for r in roots.values()} == {(0, "ipc-across-hosts")}
 

@@ -27,6 +27,11 @@ def ok(result):
     return vals[0] if len(vals) == 1 else tuple(vals)
 
 
+def as_json(v):
+    """torch's uuid is a _CUuuid object; its str() is what a program prints."""
+    return v if v is None or isinstance(v, (bool, int, float, str, list, tuple)) else str(v)
+
+
 def plain(v):
     return v.rstrip(b"\0").decode() if isinstance(v, bytes) else v
 
@@ -38,7 +43,7 @@ ok(cu.cuInit(0))
 devices = []
 for d in range(torch.cuda.device_count()):
     props = torch.cuda.get_device_properties(d)
-    seen = {"torch": {a: getattr(props, a, MISSING) for a in TORCH_ATTRS}, "cudart": {}, "rt": {},
+    seen = {"torch": {a: as_json(getattr(props, a, MISSING)) for a in TORCH_ATTRS}, "cudart": {}, "rt": {},
             "cu": {}}
     for name, drv_name in DEVICE_ATTRS:
         attr = getattr(rt.cudaDeviceAttr, name)
