@@ -20,6 +20,7 @@ import atexit
 import faulthandler
 import json
 import os
+import posix
 import signal
 import sys
 from dataclasses import asdict
@@ -38,6 +39,7 @@ if os.environ.get("COMMSIM_HOSTING"):
 '''
 
 _state: dict[str, Any] = {}
+_real_exit = posix._exit
 
 
 def write_sitecustomize(run_dir: str) -> str:
@@ -146,6 +148,17 @@ def _write_report() -> None:
         json.dump(rep, f)
 
 
+def _exit_with_report(code: int) -> None:
+    """os._exit in a hosted process: the report first (os._exit skips atexit, so the verdict
+    would lose this process's CUDA errors and residue), then the real call."""
+    if isinstance(code, int) and "cfg" in _state:
+        r = session.hosted_process()
+        if r is not None:
+            r.events.notes.append(f"the program called os._exit({code})")
+        _write_report()
+    _real_exit(code)
+
+
 def _start(cfg: RunConfig, slot: int) -> None:
     rank = int(os.environ.get("COMMSIM_HOSTING_RANK", "0"))
     host = os.environ.get("COMMSIM_HOSTING_HOST") or cfg.placement[rank][0]
@@ -159,7 +172,10 @@ def _start(cfg: RunConfig, slot: int) -> None:
 
 
 def _after_fork_in_child() -> None:
-    # A forked child is a new process of the same host: its own slot, its own driver.
+    # A forked child is a new process of the same host: its own slot, its own driver. It
+    # gets the plain os._exit back: multiprocessing ends each forked child with it, and such
+    # a helper reported nothing before either.
+    os._exit = posix._exit = _real_exit
     cfg = _state.get("cfg")
     if cfg is not None:
         _start(cfg, _new_slot(cfg))
@@ -184,6 +200,7 @@ def bootstrap() -> None:
     _state["prev_hook"] = sys.excepthook
     sys.excepthook = _excepthook
     atexit.register(_write_report)
+    os._exit = posix._exit = _exit_with_report
     os.register_at_fork(after_in_child=_after_fork_in_child)
     from commsim.hosting.install.registry import install_all
     install_all()

@@ -39,6 +39,7 @@ from commsim.launch.run import free_port, rank_env, visible_of
 from commsim.hosting.state.session import HostedRank, RankEvents, bound, exception_line, hosted
 from commsim.hosting.install.registry import install_all
 from commsim.launch.verdict import ProcResult, Verdict
+from commsim.util.hard_exit import HardExit, exits_unwind
 
 
 class _RankExit(Exception):
@@ -190,6 +191,9 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
                     exec(program, hr.state["__main__"].__dict__)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if isinstance(e, HardExit):
+                    hr.events.notes.append(f"the program called {e}: a real process ends there, "
+                                           f"its peers see it gone; inproc its finally blocks ran")
                 if e.code is not None and not isinstance(e.code, int):
                     print(e.code, file=sys.stderr)
             except KeyboardInterrupt:
@@ -234,7 +238,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
     watchdog = threading.Timer(cfg.timeout, _expire)
     watchdog.daemon = True
     try:
-        with _streams(out, err, echo), rankview.installed():
+        with _streams(out, err, echo), rankview.installed(), exits_unwind():
             watchdog.start()
             try:
                 world.scheduler.run([lambda r=r: body(r) for r in range(cfg.world_size)])

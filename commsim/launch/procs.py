@@ -179,6 +179,9 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
             res.status = "failed"
             if res.exception is None:
                 res.exception = next((x for x in reversed(tails[r]) if x.strip()), None)
+        if r not in reports:
+            res.notes.append("left no report (it ended without Python's exit: exec, or a "
+                             "signal): its CUDA errors and residue are unknown")
         results.append(res)
     results += worker_results(cfg, reports)
     flags = sorted({f for res in results for f in res.flags})
