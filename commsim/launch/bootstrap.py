@@ -203,4 +203,5 @@ def bootstrap() -> None:
     os._exit = posix._exit = _exit_with_report
     os.register_at_fork(after_in_child=_after_fork_in_child)
     from commsim.hosting.install.registry import install_all
-    install_all()
+    from commsim.hosting.surfaces.table import MODULES
+    install_all(MODULES)

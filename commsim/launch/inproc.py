@@ -38,6 +38,7 @@ from commsim.launch.procs import read_reports, worker_results
 from commsim.launch.run import free_port, rank_env, visible_of
 from commsim.hosting.state.session import HostedRank, RankEvents, bound, exception_line, hosted
 from commsim.hosting.install.registry import install_all
+from commsim.hosting.surfaces.table import MODULES as SURFACE_MODULES
 from commsim.launch.verdict import ProcResult, Verdict
 from commsim.util.hard_exit import HardExit, exits_unwind
 
@@ -222,7 +223,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         # A signal, not _thread.interrupt_main(): it also ends a blocking system call.
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
-    install_all()
+    install_all(SURFACE_MODULES)
     import multiprocessing
     children_before = set(multiprocessing.active_children())
     main_was = sys.modules.get("__main__")

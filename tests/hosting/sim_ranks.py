@@ -10,6 +10,7 @@ torch themselves; the group is only their handle-exchange transport.
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -22,6 +23,7 @@ from commsim.hosting.surfaces.cuda import cudart
 from commsim.hosting.surfaces.nccl import libnccl as nccl
 from commsim.hosting.surfaces import nvml
 from commsim.hosting.state import session
+from commsim.hosting.surfaces.table import TABLE as SURFACE_TABLE
 from commsim.hosting.surfaces.torch import accelerator as torch_accelerator
 from commsim.hosting.surfaces.torch import cuda as torch_cuda
 from commsim.hosting.surfaces.torch import factories as torch_factories
@@ -35,8 +37,9 @@ from commsim.topology.model import GpuRef
 from commsim.topology.presets import build
 
 
-MODULE_SURFACES = (cuda_bindings, cudart, nvml, torch_cuda, torch_factories, torch_ipc, torch_nvtx,
-                   torch_accelerator, nccl, torch_symm_mem)
+# The surfaces that answer from the bound rank alone, in the surface table's order (the rest
+# need a launched run: host identity, torch.distributed, mpi4py).
+MODULE_SURFACES = tuple(importlib.import_module(e.module) for e in SURFACE_TABLE if not e.needs_launcher)
 
 
 @pytest.fixture(scope="module")

@@ -92,8 +92,8 @@ def test_unsimulated_functions_and_attributes_fail_loudly_naming_themselves():
         with pytest.raises(NotImplementedError, match=r"cuda\.bindings\.driver\.cuLaunchKernel is not simulated"):
             cu.cuLaunchKernel(*[None] * 11)
         cu.cuInit(0)
-        with pytest.raises(NotImplementedError, match="CU_DEVICE_ATTRIBUTE_CLOCK_RATE is not simulated"):
-            cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 0)
+        with pytest.raises(NotImplementedError, match="CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT is not simulated"):
+            cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, 0)
         with pytest.raises(AttributeError):
             rt.cuMemCreate              # driver API is not on the runtime module
         with pytest.raises(AttributeError):

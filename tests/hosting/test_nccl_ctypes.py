@@ -145,14 +145,6 @@ def test_library_facts(module_surfaces):
     assert fakelib.lookup("libnccl.so.2") is None               # and the machine's libraries
 
 
-def test_registered_once_in_both_registries():
-    from commsim.hosting.surfaces.nccl import libnccl as nccl
-    from commsim.hosting.install import registry as surfaces
-    assert "commsim.hosting.surfaces.nccl.libnccl" in surfaces.SURFACE_MODULES
-    assert nccl in S.MODULE_SURFACES
-    assert "libnccl" in surfaces.surfaces()
-
-
 def test_misuse_codes(module_surfaces):
     ranks = _two()
 

@@ -104,14 +104,6 @@ def test_two_hosts_without_mnnvl_fail_sending_fds_in_procs_mode_too():
         assert res[r]["error"].startswith("Failed to send fd: No such file or directory"), res
 
 
-def test_registered_once_in_both_registries():
-    from commsim.hosting.install import registry as surfaces
-    from commsim.hosting.surfaces.torch_distributed import symm_mem as torch_symm_mem
-    assert "commsim.hosting.surfaces.torch_distributed.symm_mem" in surfaces.SURFACE_MODULES
-    assert torch_symm_mem in S.MODULE_SURFACES
-    assert "torch.distributed._symmetric_memory" in surfaces.surfaces()
-
-
 def test_outside_a_rank_the_module_is_torchs():
     import torch
     import torch.distributed._symmetric_memory as symm_mem

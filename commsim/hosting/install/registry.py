@@ -1,9 +1,9 @@
 """The registry of hosting surfaces: what a hosted program sees in place of the real modules.
 
-A surface is declared once, here or in its own module: `register_surface(name, install,
-uninstall)`. `install_all()` imports every surface module that exists (16b's modules join by
-existing: cuda_bindings, cudart, nvml, torch_cuda) and installs each registered surface once
-per interpreter. A surface that patches a heavy module (torch) waits for it to be imported:
+A surface is declared once, in its own module: `register_surface(name, install, uninstall)`.
+`install_all(modules)` imports the surface modules the caller names (the launcher passes the
+surface table's, commsim/hosting/surfaces/table.py: this layer imports no surface) and
+installs each registered surface once per interpreter. A surface that patches a heavy module (torch) waits for it to be imported:
 `when_imported("torch.distributed", fn)` runs fn(module) right after the import (or at once,
 when the module is already loaded), so hosting costs nothing for a program that never loads it.
 """
@@ -16,29 +16,10 @@ import importlib.util
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 __all__ = ["register_surface", "install_all", "uninstall_all", "installed", "surfaces",
-           "when_imported", "not_simulated", "wrap_torch_distributed", "SURFACE_MODULES"]
-
-# Modules that declare surfaces; a name missing from the tree is skipped (16b's land later).
-SURFACE_MODULES = (
-    "commsim.hosting.surfaces.host_identity",
-    "commsim.hosting.surfaces.torch_distributed.inproc",
-    "commsim.hosting.surfaces.torch_distributed.procs",
-    "commsim.hosting.surfaces.cuda.bindings",
-    "commsim.hosting.surfaces.cuda.cudart",
-    "commsim.hosting.surfaces.nvml",
-    "commsim.hosting.surfaces.torch.cuda",
-    "commsim.hosting.surfaces.torch.factories",
-    "commsim.hosting.surfaces.torch.ipc",
-    "commsim.hosting.surfaces.torch.nvtx",
-    "commsim.hosting.surfaces.torch.accelerator",
-    "commsim.hosting.surfaces.mpi.mpi4py",
-    "commsim.hosting.surfaces.nccl.libnccl",
-    "commsim.hosting.surfaces.torch_distributed.symm_mem",
-)
-
+           "when_imported", "not_simulated", "wrap_torch_distributed"]
 
 @dataclass
 class Surface:
@@ -64,8 +45,9 @@ def register_surface(name: str, install: Callable[[], None],
         _surfaces[name] = s
 
 
-def surfaces() -> tuple[str, ...]:
-    _load_modules()
+def surfaces(modules: Sequence[str] = ()) -> tuple[str, ...]:
+    """The registered surfaces, after importing `modules`."""
+    _load_modules(modules)
     return tuple(_surfaces)
 
 
@@ -73,21 +55,17 @@ def installed() -> tuple[str, ...]:
     return tuple(n for n, s in _surfaces.items() if s.installed)
 
 
-def _load_modules() -> None:
-    for mod in SURFACE_MODULES:
-        if mod in sys.modules:
-            continue
-        try:
+def _load_modules(modules: Sequence[str]) -> None:
+    for mod in modules:
+        if mod not in sys.modules:
             importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
 
 
-def install_all() -> None:
-    """Install every registered surface once per interpreter (idempotent)."""
+def install_all(modules: Sequence[str] = ()) -> None:
+    """Import `modules` (each registers its surfaces) and install every registered surface
+    once per interpreter (idempotent)."""
     with _lock:
-        _load_modules()
+        _load_modules(modules)
         for s in list(_surfaces.values()):
             if not s.installed:
                 s.install()

@@ -10,7 +10,7 @@ says: that variable is read by the CUDA driver, not by NVML, so NVML indices are
 not CUDA ordinals (widely observed, e.g. nvidia-smi lists all GPUs under any
 CUDA_VISIBLE_DEVICES; no NVML doc sentence found: UNCONFIRMED as documented behaviour). Facts come from the rank's driver (fabric info, NVLink P2P status: the SimDriver's
 NVML calls) and from the host's topology that a real process reads through NVML (names,
-UUIDs, link matrix); PCI addresses from device_facts (UNCONFIRMED values, consistent across
+UUIDs, link matrix); PCI addresses from host_layout (UNCONFIRMED values, consistent across
 surfaces).
 """
 
@@ -22,7 +22,8 @@ from typing import Any, Callable
 import pynvml as N
 
 from commsim.topology.model import GpuRef
-from commsim.hosting.state import device_facts
+from commsim.hosting.state import host_layout
+from commsim.topology.gpu_models import part_of
 from commsim.hosting.install import fakelib
 from commsim.hosting.state.cuda_state import not_simulated, rank_state
 from commsim.hosting.state.session import current
@@ -82,12 +83,17 @@ def _put(addr: int, ctype: Any, value: int) -> None:
     ctype.from_address(addr).value = value
 
 
-def _pci_fill(info: Any, pci: device_facts.PciAddress, device_id: int) -> None:
+def _pci_fill(info: Any, pci: host_layout.PciAddress, device_id: int) -> None:
     info.busIdLegacy = f"{pci.domain:04X}:{pci.bus:02X}:{pci.device:02X}.0".encode()
     info.busId = pci.nvml_bus_id.encode()
     info.domain, info.bus, info.device = pci.domain, pci.bus, pci.device
-    info.pciDeviceId = (device_id << 16) | device_facts.NVIDIA_VENDOR
+    info.pciDeviceId = (device_id << 16) | host_layout.NVIDIA_VENDOR
     info.pciSubSystemId = 0
+
+
+def _product_id(model: str) -> int:
+    """The GPU part's PCI product id (commsim/topology/gpu_models.py, which cites its source)."""
+    return part_of(model).pci_device_id(model)
 
 
 # ---- NVLink model ---------------------------------------------------------------------------
@@ -150,7 +156,7 @@ def _functions() -> dict[str, Callable[..., int]]:
 
     def cuda_driver_version(out: int) -> int:
         r = current()    # needs no nvmlInit (NVML reference: "can be called before nvmlInit")
-        _put(out, I, device_facts.cuda_driver_version(r.cluster, r.host))
+        _put(out, I, host_layout.cuda_driver_version(r.cluster, r.host))
         return 0
 
     def count(out: int) -> int:
@@ -178,7 +184,7 @@ def _functions() -> dict[str, Callable[..., int]]:
         r, host = _rank_host()
         want = ctypes.string_at(text).decode(errors="replace").upper() if text else ""
         for g in host.gpus:
-            pci = device_facts.pci_address(r.cluster, GpuRef(host.name, g.index))
+            pci = host_layout.pci_address(r.cluster, GpuRef(host.name, g.index))
             if want in (pci.nvml_bus_id, pci.nvml_bus_id[4:]):
                 _put(out, ctypes.c_void_p, _handle_addr(host.name, g.index))
                 return 0
@@ -202,8 +208,8 @@ def _functions() -> dict[str, Callable[..., int]]:
     def pci_info(h: int, out: int) -> int:
         r, host, i = _gpu(h)
         info = N.nvmlPciInfo_t.from_address(out)
-        _pci_fill(info, device_facts.pci_address(r.cluster, GpuRef(host.name, i)),
-                  device_facts.model_facts(host.gpus[i].model).pci_device)
+        _pci_fill(info, host_layout.pci_address(r.cluster, GpuRef(host.name, i)),
+                  _product_id(host.gpus[i].model))
         return 0
 
     def compute_capability(h: int, major: int, minor: int) -> int:
@@ -290,10 +296,10 @@ def _functions() -> dict[str, Callable[..., int]]:
         r, host, i, (kind, peer) = _link(h, link)
         info = N.nvmlPciInfo_t.from_address(out)
         if kind == "switch":
-            _pci_fill(info, device_facts.switch_pci_address(peer), 0)
+            _pci_fill(info, host_layout.switch_pci_address(peer), 0)
         else:
-            _pci_fill(info, device_facts.pci_address(r.cluster, GpuRef(host.name, peer)),
-                      device_facts.model_facts(host.gpus[peer].model).pci_device)
+            _pci_fill(info, host_layout.pci_address(r.cluster, GpuRef(host.name, peer)),
+                      _product_id(host.gpus[peer].model))
         return 0
 
     def nvlink_remote_type(h: int, link: int, out: int) -> int:

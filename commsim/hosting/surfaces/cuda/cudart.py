@@ -129,6 +129,7 @@ def _kind(k: int) -> Any:
 
 
 _FUNCTIONS = _c_functions()
+SIMULATED = tuple(sorted(_FUNCTIONS))
 # The symbols the real libcudart exports: every runtime API function cuda-python knows.
 _SYMBOLS = frozenset(n for n in dir(_rt) if n.startswith("cuda") and callable(getattr(_rt, n))
                      and not isinstance(getattr(_rt, n), type))

@@ -19,7 +19,8 @@ from cuda.bindings import driver as cu
 
 from commsim.driver import error_string
 from commsim.sim.pointers import pointer_info
-from commsim.hosting.state import device_facts
+from commsim.hosting.state import host_layout
+from commsim.hosting.state.device_props import device_props
 from commsim.hosting.state.cuda_state import (R, ApiFail, api_call, as_cu, c_int, check_struct, host_buffer,
                          ctx_handle, ctx_ordinal, current, devptr, enum_attr_value, enum_value,
                          handle_value, new_stream, state)
@@ -74,7 +75,7 @@ def cuInit(Flags):
 @driver_api(1)
 def cuDriverGetVersion():
     r = current()
-    return (R.CUDA_SUCCESS, device_facts.cuda_driver_version(r.cluster, r.host))
+    return (R.CUDA_SUCCESS, host_layout.cuda_driver_version(r.cluster, r.host))
 
 
 @driver_api(1)
@@ -109,7 +110,7 @@ def cuDeviceTotalMem(dev):
 def cuDeviceGetPCIBusId(length, dev):
     n = c_int(length)
     _, ref = _gpu(_ordinal(dev))
-    text = device_facts.pci_address(current().cluster, ref).cuda_bus_id.encode()
+    text = host_layout.pci_address(current().cluster, ref).cuda_bus_id.encode()
     if n <= len(text):
         raise _Err(R.CUDA_ERROR_INVALID_VALUE)
     return (R.CUDA_SUCCESS, text)
@@ -129,16 +130,28 @@ def device_attribute(attrib: int, ordinal: int) -> tuple:
         return (R.CUDA_ERROR_INVALID_DEVICE, None)
     r = current()
     ref = d.proc.gpus[ordinal]
-    g = r.cluster.gpu(ref)
-    pci = device_facts.pci_address(r.cluster, ref)
+    p = device_props(r.cluster, ref)
     extra = {
-        int(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT): device_facts.model_facts(g.model).sms,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_BUS_ID): pci.bus,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID): pci.device,
-        int(A.CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID): pci.domain,
+        int(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT): p.multi_processor_count,
+        int(A.CU_DEVICE_ATTRIBUTE_PCI_BUS_ID): p.pci.bus,
+        int(A.CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID): p.pci.device,
+        int(A.CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID): p.pci.domain,
         int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_MODE): 0,          # CU_COMPUTEMODE_DEFAULT
-        int(A.CU_DEVICE_ATTRIBUTE_INTEGRATED): 0,
+        int(A.CU_DEVICE_ATTRIBUTE_INTEGRATED): p.integrated,
         int(A.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY): 1,
+        int(A.CU_DEVICE_ATTRIBUTE_WARP_SIZE): p.warp_size,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK): p.max_threads_per_block,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR): p.max_threads_per_multi_processor,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK): p.shared_memory_per_block,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN): p.shared_memory_per_block_optin,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR): p.shared_memory_per_multiprocessor,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK): p.regs_per_block,
+        int(A.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR): p.regs_per_multiprocessor,
+        int(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE): p.l2_cache_size,
+        int(A.CU_DEVICE_ATTRIBUTE_CLOCK_RATE): p.clock_rate_khz,
+        int(A.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE): p.memory_clock_rate_khz,
+        int(A.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH): p.memory_bus_width,
+        int(A.CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD): 0,
     }
     if attrib in extra:
         return (R.CUDA_SUCCESS, extra[attrib])

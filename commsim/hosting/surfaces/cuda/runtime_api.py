@@ -17,7 +17,8 @@ from cuda.bindings import runtime as cudart
 
 from commsim.driver import IPC_HANDLE_SIZE
 from commsim.sim.pointers import pointer_info
-from commsim.hosting.state import device_facts
+from commsim.hosting.state import host_layout
+from commsim.hosting.state.device_props import device_props
 from commsim.hosting.state.cuda_state import (E, ApiFail, api_call, as_rt, c_int, check_struct, current, new_stream,
                          runtime_entry, state, void_ptr)
 
@@ -117,7 +118,7 @@ def cudaDeviceGetPCIBusId(length, device):
     gpus = d.proc.gpus
     if not 0 <= ordinal < len(gpus):
         raise _Err(E.cudaErrorInvalidDevice)
-    text = device_facts.pci_address(r.cluster, gpus[ordinal]).cuda_bus_id.encode()
+    text = host_layout.pci_address(r.cluster, gpus[ordinal]).cuda_bus_id.encode()
     if n <= len(text):
         raise _Err(E.cudaErrorInvalidValue)      # needs room for the terminator
     return (E.cudaSuccess, text)
@@ -131,17 +132,29 @@ def cudaGetDeviceProperties(device):
     if not 0 <= ordinal < len(gpus):
         raise _Err(E.cudaErrorInvalidDevice)
     r = current()
-    g = r.cluster.gpu(gpus[ordinal])
-    facts = device_facts.model_facts(g.model)
-    pci = device_facts.pci_address(r.cluster, gpus[ordinal])
+    g = device_props(r.cluster, gpus[ordinal])
     p = cudart.cudaDeviceProp()
     # Only the fields below are simulated; the rest stay 0 (documented in hosting-surfaces).
-    p.name = g.model.encode().ljust(256, b"\0")       # char name[256]
-    p.totalGlobalMem = g.memory_bytes
-    p.major, p.minor = g.compute_capability
-    p.multiProcessorCount = facts.sms
-    p.pciBusID, p.pciDeviceID, p.pciDomainID = pci.bus, pci.device, pci.domain
+    # CUDA 13's cudaDeviceProp has no clock fields: those are device attributes only.
+    p.name = g.name.encode().ljust(256, b"\0")        # char name[256]
+    p.totalGlobalMem = g.total_memory
+    p.major, p.minor = g.major, g.minor
+    p.multiProcessorCount = g.multi_processor_count
+    p.pciBusID, p.pciDeviceID, p.pciDomainID = g.pci.bus, g.pci.device, g.pci.domain
+    # gpuPciDeviceID: the product id in NVML's pciDeviceId layout (UNCONFIRMED layout).
+    p.gpuPciDeviceID = (g.pci_device_id << 16) | host_layout.NVIDIA_VENDOR
     p.unifiedAddressing = 1
+    p.integrated = g.integrated
+    p.warpSize = g.warp_size
+    p.maxThreadsPerBlock = g.max_threads_per_block
+    p.maxThreadsPerMultiProcessor = g.max_threads_per_multi_processor
+    p.sharedMemPerBlock = g.shared_memory_per_block
+    p.sharedMemPerBlockOptin = g.shared_memory_per_block_optin
+    p.sharedMemPerMultiprocessor = g.shared_memory_per_multiprocessor
+    p.regsPerBlock = g.regs_per_block
+    p.regsPerMultiprocessor = g.regs_per_multiprocessor
+    p.l2CacheSize = g.l2_cache_size
+    p.memoryBusWidth = g.memory_bus_width
     uuid = bytes.fromhex(g.uuid.removeprefix("GPU-").replace("-", ""))[:16].ljust(16, b"\0")
     ctypes.memmove(p.uuid.getPtr(), uuid, 16)           # cudaUUID_t.bytes is read-only
     return (E.cudaSuccess, p)
@@ -155,7 +168,7 @@ def cudaRuntimeGetVersion():
 @runtime_api(1, context=False)
 def cudaDriverGetVersion():
     r = current()
-    return (E.cudaSuccess, device_facts.cuda_driver_version(r.cluster, r.host))
+    return (E.cudaSuccess, host_layout.cuda_driver_version(r.cluster, r.host))
 
 
 def cudaGetLastError():

@@ -495,6 +495,7 @@ def _functions() -> dict[str, Callable[..., Any]]:
 
 
 _FUNCTIONS = _functions()
+SIMULATED = tuple(sorted(_FUNCTIONS))
 
 
 def library(name: str) -> fakelib.FakeLibrary:

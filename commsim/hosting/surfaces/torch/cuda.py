@@ -35,7 +35,7 @@ from commsim.hosting.install.registry import when_imported
 torch: Any = None          # bound when the program imports torch.cuda (see _install)
 from commsim.driver import error_string
 from commsim.hosting.surfaces.cuda import runtime_api as api
-from commsim.hosting.state import device_facts
+from commsim.hosting.state.device_props import DeviceProps, device_props
 from commsim.hosting.state.cuda_state import maybe_rank, not_simulated, rank_state, runtime_entry
 from commsim.hosting.state.session import current, hosted
 from commsim.hosting.install.nesting import nested
@@ -84,7 +84,8 @@ def _on(device: Any) -> Iterator[int]:
 
 @dataclass(frozen=True)
 class HostedDeviceProperties:
-    """What torch.cuda.get_device_properties gives (torch._C._CudaDeviceProperties fields)."""
+    """What torch.cuda.get_device_properties gives (torch._C._CudaDeviceProperties fields),
+    each read from the rank's DeviceProps (commsim/hosting/state/device_props.py)."""
 
     name: str
     major: int
@@ -95,8 +96,35 @@ class HostedDeviceProperties:
     pci_bus_id: int
     pci_device_id: int
     pci_domain_id: int
-    is_integrated: int = 0
-    is_multi_gpu_board: int = 0
+    is_integrated: int
+    is_multi_gpu_board: int
+    max_threads_per_multi_processor: int
+    max_threads_per_block: int
+    warp_size: int
+    L2_cache_size: int
+    clock_rate: int                     # kHz, as cudaDevAttrClockRate
+    memory_clock_rate: int              # kHz
+    memory_bus_width: int
+    shared_memory_per_block: int
+    shared_memory_per_block_optin: int
+    shared_memory_per_multiprocessor: int
+    regs_per_multiprocessor: int
+    gcnArchName: str                    # ROCm's field; a CUDA build fills it with the name (UNCONFIRMED)
+
+    @classmethod
+    def of(cls, p: DeviceProps) -> "HostedDeviceProperties":
+        return cls(
+            name=p.name, major=p.major, minor=p.minor, total_memory=p.total_memory,
+            multi_processor_count=p.multi_processor_count, uuid=p.uuid, pci_bus_id=p.pci.bus,
+            pci_device_id=p.pci.device, pci_domain_id=p.pci.domain, is_integrated=p.integrated,
+            is_multi_gpu_board=0, max_threads_per_multi_processor=p.max_threads_per_multi_processor,
+            max_threads_per_block=p.max_threads_per_block, warp_size=p.warp_size,
+            L2_cache_size=p.l2_cache_size, clock_rate=p.clock_rate_khz,
+            memory_clock_rate=p.memory_clock_rate_khz, memory_bus_width=p.memory_bus_width,
+            shared_memory_per_block=p.shared_memory_per_block,
+            shared_memory_per_block_optin=p.shared_memory_per_block_optin,
+            shared_memory_per_multiprocessor=p.shared_memory_per_multiprocessor,
+            regs_per_multiprocessor=p.regs_per_multiprocessor, gcnArchName=p.name)
 
     def __repr__(self) -> str:
         return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
@@ -213,12 +241,7 @@ def get_device_properties(device: Any = None) -> HostedDeviceProperties:
     if not 0 <= d < device_count():
         raise AssertionError("Invalid device id")         # torch.cuda.get_device_properties
     r = current()
-    ref = r.driver.proc.gpus[d]
-    g = r.cluster.gpu(ref)
-    pci = device_facts.pci_address(r.cluster, ref)
-    return HostedDeviceProperties(g.model, g.compute_capability[0], g.compute_capability[1],
-                                  g.memory_bytes, device_facts.model_facts(g.model).sms, g.uuid,
-                                  pci.bus, pci.device, pci.domain)
+    return HostedDeviceProperties.of(device_props(r.cluster, r.driver.proc.gpus[d]))
 
 
 def get_device_capability(device: Any = None) -> tuple[int, int]:

@@ -1,12 +1,9 @@
-"""Facts about a simulated GPU that a real process reads through NVML, device attributes or
-torch.cuda, and that the topology model does not carry (PCI addresses, PCI device ids, SM
-counts). One table, used by every hosted surface, so they agree with each other.
+"""What the host, not the GPU part, decides about a GPU: where it sits on the PCI bus, where
+the NVSwitches its links reach sit, and the CUDA version the host's driver supports. What a
+part is (SMs, caches, clocks, product PCI id) is commsim/topology/gpu_models.py's.
 
-Sources: SM counts are the public product specifications (NVIDIA H100/H200 and Blackwell
-architecture whitepapers, A100 whitepaper, Ada (L40S, RTX 4090) whitepaper, V100
-whitepaper). PCI device ids are the PCI ID Repository entries (pci-ids.ucw.cz, vendor 10de)
-as best recalled: UNCONFIRMED. PCI bus numbers are invented, deterministic per GPU index and
-the same on every host (real hosts of one model share their layout): UNCONFIRMED.
+PCI bus numbers are invented, deterministic per GPU index and the same on every host (real
+hosts of one model share their layout): UNCONFIRMED.
 """
 
 from __future__ import annotations
@@ -18,36 +15,8 @@ from commsim.topology.model import Cluster, GpuRef
 NVIDIA_VENDOR = 0x10DE
 
 
-@dataclass(frozen=True)
-class ModelFacts:
-    key: str                 # substring of the marketing name
-    pci_device: int          # PCI device id (UNCONFIRMED, see module doc)
-    sms: int                 # multiprocessor count (product specification)
-
-
-_MODELS = (
-    ModelFacts("GB200", 0x2941, 148),
-    ModelFacts("GH200", 0x2342, 132),
-    ModelFacts("B200", 0x2901, 148),
-    ModelFacts("H200", 0x2335, 132),
-    ModelFacts("H100", 0x2330, 132),
-    ModelFacts("A100-SXM4", 0x20B2, 108),
-    ModelFacts("A100", 0x20B5, 108),
-    ModelFacts("L40S", 0x26B9, 142),
-    ModelFacts("RTX 4090", 0x2684, 128),
-    ModelFacts("V100", 0x1DB6, 80),
-)
-_UNKNOWN = ModelFacts("", 0x0000, 0)
-
 # Bus numbers of the 8 PCIe slots of a typical 2-socket GPU server (UNCONFIRMED layout).
 _BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
-
-
-def model_facts(name: str) -> ModelFacts:
-    for m in _MODELS:
-        if m.key in name:
-            return m
-    return _UNKNOWN
 
 
 @dataclass(frozen=True)
