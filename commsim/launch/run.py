@@ -10,6 +10,7 @@ scheduler); returns the Verdict; and removes everything of the run, whatever hap
 from __future__ import annotations
 
 import os
+import posix
 import shutil
 import socket
 import sys
@@ -17,6 +18,7 @@ import tempfile
 import time
 from typing import Any, TextIO
 
+from commsim.procs import tree
 from commsim.sim import shm
 from commsim.launch.bootstrap import make_run_dirs, write_sitecustomize
 from commsim.launch.config import RunConfig
@@ -96,6 +98,12 @@ def launcher_env(cfg: RunConfig, rank: int, port: int) -> dict[str, str]:
         TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
 
 
+def run_mark(cfg: RunConfig) -> str:
+    """The environment entry every process of the run carries, whatever it starts or however
+    it daemonizes: how procs/tree.py finds them all."""
+    return f"COMMSIM_HOSTING={os.path.join(cfg.run_dir, 'config.json')}"
+
+
 def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot_dir: str,
              port: int) -> dict[str, str]:
     """The environment the launcher gives a rank, plus what hosting needs."""
@@ -108,7 +116,7 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
     env.update(mine)
     env.update(
         OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
-        COMMSIM_HOSTING=os.path.join(cfg.run_dir, "config.json"),
+        COMMSIM_HOSTING=run_mark(cfg).split("=", 1)[1],
         COMMSIM_HOSTING_RANK=str(rank), COMMSIM_HOSTING_SLOT=str(rank),
         COMMSIM_HOSTING_HOST=host,
         COMMSIM_HOSTING_VISIBLE=",".join(str(i) for i in visible_of(cfg, rank, cluster)),
@@ -133,20 +141,25 @@ def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = N
     of the program (inproc mode only)."""
     cfg.resolve()
     t0 = time.monotonic()
-    run_dir = tempfile.mkdtemp(prefix="commsim-exec-")
+    shm.sweep_stale()           # what SIGKILLed runs of this user left behind
+    tree.sweep_stale_tmp()
+    # The launcher's real pid in the name (os.getpid may be a hosted one): a later launch or
+    # `commsim clean` knows the run is dead once that process is.
+    run_dir = tempfile.mkdtemp(prefix=f"commsim-exec-{posix.getpid()}-")
     cfg.run_dir = run_dir
     cfg.shm_prefix = shm.new_prefix()
     try:
         make_run_dirs(run_dir)
         boot = write_sitecustomize(run_dir)
         cfg.dump(os.path.join(run_dir, "config.json"))
-        if cfg.mode == "procs":
-            from commsim.launch.procs import run_procs
-            v = run_procs(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo)
-        else:
-            from commsim.launch.inproc import run_inproc
-            v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo,
-                           target=target)
+        with tree.owned_tree(run_mark(cfg), [run_dir, str(shm.SHM_DIR / cfg.shm_prefix)]):
+            if cfg.mode == "procs":
+                from commsim.launch.procs import run_procs
+                v = run_procs(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo)
+            else:
+                from commsim.launch.inproc import run_inproc
+                v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo,
+                               target=target)
     finally:
         shm.sweep(cfg.shm_prefix)
         shutil.rmtree(run_dir, ignore_errors=True)
