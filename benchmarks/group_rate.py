@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python benchmarks/group_rate.py [--rounds N]
 Prints figures only (no assertions): the machines are shared and noisy, so compare ratios
-within one run (DESIGN.md §8).
+within one run.
 """
 
 from __future__ import annotations

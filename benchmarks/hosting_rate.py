@@ -10,7 +10,7 @@ Usage: .venv/bin/python benchmarks/hosting_rate.py [--ranks N] [--rounds R]
   (cudaMalloc, cudaIpcGetMemHandle over ctypes, torch.distributed.all_gather_object, open
   every peer, close, barrier, cudaFree), timed inside the program; the baseline is the same
   round written against commsim's core directly (LocalGroup + SimDriver, no hosting).
-Figures only, as ratios within this run: the machine is shared and noisy (DESIGN.md 8).
+Figures only, as ratios within this run: the machine is shared and noisy.
 """
 
 from __future__ import annotations

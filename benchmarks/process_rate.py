@@ -8,7 +8,7 @@
 2. TP 8 all-reduce rounds per second on one HGX host, 4 KiB bfloat16, ipc one-shot (kernel
    flags spin over shared memory in process mode) and nccl (objects through the store).
 3. A whole scenario (hgx-h100-8.toml) end to end in both modes.
-Compare figures as ratios within one run: the machine is shared and noisy (DESIGN.md §8).
+Compare figures as ratios within one run: the machine is shared and noisy.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rack scale on a laptop: every target of issue 19, printed as a figure or a ratio from one
+"""Rack scale on a laptop: every rack-scale target, printed as a figure or a ratio from one
 run (prints; never asserts a speed).
 
     .venv/bin/python benchmarks/rack_scale.py [--section NAME ...] [--sweep-count N] [--skip-576]

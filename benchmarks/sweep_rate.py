@@ -7,7 +7,7 @@
    does not count), today's sweep against a baseline in the same process: the same ids with
    the per-machine caches off (P2P probe verdicts not shared between fabrics) and the
    collector walking the whole heap (no gc.freeze) at Python's default thresholds, as a
-   sweep worker ran before issue 19
+   sweep worker ran before those caches and the heap settling
    (changes that cannot be switched off, such as the driver's faster argument conversion,
    are in both: the ratio understates the gain over the old code).
    Rounds alternate baseline / today over the same ids (after a warm-up round) and the
@@ -15,7 +15,7 @@
    The machine's speed is printed first (a fixed pure-Python loop), and the CPU per scenario
    also in units of that loop, so figures from different machines compare.
 2. Scenarios/s wall for the default mix (sampler, seed 0) with 1 worker (in process) and with 2
-   worker processes, and the projected time for 10,000 scenarios (issue 19's target: >= 500/s
+   worker processes, and the projected time for 10,000 scenarios (the target: >= 500/s
    on 2 cores, 10,000 in 20 s; 1,000/s the aim).
 3. Cost by tier: the mean per-scenario time for small / medium / large messages and by
    world size, from the in-process run.
@@ -50,7 +50,7 @@ class _NothingKept(OrderedDict):
 
 @contextmanager
 def baseline():
-    """What a sweep worker did before issue 19's changes: every fabric probes every pair
+    """What a sweep worker did before the per-machine caches and heap settling: every fabric probes every pair
     itself, full collections walk every object (nothing frozen), and the young generation is
     collected at Python's default threshold."""
     shared = p2p_probe._verdicts
@@ -66,7 +66,7 @@ def baseline():
 
 def machine_speed() -> float:
     """CPU seconds of a fixed pure-Python loop (best of 5): the figures below scale with it,
-    so two machines' runs compare as (CPU per scenario) / (this). Machines seen for issue 19
+    so two machines' runs compare as (CPU per scenario) / (this). Machines seen so far
     differ by up to 3x in it at the same commit."""
     best = float("inf")
     for _ in range(5):

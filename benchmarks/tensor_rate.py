@@ -7,7 +7,7 @@ Usage: .venv/bin/python benchmarks/tensor_rate.py [--small N] [--large MIB] [--r
 - large ops: `x.add_(1)` in place and `x + 1` out of place on a large tensor (the CPU kernel
   over the simulated device memory; out of place adds one copy of the result into its block);
 - allocation: `torch.empty` on the device (no byte written) against `torch.empty` on the CPU.
-Figures only, as ratios within this run: the machine is shared and noisy (DESIGN.md 8).
+Figures only, as ratios within this run: the machine is shared and noisy.
 """
 
 from __future__ import annotations

@@ -59,9 +59,9 @@ PARAMS: dict[str, Param] = {
     "nvlink3.link": Param(25.0, "GB/s", "A100: 12 NVLink-3 links, 600 GB/s total both ways "
                                         "(NVIDIA A100 datasheet; also the A100 PCIe bridge)"),
     "nvlink4.link": Param(25.0, "GB/s", "H100 SXM: 18 NVLink-4 links, 900 GB/s total both ways "
-                                        "(NVIDIA H100 datasheet; reference §5)"),
+                                        "(NVIDIA H100 datasheet)"),
     "nvlink5.link": Param(50.0, "GB/s", "B200/GB200: 18 NVLink-5 links, 1.8 TB/s total both "
-                                        "ways (NVIDIA GB200 NVL72 page; reference §5)"),
+                                        "ways (NVIDIA GB200 NVL72 page)"),
     "pcie3.x16": Param(15.75, "GB/s", "PCIe 3.0 x16: 8 GT/s x 16 lanes, 128b/130b (PCI-SIG)"),
     "pcie4.x16": Param(31.5, "GB/s", "PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b (PCI-SIG)"),
     "pcie5.x16": Param(63.0, "GB/s", "PCIe 5.0 x16: 32 GT/s x 16 lanes, 128b/130b (PCI-SIG)"),

@@ -1,10 +1,10 @@
 """Discovery: what each rank can learn about itself through the Driver, shared over the group.
 
-A rank knows only what a real process can (DESIGN.md §3 rule 1): its host name and shm
+A rank knows only what a real process can: its host name and shm
 namespace, device attributes, NVML fabric info and NVLink state, IMEX channel presence, and
 `cuDeviceCanAccessPeer` towards the GPUs of its own host. One all-gather gives every rank the
-same `GroupView`, so every rank reaches the same decision before any handle exchange
-(reference §7.4): a rank-local probe that disagrees cannot split the group.
+same `GroupView`, so every rank reaches the same decision before any handle exchange: a
+rank-local probe that disagrees cannot split the group.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class RankInfo:
 
     @property
     def mnnvl_capable(self) -> bool:
-        """NCCL's local MNNVL test (ncclMnnvlCheck, reference §4.2): fabric attribute, state
+        """NCCL's local MNNVL test (ncclMnnvlCheck): fabric attribute, state
         COMPLETED with success status, non-zero cluster UUID, IMEX channel present."""
         return (self.fabric_handle and self.vmm and self.imex and any(self.fabric_uuid)
                 and self.fabric_state == FabricState.COMPLETED and self.fabric_status == 0)
@@ -188,7 +188,7 @@ class GroupView:
 
     @functools.cached_property
     def same_shm(self) -> bool:
-        """vLLM's `in_the_same_node_as`: one POSIX shm namespace (reference §4.3)."""
+        """vLLM's `in_the_same_node_as`: one POSIX shm namespace."""
         return len({r.shm_namespace for r in self.ranks}) == 1
 
     def pairs(self):
@@ -245,7 +245,7 @@ class GroupView:
         return ""
 
     def nvlink_all(self) -> bool:
-        """vLLM `is_fully_connected`: NVML NVLink P2P status OK for every pair (§6.1.1)."""
+        """vLLM `is_fully_connected`: NVML NVLink P2P status OK for every pair (custom_all_reduce.py)."""
         return self._nvlink_all
 
     @functools.cached_property
@@ -253,7 +253,7 @@ class GroupView:
         return all(a.host == b.host and a.nvlink[b.gpu] for a, b in self.pairs())
 
     def same_fabric_domain(self) -> bool:
-        """NCCL's domain test: one non-zero cluster UUID over the group (§4.2)."""
+        """NCCL's domain test: one non-zero cluster UUID over the group (src/mnnvl.cc)."""
         return self._same_fabric_domain
 
     @functools.cached_property

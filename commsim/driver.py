@@ -4,12 +4,12 @@ Names, argument order and the `(err, value...)` return convention follow cuda-py
 (`cuda.bindings.runtime` / `cuda.bindings.driver`), and errors are cuda-python's own enums
 (`cudaError_t` for `cuda*` calls, `CUresult` for `cu*` calls). Both the simulator
 (`commsim.sim.driver.SimDriver`) and the GPU binding (`device.driver.CudaDriver`) implement it,
-so the conformance suite runs against either (DESIGN.md §3 rule 3).
+so the conformance suite runs against either.
 
 Handles cross the Driver as plain values that survive pickling: legacy IPC and fabric handles
-as 64-byte `bytes` (CU_IPC_HANDLE_SIZE, reference §1.1), POSIX-fd handles as `int`, VMM and
+as 64-byte `bytes` (CU_IPC_HANDLE_SIZE), POSIX-fd handles as `int`, VMM and
 multicast handles as `int`. A POSIX fd reaches another process of the same host only through
-the driver's `FdChannel` (SCM_RIGHTS over a Unix socket, reference §2.5).
+the driver's `FdChannel` (SCM_RIGHTS over a Unix socket).
 
 This module is everything a backend may use: a backend imports neither the simulator nor the
 device binding (tests/unit/test_layering.py walks the imports).
@@ -32,9 +32,9 @@ DevAttr = cu.CUdevice_attribute
 FD = int(HandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 FABRIC = int(HandleType.CU_MEM_HANDLE_TYPE_FABRIC)
 
-IPC_HANDLE_SIZE = 64                    # CUDA_IPC_HANDLE_SIZE (reference §1.1)
+IPC_HANDLE_SIZE = 64                    # CUDA_IPC_HANDLE_SIZE
 FABRIC_HANDLE_SIZE = 64                 # CUmemFabricHandle.data
-LAZY_ENABLE_PEER_ACCESS = cudart.cudaIpcMemLazyEnablePeerAccess  # 0x01, required flag (§1.1)
+LAZY_ENABLE_PEER_ACCESS = cudart.cudaIpcMemLazyEnablePeerAccess  # 0x01, required flag (cudaIpcOpenMemHandle)
 CAPTURE_MODE_GLOBAL = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal
 CAPTURE_MODE_RELAXED = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
 
@@ -62,10 +62,10 @@ class CudaError(RuntimeError):
 
 
 def error_string(err: Any) -> str:
-    """The text `cudaGetErrorString` gives for a code (runtime strings, reference §1.5).
+    """The text `cudaGetErrorString` gives for a code (runtime strings).
 
-    Driver `cuGetErrorString` texts are UNCONFIRMED (§1.5); the runtime string of the same
-    number is used, which matches the one driver text seen in public logs (NOT_PERMITTED).
+    Driver `cuGetErrorString` texts are UNCONFIRMED (no driver string was read); the runtime
+    string of the same number is used, which matches the one driver text seen in public logs (NOT_PERMITTED).
     """
     code = int(err)
     try:
@@ -99,7 +99,7 @@ def check(api: str, result: Any) -> Any:
 
 @dataclass(frozen=True)
 class GpuFabricInfo:
-    """`nvmlGpuFabricInfo_t` v1 fields (reference §4.1)."""
+    """`nvmlGpuFabricInfo_t` v1 fields."""
 
     cluster_uuid: bytes
     status: int
@@ -108,7 +108,7 @@ class GpuFabricInfo:
 
 
 def alloc_prop(device: int, handle_types: int = 0) -> "cu.CUmemAllocationProp":
-    """A `CUmemAllocationProp` for pinned device memory, as every project builds it (§2.1)."""
+    """A `CUmemAllocationProp` for pinned device memory, as every project builds it."""
     p = cu.CUmemAllocationProp()
     p.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     p.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -135,7 +135,7 @@ def multicast_prop(num_devices: int, size: int, handle_types: int = 0) -> "cu.CU
 
 class FdTransportError(OSError):
     """An fd could not be passed: the peer is on another host (its socket path does not exist
-    there, reference §2.5 row V9), is gone, or the fd is not open in the sender."""
+    there, row V9), is gone, or the fd is not open in the sender."""
 
 
 @runtime_checkable
@@ -155,7 +155,7 @@ class FdChannel(Protocol):
 class Driver(Protocol):
     """What one process may ask of CUDA and NVML. Every method returns `(err, value...)`."""
 
-    # --- process / device identity (what a real process can learn, DESIGN.md §3 rule 1) ---
+    # --- process / device identity (what a real process can learn) ---
     def gethostname(self) -> str: ...
     def getpid(self) -> int: ...
     def shm_namespace(self) -> str: ...
@@ -180,7 +180,7 @@ class Driver(Protocol):
     def cudaIpcOpenMemHandle(self, handle: bytes, flags: int) -> tuple: ...
     def cudaIpcCloseMemHandle(self, dev_ptr: int) -> tuple: ...
     # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (10), RANGE_START_ADDR (11), RANGE_SIZE
-    # (12): what graph-buffer registration asks of a captured pointer (reference §1.3)
+    # (12): what graph-buffer registration asks of a captured pointer
     def cuPointerGetAttribute(self, attribute: Any, ptr: int) -> tuple: ...
 
     # --- VMM ---

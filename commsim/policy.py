@@ -107,8 +107,7 @@ def _where(spec: str, base_dir: Path | None) -> tuple[str, Path, str, bool]:
 def runs_code(spec: str | Policy | None, base_dir: Path | None = None) -> str | None:
     """What code resolving `spec` would execute, in words (None for a preset), checked
     without executing it: UserError when the file or module does not exist. `scenario
-    check` says this, since a scenario that names a policy file runs code (DESIGN.md
-    section 10)."""
+    check` says this, since a scenario that names a policy file runs code."""
     if spec is None or isinstance(spec, Policy) or ":" not in spec:
         return None
     mod_name, path, _, is_file = _where(spec, base_dir)

@@ -1,4 +1,4 @@
-"""Backends (DESIGN.md §2): ipc, fabric, multicast, symm, nccl, and any registered from
+"""Backends: ipc, fabric, multicast, symm, nccl, and any registered from
 outside. A backend sees the driver protocol only (commsim/driver.py), never the simulator or
 the device binding. `registry` holds the one list of them."""
 

@@ -4,7 +4,7 @@ A backend states what it requires (`eligibility`, from the group-agreed discover
 sets up its buffers and signal flags through the Driver only, runs its kernels, registers
 graph buffers when it needs to, and closes in the documented order. Set-up is collective:
 after each local step the ranks vote, so a failure on one rank makes every rank roll back
-together instead of leaving peers blocked in the next exchange (reference §7.4).
+together instead of leaving peers blocked in the next exchange.
 """
 
 from __future__ import annotations
@@ -172,8 +172,8 @@ class Backend(ABC):
     # -- collective set-up helpers ---------------------------------------------------------
     def vote(self, step: str, error: Exception | None) -> None:
         """All ranks learn whether `step` failed anywhere; the first failure is raised on all.
-        A policy with `agree=False` reproduces libraries that decide rank-locally (before the
-        AND/MAX votes of reference §7.4): the failure stops only its own rank, and the peers
+        A policy with `agree=False` reproduces libraries that decide rank-locally (as they did
+        before adding AND/MAX votes over the ranks): the failure stops only its own rank, and the peers
         go on to the next exchange without it."""
         if not self.params.get("agree", True):
             if error is not None:

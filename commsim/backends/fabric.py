@@ -1,10 +1,10 @@
 """`fabric`: MNNVL all-reduce over cuMem FABRIC memory (FlashInfer mnnvl, TRT-LLM MNNVL).
 
-Requires (reference §2.4, §4.2, rows V2-V8, F1-F4): on every rank VMM and the fabric-handle
+Requires (rows V2-V8, F1-F4): on every rank VMM and the fabric-handle
 attribute, an IMEX channel, NVML fabric state COMPLETED with success status, and one non-zero
 cluster UUID over the group (one NVLink domain; NCCL's test). All ranks must agree, so the
-check is over the all-gathered view (FlashInfer MnnvlMemory AND-reduces it, §4.2).
-Set-up (§2.1): cuMemCreate(FABRIC) -> export -> all-gather -> import -> reserve one VA range ->
+check is over the all-gathered view (FlashInfer MnnvlMemory AND-reduces it).
+Set-up: cuMemCreate(FABRIC) -> export -> all-gather -> import -> reserve one VA range ->
 map each rank's handle at its slot -> set access. Graph buffers need no registration: the
 workspace is pre-registered symmetric memory (vLLM#55835, row B10).
 Close (row G8): sync, barrier, unmap every slot, release imports and own handle, free the VA.
@@ -79,12 +79,12 @@ class FabricBackend(VmmPeerBackend):
                   "report fabric state not COMPLETED/success (rows F1, F4)"),
             (view.same_fabric_domain(),
              "ranks do not share one non-zero NVML cluster UUID: not one NVLink domain (rows F2, V7)"),
-            every(lambda r: not r.nvlinks_up, "have NVLinks down (§4.2)"),
+            every(lambda r: not r.nvlinks_up, "have NVLinks down"),
             (not unreal, unreal),
         ])
 
     def algorithm(self, op: str, nbytes: int) -> str:
-        # FlashInfer trtllm_mnnvl_ar AUTO: one-shot iff tokens*hidden*tp*elem <= 1 MiB (§6.3).
+        # FlashInfer trtllm_mnnvl_ar AUTO: one-shot iff tokens*hidden*tp*elem <= 1 MiB.
         if op not in ("all_reduce", "all_reduce_rmsnorm"):
             return "direct"
         return "one-shot" if nbytes * self.ws <= 1 * Mi else "two-shot"

@@ -1,11 +1,11 @@
 """`ipc`: custom all-reduce over legacy CUDA IPC (vLLM CustomAllreduce, TRT-LLM one/two-shot).
 
-Requires (reference §6.1.1, §9.5): every rank on one host (legacy handles are host-local, row
-L8); P2P between every pair (row L10); world size 2, 4, 6 or 8 (the compiled kernels, B2); for
-more than two GPUs full NVLink connectivity (B3). Set-up: cudaMalloc a workspace, export it,
-all-gather the handles, open every peer's (lazy peer access). Graph capture: the recorded
-buffers are exported and opened collectively at capture exit (§7.1). Close: importers close,
-barrier, exporter frees (row G7).
+Requires: every rank on one host (legacy handles are host-local, row L8); P2P between every
+pair (row L10); world size 2, 4, 6 or 8 (the compiled kernels, B2); for more than two GPUs
+full NVLink connectivity (B3). Set-up: cudaMalloc a workspace, export it, all-gather the
+handles, open every peer's (lazy peer access). Graph capture: the recorded buffers are
+exported and opened collectively at capture exit, as vLLM's register_graph_buffers does.
+Close: importers close, barrier, exporter frees (row G7).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class IpcBackend(PeerBackend):
         ])
 
     def algorithm(self, op: str, nbytes: int) -> str:
-        # vLLM csrc/custom_all_reduce.cuh (§6.1.4): ws 2 always 1-stage; ws <= 4 and < 512 KiB,
+        # vLLM csrc/custom_all_reduce.cuh: ws 2 always 1-stage; ws <= 4 and < 512 KiB,
         # or ws <= 8 and < 256 KiB, 1-stage; else 2-stage.
         if op not in ("all_reduce", "all_reduce_rmsnorm"):
             return "direct"
@@ -94,9 +94,9 @@ class IpcBackend(PeerBackend):
 
     def setup(self) -> None:
         if not self.view.single_host and self.params.get("cross_host_local_buffers"):
-            # vLLM's MNNVL-era CustomAllreduce (§6.1.2): for a cross-node group the buffers are
-            # allocated locally, the pointer list is [local] * world_size, and nothing is
-            # exchanged, so construction succeeds; the data path then belongs to MNNVL memory.
+            # vLLM's MNNVL-era CustomAllreduce (vllm-project/vllm#55835): for a cross-node group
+            # the buffers are allocated locally, the pointer list is [local] * world_size, nothing
+            # is exchanged, so construction succeeds; the data path then belongs to MNNVL memory.
             self.own = check("cudaMalloc", self.driver.cudaMalloc(W.workspace_bytes(self.capacity)))
             self.ptrs = [self.own] * self.ws
             return
@@ -148,8 +148,8 @@ class IpcBackend(PeerBackend):
             cap.error = e
 
     def register_graph_buffers(self, cap: Capture) -> None:
-        """Collective at capture exit (§7.1): per recorded pointer, the IPC handle of its
-        allocation base plus the offset; peers open each base once (rule AL3).
+        """Collective at capture exit (vLLM's register_graph_buffers): per recorded pointer,
+        the IPC handle of its allocation base plus the offset; peers open each base once (rule AL3).
         `graph_buffers="auto"` (default) first asks every rank whether its buffers are
         legacy-IPC capable (cudaMalloc memory, not expandable segments) and, if any is not,
         registers nothing: the graph's inputs are copied into the registered workspace

@@ -1,9 +1,9 @@
 """`multicast`: NVLS-style all-reduce over a multicast object (NCCL NVLS, symm-mem multimem).
 
-Requires (reference §3, rows M1-M7): MULTICAST_SUPPORTED on every rank and one NVSwitch
+Requires (rows M1-M7): MULTICAST_SUPPORTED on every rank and one NVSwitch
 domain. Within one host the multicast handle travels as a POSIX fd over a Unix socket; across
 hosts it must be a FABRIC handle, so the fabric requirements apply too (row M7). Set-up as
-FlashInfer SymmDeviceMemory._setup_multicast (§3.2): rank 0 creates and exports, the handle is
+FlashInfer SymmDeviceMemory._setup_multicast: rank 0 creates and exports, the handle is
 broadcast, the others import, every rank adds its own device, binds its unicast memory at
 offset 0, maps the multicast VA and sets access. Close in the G8 order.
 """

@@ -1,5 +1,5 @@
 """The backend registry: every backend is declared once, by its class, and everything else
-reads it (DESIGN.md §7): the communicator (which class a name runs), the default policy order,
+reads it: the communicator (which class a name runs), the default policy order,
 the oracle (each class's `truth` rule and declared limits), the cost model (`algorithms`,
 `cost_family`), plots and the sweep report (`colour`), and scenario validation (the names).
 
@@ -15,6 +15,7 @@ import importlib
 import importlib.metadata
 import pkgutil
 import re
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Iterator, Mapping, TypeVar
 
@@ -86,9 +87,10 @@ def _load() -> None:
         return
     _loading = True
     try:
-        from commsim import backends as pkg
-        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-            importlib.import_module(f"{pkg.__name__}.{info.name}")
+        # This package's modules, found from this file (not by importing the package, whose
+        # __init__ imports this module).
+        for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
+            importlib.import_module(f"{__package__}.{info.name}")
         for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             try:
                 obj = ep.load()

@@ -1,16 +1,16 @@
 """`symm`: a symmetric-memory all-reduce built on a store rendezvous (PyTorch
 `torch.distributed._symmetric_memory`, FlashInfer SymmDeviceMemory, NCCL symmetric
-registration; reference §2.5, §3, §6.3, §6.5, §7.4).
+registration).
 
 Every rank allocates one cuMem buffer of the same size, the handles meet in the group's
 store, every rank maps every peer's buffer, and where the hardware allows a multicast object
 is bound over the buffers. The handle type is chosen per *group*, from the all-gathered view:
 POSIX fd when the group shares one host's socket namespace (the fd itself travels over
-AF_UNIX, §2.5, row V9), FABRIC across hosts of one NVLink domain (rows V2-V8). PyTorch reports
+AF_UNIX, row V9), FABRIC across hosts of one NVLink domain (rows V2-V8). PyTorch reports
 a group without multicast as `multicast_ptr == 0` and still serves peer-pointer kernels
 (row M8); so does this backend.
 
-Set-up (§2.1, §3.2), each step voted so one rank's failure rolls every rank back (§7.4):
+Set-up as PyTorch and FlashInfer do it, each step voted so one rank's failure rolls all back:
   allocate   cuMemCreate(slot) + export (fd or fabric blob)
   rendezvous store exchange under `symm/<group>/<n>/<type>`; fds over the Unix socket
   map        reserve one VA range, map every rank's buffer at its slot, set access
@@ -46,7 +46,7 @@ from commsim.backends.multicast import MulticastBackend
 from commsim.backends.registry import register_backend
 from commsim.backends.vmm import VmmPeerBackend
 
-# vLLM SYMM_MEM_ALL_REDUCE_MAX_SIZES: 64 MiB for SM 9.0 at world sizes 2, 6 and 8 (§8).
+# vLLM SYMM_MEM_ALL_REDUCE_MAX_SIZES: 64 MiB for SM 9.0 at world sizes 2, 6 and 8.
 DEFAULT_MAX_SIZE = 64 * Mi
 HANDLE_NAMES = {FD: "fd", FABRIC: "fabric"}
 
@@ -57,13 +57,13 @@ _COUNTERS: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = weakref.WeakKeyDic
 
 def group_handle_type(view: GroupView) -> int:
     """The group-agreed choice: fd within one shm / socket namespace (rows V9, F7), FABRIC
-    across hosts (row M7, §2.4). Every rank computes it from the same view."""
+    across hosts (row M7). Every rank computes it from the same view."""
     return FD if view.same_shm else FABRIC
 
 
 def local_handle_type(me: RankInfo) -> int:
     """FlashInfer SymmDeviceMemory / PyTorch's allocator without an AND-reduction: FABRIC
-    when this rank's own probe says fabric works, fd otherwise (§2.4, §4.2, row V16)."""
+    when this rank's own probe says fabric works, fd otherwise (row V16)."""
     return FABRIC if me.mnnvl_capable else FD
 
 
@@ -80,7 +80,7 @@ class SymmBackend(VmmPeerBackend):
         if facts.ws < 2:
             return "a group of one rank"
         if facts.one_shm_namespace:
-            # One socket namespace: the symmetric buffers travel as POSIX fds (§2.5) and peers
+            # One socket namespace: the symmetric buffers travel as POSIX fds and peers
             # load and store through the mappings over NVLink P2P (rows L10, B3).
             bad = facts.first_pair_without(POSIX_FD)
             if bad:
@@ -117,7 +117,7 @@ class SymmBackend(VmmPeerBackend):
             # path: without P2P they fault, as a legacy IPC open is refused (row L10). Over
             # PCIe P2P the kernels would crawl, so NVLink is required as for custom all-reduce
             # beyond two GPUs (row B3); vLLM enables torch symm-mem only on SM 9.0 / 10.x NVLink
-            # parts (§8).
+            # parts.
             bad = None if view.p2p_all() else next((a.rank, b.rank) for a, b in view.pairs()
                                                    if not a.can_access(b))
             conds.append((bad is None, f"no P2P from rank {bad[0]} to rank {bad[1]}: peer loads "
@@ -131,7 +131,7 @@ class SymmBackend(VmmPeerBackend):
                 conds.append((view.nvlink_all(), "GPUs are not all NVLink-connected: symmetric-"
                                                  "memory kernels over PCIe P2P are not used (row B3)"))
         else:
-            conds += [(False, f"across hosts symmetric memory must use FABRIC handles (§2.5, row "
+            conds += [(False, f"across hosts symmetric memory must use FABRIC handles (row "
                               f"V9): {why}") for why in FabricBackend.eligibility(view, params).reasons]
         return Eligibility.check(conds)
 
@@ -197,7 +197,7 @@ class SymmBackend(VmmPeerBackend):
         if self.want_multicast:    # set up or voted away together, so this is mc != 0
             return "multimem"       # PyTorch multimem_all_reduce_ over the multicast address
         # Without multicast: one-shot while bytes * ws <= 1 MiB, as FlashInfer's
-        # SymmDeviceMemory-based MNNVL all-reduce decides (§6.3), two-shot beyond.
+        # SymmDeviceMemory-based MNNVL all-reduce decides, two-shot beyond.
         return "one-shot" if nbytes * self.ws <= 1 * Mi else "two-shot"
 
     # -- set-up ----------------------------------------------------------------------------
@@ -264,7 +264,7 @@ class SymmBackend(VmmPeerBackend):
             # choice is the exchange mechanism itself, so it comes before the socket transport.
             return self._rendezvous_pidfd(mine, self._voted_exchange(
                 step, alloc_err, "pidfd", (d.getpid(), mine), tag="symm.init: exchange pids and fds"))
-        # POSIX fd (§2.5): pids meet in the store, then the fds travel by the policy's fd
+        # POSIX fd: pids meet in the store, then the fds travel by the policy's fd
         # transport: PyTorch's ring (default) or FlashInfer's mesh (rules FX1-FX5).
         pids = self._voted_exchange(step, alloc_err, kind, d.getpid(), tag="symm.init: exchange pids")
         try:
@@ -303,7 +303,7 @@ class SymmBackend(VmmPeerBackend):
         return h
 
     def _setup_multicast(self, me: int) -> None:
-        """FlashInfer SymmDeviceMemory._setup_multicast (§3.2): rank 0 creates and shares the
+        """FlashInfer SymmDeviceMemory._setup_multicast: rank 0 creates and shares the
         object, every rank adds its own device, then binds its buffer at offset 0 and maps the
         VA. Each step is voted: a rank that binds before every device joined blocks (row M2),
         and a peer waiting for rank 0's handle must learn that rank 0 failed to create it."""

@@ -1,6 +1,6 @@
 """The cuMem side shared by the peer backends whose workspaces are VMM memory (fabric, symm):
 every rank's buffer, own or imported, mapped at its slot of one reserved VA range, so rank j's
-workspace is at `va + j * slot` in every process (reference §2.1, the sequence FlashInfer
+workspace is at `va + j * slot` in every process (the sequence FlashInfer
 MnnvlMemory, SymmDeviceMemory and PyTorch's map_block follow).
 
 Teardown is split in two so a backend can put its multicast steps between them, in the

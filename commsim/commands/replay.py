@@ -8,7 +8,8 @@ import argparse
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from commsim.scenario.generate import scenario_from_id
-    from commsim.scenario.oracle import group_truth, judge
+    from commsim.scenario.legal import group_truth
+    from commsim.scenario.oracle import judge
     from commsim.scenario.runner import run_scenario
 
     sc = scenario_from_id(args.id)

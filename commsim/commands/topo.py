@@ -22,10 +22,8 @@ from commsim.errors import UserError
 from commsim.util.fileio import check_output, write_atomic
 from commsim.topology import presets, render
 from commsim.topology import importers
-from commsim.topology.importers import nccl_xml, nvml_fabric
-from commsim.topology.importers.nvidia_smi import (
-    DOMAINS, build_cluster, cluster_from_matrix_table, matrix_table, parse_topo_matrix,
-)
+from commsim.topology.importers import nvml_fabric
+from commsim.topology.importers.nvidia_smi import DOMAINS, cluster_from_matrix_table, matrix_table
 from commsim.topology.model import Cluster
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # what [scenario] name accepts
@@ -208,8 +206,9 @@ def _scenario_name(args: argparse.Namespace) -> str:
 def cmd_import(args: argparse.Namespace) -> int:
     text = _read(args.file, "`nvidia-smi topo -m` output or an NCCL topology XML")
     fmt = importers.sniff(args.file, text)
+    source = "<stdin>" if args.file == "-" else args.file
     if fmt is not None and fmt.name == "nccl_xml":
-        return _import_xml(args, text)
+        return _import_xml(args, text, source)
     if args.nvswitch:
         raise UserError("--nvswitch: only for an NCCL topology XML; for `topo -m` text use "
                         "--domain node")
@@ -225,14 +224,14 @@ def cmd_import(args: argparse.Namespace) -> int:
                         "`topo -m` matrix only, not per-GPU fabric info; drop one of the two")
     if out is not None:
         _check_output(out, args.force)  # fail before the work, not after it
-    source = "<stdin>" if args.file == "-" else args.file
     p2p_text = _read(args.p2p, "`nvidia-smi topo -p2p r` output") if args.p2p else None
-    parsed = parse_topo_matrix(text, source, p2p_text, args.p2p or "<p2p>")
-    cluster, warnings = build_cluster(parsed, args.hosts, args.domain, args.gpu_model,
-                                      host_prefix=args.host_prefix, name=name)
+    loaded = importers.load(args.file, text, format="nvidia_smi", source=source, hosts=args.hosts,
+                            domain=args.domain, gpu_model=args.gpu_model, host_prefix=args.host_prefix,
+                            name=name, p2p_text=p2p_text, p2p_source=args.p2p or "<p2p>")
+    parsed, warnings = loaded.detail, loaded.warnings
     nic = f", {parsed.nic_count} NIC column(s) ignored" if parsed.nic_count else ""
     print(f"parsed {source}: {parsed.gpu_count} GPUs per host{nic}", file=sys.stderr)
-    cluster = _merge_fabric(cluster, args.fabric_info, warnings)
+    cluster = _merge_fabric(loaded.cluster, args.fabric_info, warnings)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(render.describe(cluster))
@@ -244,19 +243,18 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _import_xml(args: argparse.Namespace, text: str) -> int:
+def _import_xml(args: argparse.Namespace, text: str, source: str) -> int:
     for flag, value in (("--hosts", args.hosts), ("--domain", args.domain), ("--p2p", args.p2p),
                         ("--output", args.output)):
         if value is not None:
             raise UserError(f"{flag}: not accepted for an NCCL topology XML (the file says how "
                             f"many hosts and which links; the scenario [topology] table holds "
                             f"`topo -m` matrices only)")
-    source = "<stdin>" if args.file == "-" else args.file
-    topo = nccl_xml.parse_nccl_xml(text, source)
-    cluster, warnings = nccl_xml.build_cluster(
-        topo, args.gpu_model, nvswitch=args.nvswitch, host_prefix=args.host_prefix,
-        name=_scenario_name(args))
-    cluster = _merge_fabric(cluster, args.fabric_info, warnings)
+    loaded = importers.load(args.file, text, format="nccl_xml", source=source,
+                            gpu_model=args.gpu_model, nvswitch=args.nvswitch,
+                            host_prefix=args.host_prefix, name=_scenario_name(args))
+    topo, warnings = loaded.detail, loaded.warnings
+    cluster = _merge_fabric(loaded.cluster, args.fabric_info, warnings)
     nics = [n for n in topo.nics]
     speeds = sorted({n.speed_mbps for n in nics if n.speed_mbps})
     nic_text = (f", {len(nics)} NIC port(s)" +

@@ -4,7 +4,7 @@ Legacy IPC refuses a handle opened in its own exporting process (row L9), so eve
 entry of a conformance case is its own OS process, as on the simulator. The rig (commsim/devicecheck/rig.py)
 sends `(op, args)`; this loop answers `("ok", value)` or `("raise", exception)`. POSIX fds
 really travel between these processes: each one listens on an AF_UNIX socket and receives
-fds with SCM_RIGHTS (reference §2.5).
+fds with SCM_RIGHTS.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Group layer: rank-to-rank exchange of small objects (DESIGN.md §2, §8).
+"""Group layer: rank-to-rank exchange of small objects.
 
 `base.Group` is the interface; `local` implements it for in-process ranks under the runtime's
 seeded cooperative scheduler (`commsim.runtime`); `torch_dist` implements it for real

@@ -1,4 +1,4 @@
-"""Authenticated pickles for the run's store (DESIGN.md section 10).
+"""Authenticated pickles for the run's store.
 
 The store is a TCP server on loopback: any local user can connect to it and set keys. A value
 is unpickled only after its HMAC-SHA256, keyed by a per-run secret that never goes through the

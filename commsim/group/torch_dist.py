@@ -131,7 +131,7 @@ def _delete(store: Any, key: str, shm_prefix: str | None = None) -> None:
 
 
 def host_store(timeout: float) -> Any:
-    """The run's TCPStore server, listening on 127.0.0.1 only (DESIGN.md section 10). torch's
+    """The run's TCPStore server, listening on 127.0.0.1 only. torch's
     server binds every interface when it makes its own socket, whatever host it is given, so
     it gets a socket already bound to loopback (master_listen_fd)."""
     import socket

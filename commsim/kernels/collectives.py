@@ -1,4 +1,4 @@
-"""Reference collective kernels over peer pointers and multicast addresses (DESIGN.md §5).
+"""Reference collective kernels over peer pointers and multicast addresses.
 
 The simulator runs them through `launch_kernel` with a KernelContext over simulated memory;
 device/kernels/*.cu are their CUDA twins, with the same workspace layout (`workspace`) and
@@ -33,7 +33,7 @@ def _barrier(ctx: KernelContext, ptrs: Sequence[int], me: int, which: int, rnd: 
                  lambda j: f"{what}: flag of rank {j} (round {rnd})")
 
 
-# -- arithmetic: numpy over raw bytes, accumulating in float32 (DESIGN.md §5) ------------------
+# -- arithmetic: numpy over raw bytes, accumulating in float32 ------------------
 # A bfloat16 is the high half of a float32, so widening is a 16-bit shift and narrowing a
 # round-to-nearest-even on the low half, both plain integer passes that do not depend on
 # torch's thread setting (torch's casts run at numpy-add speed on one thread, but about 50

@@ -1,5 +1,5 @@
 """What a collective kernel may touch: device memory through the launching process's mappings
-and 32-bit signal flags (DESIGN.md §5).
+and 32-bit signal flags.
 
 A kernel gets a `KernelContext` bound to the process that launched it. The simulator supplies
 one over its simulated memory (`commsim.sim.kernel_context.SimKernelContext`); on a GPU the

@@ -1,5 +1,5 @@
 """CUDA-graph buffer registration over legacy IPC, as vLLM's custom all-reduce does it
-(reference §7.1; rule AL3 of docs/lifecycle-rules.md).
+(rule AL3 of docs/lifecycle-rules.md).
 
 A captured op's input lives somewhere inside a caching-allocator block, not at an allocation
 base. `cudaIpcGetMemHandle` takes only bases, so each rank sends, per recorded pointer, the
@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from commsim.driver import LAZY_ENABLE_PEER_ACCESS, CudaError, Driver, check
 
-# CU_POINTER_ATTRIBUTE_RANGE_START_ADDR (cuda.h; reference §1.3).
+# CU_POINTER_ATTRIBUTE_RANGE_START_ADDR (cuda.h).
 RANGE_START_ADDR = 11
 
 
@@ -26,7 +26,7 @@ def range_start(driver: Driver, ptr: int) -> int:
     return int(check("cuPointerGetAttribute", driver.cuPointerGetAttribute(_attr(RANGE_START_ADDR), ptr)))
 
 
-# CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (cuda.h; reference §1.3).
+# CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (cuda.h).
 IS_LEGACY_CUDA_IPC_CAPABLE = 10
 
 

@@ -9,7 +9,7 @@ killed and reaped, and the run's private shared-memory directory is removed. Sho
 itself be SIGKILLed, its ranks die with the forkserver (PR_SET_PDEATHSIG: worker.py) and the
 next launch, or `commsim clean`, removes the directory.
 
-Trust (DESIGN.md section 10): the store listens on loopback only, and every pickle on it is
+Trust: the store listens on loopback only, and every pickle on it is
 sealed with a per-run secret the ranks get in their start-up arguments (commsim.group.seal).
 """
 

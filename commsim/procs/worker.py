@@ -31,8 +31,8 @@ PR_SET_PDEATHSIG = 1     # linux/prctl.h
 
 def die_with_parent() -> None:
     """SIGKILL this rank when its parent (the launcher's forkserver, which exits with the
-    launcher) dies, whatever killed the launcher: no rank outlives its run (DESIGN.md
-    section 10). Linux only; elsewhere the launcher's own clean-up is all there is."""
+    launcher) dies, whatever killed the launcher: no rank outlives its run.
+    Linux only; elsewhere the launcher's own clean-up is all there is."""
     parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)

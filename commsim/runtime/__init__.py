@@ -1,4 +1,4 @@
-"""The runtime every simulated thing runs on (DESIGN.md §2, §8): the seeded cooperative
+"""The runtime every simulated thing runs on: the seeded cooperative
 scheduler (`scheduler`), its blocking primitive `wait_until`, and hang diagnosis
 (`diagnosis`). It imports nothing else of commsim, so the simulator, the groups and the
 backends' kernels all stand on it without standing on each other.

@@ -1,4 +1,4 @@
-"""A deterministic, seeded, cooperative scheduler for in-process ranks (DESIGN.md §8).
+"""A deterministic, seeded, cooperative scheduler for in-process ranks.
 
 Each rank runs as a greenlet. Rank code is plain synchronous Python; it gives up control only
 at switch points: a blocking collective, `wait_until`, `sleep`, `yield_now`, or returning.

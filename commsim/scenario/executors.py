@@ -19,6 +19,10 @@ import re
 from typing import Any, Callable
 
 from commsim.errors import UserError
+from commsim.scenario.sweep_report import Report
+
+# A sweep's runner of one scenario id: (id, determinism mode) -> its record.
+RunOne = Callable[[str, str], dict]
 
 _SHARD = re.compile(r"^(\d+)/(\d+)$")
 _ID = re.compile(r"^([sek])(?:(\d+)-)?(\d+)$")
@@ -57,14 +61,14 @@ def ray_missing() -> str | None:
     return None
 
 
-def _ray_chunk(ids: list[str], determinism: str) -> list[dict]:
-    from commsim.scenario.sweep import run_one
-    return [run_one(sid, determinism) for sid in ids]
+def _ray_chunk(run: RunOne, ids: list[str], determinism: str) -> list[dict]:
+    return [run(sid, determinism) for sid in ids]
 
 
-def run_ray(ids: list[str], jobs: int, determinism: str, take: Callable[[dict], None],
+def run_ray(ids: list[str], jobs: int, determinism: str, run: RunOne, take: Callable[[dict], None],
             address: str | None = None, chunk: int = 25) -> None:
-    """Run `ids` as Ray tasks of up to `chunk` ids; `take` gets every record as it lands.
+    """Run `ids` as Ray tasks of up to `chunk` ids, each id by `run` (the sweep's run_one,
+    which Ray pickles by reference); `take` gets every record as it lands.
     `address`: an existing cluster ('auto' or host:port); otherwise a local Ray with `jobs`
     CPUs is started here and shut down at the end. The workers must be able to import this
     commsim (the same checkout, or the same version installed on every node)."""
@@ -97,7 +101,7 @@ def run_ray(ids: list[str], jobs: int, determinism: str, take: Callable[[dict], 
         started = True
     try:
         task = ray.remote(num_cpus=1)(_ray_chunk)
-        pending = [task.remote(ids[i:i + chunk], determinism) for i in range(0, len(ids), chunk)]
+        pending = [task.remote(run, ids[i:i + chunk], determinism) for i in range(0, len(ids), chunk)]
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for rec in ray.get(done[0]):
@@ -124,12 +128,10 @@ def _records(path: str) -> tuple[dict, list[dict]]:
     return d, recs
 
 
-def merge(paths: list[str]):
+def merge(paths: list[str]) -> Report:
     """One Report from the JSON reports of the shards of one sweep. Refuses reports of
     different sweeps (seed, filters), a scenario present twice, and an incomplete set of
     shards (the missing ones are named)."""
-    from commsim.scenario.sweep import Report
-
     if not paths:
         raise UserError("sweep merge: give the shard reports to merge (JSON files)")
     records: list[dict] = []

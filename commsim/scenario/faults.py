@@ -1,147 +1,40 @@
-"""The fault registry: each fault kind a scenario may name is declared once, here or by a
-`register_fault` call from outside, with everything the rest of commsim reads about it:
-
-* its keys (required and optional fields of `Fault`), checked by the scenario loader;
-* how it applies: a machine fault edits the ground truth (`commsim.topology.modify`) when
-  the scenario loads; a driver fault arms the rank's `ProcessFaults` (`commsim.sim.faults`);
-* the CUDA error names it injects, which the oracle then expects rather than blames;
-* its weight in the sweep generator and how it picks a target among the scenario's GPUs;
-* its line in the docs table (docs/scenario-format.md, checked by a test).
+"""The built-in fault kinds, registered in the fault registry (commsim/scenario/fault_registry.py)
+before those of fidelity_faults.py, and the registry's queries: import the registry from here,
+so every built-in kind is there.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
-from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from typing import TYPE_CHECKING
-
-from commsim.errors import UserError
 from commsim.topology import modify
 from commsim.topology.model import Cluster, FabricState, GpuRef
+from commsim.scenario import fidelity_faults
+from commsim.scenario.fault_registry import (
+    DRIVER, MACHINE, Draw, FaultKind, apply_machine_fault, arm_driver_faults, docs_table, drawn_kinds,
+    fault_kinds, get_fault, injected_errors, is_driver_fault, kind_names, register_fault,
+)
 from commsim.scenario.model import Fault
 
 if TYPE_CHECKING:
     from commsim.sim.faults import ProcessFaults
 
-MACHINE, DRIVER = "machine", "driver"
+__all__ = ["DRIVER", "MACHINE", "Draw", "FaultKind", "OOM_ERRORS", "SETUP_CALLS", "apply_machine_fault",
+           "arm_driver_faults", "docs_table", "drawn_kinds", "fault_kinds", "get_fault",
+           "injected_errors", "is_driver_fault", "kind_names", "register_fault"]
+
 OOM_ERRORS = ("cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY")
 # Set-up calls of the collective allocation paths whose failure on one rank the ranks must
-# agree on before the next exchange (reference §7.4): the rendezvous hangs of issue 7 under a
-# rank-local policy, a voted fall-back under the default one.
+# agree on before the next exchange: under a rank-local policy the others wait in a rendezvous
+# the failed rank never joins (a hang, tests/scenarios/test_rendezvous_hangs.py), under the
+# default one they vote and fall back together.
 SETUP_CALLS = (("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY"),
                ("cuMemImportFromShareableHandle", "CUDA_ERROR_INVALID_VALUE"),
                ("cuMemMap", "CUDA_ERROR_OUT_OF_MEMORY"),
                ("cuMulticastAddDevice", "CUDA_ERROR_INVALID_VALUE"),
                ("cuMulticastBindMem", "CUDA_ERROR_SYSTEM_NOT_READY"),
                ("cudaIpcOpenMemHandle", "cudaErrorTooManyPeers"))
-
-Draw = Callable[[Cluster, Sequence[GpuRef], random.Random, GpuRef], Fault]
-
-
-@dataclass(frozen=True)
-class FaultKind:
-    name: str
-    fields: tuple[str, ...]                 # required keys (fields of Fault)
-    target: str                             # MACHINE or DRIVER
-    models: str                             # docs: what it models
-    row: str = "–"                          # docs: reference §9 row(s)
-    optional: tuple[str, ...] = ()          # optional keys, default from Fault
-    # MACHINE: (cluster, fault) -> the degraded cluster; DRIVER: (faults, fault) -> None
-    apply: Callable = None                  # type: ignore[assignment]
-    injects: Callable[[Fault], tuple[str, ...]] | None = None   # error names it causes
-    weight: float = 0.0                     # sweep generator weight; 0: never drawn
-    # How the generator aims it (the GPU drawn from the placement is given); default: at it.
-    draw: Draw | None = None
-    label: Callable[[Fault], str] | None = None
-
-    def describe(self, f: Fault) -> str:
-        return self.label(f) if self.label else f"{f.kind}({f.gpu})"
-
-    def make(self, cluster: Cluster, placement: Sequence[GpuRef], rng: random.Random,
-             gpu: GpuRef) -> Fault:
-        return self.draw(cluster, placement, rng, gpu) if self.draw else Fault(self.name, gpu=gpu)
-
-    def doc_line(self) -> str:
-        defaults = {f.name: f.default for f in dataclasses.fields(Fault)}
-        keys = ", ".join(f"`{k}`" for k in self.fields)
-        keys += "".join(f", optional `{k}` (default {defaults[k]})" for k in self.optional)
-        return f"| `{self.name}` | {keys} | {self.models} | {self.row} |"
-
-
-_kinds: dict[str, FaultKind] = {}
-_FIELDS = {f.name for f in dataclasses.fields(Fault)} - {"kind"}
-
-
-def register_fault(kind: FaultKind) -> FaultKind:
-    """Declare a fault kind; a second kind under a taken name is refused."""
-    bad = [k for k in kind.fields + kind.optional if k not in _FIELDS]
-    if bad or kind.target not in (MACHINE, DRIVER) or kind.apply is None:
-        raise UserError(f"fault kind {kind.name!r}: keys must be fields of Fault ({', '.join(sorted(_FIELDS))})"
-                        f"{'; unknown: ' + ', '.join(bad) if bad else ''}; target one of "
-                        f"{MACHINE}, {DRIVER}; and an apply function")
-    old = _kinds.get(kind.name)
-    if old is not None and old is not kind:
-        raise UserError(f"fault kind {kind.name!r} is already registered")
-    _kinds[kind.name] = kind
-    return kind
-
-
-def fault_kinds() -> dict[str, FaultKind]:
-    return dict(_kinds)
-
-
-def get_fault(name: str) -> FaultKind:
-    return _kinds[name]
-
-
-def kind_names() -> tuple[str, ...]:
-    return tuple(_kinds)
-
-
-def drawn_kinds() -> tuple[FaultKind, ...]:
-    """The kinds the sweep generator draws, in registration order."""
-    return tuple(k for k in _kinds.values() if k.weight > 0)
-
-
-def is_driver_fault(f: Fault) -> bool:
-    return _kinds[f.kind].target == DRIVER
-
-
-def apply_machine_fault(cluster: Cluster, f: Fault) -> Cluster:
-    k = _kinds[f.kind]
-    if k.target != MACHINE:
-        raise ValueError(f"not a machine fault: {f.kind}")
-    return k.apply(cluster, f)
-
-
-def arm_driver_faults(faults: Sequence[Fault], rank: int) -> "ProcessFaults":
-    """The ProcessFaults of rank `rank`: every driver fault aimed at it, armed."""
-    from commsim.sim.faults import ProcessFaults   # the simulator only when a run arms them
-    pf = ProcessFaults()
-    for f in faults:
-        k = _kinds[f.kind]
-        if k.target == DRIVER and f.rank == rank:
-            k.apply(pf, f)
-    return pf
-
-
-def injected_errors(faults: Sequence[Fault]) -> set[str]:
-    out: set[str] = set()
-    for f in faults:
-        k = _kinds[f.kind]
-        if k.injects is not None:
-            out.update(k.injects(f))
-    return out
-
-
-def docs_table() -> Iterator[str]:
-    yield "| `kind` | Keys | Models | Row |"
-    yield "|---|---|---|---|"
-    for k in _kinds.values():
-        yield k.doc_line()
 
 
 # -- the built-in kinds ------------------------------------------------------------------------
@@ -184,7 +77,7 @@ def _draw_call(cluster: Cluster, placement: Sequence[GpuRef], rng: random.Random
                  nth=rng.randint(1, 2))
 
 
-for _k in (
+BUILT_IN: tuple[FaultKind, ...] = (
     FaultKind("imex_missing", ("host",), MACHINE,
               "no usable IMEX channel on that host (channel not created, wrong major/minor, not "
               "mounted in the container): `cuMemCreate` / import with FABRIC answer "
@@ -220,7 +113,7 @@ for _k in (
     FaultKind("nvlinks_down", ("gpu",), MACHINE,
               "some P2P-capable NVLink of the GPU is inactive (what FlashInfer / TRT-LLM check before "
               "MNNVL); NVML's NVLink P2P status to its peers reads not supported, while "
-              "`cuDeviceCanAccessPeer` keeps the P2P fact (PCIe P2P).", "§4.2, B22, N2",
+              "`cuDeviceCanAccessPeer` keeps the P2P fact (PCIe P2P).", "B22, N2",
               apply=lambda c, f: modify.with_nvlinks_down(c, f.gpu), weight=8),
     FaultKind("oom", ("rank", "at_allocation"), DRIVER,
               "driver fault: the rank's `at_allocation`-th allocation (1 = the first) fails out of "
@@ -232,9 +125,8 @@ for _k in (
               "on that rank returns `code`.", optional=("nth",), apply=_arm_call,
               injects=lambda f: (f.code,), weight=10, draw=_draw_call,
               label=lambda f: f"call_fails(rank {f.rank}, {f.api} #{f.nth} -> {f.code})"),
-):
+)
+# The built-in kinds, then the fidelity rules' kinds: the registry's order is the docs
+# table's and the sweep generator's (drawn_kinds), so it stays as it was.
+for _k in BUILT_IN + fidelity_faults.KINDS:
     register_fault(_k)
-
-# Issue 17's kinds (docs/fidelity-rules.md) are declared in their own module and register
-# themselves here, after the built-in ones (they build on this module).
-from commsim.scenario import fidelity_faults  # noqa: E402,F401

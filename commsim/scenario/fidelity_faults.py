@@ -1,8 +1,8 @@
-"""Issue 17's fault kinds (docs/fidelity-rules.md), registered in the fault registry
-(scenario/faults.py) like the built-in ones: keys, how each edits the machine, its generator
-weight and aim, its label and its docs-table line. Every kind here is a machine fact, applied
-while the scenario loads. `CAUSES` lists the accepted values of a kind's `cause` key, which
-the scenario loader checks.
+"""The fault kinds of the fidelity rules (docs/fidelity-rules.md: P2P reported but not real,
+IMEX domains, container capabilities, the kernel driver's version), declared like the
+built-in ones (scenario/faults.py registers them after those): keys, the causes a `cause` key
+accepts, how each edits the machine, its generator weight and aim, its label and its
+docs-table line. Every kind here is a machine fact, applied while the scenario loads.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import random
 from typing import Any, Sequence
 
 from commsim.topology.model import Cluster, GpuRef, ImexDomain
-from commsim.scenario.faults import MACHINE, FaultKind, register_fault
+from commsim.scenario.fault_registry import MACHINE, FaultKind
 from commsim.scenario.model import Fault
 
 P2P_IPC_CAUSES = ("acs", "iommu")
@@ -110,8 +110,6 @@ def _aim(kind: str, target) -> Any:
     return draw
 
 
-CAUSES = {"p2p_ipc_refused": P2P_IPC_CAUSES, "p2p_writes_lost": P2P_WRITE_MODES}
-
 KINDS: tuple[FaultKind, ...] = (
     FaultKind(
         "p2p_ipc_refused", ("host", "gpus", "cause"), MACHINE,
@@ -120,7 +118,8 @@ KINDS: tuple[FaultKind, ...] = (
         "functional probe finds it.", "P1, P2",
         apply=lambda c, f: _edit_link(c, f.host, f.gpus, p2p=True, ipc_refused=f.cause), weight=4,
         draw=_aim("p2p_ipc_refused", lambda c, p, r: _with(_pair(c, p, r), cause=r.choice(P2P_IPC_CAUSES))),
-        label=lambda f: f"p2p_ipc_refused({f.host} {f.gpus[0]}-{f.gpus[1]} {f.cause})"),
+        label=lambda f: f"p2p_ipc_refused({f.host} {f.gpus[0]}-{f.gpus[1]} {f.cause})",
+        causes=P2P_IPC_CAUSES),
     FaultKind(
         "p2p_writes_lost", ("host", "gpus", "cause"), MACHINE,
         "patched P2P: `cuDeviceCanAccessPeer` = 1 and every call succeeds, but peer writes are "
@@ -130,7 +129,8 @@ KINDS: tuple[FaultKind, ...] = (
         "crosses containers, so no communicator could avoid it).", "P3",
         apply=lambda c, f: _edit_link(c, f.host, f.gpus, p2p=True, peer_writes=f.cause), weight=4,
         draw=_aim("p2p_writes_lost", lambda c, p, r: _with(_pair(c, p, r), cause=r.choice(P2P_WRITE_MODES))),
-        label=lambda f: f"p2p_writes_lost({f.host} {f.gpus[0]}-{f.gpus[1]} {f.cause})"),
+        label=lambda f: f"p2p_writes_lost({f.host} {f.gpus[0]}-{f.gpus[1]} {f.cause})",
+        causes=P2P_WRITE_MODES),
     FaultKind(
         "imex_split", ("hosts",), MACHINE,
         "the listed hosts form an IMEX domain of their own: FABRIC handles still work within a "
@@ -180,6 +180,4 @@ KINDS: tuple[FaultKind, ...] = (
         apply=lambda c, f: c.replace_host(f.host, driver_version=f.version), weight=2,
         draw=_aim("driver_version", _old_driver), label=lambda f: f"driver_version({f.host} {f.version})"),
 )
-for _k in KINDS:
-    register_fault(_k)
 NAMES = tuple(k.name for k in KINDS)

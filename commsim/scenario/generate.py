@@ -36,6 +36,7 @@ from commsim.topology.presets import PRESETS, build as build_preset
 from commsim.scenario import faults as F
 from commsim.scenario import fidelity_faults as FF
 from commsim.scenario import knobs as K
+from commsim.scenario.seeds import seed_of
 from commsim.scenario.model import DTYPES, OPS, Fault, Group, Scenario, Workload
 
 Ki, Mi = 1 << 10, 1 << 20
@@ -44,7 +45,7 @@ MAX_WORLD = 16
 # -- machine shapes -------------------------------------------------------------------------
 SINGLE_HOST = ("hgx-h100-8", "hgx-h200-8", "dgx-b200-8", "l40s-8-pcie", "rtx4090-8",
                "a100-pcie-bridge-8", "dgx1-v100")
-# Issue 17 machines (docs/fidelity-rules.md G): bridges and meshes without NVSwitch, PCIe and
+# The fidelity rules' machines (docs/fidelity-rules.md G): bridges and meshes without NVSwitch, PCIe and
 # consumer boards, Blackwell Ultra.
 MORE_SINGLE_HOST = ("hgx-b300-8", "h200-nvl-2way-8", "h200-nvl-4way-8", "rtx-pro-6000-4",
                     "rtx5090-2", "rtx3090-2-nvlink")
@@ -161,7 +162,7 @@ class Plan:
     graph_capture: bool
     discard: bool
     seed: int
-    # Issue 18's workload knobs, drawn from their own stream so the draws above stay as they
+    # The lifecycle workload knobs (docs/lifecycle-rules.md), drawn from their own stream so the draws above stay as they
     # were: lazy set-up, expandable segments, NCCL environment variables.
     setup: str = "init"
     allocator: str = "caching"
@@ -203,7 +204,7 @@ def placement_of(shape: str, world: int, how: str, pid: str) -> tuple[GpuRef, ..
     random placement draws from a stream seeded by the id, so this is a pure function of its
     arguments, kept for the calls one scenario makes (its plan's fault targets, its build,
     its tags) instead of drawn again for each."""
-    return _place(build_shape(shape), world, how, random.Random(_seed_of("place", pid)))
+    return _place(build_shape(shape), world, how, random.Random(seed_of("place", pid)))
 
 
 def _groups(tp: int, dp: int, dp_groups: bool) -> tuple[Group, ...]:
@@ -268,11 +269,6 @@ def plan_tags(plan: Plan, placement: tuple[GpuRef, ...] | None = None) -> str:
 
 
 # -- the sampler ---------------------------------------------------------------------------------
-def _seed_of(*parts: object) -> int:
-    h = hashlib.sha256(":".join(map(str, ("commsim-sweep",) + parts)).encode()).digest()
-    return int.from_bytes(h[:8], "little")
-
-
 def _wchoice(rng: random.Random, items, weights):
     return rng.choices(items, weights=weights, k=1)[0]
 
@@ -298,7 +294,7 @@ def _layout_weight(t: int, d: int) -> float:
 
 def sample_plan(seed: int, index: int) -> Plan:
     pid = f"s{seed}-{index}"
-    rng = random.Random(_seed_of("sample", seed, index))
+    rng = random.Random(seed_of("sample", seed, index))
     if rng.random() < BIG_FRACTION:
         shape = rng.choice(BIG_SHAPES)
     else:
@@ -328,7 +324,7 @@ def sample_plan(seed: int, index: int) -> Plan:
     sc_seed = rng.randrange(1 << 31)
     # The placement (hence the faults' targets) comes from the id-seeded placement stream.
     placement_refs = placement_of(shape, tp * dp, placement, pid)
-    frng = random.Random(_seed_of("faults", pid))
+    frng = random.Random(seed_of("faults", pid))
     faults = tuple(_resolve_fault(k, cluster, placement_refs, frng) for k in kinds)
     left_out = FF.unjudgeable(faults)
     if left_out:
@@ -345,7 +341,7 @@ NCCL_ENV_CHOICES = ((("NCCL_NVLS_ENABLE", "0"),), (("NCCL_P2P_DISABLE", "1"),),
 
 def _knobs(pid: str) -> tuple[str, str, tuple[tuple[str, str], ...], str]:
     """(setup, allocator, nccl_env, fd_transport) of a plan, from a stream seeded by its id."""
-    rng = random.Random(_seed_of("knobs", pid))
+    rng = random.Random(seed_of("knobs", pid))
     setup = "lazy" if rng.random() < 0.15 else "init"
     allocator = "expandable_segments" if rng.random() < 0.15 else "caching"
     env = rng.choice(NCCL_ENV_CHOICES) if rng.random() < 0.15 else ()
@@ -410,7 +406,7 @@ def enum_plan(index: int) -> Plan:
         k, d = divmod(k, r)
         digits.append(d)
     si, li, pi, fi, oi, zi, di, ci = digits
-    rng = random.Random(_seed_of("enum", index))
+    rng = random.Random(seed_of("enum", index))
     shape = ENUM_SHAPES[si]
     cluster = build_shape(shape)
     tp, dp, dpg = ENUM_LAYOUTS[li]
@@ -428,7 +424,7 @@ def enum_plan(index: int) -> Plan:
     placement_refs = placement_of(shape, tp * dp, placement, pid)
     kind = ENUM_FAULTS[fi]
     faults = () if kind is None else (
-        _resolve_fault(kind, cluster, placement_refs, random.Random(_seed_of("faults", pid))),)
+        _resolve_fault(kind, cluster, placement_refs, random.Random(seed_of("faults", pid))),)
     return Plan(pid, shape, tp, dp, dpg, placement, faults, (OPS[oi],), (size,), (DTYPES[di],),
                 capture, discard, rng.randrange(1 << 31), *_knobs(pid))
 

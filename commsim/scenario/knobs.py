@@ -1,4 +1,4 @@
-"""Shortcut-policy knob scenarios for sweeps (issue 18, items 4-6; docs/lifecycle-rules.md RN,
+"""Shortcut-policy knob scenarios for sweeps (docs/lifecycle-rules.md RN,
 AW; docs/scenario-format.md "Policy knobs").
 
 The default policy never sets these knobs, so a sweep under it never exercises their code
@@ -17,7 +17,7 @@ never a backend's own answer), whether on this machine and group it must make th
 and how (the verdict kind and the error the run must show), or must be harmless. `judge_knob`
 turns the expected failures into notes and flags a mismatch either way as `knob-outcome`.
 
-The failure-hygiene knobs (item 5, rules FH1-FH3: `rollback`, `agree`, `report_fallback`)
+The failure-hygiene knobs (rules FH1-FH3: `rollback`, `agree`, `report_fallback`)
 act only when a backend's set-up fails, and on the sampled machines without faults it never
 does under the default admission: ipc is admitted only where the topology allows it, and the
 set-up failures the topology alone can cause (a legacy IPC handle refused across hosts, or
@@ -26,7 +26,7 @@ alike and never split one (measured over s1-0..s1-399: 363 groups whose IPC open
 one on all of its ranks). So a hygiene knob scenario provokes the commonest real set-up
 failure, on one rank: its first allocation, the ipc workspace `cudaMalloc`, runs out of memory
 (an `oom` fault at allocation 1, the fault kind the sampler already draws; the failure sglang
-guards against by probing the workspace allocation and BAND-voting it, reference §6.4). The provocation is chosen
+guards against by probing the workspace allocation and BAND-voting it). The provocation is chosen
 from the truth: only in a group where ipc is legal (`group_truth`), hence admitted and set up
 first at init, and only on a rank whose first communicator that group is; where no group
 qualifies there is no fault, set-up never fails, and the knob must be harmless. From the
@@ -44,7 +44,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from commsim.policy import Policy
+from commsim.scenario.legal import group_truth, legal_backends, op_nbytes
 from commsim.scenario.model import Fault, Scenario
+from commsim.scenario.seeds import seed_of
 
 Mi = 1 << 20
 KNOB_EVERY = 20
@@ -81,7 +83,6 @@ class Knob:
 def _ipc_best(sc: Scenario, params: dict[str, Any]) -> dict[tuple[str, str, int, str], int]:
     """(group, op, size, dtype) -> the bytes of the op, where ipc is the best legal backend,
     per the oracle's own ground truth (legal_backends over the topology, knob unset)."""
-    from commsim.scenario.oracle import legal_backends, op_nbytes
     plain = {k: v for k, v in params.items() if k in ("max_size",)}
     legal = legal_backends(sc, Policy(name="knob-truth", order=ORDER, params=plain))
     sizes = {g.name: len(g.ranks) for g in sc.groups}
@@ -122,7 +123,6 @@ def _expect_gpus_per_node(sc: Scenario, value: Any) -> list[Expectation]:
     has). Harmless where that agrees with the hosts the group really spans. A group on one
     host counted as several loses ipc (not-best); one spanning hosts counted as one node gets
     ipc admitted across hosts (an illegal backend, whose legacy IPC set-up then fails)."""
-    from commsim.scenario.oracle import group_truth
     best = {k[0] for k in _ipc_best(sc, params_of("gpus_per_node", value))}
     out = []
     for g in sc.groups:
@@ -165,7 +165,6 @@ def _provoke_setup_failure(sc: Scenario, rng: random.Random) -> tuple[Fault, ...
     """An out-of-memory on the ipc workspace allocation of one rank of the first group where
     ipc is legal and that is each of its ranks' first communicator (so the rank's allocation
     1 is that workspace: ipc is first in ORDER and set up at init); () where none is."""
-    from commsim.scenario.oracle import group_truth
     for g in sc.groups:
         firsts = [r for r in g.ranks if next(h for h in sc.groups if r in h.ranks) is g]
         if firsts == list(g.ranks) and "ipc" in group_truth(sc, g.ranks, g.name, ORDER).legal:
@@ -177,7 +176,6 @@ def _setup_failure(sc: Scenario) -> tuple[Any, int] | None:
     """(group, failing world rank) where, by the truth and the provocation, ipc set-up must
     fail: ipc legal for the group (so admitted, and set up first at init), and the rank's
     allocation 1 (that workspace) out of memory; None where set-up never fails."""
-    from commsim.scenario.oracle import group_truth
     for f in sc.faults:
         if f.kind != "oom" or f.at_allocation != 1 or f.rank is None:
             continue
@@ -249,17 +247,15 @@ def get_knob(name: str) -> Knob:
 
 
 def draw(pid: str) -> tuple[str, Any]:
-    from commsim.scenario.generate import _seed_of
-    rng = random.Random(_seed_of("knob", pid))
+    rng = random.Random(seed_of("knob", pid))
     k = rng.choice(KNOBS)
     return k.name, rng.choice(k.values)
 
 
 def provocation(sc: Scenario, pid: str) -> tuple[Fault, ...]:
     """The faults knob scenario `pid` adds to its base draw `sc` (see Knob.provoke)."""
-    from commsim.scenario.generate import _seed_of
     k = get_knob(sc.extra["knob"][0])
-    return () if k.provoke is None else k.provoke(sc, random.Random(_seed_of("knob-provoke", pid)))
+    return () if k.provoke is None else k.provoke(sc, random.Random(seed_of("knob-provoke", pid)))
 
 
 def policy_of(knob: tuple[str, Any]) -> Policy:
@@ -268,8 +264,7 @@ def policy_of(knob: tuple[str, Any]) -> Policy:
 
 
 def is_knob_id(seed: int, index: int) -> bool:
-    from commsim.scenario.generate import _seed_of
-    return _seed_of("knob-pick", seed, index) % KNOB_EVERY == 0
+    return seed_of("knob-pick", seed, index) % KNOB_EVERY == 0
 
 
 def judge_knob(sc: Scenario, v: Any) -> None:

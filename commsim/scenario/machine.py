@@ -7,16 +7,15 @@ validated and kept.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 from commsim.topology import importers
-from commsim.topology.model import Cluster, FabricState, GpuRef, TopologyError
+from commsim.topology.model import Cluster, GpuRef, TopologyError
 from commsim.topology.presets import PRESETS
-from commsim.scenario.fields import (
-    ScenarioError, Table, check_choice, check_cuda_error, check_host, describe, parse_gpu,
-)
+from commsim.scenario.fields import ScenarioError, Table, check_choice, parse_gpu
+from commsim.scenario import fault_keys
 from commsim.scenario import faults as F
-from commsim.scenario import fidelity_faults   # the accepted causes of its kinds
 from commsim.scenario.model import Fault
 
 PRESET_KEYS = ("preset", "hosts")
@@ -124,89 +123,14 @@ def _fault(source: str, n: int, data: Mapping[str, Any], cluster: Cluster,
     if "kind" not in data:
         raise ScenarioError(f"{source}: {label} kind: missing; accepted: {', '.join(kinds)}")
     probe = Table(source, label, {}, ())
-    kind = check_choice(probe, "kind", data["kind"], kinds, what="fault kind")
-    needed = F.get_fault(kind).fields
-    accepted = ("kind",) + needed + F.get_fault(kind).optional
-    t = Table(source, label, data, accepted,
-              required={f: _FAULT_EXAMPLES.get(f, f"{f} = ...") for f in needed}, hint=f" for kind {kind}")
-    f: dict[str, Any] = {"kind": kind}
-    if "host" in data:
-        f["host"] = check_host(t, "host", data["host"], cluster)
-    if "gpu" in data:
-        f["gpu"] = parse_gpu(t, "gpu", data["gpu"], cluster)
-    if "gpus" in data:
-        f["gpus"] = _gpu_pair(t, data["gpus"], cluster, f["host"])
-    if "state" in data:
-        f["state"] = _fabric_state(t, data["state"])
-    if "rank" in data:
-        f["rank"] = t.check_int(data["rank"], "rank", 0, world - 1, what="rank",
-                                note=f" (world size {world})")
-    if "at_allocation" in data:
-        f["at_allocation"] = t.check_int(data["at_allocation"], "at_allocation", 1,
-                                         what="allocation number", note=" (1 = the first)")
-    if "api" in data:
-        f["api"] = t.string("api", pattern=r"[A-Za-z_][A-Za-z0-9_]*",
-                            shape='a driver call name, e.g. "cudaIpcOpenMemHandle"')
-    if "code" in data:
-        f["code"] = check_cuda_error(t, "code", data["code"])
-    if "nth" in data:
-        f["nth"] = t.check_int(data["nth"], "nth", 1, what="call number", note=" (1 = the first)")
-    if "cause" in data:
-        choices = fidelity_faults.CAUSES.get(kind, ())
-        f["cause"] = check_choice(t, "cause", data["cause"], choices, what=f"{kind} cause")
-    if "hosts" in data:
-        f["hosts"] = _host_list(t, data["hosts"], cluster)
-    if "version" in data:
-        f["version"] = t.string("version", pattern=r"\d+(\.\d+)*",
-                                shape='a driver version such as "450.80.02"')
+    kind = F.get_fault(check_choice(probe, "kind", data["kind"], kinds, what="fault kind"))
+    keys = {f.name: f for f in dataclasses.fields(Fault)}
+    t = Table(source, label, data, ("kind",) + kind.fields + kind.optional,
+              required={k: fault_keys.example(keys[k]) for k in kind.fields},
+              hint=f" for kind {kind.name}")
+    f: dict[str, Any] = {"kind": kind.name}
+    at = fault_keys.At(cluster, world, kind, f)
+    for name, field in keys.items():
+        if name != "kind" and name in data:
+            f[name] = fault_keys.parse(field, t, data[name], at)
     return Fault(**f), t
-
-
-def _host_list(t: Table, value: Any, cluster: Cluster) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise t.error(f'expected a non-empty array of host names, e.g. hosts = ["{cluster.hosts[0].name}"]; '
-                      f"got {describe(value)}", "hosts")
-    out = []
-    for v in value:
-        h = check_host(t, "hosts", v, cluster)
-        if h in out:
-            raise t.error(f"host {h!r} is listed twice", "hosts")
-        out.append(h)
-    return tuple(out)
-
-
-_FAULT_EXAMPLES = {
-    "host": 'host = "<host name>"',
-    "gpu": 'gpu = "<host>/0"',
-    "gpus": "gpus = [0, 1]",
-    "state": f'state = "IN_PROGRESS" (one of {", ".join(s.name for s in FabricState)})',
-    "rank": "rank = 0",
-    "at_allocation": "at_allocation = 1",
-    "api": 'api = "cudaIpcOpenMemHandle"',
-    "code": 'code = "cudaErrorInvalidValue"',
-    "cause": 'cause = "acs"',
-    "hosts": 'hosts = ["<host name>"]',
-    "version": 'version = "450.80.02"',
-}
-
-
-def _gpu_pair(t: Table, value: Any, cluster: Cluster, host: str) -> tuple[int, int]:
-    n = len(cluster.host(host).gpus)
-    if (not isinstance(value, list) or len(value) != 2
-            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
-        got = describe(value) if not isinstance(value, list) else f"{value!r}"
-        raise t.error(f"expected a pair of GPU indices of host {host}, e.g. gpus = [0, 1]; "
-                      f"got {got}", "gpus")
-    for v in value:
-        t.check_int(v, "gpus", 0, n - 1, what="GPU index", note=f" (host {host} has {n} GPUs)")
-    if value[0] == value[1]:
-        raise t.error(f"the pair [{value[0]}, {value[1]}] names one GPU twice; give two "
-                      f"distinct GPUs of host {host}", "gpus")
-    return value[0], value[1]
-
-
-def _fabric_state(t: Table, value: Any) -> str:
-    names = tuple(s.name for s in FabricState)
-    if isinstance(value, str) and value.upper() in names:
-        return value.upper()  # NVML spells them in capitals; accept any case, store canonical
-    return check_choice(t, "state", value, names, what="fabric state")

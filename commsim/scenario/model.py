@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commsim.topology.model import Cluster, GpuRef
+from commsim.topology.model import Cluster, FabricState, GpuRef
+from commsim.scenario import fault_keys as K
+from commsim.scenario.fault_keys import key
 
 # Lifecycle steps at which an expected error may occur, in the order a run goes through them.
 STEPS = ("discover", "init", "op", "capture", "register", "release_capture", "close")
@@ -22,21 +24,29 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 @dataclass(frozen=True)
 class Fault:
     """One `[[fault]]`: `kind` names a registered fault kind (commsim/scenario/faults.py),
-    which says which of the other fields it takes and how it applies."""
+    which says which of the other fields it takes and how it applies. Each other field is a
+    key of the table, declared with its example and parser (commsim/scenario/fault_keys.py);
+    the loader reads them in this order."""
 
     kind: str
-    host: str | None = None
-    gpu: GpuRef | None = None
-    gpus: tuple[int, int] | None = None
-    state: str | None = None          # FabricState name for fabric_state
-    rank: int | None = None
-    at_allocation: int | None = None  # 1-based: the k-th allocation of that rank fails
-    api: str | None = None            # Driver method name, e.g. "cudaIpcOpenMemHandle"
-    code: str | None = None           # cudaError_t / CUresult name, e.g. "cudaErrorInvalidValue"
-    nth: int = 1                      # which call of `api` fails (1-based)
-    cause: str | None = None          # issue 17 kinds: how P2P fails (acs, iommu, dropped, corrupt)
-    hosts: tuple[str, ...] | None = None  # imex_split: the hosts of the new IMEX domain
-    version: str | None = None        # driver_version: the kernel driver, e.g. "450.80.02"
+    host: str | None = key('host = "<host name>"', K.host)
+    gpu: GpuRef | None = key('gpu = "<host>/0"', K.gpu)
+    gpus: tuple[int, int] | None = key("gpus = [0, 1]", K.gpu_pair)     # two GPUs of `host`
+    state: str | None = key(f'state = "IN_PROGRESS" (one of {", ".join(s.name for s in FabricState)})',
+                            K.fabric_state)                           # a FabricState name
+    rank: int | None = key("rank = 0", K.rank)
+    # 1-based: the k-th allocation of that rank fails
+    at_allocation: int | None = key("at_allocation = 1", K.allocation)
+    # Driver method name, e.g. "cudaIpcOpenMemHandle"
+    api: str | None = key('api = "cudaIpcOpenMemHandle"', K.api)
+    # cudaError_t / CUresult name, e.g. "cudaErrorInvalidValue"
+    code: str | None = key('code = "cudaErrorInvalidValue"', K.error_code)
+    nth: int = key("nth = 1", K.call_number, default=1)               # which call of `api` fails
+    # How P2P fails, one of the kind's `causes` (acs, iommu, dropped, corrupt)
+    cause: str | None = key('cause = "acs"', K.cause)
+    hosts: tuple[str, ...] | None = key('hosts = ["<host name>"]', K.host_list)   # imex_split
+    # driver_version: the kernel driver, e.g. "450.80.02"
+    version: str | None = key('version = "450.80.02"', K.driver_version)
 
 
 @dataclass(frozen=True)
@@ -114,7 +124,3 @@ class Scenario:
                 return g
         raise KeyError(name)
 
-    @property
-    def driver_faults(self) -> tuple[Fault, ...]:
-        from commsim.scenario.faults import is_driver_fault   # the registry builds on this module
-        return tuple(f for f in self.faults if is_driver_fault(f))

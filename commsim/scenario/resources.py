@@ -5,7 +5,7 @@ segments in process mode), and a collective holds several buffers of the message
 rank (input, output, the backends' workspaces and staging copies, the float64 reference).
 Measured on hgx-h100-8, TP 8, one all-reduce (thread mode, peak RSS over the interpreter's
 own): 76 MB at 1 MiB and 581 MB at 8 MiB, i.e. about 9 host bytes per rank per message byte;
-issue 15 measured about 9.4 at 72 ranks. The estimate uses 10, plus the interpreter, plus in
+the 72-rank rack measured about 9.4. The estimate uses 10, plus the interpreter, plus in
 process mode one rank process each (a forked interpreter with torch loaded).
 """
 

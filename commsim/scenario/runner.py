@@ -229,7 +229,7 @@ def _stream_capture(driver: Any, begin: bool) -> None:
     """The workload's own CUDA-graph capture on the rank's stream, in GLOBAL mode (the default
     of torch.cuda.graph's capture_error_mode, which vLLM keeps: vllm-project/vllm#48053): begun
     after the library's capture hook, ended before graph-buffer registration (vLLM registers
-    after capture, reference §7.1). Ending raises cudaErrorStreamCaptureInvalidated when a
+    after capture). Ending raises cudaErrorStreamCaptureInvalidated when a
     call refused during the capture invalidated it (rules CG1-CG2, commsim/sim/stream_capture.py).
     Only the simulated driver models the workload's capture; another driver has no such call."""
     if not hasattr(driver, "cudaStreamBeginCapture"):

@@ -5,8 +5,8 @@ the C type of the parameter, and what does not convert is rejected there with a 
 exception: `cudaMalloc("4096")` raises TypeError, `cudaMalloc(float("inf"))` OverflowError,
 `cudaMalloc(float("nan"))` ValueError, `cudaMalloc(-1)` OverflowError, while
 `cudaMalloc(4096.7)` converts (to 4096) and reaches the driver. SimDriver applies the same
-conversion, per parameter, before its own rules run (DESIGN.md section 3: what the real
-binding rejects, the simulator rejects the same way), so an argument that gets past this layer
+conversion, per parameter, before its own rules run (what the real binding rejects, the
+simulator rejects the same way), so an argument that gets past this layer
 gets a CUDA error code, never an exception from inside the simulator.
 
 Source: cuda-python (cuda-bindings 13.x) as installed, observed by calling each binding with

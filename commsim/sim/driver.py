@@ -4,8 +4,10 @@ The calls are grouped by the rules they follow: identity, address space, legacy 
 stream capture, NVML and kernels here; legacy IPC, VMM and multicast in the mixins
 driver_ipc.py, driver_vmm.py and driver_multicast.py; the @api wrapper they all share in
 driver_calls.py. Every method follows cuda-python's `(err, value...)` convention and returns the real codes;
-misuse never raises. Each rule cites its row in shared/reference/domain.md §9; the rows whose
-exact code is UNCONFIRMED take it from `unconfirmed.UNCONFIRMED`.
+misuse never raises. Each rule cites its row (L legacy IPC, V VMM, M multicast, F fabric info;
+the rows' cases and public sources are tests/conformance/test_rules.py, the later rows
+docs/fidelity-rules.md); the rows whose exact code is UNCONFIRMED take it from
+`unconfirmed.UNCONFIRMED`.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, _attr_int
 from commsim.sim.driver_ipc import LegacyIpcCalls
 from commsim.sim.driver_multicast import MulticastCalls
 from commsim.sim.driver_vmm import VmmCalls
+from commsim.sim.faults import ProcessFaults
 from commsim.sim.fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
 from commsim.sim.kernel_context import SimKernelContext
 from commsim.sim.p2p_probe import probe_pair
 from commsim.sim.stream_capture import StreamCapture
 
-__all__ = ["SimDriver", "Fail", "Mapping", "api", "E", "R", "FD"]
+__all__ = ["SimDriver", "spawn_driver", "Fail", "Mapping", "api", "E", "R", "FD"]
 
 
 # cuDeviceGetAttribute: attribute -> how the GPU's model answers it (built once: the enum
@@ -120,7 +123,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         return self._host.usable_imex_channels
 
     def shm_namespace(self) -> str:
-        """What vLLM's same-node test observes: hosts that share /dev/shm (reference §4.3);
+        """What vLLM's same-node test observes: hosts that share /dev/shm;
         a process in a container of its own has its own (row W6)."""
         return self._host.process_namespace(self.proc.pid)
 
@@ -178,7 +181,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
                 own = fabric.__dict__["_probe_fabric"] = SimFabric(
                     self.cluster, disabled_rules=fabric.disabled_rules)
             fabric = own
-        return probe_pair(fabric, refs[gpu], refs[peer])
+        return probe_pair(fabric, refs[gpu], refs[peer], spawn_driver)
 
     def nvml_index(self, ordinal: int) -> int:
         """The NVML index of a CUDA ordinal (what nvmlDeviceGetHandleByPciBusId of the
@@ -439,7 +442,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         return (0, GpuFabricInfo(f.cluster_uuid, f.status, f.clique_id, int(f.state)))
 
     def nvmlDeviceGetP2PStatus(self, index1: int, index2: int) -> tuple:
-        """NVML_P2P_CAPS_INDEX_NVLINK status, what vLLM's `is_fully_connected` reads (§6.1.1)."""
+        """NVML_P2P_CAPS_INDEX_NVLINK status, what vLLM's `is_fully_connected` reads."""
         h = self._host
         a, b = self._nvml_gpu(index1), self._nvml_gpu(index2)
         if a is None or b is None:
@@ -453,7 +456,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         return (0, NVML_P2P_STATUS_OK if up else NVML_P2P_STATUS_NOT_SUPPORTED)
 
     def nvmlDeviceGetNvLinkState(self, index: int) -> tuple:
-        """Whether every P2P-capable NVLink of the GPU is active (FlashInfer / TRT-LLM, §4.2)."""
+        """Whether every P2P-capable NVLink of the GPU is active (FlashInfer / TRT-LLM check it)."""
         g = self._nvml_gpu(index)
         if g is None:
             return (2, None)
@@ -465,3 +468,22 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         """Run a reference kernel (commsim/kernels/) on the current device. A fault inside it
         (unmapped, no access, freed memory) is cudaErrorIllegalAddress (700)."""
         kernel(SimKernelContext(self), *args)
+
+
+def spawn_driver(fabric: SimFabric, gpu, faults: ProcessFaults | None = None,
+                 visible=None) -> SimDriver:
+    """A process on `gpu`'s host, current device = `gpu`. By default it sees every GPU of that
+    host (how vLLM/sglang workers run: all GPUs visible, torch.cuda.set_device(local_rank));
+    `visible` is its CUDA_VISIBLE_DEVICES as host GPU indices, in order: ordinals are
+    remapped to that list (row W1; e.g. one GPU per process as Ray places trays)."""
+    refs = fabric.cluster.gpu_refs_of(gpu.host)
+    if visible is None:
+        order, seen = [g.index for g in refs], refs
+    else:
+        order = list(visible)
+        seen = [type(gpu)(gpu.host, i) for i in order]
+    if gpu.index not in order:
+        raise ValueError(f"{gpu} is not among the visible devices {order}")
+    proc = fabric.spawn(gpu.host, seen, faults)
+    proc.current = order.index(gpu.index)
+    return SimDriver(fabric, proc)

@@ -3,7 +3,7 @@ cuda-python does it, a dead process, a sticky error, injected faults, capture re
 the body; a Fail becomes `(code, None...)`), a process's address-space mapping, and readers of
 struct fields and handle blobs. The calls themselves live in driver.py (identity, address
 space, memory, capture, NVML, kernels) and its mixins driver_ipc.py, driver_vmm.py and
-driver_multicast.py, grouped as domain.md §9 groups their rules.
+driver_multicast.py, grouped by the rules they follow (legacy IPC, VMM, multicast).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def _attr_int(x: Any) -> int:
 def _prop_handle_types(prop: Any) -> int:
     """`prop.requestedHandleTypes` as an int. cuda-python's setter takes any mask, but its
     getter raises ValueError for one that is no single enum member (FD|FABRIC, the "ANY" mode
-    of §2.2); then the raw field is read (CUmemAllocationProp: type, requestedHandleTypes,
+    projects request); then the raw field is read (CUmemAllocationProp: type, requestedHandleTypes,
     both 32-bit, per cuda.h)."""
     try:
         return _attr_int(getattr(prop, "requestedHandleTypes", 0))

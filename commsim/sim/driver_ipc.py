@@ -1,5 +1,6 @@
 """SimDriver's legacy CUDA IPC calls (cudaIpcGetMemHandle / OpenMemHandle / CloseMemHandle) and
-cuPointerGetAttribute, with the rules of domain.md §9 they follow (rows cited beside each)."""
+cuPointerGetAttribute, with the rules they follow (each row cited beside its code; the rows'
+cases and sources are tests/conformance/test_rules.py)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ class LegacyIpcCalls:
 
     @api(1, False)
     def cuPointerGetAttribute(self, attribute: Any, ptr: int) -> int:
-        """The attributes graph-buffer registration asks (reference §1.3): 11 RANGE_START_ADDR
+        """The attributes graph-buffer registration asks: 11 RANGE_START_ADDR
         and 12 RANGE_SIZE of the allocation or mapping holding `ptr` (vLLM sends the base's
         IPC handle plus the offset), 10 IS_LEGACY_CUDA_IPC_CAPABLE (1 only for cudaMalloc
         memory, row L2). A pointer in no allocation is CUDA_ERROR_INVALID_VALUE (cuda.h).

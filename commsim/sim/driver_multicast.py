@@ -1,5 +1,6 @@
 """SimDriver's multicast (NVLS) object calls: cuMulticastGetGranularity, Create, AddDevice,
-BindMem, Unbind, with the rules of domain.md §9 they follow (rows cited beside each)."""
+BindMem, Unbind, with the rules they follow (each row cited beside its code; the rows' cases and
+sources are tests/conformance/test_rules.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""SimDriver's virtual memory management calls (cuMemCreate ... cuMemAddressFree), the
-shareable handles they export and import (POSIX fds as real fds, FABRIC blobs), with the rules
-of domain.md §9 they follow (rows cited beside each)."""
+"""SimDriver's virtual memory management calls (cuMemCreate ... cuMemAddressFree), the shareable
+handles they export and import (POSIX fds as real fds, FABRIC blobs), with the rules they follow
+(each row cited beside its code; the rows' cases and sources are
+tests/conformance/test_rules.py)."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ class VmmCalls:
         if t == FABRIC:
             return self.fabric.fabric_handle_for(*target)       # 64 bytes, any transport
         fd = self._fds.open(target)
-        obj.refs += 1   # an open fd keeps the memory alive until closed (§2.3)
+        obj.refs += 1   # an open fd keeps the memory alive until closed (cuda.h)
         self.ledger.add("exported_fd", fd, "POSIX fd {} for {} {}", fd, target[0], target[1])
         return fd
 
@@ -173,7 +174,7 @@ class VmmCalls:
             src = obj.gpu if isinstance(obj, PhysicalAlloc) else obj.creator
             src_host = self.cluster.host(src.host)
             if not set(src_host.usable_imex_channels) & set(self.imex_channels()) and self.fabric.rule_on("V5"):
-                raise Fail(R.CUDA_ERROR_NOT_PERMITTED)           # same channel needed (§2.3)
+                raise Fail(R.CUDA_ERROR_NOT_PERMITTED)           # same channel needed (cuda.h)
             if src != me and not self.cluster.same_domain(src, me):
                 self.fabric.flag(f"pid {self.proc.pid}: FABRIC import from {src} outside its "
                                  f"NVLink domain (row V7, UNCONFIRMED code)")
@@ -227,7 +228,7 @@ class VmmCalls:
         obj = self._obj(target)
         gran = unconfirmed.GRANULARITY_MIN if target[0] == "mem" else unconfirmed.MULTICAST_GRANULARITY_MIN
         if size <= 0 or ptr % gran or size % gran or offset != 0 or size > obj.size:
-            raise Fail(R.CUDA_ERROR_INVALID_VALUE)               # §2.3: granularity, offset 0
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)               # cuda.h: granularity, offset 0
         if not self._in_reservation(ptr, size) or self._overlaps_map(ptr, size):
             raise Fail(unconfirmed.code("V10"))
         if isinstance(obj, MulticastObject):
@@ -243,7 +244,7 @@ class VmmCalls:
     @api(0, False)
     def cuMemSetAccess(self, ptr: int, size: int, desc: Sequence[Any], count: int) -> None:
         cur, hits = ptr, []
-        while cur < ptr + size:       # §2.3: must cover a fully mapped range
+        while cur < ptr + size:       # cuda.h: must cover a fully mapped range
             m = self._maps.get(cur)
             if m is None or m.kind not in ("vmm", "mc"):
                 raise Fail(R.CUDA_ERROR_INVALID_VALUE)

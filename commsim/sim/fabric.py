@@ -71,7 +71,7 @@ class SimFabric:
     def __init__(self, cluster: Cluster, seed: int = 0, memory: MemoryProvider | None = None,
                  disabled_rules: frozenset[str] = frozenset()):
         self.cluster = cluster
-        # Rows of reference §9 switched off, for mutation tests only: they prove a regression
+        # Rules (by row id, e.g. "L10") switched off, for mutation tests only: they prove a regression
         # scenario fails because of the simulator's semantics, not because of a fixed answer.
         self.disabled_rules = frozenset(disabled_rules)
         self.seed = seed

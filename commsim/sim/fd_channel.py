@@ -1,8 +1,8 @@
 """The FdChannel of simulated processes: AF_UNIX + SCM_RIGHTS as the simulator models it.
 
 An fd is a per-process kernel object; it travels only over a Unix-domain socket, whose path
-lives in one host's filesystem, so it reaches only processes of the same host (reference §2.5,
-row V9) and, with a container per process, only its own container (row W6: the socket path
+lives in one host's filesystem, so it reaches only processes of the same host (row
+V9) and, with a container per process, only its own container (row W6: the socket path
 is in the container's private /tmp unless a volume shares it). Across hosts the peer's socket path does not exist: the sender sees the connect fail
 (FlashInfer's fd_exchange reports "[fd_exchange] timed out connecting to <path>"). Fds in
 flight wait in the fabric's mailbox (in process mode: the run's store).
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def socket_path(pid: int) -> str:
-    return f"/tmp/symm_mem-{pid}"      # PyTorch's IpcChannel names its socket so (§2.5)
+    return f"/tmp/symm_mem-{pid}"      # PyTorch's IpcChannel names its socket so
 
 
 class SimFdChannel:
@@ -28,7 +28,7 @@ class SimFdChannel:
         self.driver = driver
 
     def send(self, fd: int, dst_pid: int) -> None:
-        """sendmsg(SCM_RIGHTS) to the socket of process `dst_pid` (PyTorch IpcChannel, §2.5).
+        """sendmsg(SCM_RIGHTS) to the socket of process `dst_pid` (PyTorch IpcChannel).
         The OS resolves the socket path on the sender's host: a peer elsewhere is unreachable."""
         src = self.driver
         target = src.fd_target(fd)
@@ -98,6 +98,6 @@ def pass_fd(src: "SimDriver", fd: int, dst: "SimDriver") -> int:
                  f"on host {dst.gethostname()}, pid {src.proc.pid} on {src.gethostname()}")
         raise FdTransportError(
             110, f"[fd_exchange] timed out connecting to {socket_path(dst.proc.pid)}: pid "
-                 f"{dst.proc.pid} is {where}; POSIX fds reach only processes of one host (reference "
-                 f"§2.5, row V9) and container (row W6)")
+                 f"{dst.proc.pid} is {where}; POSIX fds reach only processes of one host (row V9) "
+                 f"and container (row W6)")
     return dst.receive_fd(target)

@@ -4,8 +4,8 @@ Kinds: allocation (cudaMalloc), vmm_handle (cuMemCreate), imported_handle
 (cuMemImportFromShareableHandle), ipc_mapping (cudaIpcOpenMemHandle, refcounted), vmm_mapping
 (cuMemMap), reservation (cuMemAddressReserve), exported_fd (POSIX fd from export or received
 over a socket), multicast (cuMulticastCreate or imported), multicast_binding, graph_buffer
-(registered by a backend). Closing a communicator must bring it back to zero (DESIGN.md §3
-rule 4); a process exit with residue is a leak, reported item by item.
+(registered by a backend). Closing a communicator must bring it back to zero; a process exit
+with residue is a leak, reported item by item.
 """
 
 from __future__ import annotations

@@ -25,11 +25,15 @@ after it (pids, addresses, handles, reports) is the same as with the probe run.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any, Callable
 
 import numpy as np
 
 from commsim.driver import PROBE_WRITES_LOST
 from commsim.topology.model import GpuRef
+
+# (fabric, gpu) -> the driver of a new process on that GPU's host, current device `gpu`.
+Spawn = Callable[[Any, GpuRef], Any]
 
 PROBE_BYTES = 4096
 _PATTERN = (np.arange(PROBE_BYTES, dtype=np.uint32) * 2654435761 % 251).astype(np.uint8)
@@ -67,10 +71,12 @@ def _message(outcome: tuple[str, str], me: GpuRef, peer: GpuRef) -> str:
     return _MESSAGES[kind].format(me=me, peer=peer, detail=detail)
 
 
-def probe_pair(fabric, me: GpuRef, peer: GpuRef) -> str:
+def probe_pair(fabric, me: GpuRef, peer: GpuRef, spawn: Spawn) -> str:
     """"" when a process on `me` can open `peer`'s IPC handle and write to it intact; else
     what went wrong, naming the call and its code. Cached on the fabric, and by the value
-    the round trip reads (see the module doc)."""
+    the round trip reads (see the module doc). `spawn(fabric, gpu)` starts a helper process
+    on `gpu` and gives its driver (commsim.sim.spawn_driver; passed in because the driver
+    is what calls this)."""
     cache = fabric.__dict__.setdefault("_p2p_probe_cache", {})
     key = (me, peer)
     if key in cache:
@@ -94,7 +100,7 @@ def probe_pair(fabric, me: GpuRef, peer: GpuRef) -> str:
         return text
     touched = lambda: getattr(fabric.memory, "touched", 0)
     pid0, aid0, touched0, flags0 = fabric._next_pid, fabric._next_aid, touched(), len(fabric.flags)
-    outcome = _run(fabric, me, peer)
+    outcome = _run(fabric, me, peer, spawn)
     if len(fabric.flags) == flags0 and outcome[0] != "no_room":
         # Not kept: a probe that found no room (the run's state), or raised a flag (the
         # fabric's record of it must come from a real run).
@@ -106,12 +112,10 @@ def probe_pair(fabric, me: GpuRef, peer: GpuRef) -> str:
     return text
 
 
-def _run(fabric, me: GpuRef, peer: GpuRef) -> tuple[str, str]:
+def _run(fabric, me: GpuRef, peer: GpuRef, spawn: Spawn) -> tuple[str, str]:
     """The round trip itself, in two helper processes; its outcome (see _MESSAGES)."""
-    from commsim.sim import spawn_driver
-
-    owner = spawn_driver(fabric, peer)
-    user = spawn_driver(fabric, me)
+    owner = spawn(fabric, peer)
+    user = spawn(fabric, me)
     try:
         err, ptr = owner.cudaMalloc(PROBE_BYTES)
         if int(err):

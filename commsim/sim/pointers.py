@@ -43,7 +43,7 @@ def pointer_info(driver: "SimDriver", ptr: int) -> PointerInfo | None:
     # cannot see reports the device that mapped it (UNCONFIRMED: the docs say "the device
     # the pointer was allocated on" without covering hidden devices).
     ordinal = gpus.index(gpu) if gpu in gpus else driver.proc.current
-    legacy = m.kind == "malloc"      # only cudaMalloc memory takes cudaIpcGetMemHandle (§1.3)
+    legacy = m.kind == "malloc"      # only cudaMalloc memory takes cudaIpcGetMemHandle (its CUDA docs)
     types = target.handle_types if m.kind == "vmm" and isinstance(target, PhysicalAlloc) else 0
     oid = target.aid if isinstance(target, PhysicalAlloc) else target.mid
     # A malloc range is the allocation; a VMM range is what one cuMemMap mapped

@@ -62,7 +62,7 @@ def rank_of_aid(aid: int) -> int:
 class RemoteAlloc(PhysicalAlloc):
     """Another process's allocation as this process maps it. A legacy (cudaMalloc) one counts
     as freed once its exporter has unlinked the segment: a cudaFree while a peer still has
-    the handle open is undefined (reference §1.1, §7.3, row L15) and the driver faults and
+    the handle open is undefined (row L15) and the driver faults and
     flags the peer's next access, as in thread mode. VMM memory instead lives on while
     mapped (row V13), which the unlinked-but-mapped segment gives by itself."""
 
@@ -500,7 +500,7 @@ class StoreFdMailbox:
     """SimFabric.fd_mailbox for process mode, with the dict surface sim/fd_channel.py uses
     (`setdefault(k, []).append(t)`, `get(k)`, `[k].pop(0)`), carried by the run's store: an
     fd's target travels with the exporter's GPU and size so the receiver maps the segment.
-    SimFdChannel.send has already refused a peer on another host (reference §2.5, row V9) from the
+    SimFdChannel.send has already refused a peer on another host (row V9) from the
     placement, so only same-host fds get here."""
 
     def __init__(self, fabric: ProcessFabric, mailbox: Mailbox) -> None:

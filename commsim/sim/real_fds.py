@@ -7,7 +7,7 @@ the run (the fabric's own handle seal, so process mode resolves it against share
 Being real, it passes over Unix sockets (SCM_RIGHTS) and through pidfd_getfd, os.close
 closes it, and the OS closes it at exit.
 
-An open fd keeps the memory alive until closed (reference §2.3). The program closes fds
+An open fd keeps the memory alive until closed. The program closes fds
 behind our back, so the table notices lazily: before every fd operation of its process and
 at process exit, an fd whose number no longer refers to the same open file (inode) is
 treated as closed, its ledger item dropped and its reference released.
@@ -15,7 +15,7 @@ treated as closed, its ledger item dropped and its reference released.
 Import of an fd this process did not export (one received over a socket, or taken with
 pidfd_getfd) reads the token and adopts the descriptor: from then on the process holds it,
 as the receiver of SCM_RIGHTS does. A descriptor that names memory of another simulated
-host cannot exist on real hardware (an fd never leaves its host, reference §2.5); it is
+host cannot exist on real hardware (an fd never leaves its host); it is
 refused and flagged.
 
 In-process ranks (inproc mode) share one OS fd table. So that a number one simulated
@@ -157,7 +157,7 @@ class FdTable:
         host = _host_of(drv, target)
         if host is not None and host != drv.proc.host:
             drv.fabric.flag(f"pid {drv.proc.pid}: a POSIX fd of host {host} reached host "
-                            f"{drv.proc.host}; fds never leave their host (reference §2.5, row V9)")
+                            f"{drv.proc.host}; fds never leave their host (row V9)")
             return None
         self._entries[fd] = (target, ident)
         self._hold(drv.fabric)
@@ -243,7 +243,7 @@ def _host_of(drv: "SimDriver", target: tuple[str, int]) -> str | None:
 
 def reap_fabric(fabric: Any) -> None:
     """Drop what any process of `fabric` living in this interpreter closed itself, so memory
-    counts see a closed fd's release at once, as the hardware does (reference §2.3: the last
+    counts see a closed fd's release at once, as the hardware does (the last
     reference going frees the memory). In process mode another OS process reaps its own."""
     held = _holding.get(fabric)
     for t in list(held or ()):

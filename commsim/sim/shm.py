@@ -1,8 +1,8 @@
 """Device memory of a simulated GPU backed by POSIX shared memory (/dev/shm), for process mode.
 
 Every run owns one private directory, `/dev/shm/commsim-<launcher pid>-<random>` (mode 0700,
-created exclusively: DESIGN.md section 10). Every allocation is one file in it named by its
-tag (the allocation id), so an importer in another process finds the segment from the handle
+created exclusively, so no other user can plant or read a segment there). Every allocation is
+one file in it named by its tag (the allocation id), so an importer in another process finds the segment from the handle
 bytes alone; every file is created O_CREAT|O_EXCL|O_NOFOLLOW, 0600, so a name planted
 beforehand is refused, never followed. The directory's name is the run's "prefix"; the pid in
 it says which launcher owns the run, so a later run (or `commsim clean`) removes the

@@ -1,7 +1,8 @@
-"""The simulator's choices where the reference could not confirm a CUDA answer.
+"""The simulator's choices where no public source confirms a CUDA answer.
 
-Every semantic rule of the simulator cites its row in shared/reference/domain.md §9 in the
-code that applies it. The rows marked UNCONFIRMED there have no primary source for the exact
+Every semantic rule of the simulator cites its row in the code that applies it (the rows' cases
+and sources: tests/conformance/test_rules.py, docs/fidelity-rules.md,
+docs/lifecycle-rules.md). The rows marked UNCONFIRMED have no primary source for the exact
 code; this one table holds the code chosen for each, so a GPU run (device/) that observes a
 different answer has exactly one place to correct. tests/conformance asserts each entry as
 "UNCONFIRMED: chosen".
@@ -28,20 +29,20 @@ UNCONFIRMED: dict[str, tuple[object, str]] = {
     "M1": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMulticastCreate where attribute 132 is 0"),
     "M5": (R.CUDA_ERROR_INVALID_VALUE, "multicast bind offset/size off the MINIMUM granularity"),
     "M6": (R.CUDA_ERROR_INVALID_VALUE, "cuMulticastUnbind offset/size other than bound (UB: flagged)"),
-    "X1": (R.CUDA_ERROR_INVALID_VALUE, "export of a handle type not requested at cuMemCreate (§2.3)"),
+    "X1": (R.CUDA_ERROR_INVALID_VALUE, "export of a handle type not requested at cuMemCreate"),
     "X2": (R.CUDA_ERROR_SYSTEM_NOT_READY, "cuMemCreate(FABRIC) / multicast bind while the GPU's "
            "fabric state is not COMPLETED (fabric manager not done; M3's code)"),
     "X3": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMulticastAddDevice of a GPU outside the creator's "
            "NVSwitch domain"),
     "X4": (R.CUDA_ERROR_INVALID_VALUE, "POSIX-fd import of a descriptor this process does not hold"),
-    # issue 17, docs/fidelity-rules.md
+    # the fidelity rules, docs/fidelity-rules.md
     "I3": (R.CUDA_ERROR_NOT_PERMITTED, "FABRIC import from a host in another IMEX domain (V5's code)"),
     "MC4": (R.CUDA_ERROR_NOT_PERMITTED, "cuMulticastCreate(FABRIC) without a usable IMEX channel"),
     "H5": (E.cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle of memory its exporter freed"),
     "W6": (E.cudaErrorDeviceUninitialized, "cudaIpcOpenMemHandle of a handle from a process in another "
            "container (pid / IPC namespace) of the same host: 201, \"invalid device context\" as in "
            "vllm-project/vllm#55906"),
-    # issue 18, docs/lifecycle-rules.md (commsim/sim/stream_capture.py)
+    # the lifecycle rules, docs/lifecycle-rules.md (commsim/sim/stream_capture.py)
     "CG3": (E.cudaErrorStreamCaptureUnsupported, "legacy IPC export / open during a capture that "
             "is not RELAXED: refused like cudaMalloc (CG1), and the capture invalidated"),
     "CG4": (E.cudaErrorIllegalState, "cudaStreamBeginCapture while capturing, or "
@@ -53,8 +54,8 @@ def code(row: str):
     return UNCONFIRMED[row][0]
 
 
-# Granularity: typical values are UNCONFIRMED (§10); 2 MiB matches what FlashInfer rounds to
-# (§2.3) for both allocation granularities and the multicast granularity.
+# Granularity: typical values are UNCONFIRMED; 2 MiB matches what FlashInfer rounds to
+# for both allocation granularities and the multicast granularity.
 GRANULARITY_MIN = 2 << 20
 GRANULARITY_RECOMMENDED = 2 << 20
 MULTICAST_GRANULARITY_MIN = 2 << 20

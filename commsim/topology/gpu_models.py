@@ -4,7 +4,7 @@ The topology importers read it to turn a model name into a GPU (a pasted `nvidia
 says how GPUs are linked, not what they are); the hosted surfaces read it for what the device
 reports about itself (SM count, caches, clocks, product PCI id) through NVML, cudart,
 cuda-python and torch. `multicast` and `fabric` say what the *part* can do; the importer turns
-them on only where the host also has an NVSwitch fabric (reference §3.2).
+them on only where the host also has an NVSwitch fabric.
 
 A part's own figures (`Silicon`) cite their public source beside the entry; a figure no source
 pins down is listed in `unconfirmed`. What follows from the compute capability alone (warp
@@ -78,11 +78,11 @@ class GpuSpec:
     model: str                      # marketing name reported by the device
     compute_capability: tuple[int, int]
     memory_gib: int
-    multicast: bool = False         # MULTICAST_SUPPORTED on an NVSwitch board (SM90+, §3.2)
-    fabric: bool = False            # HANDLE_TYPE_FABRIC_SUPPORTED on an NVSwitch board (§2.4)
+    multicast: bool = False         # MULTICAST_SUPPORTED on an NVSwitch board (SM90+)
+    fabric: bool = False            # HANDLE_TYPE_FABRIC_SUPPORTED on an NVSwitch board
     gpu_direct_rdma: bool = True
     arch: str = "x86_64"            # CPU of the host the part ships in
-    pcie_p2p: bool | None = None    # None: platform-dependent; False: never (GeForce, §5)
+    pcie_p2p: bool | None = None    # None: platform-dependent; False: never (GeForce)
     sxm_model: str = ""             # name to report when the matrix is an NVSwitch board
     aliases: tuple[str, ...] = ()
     nvlinks: int = 18               # NVLink links per GPU: decides switch vs mesh (row T1/T2)
@@ -155,7 +155,7 @@ KNOWN: tuple[GpuSpec, ...] = (
         unconfirmed=("memory_clock_mhz",))),
     GpuSpec("H100", "NVIDIA H100 80GB HBM3", (9, 0), 80, True, True, silicon=Silicon(
         132, 50 * MiB, 1980, 2619, 5120, 0x2330, f"{_HOPPER}; {_PCI_IDS} (GH100 [H100 SXM5 80GB])")),
-    # A100 has NVSwitch boards (HGX A100) but no multicast objects (Hopper+ only, §3.2).
+    # A100 has NVSwitch boards (HGX A100) but no multicast objects (Hopper+ only).
     GpuSpec("A100", "NVIDIA A100 80GB PCIe", (8, 0), 80, sxm_model="NVIDIA A100-SXM4-80GB",
             nvlinks=12, silicon=Silicon(
                 108, 40 * MiB, 1410, 1512, 5120, 0x20B5,

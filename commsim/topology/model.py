@@ -1,11 +1,11 @@
 """The topology model: pure, immutable data describing a cluster of hosts and GPUs.
 
-This is the simulator's *ground truth* (DESIGN.md §3 rule 1): the communicator never reads it;
+This is the simulator's *ground truth*: the communicator never reads it;
 it only learns what a real process could learn through driver queries. Everything here is
 plain frozen dataclasses with validation, so a topology can be hashed, compared, pickled and
 written back out.
 
-Vocabulary (reference §4.3, §9 notation):
+Vocabulary:
 - a **host** is one OS instance: it shares `/dev/shm` and the AF_UNIX namespace, so legacy IPC
   and POSIX-fd handles reach exactly the processes of one host;
 - an **NVLink domain** is the set of GPUs joined by NVSwitch fabric; it may span hosts (a
@@ -30,7 +30,7 @@ class TopologyError(UserError, ValueError):
 
 
 class FabricState(IntEnum):
-    """`nvmlGpuFabricState_t` (reference §4.1)."""
+    """`nvmlGpuFabricState_t`."""
 
     NOT_SUPPORTED = 0
     NOT_STARTED = 1
@@ -58,7 +58,7 @@ class Link:
 
     `kind` is "NV" (with `nvlinks` = the bonded link count of `NV#`) or one of PCIE_LINKS.
     `p2p` is what `cuDeviceCanAccessPeer` answers for the pair: NVLink implies it, PCIe paths
-    allow it only where the platform does (GeForce cards never, reference §5).
+    allow it only where the platform does (GeForce cards never).
     """
 
     kind: str
@@ -128,7 +128,7 @@ class Link:
 
 @dataclass(frozen=True)
 class FabricInfo:
-    """`nvmlGpuFabricInfo_t` for one GPU (reference §4.1): what NVML *reports*."""
+    """`nvmlGpuFabricInfo_t` for one GPU: what NVML *reports*."""
 
     cluster_uuid: bytes = ZERO_UUID
     clique_id: int = 0
@@ -143,7 +143,7 @@ class FabricInfo:
 
 @dataclass(frozen=True)
 class Gpu:
-    """One GPU as its own process sees it through device attributes (reference §2.2)."""
+    """One GPU as its own process sees it through device attributes."""
 
     index: int                     # local ordinal on its host
     model: str                     # marketing name, e.g. "NVIDIA H100 80GB HBM3"
@@ -199,7 +199,7 @@ class Host:
     links: tuple[tuple[Link | None, ...], ...]
     imex_channels: tuple[int, ...] = ()   # /dev/nvidia-caps-imex-channels/channel<N> usable here
     driver_version: str = "580.82.07"
-    shm_namespace: str = ""               # hosts sharing a namespace share /dev/shm (reference §4.3)
+    shm_namespace: str = ""               # hosts sharing a namespace share /dev/shm
     arch: str = "x86_64"
     container: ContainerCaps = field(default_factory=ContainerCaps)
 

@@ -14,7 +14,7 @@ from commsim.topology.model import Cluster, FabricState, GpuRef, NVML_ERROR_UNKN
 
 def without_imex(cluster: Cluster, host: str) -> Cluster:
     """No usable IMEX channel on `host` (not created, wrong major/minor, not mounted):
-    cuMemCreate/Import with FABRIC answer NOT_PERMITTED there (reference row V3, V5)."""
+    cuMemCreate/Import with FABRIC answer NOT_PERMITTED there (rows V3, V5)."""
     return cluster.replace_host(host, imex_channels=())
 
 
@@ -44,5 +44,5 @@ def without_multicast(cluster: Cluster, ref: GpuRef) -> Cluster:
 
 
 def with_nvlinks_down(cluster: Cluster, ref: GpuRef) -> Cluster:
-    """Some P2P-capable NVLink of this GPU is inactive (FlashInfer / TRT-LLM check, §4.2)."""
+    """Some P2P-capable NVLink of this GPU is inactive (what FlashInfer / TRT-LLM check)."""
     return cluster.replace_gpu(ref, nvlinks_up=False)

@@ -16,17 +16,23 @@ from commsim.topology.model import (
 GiB = 1 << 30
 
 # NVSwitch boards outside MNNVL report a COMPLETED fabric with an all-zero cluster UUID; NCCL
-# and NVSHMEM read the zero UUID as "no MNNVL" (reference §4.2, row F2).
+# and NVSHMEM read the zero UUID as "no MNNVL" (row F2).
 SINGLE_NODE_FABRIC = FabricInfo(state=FabricState.COMPLETED)
-# PCIe cards and NVLink-bridge pairs have no fabric manager: NVML state NOT_SUPPORTED (§4.1).
+# PCIe cards and NVLink-bridge pairs have no fabric manager: NVML state NOT_SUPPORTED (nvml.h).
 NO_FABRIC = FabricInfo()
 
 
 @dataclass(frozen=True)
 class Preset:
+    """A preset, declared once: its name, the builder that makes the machine under that name
+    (the cluster's own name), and the one-line summary `commsim topo list` prints."""
+
     name: str
-    build: Callable[[], Cluster]
+    builder: Callable[[str], Cluster]
     summary: str
+
+    def build(self) -> Cluster:
+        return self.builder(self.name)
 
 
 def gpu_uuid(host: str, index: int) -> str:
@@ -59,7 +65,7 @@ def two_socket_pcie(i: int, j: int, per_socket: int, p2p_same_socket: bool,
 def nvswitch_box(name: str, host: str, source: str, *, model: str, cc: tuple[int, int], mem: int,
                  nvlinks: int = 18) -> Cluster:
     """One host of 8 GPUs on NVSwitch (HGX / DGX baseboards)."""
-    # All-to-all NVSwitch: every pair NV<nvlinks>, P2P on, multicast supported (§3.2, §5).
+    # All-to-all NVSwitch: every pair NV<nvlinks>, P2P on, multicast supported.
     # HANDLE_TYPE_FABRIC_SUPPORTED is reported 1 even without IMEX, and cuMemCreate(FABRIC)
     # then fails NOT_PERMITTED (DeepEP#487, row V3): no IMEX channels on these hosts.
     g = gpus(host, 8, model=model, compute_capability=cc, memory_bytes=mem,
@@ -76,7 +82,7 @@ def tray_rack(name: str, trays: int, source: str, *, trays_per_clique: int | Non
     NVML clique k + 1 for the k-th run of `trays_per_clique` trays (default: one clique)."""
     # One GB200 compute tray = one OS instance with 4 GPUs (2 superchips), NV18 between them as
     # `nvidia-smi topo -m` prints it (seeds/000); aarch64 Grace CPUs. Every tray has IMEX
-    # channel 0 and NVML reports one cluster UUID for the rack, state COMPLETED (§4-§5).
+    # channel 0; NVML: one cluster UUID for the rack, state COMPLETED (NVIDIA Multi-Node Tuning Guide).
     uuid = cluster_uuid(name)
     per_clique = trays_per_clique or trays
     hosts, members = [], []

@@ -1,8 +1,8 @@
 """Presets: real machine shapes, each with the source of its facts.
 
 `build("gb200-nvl72")` returns the whole rack; `build("gb200-nvl72:2")` its first two trays.
-Attributes a preset cannot source are chosen as the most plausible value and say so.
-Reference tags ([CUDA13-h], §5 ...) point into `shared/reference/domain.md`.
+Attributes a preset cannot source are chosen as the most plausible value and say so; each
+preset names its public sources (vendor pages, datasheets, issue threads).
 """
 
 from __future__ import annotations
@@ -15,105 +15,105 @@ from commsim.topology.preset_parts import (  # noqa: F401  (_uuid, _cluster_uuid
 )
 
 
-def hgx_h100_8() -> Cluster:
+def hgx_h100_8(name: str) -> Cluster:
     return nvswitch_box(
-        "hgx-h100-8", "hgx-h100-0",
+        name, "hgx-h100-0",
         "HGX/DGX H100: 8 GPUs all-to-all over NVSwitch, 18 NVLink-4 links per GPU, 900 GB/s "
-        "(reference §5: scaleway H100-SXM docs, NVIDIA vGPU NVSwitch page)",
+        "(scaleway H100-SXM docs, NVIDIA vGPU NVSwitch page)",
         model="NVIDIA H100 80GB HBM3", cc=(9, 0), mem=80 * GiB)
 
 
-def hgx_h200_8() -> Cluster:
+def hgx_h200_8(name: str) -> Cluster:
     return nvswitch_box(
-        "hgx-h200-8", "hgx-h200-0",
-        "HGX H200: same NVSwitch baseboard as H100 with 141 GB HBM3e (reference §5; NVIDIA vGPU "
+        name, "hgx-h200-0",
+        "HGX H200: same NVSwitch baseboard as H100 with 141 GB HBM3e (NVIDIA vGPU "
         "NVSwitch page lists HGX H200 8-GPU)",
         model="NVIDIA H200", cc=(9, 0), mem=141 * GiB)
 
 
-def dgx_b200_8() -> Cluster:
+def dgx_b200_8(name: str) -> Cluster:
     return nvswitch_box(
-        "dgx-b200-8", "dgx-b200-0",
+        name, "dgx-b200-0",
         "DGX/HGX B200: 8 Blackwell GPUs over NVSwitch, NVLink 5, 1440 GB HBM3e in all; fabric "
-        "attribute 1 but no IMEX (reference §5, DeepEP#487)",
+        "attribute 1 but no IMEX (DeepEP#487)",
         model="NVIDIA B200", cc=(10, 0), mem=180 * GiB)
 
 
-def hgx_b300_8() -> Cluster:
+def hgx_b300_8(name: str) -> Cluster:
     return nvswitch_box(
-        "hgx-b300-8", "hgx-b300-0",
+        name, "hgx-b300-0",
         "HGX B300: 8 Blackwell Ultra GPUs (CC 10.3) over NVSwitch, fabric attribute 1 but no "
         "IMEX by default (NVIDIA HGX B300 page; vllm-project/vllm#42324)",
         model="NVIDIA B300", cc=(10, 3), mem=288 * GiB)
 
 
-def gb200_nvl72() -> Cluster:
+def gb200_nvl72(name: str) -> Cluster:
     return tray_rack(
-        "gb200-nvl72", 18,
+        name, 18,
         "GB200 NVL72: 18 x 1RU compute trays of 4 GPUs, each tray its own OS image, 72 GPUs in "
-        "one NVLink domain (NVIDIA Multi-Node Tuning Guide, reference §5)")
+        "one NVLink domain (NVIDIA Multi-Node Tuning Guide)")
 
 
-def gb300_nvl72() -> Cluster:
+def gb300_nvl72(name: str) -> Cluster:
     # Same rack shape as GB200 NVL72 (18 trays x 4 GPUs, one NVLink domain, IMEX per tray);
     # Blackwell Ultra GPUs, compute capability 10.3 (docs/fidelity-rules.md G).
     return tray_rack(
-        "gb300-nvl72", 18,
+        name, 18,
         "GB300 NVL72: 18 compute trays x 4 Blackwell Ultra GPUs (CC 10.3, 288 GB HBM3e), one "
         "NVLink domain (NVIDIA GB300 NVL72 product page; vllm-project/vllm#42324 SM 10.3)",
         model="NVIDIA GB300", cc=(10, 3), mem=288 * GiB)
 
 
-def gb200_nvl36x2() -> Cluster:
+def gb200_nvl36x2(name: str) -> Cluster:
     # Two racks of 9 x 2RU trays. The reference leaves how the racks join UNCONFIRMED; modelled
     # as one 72-GPU domain (one cluster UUID) with one NVML clique per rack, which is the
     # "same UUID, different clique" case NCCL treats specially (row F3).
     return tray_rack(
-        "gb200-nvl36x2", 18,
+        name, 18,
         "GB200 NVL36x2: two racks of 9 compute trays x 4 GPUs, joined into one 72-GPU domain "
-        "(NVIDIA Multi-Node Tuning Guide; cross-rack detail UNCONFIRMED, reference §5)",
+        "(NVIDIA Multi-Node Tuning Guide; cross-rack detail UNCONFIRMED)",
         trays_per_clique=9)
 
 
-def gh200_nvl32() -> Cluster:
+def gh200_nvl32(name: str) -> Cluster:
     # 16 nodes of 2 GH200 superchips (1 Hopper GPU each) on one NVLink switch system. The node
     # split (2 GPUs per OS instance) follows NVIDIA's GH200 NVL32 announcement; marked
     # UNCONFIRMED here because the reference does not cover GH200.
     return tray_rack(
-        "gh200-nvl32", 16,
+        name, 16,
         "GH200 NVL32: 32 Grace Hopper superchips, 16 nodes, one NVLink domain "
         "(NVIDIA GH200 NVL32 announcement; node split UNCONFIRMED)",
         gpus_per_tray=2, unit="node", model="NVIDIA GH200 144G HBM3e", cc=(9, 0), mem=144 * GiB)
 
 
-def l40s_8_pcie() -> Cluster:
+def l40s_8_pcie(name: str) -> Cluster:
     # L40S has no NVLink (PCIe Gen4 x16); whether PCIe P2P works is platform-dependent and
-    # UNCONFIRMED (§5). This preset is the box *without* P2P, as the issue asks.
-    return pcie_box("l40s-8-pcie", "l40s-0", 8, lambda i, j: two_socket_pcie(i, j, 4, False, False),
-                    "8 x L40S PCIe, no NVLink, P2P disabled (vendor spec; reference §5)",
+    # UNCONFIRMED. This preset is the box *without* P2P, as the bug reports have it.
+    return pcie_box(name, "l40s-0", 8, lambda i, j: two_socket_pcie(i, j, 4, False, False),
+                    "8 x L40S PCIe, no NVLink, P2P disabled (vendor spec)",
                     model="NVIDIA L40S", compute_capability=(8, 9), memory_bytes=48 * GiB)
 
 
-def rtx4090_8() -> Cluster:
+def rtx4090_8(name: str) -> Cluster:
     # GeForce: cudaDeviceCanAccessPeer = 0 for every pair (sglang#4814, nccl-tests#287).
-    return pcie_box("rtx4090-8", "rtx4090-0", 8, lambda i, j: two_socket_pcie(i, j, 4, False, False),
+    return pcie_box(name, "rtx4090-0", 8, lambda i, j: two_socket_pcie(i, j, 4, False, False),
                     "8 x RTX 4090, PCIe only, P2P not supported on GeForce (sglang#4814, "
-                    "NVIDIA/nccl-tests#287; reference §5)",
+                    "NVIDIA/nccl-tests#287)",
                     model="NVIDIA GeForce RTX 4090", compute_capability=(8, 9),
                     memory_bytes=24 * GiB, gpu_direct_rdma=False)
 
 
-def a100_pcie_bridge_8() -> Cluster:
+def a100_pcie_bridge_8(name: str) -> Cluster:
     # NVLink bridges join GPU pairs (0,1), (2,3), ...; NV12 = three bridges of 4 links (pairing
-    # and count UNCONFIRMED, §5). Same-socket PCIe P2P allowed, cross-socket not (the V100
-    # PCIe cross-socket row of §5). No NVSwitch, so no multicast (§3.2).
+    # and count UNCONFIRMED). Same-socket PCIe P2P allowed, cross-socket not (as on V100 PCIe
+    # boxes). No NVSwitch, so no multicast (multicast objects need an NVSwitch).
     def cell(i: int, j: int) -> Link:
         if i // 2 == j // 2:
             return Link("NV", 12)
         return two_socket_pcie(i, j, 4, True, False)
 
-    return pcie_box("a100-pcie-bridge-8", "a100-pcie-0", 8, cell,
-                    "A100 PCIe with NVLink-bridge pairs (reference §5; vLLM "
+    return pcie_box(name, "a100-pcie-0", 8, cell,
+                    "A100 PCIe with NVLink-bridge pairs (vLLM "
                     "flashinfer_all_reduce.py note on bridge-only machines)",
                     model="NVIDIA A100 80GB PCIe", compute_capability=(8, 0), memory_bytes=80 * GiB)
 
@@ -133,9 +133,9 @@ _DGX1 = (
 )
 
 
-def dgx1_v100() -> Cluster:
-    # P2P only over NVLink: the SYS pairs cross sockets (reference §5, V100 cross-socket row).
-    return pcie_box("dgx1-v100", "dgx1-0", 8,
+def dgx1_v100(name: str) -> Cluster:
+    # P2P only over NVLink: the SYS pairs cross sockets (V100 cross-socket row).
+    return pcie_box(name, "dgx1-0", 8,
                     lambda i, j: Link.parse(_DGX1[i][j], p2p=_DGX1[i][j].startswith("NV")),
                     "DGX-1 V100 hybrid cube-mesh (NVIDIA DGX-1 whitepaper; Azure NDv2 uses "
                     "the same mesh, shared/data/nccl-topologies/azure_ndv2-topo.xml)",

@@ -8,7 +8,7 @@ sweep of thousands into hours.
 
 - 144: two NVL72 racks joined into one NVLink domain, one NVML clique per rack, modelled as
   GB200 NVL36x2 is (same cluster UUID, different clique: row F3). How two NVL72 racks join
-  is UNCONFIRMED (reference §5 covers NVL36x2, not two NVL72s).
+  is UNCONFIRMED (NVIDIA's Multi-Node Tuning Guide covers NVL36x2, not two NVL72s).
 - 576: eight NVL72 racks in one NVLink domain through a second tier of NVLink switches, as
   NVL576-class systems are announced; one clique for the whole domain is UNCONFIRMED.
 """

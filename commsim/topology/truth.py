@@ -1,7 +1,7 @@
-"""Ground truth about sharing memory, from the topology alone (DESIGN.md §4).
+"""Ground truth about sharing memory, from the topology alone.
 
 Which handle types the process on one GPU can import from the process on another, restated
-from the documented rules (reference §9: rows L5-L10, V2-V9, F1-F4), and the facts about one
+from the documented rules (rows L5-L10, V2-V9, F1-F4), and the facts about one
 group of GPUs that a backend's oracle rule (`Backend.truth`) reads. Nothing here looks at a
 driver or a discovery view: a wrong rule in a backend's `eligibility` shows up as a
 disagreement with this, instead of being agreed with.
@@ -20,7 +20,7 @@ IPC, POSIX_FD, FABRIC = "ipc", "posix_fd", "fabric"
 
 def fabric_ready(cluster: Cluster, ref: GpuRef) -> bool:
     """NCCL's / TRT-LLM's MNNVL test on one GPU (rows F1, F2, F4) plus the device attributes
-    FABRIC memory needs (rows V2, V4) and active NVLinks (FlashInfer / TRT-LLM, §4.2)."""
+    FABRIC memory needs (rows V2, V4) and active NVLinks (as FlashInfer / TRT-LLM check)."""
     g = cluster.gpu(ref)
     f = g.fabric
     return (g.vmm and g.fabric_handle and f.state == FabricState.COMPLETED and f.status == 0
@@ -75,7 +75,7 @@ def importable(cluster: Cluster, a: GpuRef, b: GpuRef) -> frozenset[str]:
     # ... and one pid / IPC namespace: not between containers of one host (row W6).
     if same_host and ns_a == ns_b and (lk is None or (lk.p2p and not lk.ipc_refused)):
         out.add(IPC)
-    # POSIX fd: travels over AF_UNIX, so one shm / socket namespace (rows V9, W6, §4.3).
+    # POSIX fd: travels over AF_UNIX, so one shm / socket namespace (rows V9, W6).
     ga, gb = cluster.gpu(a), cluster.gpu(b)
     if (ns_a == ns_b and ga.vmm and gb.vmm and ga.posix_fd and gb.posix_fd):
         out.add(POSIX_FD)

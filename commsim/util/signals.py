@@ -2,7 +2,7 @@
 
 `timeout`, CI cancellation and systemd end a process with SIGTERM (a closed terminal sends
 SIGHUP); their default action ends Python without running a single `finally`, which would
-leave rank processes and /dev/shm segments behind (DESIGN.md section 10).
+leave rank processes and /dev/shm segments behind.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """SimDriver rejects exactly what cuda-python's bindings reject, the way they reject it
-(issue 15, finding 5): for every parameter in commsim.sim.binding_args.SIGNATURES and every
+: for every parameter in commsim.sim.binding_args.SIGNATURES and every
 kind of adversarial value, the real binding is called (its argument conversion runs without a
 GPU: a value that converts goes on to load the driver library, which is absent here) and the
 simulator's conversion must raise the same exception type, or accept it too."""

@@ -1,4 +1,4 @@
-"""cuPointerGetAttribute as graph-buffer registration asks it (reference §1.3; issue 18):
+"""cuPointerGetAttribute as graph-buffer registration asks it (docs/lifecycle-rules.md):
 RANGE_START_ADDR and RANGE_SIZE of the allocation holding a pointer, IS_LEGACY_CUDA_IPC_CAPABLE
 1 for cudaMalloc memory and 0 for cuMem memory. Driver protocol only, so it runs on the
 simulator and, with COMMSIM_DEVICE=cuda, on a GPU."""

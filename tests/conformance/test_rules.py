@@ -1,6 +1,8 @@
-"""The semantics as a table: one case per rule of shared/reference/domain.md §1-4 and §9.
+"""The semantics as a table: one case per rule the simulated driver follows (legacy IPC L,
+VMM V, multicast M, fabric info F, and the rows of docs/fidelity-rules.md).
 
-Each Case names its reference row and the citation behind it, the topology and the placement
+Each Case names its row and the public citation behind it (CUDA 13.0 headers, nvml.h, NCCL
+and serving-stack sources, issue threads), the topology and the placement
 of its processes (one simulated process per placement entry, built by conftest.make_rig, the
 only factory), and a body written against the Driver protocol (commsim/driver.py) plus
 `check`. The body returns the result tuple of the call the rule is about; the runner checks
@@ -53,7 +55,7 @@ class U:
 
 @dataclass(frozen=True)
 class Case:
-    row: str                                   # reference §9 row (or § for non-row facts)
+    row: str                                   # the rule's row id (or a name for a non-row fact)
     title: str
     source: str                                # citation, as the reference gives it
     topology: str | Callable[[], Any]          # preset spec, or a function building a Cluster
@@ -122,7 +124,7 @@ def code_of(res) -> int:
 
 # ================================ 9.1 Legacy IPC ==========================================
 
-@case("L1", "cudaIpcGetMemHandle on a cudaMalloc base gives a 64-byte handle", "§1.1 [CUDA13-h]",
+@case("L1", "cudaIpcGetMemHandle on a cudaMalloc base gives a 64-byte handle", "cuda_runtime_api.h (CUDA 13.0)",
       "hgx-h100-8", [(0, 0)])
 def _(rig):
     d = rig[0]
@@ -137,7 +139,7 @@ def _(rig):
 
 
 @case("L2", "cudaIpcGetMemHandle on VMM (cuMemCreate + cuMemMap) memory is rejected",
-      "§1.3; vLLM#42609, vLLM#45611", "hgx-h100-8", [(0, 0)], expect=E.cudaErrorInvalidValue)
+      "cudaIpcGetMemHandle docs; vLLM#42609, vLLM#45611", "hgx-h100-8", [(0, 0)], expect=E.cudaErrorInvalidValue)
 def _(rig):
     d = rig[0]
     g = gran(d)
@@ -167,7 +169,7 @@ def _(rig):
     return res
 
 
-@case("L4", "free + re-cudaMalloc gives a new, different handle", "§1.1 [CUDA13-h]",
+@case("L4", "free + re-cudaMalloc gives a new, different handle", "cuda_runtime_api.h (CUDA 13.0)",
       "hgx-h100-8", [(0, 0)])
 def _(rig):
     d = rig[0]
@@ -183,7 +185,7 @@ def _(rig):
 
 
 @case("L4/freed", "opening the handle of a freed allocation: invalid resource handle",
-      "§1.1 (documented return cudaErrorInvalidResourceHandle); row L4", "gb200-nvl72:1",
+      "cuda_runtime_api.h (documented return cudaErrorInvalidResourceHandle); row L4", "gb200-nvl72:1",
       [(0, 0), (0, 1)], expect=E.cudaErrorInvalidResourceHandle)
 def _(rig):
     exp, imp = rig[0], rig[1]
@@ -196,7 +198,7 @@ def _(rig):
 
 
 @case("L5", "open on the same host, other process, P2P: ok and the bytes are shared",
-      "§1.1 [CUDA13-h]", "gb200-nvl72:1", [(0, 0), (0, 1)])
+      "cuda_runtime_api.h (CUDA 13.0)", "gb200-nvl72:1", [(0, 0), (0, 1)])
 def _(rig):
     exp, imp = rig[0], rig[1]
     n = 64 * 1024
@@ -215,7 +217,7 @@ def _(rig):
 
 
 @case("L6", "double open: same pointer, refcounted close (2nd close needed, 3rd fails)",
-      "§1.1 [CUDA13-h], row L14", "gb200-nvl72:1", [(0, 0), (0, 1)])
+      "cuda_runtime_api.h (CUDA 13.0), row L14", "gb200-nvl72:1", [(0, 0), (0, 1)])
 def _(rig):
     exp, imp = rig[0], rig[1]
     p = check("cudaMalloc", exp.cudaMalloc(4096))
@@ -231,7 +233,7 @@ def _(rig):
     check("cudaIpcCloseMemHandle", imp.cudaIpcCloseMemHandle(q1))
     assert rig.held(1) == {}
     third = imp.cudaIpcCloseMemHandle(q1)
-    # Documented returns of cudaIpcCloseMemHandle (§1.1): MapBufferObjectFailed, NotSupported,
+    # Documented returns of cudaIpcCloseMemHandle (cuda_runtime_api.h): MapBufferObjectFailed, NotSupported,
     # InvalidValue; the simulator answers InvalidValue for a pointer that is no longer open.
     assert code_of(third) in (int(E.cudaErrorInvalidValue), int(E.cudaErrorMapBufferObjectFailed))
     assert code_of(rig.kernel_read(1, q1, 16)) == int(E.cudaErrorIllegalAddress)   # unmapped
@@ -239,7 +241,7 @@ def _(rig):
     return third
 
 
-@case("L7", "second context in one importer process opens the same exporter's handle", "§1.1",
+@case("L7", "second context in one importer process opens the same exporter's handle", "cuda_runtime_api.h",
       "gb200-nvl72:1", [(0, 0), (0, 1)], expect=U("L7"),
       skip="the Driver protocol has no call that creates a second context on one device "
            "(cuCtxCreate), so row L7 cannot be reached; unconfirmed.UNCONFIRMED['L7'] is unused")
@@ -248,7 +250,7 @@ def _(rig):
 
 
 @case("L8", "legacy IPC across hosts (two GB200 trays, one NVLink domain)",
-      "§1.4; flashinfer#2006, vLLM#52778", "gb200-nvl72:2", [(0, 0), (1, 0)],
+      "flashinfer#2006, vLLM#52778", "gb200-nvl72:2", [(0, 0), (1, 0)],
       expect=E.cudaErrorInvalidResourceHandle)
 def _(rig):
     exp, imp = rig[0], rig[1]
@@ -267,7 +269,7 @@ def _(rig):
 
 
 @case("L9", "open in the exporting process itself: invalid device context (201)",
-      "§1.4; ucx#11603, ucx#4431", "gb200-nvl72:1", [(0, 0)],
+      "ucx#11603, ucx#4431", "gb200-nvl72:1", [(0, 0)],
       expect=E.cudaErrorDeviceUninitialized)
 def _(rig):
     d = rig[0]
@@ -294,14 +296,14 @@ def _l10(rig):
     return res
 
 
-case("L10", "no P2P between the devices (GeForce RTX 4090)", "§1.4; sglang#4814, nccl-tests#287",
+case("L10", "no P2P between the devices (GeForce RTX 4090)", "sglang#4814, nccl-tests#287",
      "rtx4090-8", [(0, 0), (0, 1)], expect=E.cudaErrorPeerAccessUnsupported)(_l10)
 case("L10/edited", "no P2P between the devices (HGX H100 edited with modify.without_p2p)",
-     "§1.4; sglang#4814", lambda: modify.without_p2p(build("hgx-h100-8"), "hgx-h100-0", 0, 1),
+     "sglang#4814", lambda: modify.without_p2p(build("hgx-h100-8"), "hgx-h100-0", 0, 1),
      [(0, 0), (0, 1)], expect=E.cudaErrorPeerAccessUnsupported)(_l10)
 
 
-@case("L12", "too many peer mappings (limit lowered to 1 for the case)", "§1.1 documented returns",
+@case("L12", "too many peer mappings (limit lowered to 1 for the case)", "cuda_runtime_api.h documented returns",
       "gb200-nvl72:1", [(0, 0), (0, 1)], expect=E.cudaErrorTooManyPeers, sim_only=True)
 def _(rig):
     exp, imp = rig[0], rig[1]
@@ -320,7 +322,7 @@ def _(rig):
     return res
 
 
-@case("L13", "flags != cudaIpcMemLazyEnablePeerAccess", "§1.1 (flags must be the lazy flag)",
+@case("L13", "flags != cudaIpcMemLazyEnablePeerAccess", "cuda_runtime_api.h (flags must be the lazy flag)",
       "gb200-nvl72:1", [(0, 0), (0, 1)], expect=U("L13"))
 def _(rig):
     exp, imp = rig[0], rig[1]
@@ -333,7 +335,7 @@ def _(rig):
 
 
 @case("L14", "close unmaps only the caller's import: exporter and other importers unaffected",
-      "§1.1 [CUDA13-h]", "gb200-nvl72:1", [(0, 0), (0, 1), (0, 2)])
+      "cuda_runtime_api.h (CUDA 13.0)", "gb200-nvl72:1", [(0, 0), (0, 1), (0, 2)])
 def _(rig):
     exp, i1, i2 = rig[0], rig[1], rig[2]
     p = check("cudaMalloc", exp.cudaMalloc(4096))
@@ -354,7 +356,7 @@ def _(rig):
 
 
 @case("L15", "exporter cudaFree while a peer has it open: flagged, the peer's access faults",
-      "§1.1 (undefined), §7.3; row L15", "gb200-nvl72:1", [(0, 0), (0, 1)],
+      "cuda_runtime_api.h (undefined); row L15", "gb200-nvl72:1", [(0, 0), (0, 1)],
       expect=E.cudaErrorIllegalAddress)
 def _(rig):
     exp, imp = rig[0], rig[1]
@@ -373,7 +375,7 @@ def _(rig):
 
 # ================================ 9.2 VMM and fabric ======================================
 
-@case("V1", "cuMemCreate size not a multiple of the MINIMUM granularity", "§2.3",
+@case("V1", "cuMemCreate size not a multiple of the MINIMUM granularity", "cuda.h",
       "hgx-h100-8", [(0, 0)], expect=U("V1"))
 def _(rig):
     d = rig[0]
@@ -382,7 +384,7 @@ def _(rig):
     return res
 
 
-@case("V2", "cuMemCreate(FABRIC) on a GB200 tray with IMEX", "§2.3; row V2", "gb200-nvl72:1",
+@case("V2", "cuMemCreate(FABRIC) on a GB200 tray with IMEX", "cuda.h; row V2", "gb200-nvl72:1",
       [(0, 0)], expect=R.CUDA_SUCCESS)
 def _(rig):
     d = rig[0]
@@ -407,20 +409,20 @@ def _v3(rig):
 
 
 case("V3/imex", "cuMemCreate(FABRIC) on a tray without IMEX channel (modify.without_imex)",
-     "§2.4; write-up 70192288331, IMEX guide", lambda: modify.without_imex(
+     "write-up 70192288331, IMEX guide", lambda: modify.without_imex(
          build("gb200-nvl72:2"), "gb200-nvl72-tray00"), [(0, 0)],
      expect=R.CUDA_ERROR_NOT_PERMITTED)(_v3)
 
 
 @case("V3/b200", "cuMemCreate(FABRIC) on DGX B200: attribute 128 says 1, no IMEX",
-      "§2.4; DeepEP#487", "dgx-b200-8", [(0, 0)], expect=R.CUDA_ERROR_NOT_PERMITTED)
+      "DeepEP#487", "dgx-b200-8", [(0, 0)], expect=R.CUDA_ERROR_NOT_PERMITTED)
 def _(rig):
     d = rig[0]
     assert check("attr", d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0)) == 1
     return _v3(rig)
 
 
-@case("V4", "cuMemCreate(FABRIC) where attribute 128 is 0", "§2.4", lambda: build(
+@case("V4", "cuMemCreate(FABRIC) where attribute 128 is 0", "cuda.h", lambda: build(
       "gb200-nvl72:1").replace_gpu(GpuRef("gb200-nvl72-tray00", 0), fabric_handle=False),
       [(0, 0)], expect=U("V4"))
 def _(rig):
@@ -447,7 +449,7 @@ def _teardown_export(rig, i, h, ptr, g):
 
 
 @case("V5", "FABRIC import on a tray without IMEX (exporter's tray has it)",
-      "§2.3 [CUDA13-h] cuMemImportFromShareableHandle; row V5", lambda: modify.without_imex(
+      "cuda.h (CUDA 13.0) cuMemImportFromShareableHandle; row V5", lambda: modify.without_imex(
           build("gb200-nvl72:2"), "gb200-nvl72-tray01"), [(0, 0), (1, 0)],
       expect=R.CUDA_ERROR_NOT_PERMITTED)
 def _import_refused(rig):
@@ -460,7 +462,7 @@ def _import_refused(rig):
 
 
 @case("V6", "FABRIC import on a GPU that does not support the type (attribute 128 = 0)",
-      "§2.3 [CUDA13-h]; row V6", lambda: build("gb200-nvl72:2").replace_gpu(
+      "cuda.h (CUDA 13.0); row V6", lambda: build("gb200-nvl72:2").replace_gpu(
           GpuRef("gb200-nvl72-tray01", 0), fabric_handle=False), [(0, 0), (1, 0)],
       expect=R.CUDA_ERROR_NOT_SUPPORTED)
 def _(rig):
@@ -486,7 +488,7 @@ def _two_domains():
 
 
 @case("V7", "FABRIC import from another NVLink domain (different clusterUuid): fails, flagged",
-      "§2.4; row V7", _two_domains, [(0, 0), (1, 0)], expect=U("V7"))
+      "NVIDIA IMEX guide; row V7", _two_domains, [(0, 0), (1, 0)], expect=U("V7"))
 def _(rig):
     u0 = check("nvml", rig[0].nvmlDeviceGetGpuFabricInfo(0)).cluster_uuid
     u1 = check("nvml", rig[1].nvmlDeviceGetGpuFabricInfo(0)).cluster_uuid
@@ -500,7 +502,7 @@ def _(rig):
 
 
 @case("V8", "FABRIC across hosts in one domain: import ok, the importer sees the exporter's bytes",
-      "§2.4-2.5; row V8", "gb200-nvl72:2", [(0, 0), (1, 0)], expect=R.CUDA_SUCCESS)
+      "cuda.h; row V8", "gb200-nvl72:2", [(0, 0), (1, 0)], expect=R.CUDA_SUCCESS)
 def _(rig):
     exp, imp = rig[0], rig[1]
     assert exp.gethostname() != imp.gethostname()
@@ -522,7 +524,7 @@ def _(rig):
     return res
 
 
-@case("V9", "POSIX-fd handle to another host cannot be transported", "§2.5; row V9",
+@case("V9", "POSIX-fd handle to another host cannot be transported", "man 7 unix (SCM_RIGHTS); row V9",
       "gb200-nvl72:2", [(0, 0), (1, 0)])
 def _(rig):
     d = rig[0]
@@ -538,7 +540,7 @@ def _(rig):
 
 
 @case("V9/same-host", "POSIX-fd handle within a host: passes, the import maps the same bytes",
-      "§2.5", "gb200-nvl72:2", [(0, 0), (0, 1)], expect=R.CUDA_SUCCESS)
+      "man 7 unix (SCM_RIGHTS)", "gb200-nvl72:2", [(0, 0), (0, 1)], expect=R.CUDA_SUCCESS)
 def _(rig):
     exp, imp = rig[0], rig[1]
     d = exp
@@ -563,7 +565,7 @@ def _(rig):
 
 
 @case("V9/fd-lifetime", "an exported POSIX fd keeps the memory alive after cuMemRelease",
-      "§2.3 [CUDA13-h] cuMemExportToShareableHandle ('once every shareable handle is closed "
+      "cuda.h (CUDA 13.0) cuMemExportToShareableHandle ('once every shareable handle is closed "
       "and the allocation is released, the memory goes back to the OS')", "hgx-h100-8",
       [(0, 0), (0, 1)], expect=R.CUDA_SUCCESS)
 def _(rig):
@@ -602,7 +604,7 @@ def _(rig):
     return res
 
 
-@case("V10", "cuMemMap onto a range that is already mapped", "§2.3; row V10", "hgx-h100-8",
+@case("V10", "cuMemMap onto a range that is already mapped", "cuda.h; row V10", "hgx-h100-8",
       [(0, 0)], expect=U("V10"))
 def _(rig):
     d = rig[0]
@@ -617,7 +619,7 @@ def _(rig):
     return res
 
 
-@case("V10/unreserved", "cuMemMap onto a range that was never reserved", "§2.3; row V10",
+@case("V10/unreserved", "cuMemMap onto a range that was never reserved", "cuda.h; row V10",
       "hgx-h100-8", [(0, 0)], expect=U("V10"))
 def _(rig):
     d = rig[0]
@@ -630,7 +632,7 @@ def _(rig):
     return res
 
 
-@case("V11", "cuMemMap without cuMemSetAccess: device access faults (700)", "§2.3; row V11",
+@case("V11", "cuMemMap without cuMemSetAccess: device access faults (700)", "cuda.h; row V11",
       "hgx-h100-8", [(0, 0)], expect=E.cudaErrorIllegalAddress)
 def _(rig):
     d = rig[0]
@@ -645,7 +647,7 @@ def _(rig):
     return res
 
 
-@case("V12", "cuMemUnmap of a sub-range of a mapping", "§2.3; row V12", "hgx-h100-8", [(0, 0)],
+@case("V12", "cuMemUnmap of a sub-range of a mapping", "cuda.h; row V12", "hgx-h100-8", [(0, 0)],
       expect=U("V12"))
 def _(rig):
     d = rig[0]
@@ -660,7 +662,7 @@ def _(rig):
 
 
 @case("V13", "cuMemRelease while mapped: still readable, memory freed after the last unmap",
-      "§2.3; row V13", "hgx-h100-8", [(0, 0)], expect=R.CUDA_SUCCESS)
+      "cuda.h; row V13", "hgx-h100-8", [(0, 0)], expect=R.CUDA_SUCCESS)
 def _(rig):
     d = rig[0]
     g = gran(d)
@@ -679,7 +681,7 @@ def _(rig):
 
 
 @case("V14", "every import needs its own cuMemRelease; memory lives until the last",
-      "§2.3 [CUDA13-h]; row V14", "gb200-nvl72:2", [(0, 0), (1, 1)], expect=R.CUDA_SUCCESS)
+      "cuda.h (CUDA 13.0); row V14", "gb200-nvl72:2", [(0, 0), (1, 1)], expect=R.CUDA_SUCCESS)
 def _(rig):
     d, imp = rig[0], rig[1]
     g = gran(d, 0, FABRIC)
@@ -696,7 +698,7 @@ def _(rig):
     return res
 
 
-@case("V15", "cuMemAddressFree with a size other than the reservation", "§2.3; row V15",
+@case("V15", "cuMemAddressFree with a size other than the reservation", "cuda.h; row V15",
       "hgx-h100-8", [(0, 0)], expect=U("V15"))
 def _(rig):
     d = rig[0]
@@ -708,7 +710,7 @@ def _(rig):
     return res
 
 
-@case("X1", "export of a handle type not requested at cuMemCreate", "§2.3", "gb200-nvl72:1",
+@case("X1", "export of a handle type not requested at cuMemCreate", "cuda.h", "gb200-nvl72:1",
       [(0, 0)], expect=U("X1"))
 def _(rig):
     d = rig[0]
@@ -719,7 +721,7 @@ def _(rig):
 
 
 @case("X2", "cuMemCreate(FABRIC) while the GPU's fabric state is IN_PROGRESS",
-      "§4.1; rows F1, M3", lambda: modify.with_fabric_state(
+      "nvml.h; rows F1, M3", lambda: modify.with_fabric_state(
           build("gb200-nvl72:1"), GpuRef("gb200-nvl72-tray00", 0), FabricState.IN_PROGRESS),
       [(0, 0)], expect=U("X2"))
 def _(rig):
@@ -737,7 +739,7 @@ def _split_hgx():
         NvlinkDomain("right", dom.members[4:])))
 
 
-@case("X3", "cuMulticastAddDevice of a GPU outside the creator's NVSwitch domain", "§3.1",
+@case("X3", "cuMulticastAddDevice of a GPU outside the creator's NVSwitch domain", "cuda.h",
       _split_hgx, [(0, 0)], expect=U("X3"))
 def _(rig):
     d = rig[0]
@@ -749,7 +751,7 @@ def _(rig):
     return res
 
 
-@case("X4", "POSIX-fd import of a descriptor this process does not hold", "§2.5",
+@case("X4", "POSIX-fd import of a descriptor this process does not hold", "man 7 unix (SCM_RIGHTS)",
       "hgx-h100-8", [(0, 0), (0, 1)], expect=U("X4"))
 def _(rig):
     d = rig[0]
@@ -769,10 +771,10 @@ def _m1(rig):
     return d.cuMulticastCreate(multicast_prop(2, 2 * MIB, int(FD)))
 
 
-case("M1", "cuMulticastCreate without multicast support (8 x L40S PCIe)", "§3.2; row M1",
+case("M1", "cuMulticastCreate without multicast support (8 x L40S PCIe)", "multicast needs an NVSwitch (FlashInfer, vLLM checks); row M1",
      "l40s-8-pcie", [(0, 0)], expect=U("M1"))(_m1)
 case("M1/a100", "cuMulticastCreate without multicast support (A100 NVLink-bridge pairs)",
-     "§3.2 (vLLM flashinfer_all_reduce.py note); row M1", "a100-pcie-bridge-8", [(0, 0)],
+     "vLLM flashinfer_all_reduce.py note; row M1", "a100-pcie-bridge-8", [(0, 0)],
      expect=U("M1"))(_m1)
 
 
@@ -781,7 +783,7 @@ HGX8 = [(0, g) for g in range(N_HGX)]
 
 
 @case("M2", "multicast on HGX: 8 processes add their device, bind, map; multimem sees all ranks",
-      "§3.1 [CUDA13-h], §3.2; row M2", "hgx-h100-8", HGX8, expect=R.CUDA_SUCCESS)
+      "cuda.h (CUDA 13.0), FlashInfer SymmDeviceMemory; row M2", "hgx-h100-8", HGX8, expect=R.CUDA_SUCCESS)
 def _(rig):
     n = len(rig)
     mg = check("gran", rig[0].cuMulticastGetGranularity(multicast_prop(n, 0), 1))
@@ -789,7 +791,7 @@ def _(rig):
     results = []
     arrived = {"bound": 0, "read": 0}
 
-    def barrier(what: str):   # what a CPU-group barrier gives FlashInfer's setup (§3.2)
+    def barrier(what: str):   # what a CPU-group barrier gives FlashInfer's setup
         arrived[what] += 1
         wait_until(lambda: arrived[what] == n, f"all ranks {what}")
 
@@ -821,7 +823,7 @@ def _(rig):
         assert rig.held(r) == {("multicast" if r == 0 else "imported_handle"): 1,
                                "vmm_handle": 1, "reservation": 2, "vmm_mapping": 2,
                                "multicast_binding": 1, "exported_fd": 1}
-        # teardown in FlashInfer's order (§7.3): barrier, unbind, unmap mc, unmap unicast,
+        # teardown in FlashInfer's order: barrier, unbind, unmap mc, unmap unicast,
         # release mc, release unicast
         barrier("read")
         check("unbind", d.cuMulticastUnbind(mc, r, 0, mg))
@@ -839,7 +841,7 @@ def _(rig):
 
 
 @case("M2/hang", "bind before every device joined, one rank never adds: diagnosed hang",
-      "§3.1 [CUDA13-h]; row M2", "hgx-h100-8", HGX8, sim_only=True)
+      "cuda.h (CUDA 13.0); row M2", "hgx-h100-8", HGX8, sim_only=True)
 def _(rig):
     n = len(rig)
     mg = check("gran", rig[0].cuMulticastGetGranularity(multicast_prop(n, 0), 1))
@@ -890,7 +892,7 @@ def _one_device_mc(d, size_granules: int = 1):
 
 
 @case("M3", "cuMulticastBindMem while the fabric manager is not done (state IN_PROGRESS)",
-      "§3.1 [CUDA13-h]; row M3", lambda: modify.with_fabric_state(
+      "cuda.h (CUDA 13.0); row M3", lambda: modify.with_fabric_state(
           build("hgx-h100-8"), GpuRef("hgx-h100-0", 0), FabricState.IN_PROGRESS),
       [(0, 0)], expect=R.CUDA_ERROR_SYSTEM_NOT_READY)
 def _(rig):
@@ -903,7 +905,7 @@ def _(rig):
     return res
 
 
-@case("M5", "multicast bind offset off the multicast MINIMUM granularity", "§3.1; row M5",
+@case("M5", "multicast bind offset off the multicast MINIMUM granularity", "cuda.h; row M5",
       "hgx-h100-8", [(0, 0)], expect=U("M5"))
 def _(rig):
     d = rig[0]
@@ -915,7 +917,7 @@ def _(rig):
 
 
 @case("M6", "cuMulticastUnbind with a size other than bound (undefined: flagged)",
-      "§3.1; row M6", "hgx-h100-8", [(0, 0)], expect=U("M6"))
+      "cuda.h; row M6", "hgx-h100-8", [(0, 0)], expect=U("M6"))
 def _(rig):
     d = rig[0]
     mg, mc, mem = _one_device_mc(d, 2)
@@ -932,7 +934,7 @@ def _(rig):
 # ================================ 4 / 9.4 NVML fabric info ================================
 
 @case("sec4.1", "NVML fabric info on GB200 trays: one cluster UUID, clique, COMPLETED",
-      "§4.1 [NCCL@5067397 nvmlwrap.h]; §5", "gb200-nvl72:2", [(0, 0), (1, 3)])
+      "NVIDIA/nccl@5067397 nvmlwrap.h; NVIDIA Multi-Node Tuning Guide", "gb200-nvl72:2", [(0, 0), (1, 3)])
 def _(rig):
     infos = [check("nvml", rig[i].nvmlDeviceGetGpuFabricInfo(g)) for i, g in ((0, 0), (1, 3))]
     for f in infos:
@@ -942,7 +944,7 @@ def _(rig):
     return (0,)
 
 
-@case("F1", "NVML reports the fabric state a GPU is in (IN_PROGRESS)", "§4.1; row F1",
+@case("F1", "NVML reports the fabric state a GPU is in (IN_PROGRESS)", "nvml.h; row F1",
       lambda: modify.with_fabric_state(build("gb200-nvl72:1"), GpuRef("gb200-nvl72-tray00", 2),
                                        FabricState.IN_PROGRESS, status_ok=False), [(0, 0)])
 def _(rig):
@@ -955,7 +957,7 @@ def _(rig):
 
 
 @case("F2", "single-node NVSwitch board: state COMPLETED with an all-zero cluster UUID",
-      "§4.2; row F2", "hgx-h100-8", [(0, 0)])
+      "NVIDIA/nccl src/mnnvl.cc; row F2", "hgx-h100-8", [(0, 0)])
 def _(rig):
     f = check("nvml", rig[0].nvmlDeviceGetGpuFabricInfo(0))
     assert (f.cluster_uuid, f.state) == (bytes(16), int(FabricState.COMPLETED))
@@ -963,7 +965,7 @@ def _(rig):
 
 
 @case("F3", "GB200 NVL36x2: same cluster UUID, different clique across the racks",
-      "§4.2 [NCCL@5067397 mnnvl.cc]; row F3", "gb200-nvl36x2:10", [(0, 0), (9, 0)])
+      "NVIDIA/nccl@5067397 mnnvl.cc; row F3", "gb200-nvl36x2:10", [(0, 0), (9, 0)])
 def _(rig):
     a = check("nvml", rig[0].nvmlDeviceGetGpuFabricInfo(0))
     b = check("nvml", rig[1].nvmlDeviceGetGpuFabricInfo(0))
@@ -972,7 +974,7 @@ def _(rig):
 
 
 @case("B3", "nvmlDeviceGetP2PStatus(NVLINK): OK on NVSwitch / bridge pairs, not on PCIe",
-      "§6.1.1 (vLLM is_fully_connected); §5", "a100-pcie-bridge-8", [(0, 0)])
+      "vLLM custom_all_reduce.py is_fully_connected", "a100-pcie-bridge-8", [(0, 0)])
 def _(rig):
     d = rig[0]
     assert check("nvml", d.nvmlDeviceGetP2PStatus(0, 1)) == NVML_P2P_STATUS_OK      # NV12 bridge
@@ -993,15 +995,15 @@ def _p2p_all(expect_status):
 
 
 case("B3/nvswitch", "nvmlDeviceGetP2PStatus(NVLINK) on HGX H100: OK for every pair",
-     "§6.1.1; §5", "hgx-h100-8", [(0, 0)])(_p2p_all(NVML_P2P_STATUS_OK))
+     "vLLM custom_all_reduce.py is_fully_connected", "hgx-h100-8", [(0, 0)])(_p2p_all(NVML_P2P_STATUS_OK))
 case("B3/pcie", "nvmlDeviceGetP2PStatus(NVLINK) on L40S PCIe: NOT_SUPPORTED for every pair",
-     "§6.1.1; §5", "l40s-8-pcie", [(0, 0)])(_p2p_all(NVML_P2P_STATUS_NOT_SUPPORTED))
+     "vLLM custom_all_reduce.py is_fully_connected", "l40s-8-pcie", [(0, 0)])(_p2p_all(NVML_P2P_STATUS_NOT_SUPPORTED))
 
 
 # ================================ 7.3 teardown / ledger ===================================
 
 @case("sec7.3/exit", "process exit with residue: exit_process reports each leak and its call site",
-      "§7.3; vLLM#46515 (row G5)", "gb200-nvl72:1", [(0, 0), (0, 1)], sim_only=True)
+      "vLLM#46515 (row G5)", "gb200-nvl72:1", [(0, 0), (0, 1)], sim_only=True)
 def _(rig):
     exp, imp = rig[0], rig[1]
     p = check("cudaMalloc", exp.cudaMalloc(4096))
@@ -1023,7 +1025,7 @@ def _(rig):
     return (0,)
 
 
-# ================================ issue 17: docs/fidelity-rules.md ==========================
+# ============================ the fidelity rules: docs/fidelity-rules.md ==========================
 
 def _pair_link(preset: str, i: int, j: int, **facts):
     """`preset` with the link GPU i-GPU j of its first host changed (both directions)."""
@@ -1118,7 +1120,7 @@ def _(rig):
 
 
 @case("N2", "NVLinks down with PCIe P2P: CanAccessPeer 1, NVML NVLink status NOT_SUPPORTED",
-      "reference §4.2 (FlashInfer/TRT-LLM read nvmlDeviceGetNvLinkState); row N2",
+      "FlashInfer/TRT-LLM read nvmlDeviceGetNvLinkState; row N2",
       lambda: modify.with_nvlinks_down(build("hgx-h100-8"), GpuRef("hgx-h100-0", 1)), [(0, 0)],
       expect=E.cudaSuccess)
 def _(rig):
@@ -1206,7 +1208,7 @@ def _(rig):
 
 
 @case("W6/fd", "POSIX fd to a process in another container of one host: no socket path",
-      "§2.5 (the socket path lives in the sender's filesystem); row V9 by analogy; openucx/ucx#11546 "
+      "man 7 unix (the socket path lives in the sender's filesystem); row V9 by analogy; openucx/ucx#11546 "
       "(sharing needs a bind-mounted directory); row W6",
       _containers(), [(0, 0), (0, 1)], sim_only=True)
 def _(rig):
@@ -1243,7 +1245,7 @@ def _(rig):
 
 
 @case("W6/one-container", "without the fact, one host is one namespace: IPC opens as before",
-      "reference §4.3; row W6 (the control)", "hgx-h100-8", [(0, 0), (0, 1)], expect=E.cudaSuccess)
+      "row W6 (the control)", "hgx-h100-8", [(0, 0), (0, 1)], expect=E.cudaSuccess)
 def _(rig):
     assert rig[0].shm_namespace() == rig[1].shm_namespace()
     p, _h, res = _ipc_round_trip(rig)

@@ -1,4 +1,4 @@
-"""cuda.bindings.runtime / cuda.bindings.driver as a hosted rank sees them (issue 16 point 2).
+"""cuda.bindings.runtime / cuda.bindings.driver as a hosted rank sees them.
 
 Programs import cuda-python themselves and know nothing of commsim; the harness only
 decides which simulated process each rank is. Machines: a 2-tray GB200 slice, an HGX H100

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("module_surfaces")
 
 
 class IpcHandle(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_byte * 128)]     # as the wrappers declare it (§1.1)
+    _fields_ = [("internal", ctypes.c_byte * 128)]     # as the wrappers declare it (cuda_runtime_api.h)
 
 
 def loaded_library_path(stem: str) -> str | None:

@@ -1,4 +1,4 @@
-"""POSIX-fd handles are real OS file descriptors (issue 16, point 2).
+"""POSIX-fd handles are real OS file descriptors.
 
 The programs use cuda-python, `socket.send_fds`/`recv_fds` (SCM_RIGHTS), os.pidfd_open +
 the pidfd_getfd syscall and os.close, as a serving stack's fd exchange does; the asserts
@@ -90,7 +90,7 @@ def test_an_fd_the_program_never_closes_is_a_leak_and_closed_at_exit():
     h, fd = solo(r, export_fd)
     from cuda.bindings import driver as cu
     solo(r, lambda: cu.cuMemRelease(h))
-    assert fabric.allocs, "the open fd keeps the memory alive (reference §2.3)"
+    assert fabric.allocs, "the open fd keeps the memory alive"
     leaks = fabric.exit_process(r.driver.proc.pid)
     assert len(leaks) == 1 and leaks[0].startswith("exported_fd")
     with pytest.raises(OSError):
@@ -267,7 +267,7 @@ def test_fds_pass_between_real_processes_in_process_mode():
 
 
 def test_closing_the_fd_frees_the_memory_at_once():
-    """Release + os.close drops the last reference (reference §2.3): torch.cuda's and NVML's
+    """Release + os.close drops the last reference: torch.cuda's and NVML's
     memory counts see the bytes free without any other fd call in between."""
     _, (r,) = ranks("l40s-8-pcie", [(0, 3)])
 

@@ -1,4 +1,4 @@
-"""Issue 9: the conformance suite (tests/conformance) with every simulated process a real OS
+"""The conformance suite (tests/conformance) with every simulated process a real OS
 process (COMMSIM_DEVICE=procs, commsim/procs/rig.py). Every case asserts the same codes as in
 thread mode; the cases that exercise the simulator's own limits (sim_only) and row L7 (no call
 reaches it) are skipped there, as under the CUDA rig."""
@@ -25,7 +25,7 @@ def test_conformance_suite_in_process_mode():
     assert p.returncode == 0, out[-4000:]
     passed = int(re.search(r"(\d+) passed", out).group(1))
     skipped = re.findall(r"SKIPPED \[\d+\] [^:]+:\d+: (.*)", out)
-    # Skipped: the sim_only cases (4 before issue 17; its P3/dropped, P3/corrupt, MC6 and MC7
+    # Skipped: the sim_only cases (4 before the fidelity rules; their P3/dropped, P3/corrupt, MC6 and MC7
     # exercise the simulator's own model of undefined or patched behaviour), the four W6
     # container cases (containers are the simulator's: a rig's workers share one set of
     # namespaces), the four stream-capture cases CG1-CG4 (the Driver protocol has no capture

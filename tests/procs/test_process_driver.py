@@ -1,9 +1,9 @@
-"""Issue 9: the driver's sharing rules across real processes, asserted equal to thread mode.
+"""The driver's sharing rules across real processes, asserted equal to thread mode.
 
 Each check is a rank function over (world group, driver) run once as greenlets over one
 SimFabric and once as OS processes over ProcessFabrics in shared memory: the bytes an import
 maps are the exporter's real bytes, and what may not be imported still fails with the
-driver's code (reference §1.4 row L8, §2.4, §2.5 row V9)."""
+driver's code (rows L8, V9)."""
 
 from __future__ import annotations
 

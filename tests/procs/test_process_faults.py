@@ -1,4 +1,4 @@
-"""Issue 9: faults across real processes. A rank killed at a step, a rank that never joins and
+"""Faults across real processes. A rank killed at a step, a rank that never joins and
 a rank that stops answering (its peers' store waits time out): the survivors say which rank
 failed and where within a bounded time, and the run leaves no shared-memory segment and no
 process behind."""

@@ -1,4 +1,4 @@
-"""Issue 9: Ctrl-C during `commsim run --procs` leaves no rank process and no shared memory."""
+"""Ctrl-C during `commsim run --procs` leaves no rank process and no shared memory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 9: the same scenarios in thread mode and in process mode give the same outcome:
+"""The same scenarios in thread mode and in process mode give the same outcome:
 verdict, backend per group/op/size/dtype, errors (name, step, failing rank), numerics, ledger,
 flags and the communicators' decision traces (RunResult.outcome)."""
 

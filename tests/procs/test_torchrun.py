@@ -1,4 +1,4 @@
-"""Issue 9: process mode under torchrun (the launcher a serving stack uses), 2 CPU ranks."""
+"""Process mode under torchrun (the launcher a serving stack uses), 2 CPU ranks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 17's shipped scenarios (scenarios/fidelity/): each passes as written (backends,
+"""The fidelity rules' shipped scenarios (scenarios/fidelity/): each passes as written (backends,
 errors, exact results, zero ledger where it must pass), and `explain` names the fact that
 decided (docs/fidelity-rules.md)."""
 
@@ -123,7 +123,8 @@ def test_oracle_judges_fabric_as_a_rank_without_the_peer_sees_it(fault: str, fab
     """One GPU per process (row W1): the oracle's FABRIC rule follows what the probe can tell
     there (truth.fabric_path_disproved), so eligibility and oracle agree (sweep s14-9691:
     a refused open admitted fabric, which the oracle called illegal)."""
-    from commsim.scenario.oracle import group_truth, judge
+    from commsim.scenario.legal import group_truth
+    from commsim.scenario.oracle import judge
     from commsim.scenario.schema import loads
 
     text = ('[scenario]\nname = "t"\n[topology]\npreset = "gb200-nvl72"\nhosts = 1\n'

@@ -1,4 +1,4 @@
-"""Issue 18's regressions: each fails under its shortcut policy as filed (error, step, rank,
+"""The lifecycle regressions (docs/lifecycle-rules.md): each fails under its shortcut policy as filed (error, step, rank,
 text) and passes under the default policy with the backend it names and no residue. The
 ring fd exchange is in test_rendezvous_hangs.py (its hang diagnosis is checked there)."""
 

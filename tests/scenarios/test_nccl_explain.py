@@ -1,4 +1,4 @@
-"""`commsim explain` says what NCCL would use (issue 18 item 7; docs/lifecycle-rules.md
+"""`commsim explain` says what NCCL would use (docs/lifecycle-rules.md
 NC1-NC12): its transport per pair and algorithm classes per collective, with the NCCL_*
 variables that change them, on an HGX host, a GB200 two-tray slice and a PCIe box; and the
 NCCL backend fails init where NCCL does."""

@@ -1,4 +1,4 @@
-"""The README's worked example runs as written (issue 5)."""
+"""The README's worked example runs as written."""
 
 from __future__ import annotations
 

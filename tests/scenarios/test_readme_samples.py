@@ -1,5 +1,4 @@
-"""Every console sample in README.md and docs/*.md is what its command prints (issue 15,
-finding 10): each `$ ` line is run (through commsim's CLI, from the repository root) and the
+"""Every console sample in README.md and docs/*.md is what its command prints: each `$ ` line is run (through commsim's CLI, from the repository root) and the
 lines after it must appear in its output in order, a line `...` standing for any run of lines.
 A command that ends `# exit N` must exit with N, and its shown lines are matched against
 stdout and stderr together (a verdict, which `commsim exec` prints on stderr); any other

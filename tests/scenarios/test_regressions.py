@@ -1,4 +1,4 @@
-"""Issue 5: each regression fails under its shortcut policy exactly as the report shows (error,
+"""Each regression fails under its shortcut policy exactly as the report shows (error,
 lifecycle step, rank) and passes under the default policy with the right backend and no leak.
 The mutation tests switch off the simulator rule each shortcut trips and show the regression
 then stops failing: the scenarios test the simulator's semantics, not a fixed answer."""

@@ -1,4 +1,4 @@
-"""Issue 7: the rendezvous failure modes of symmetric memory (and graph registration), each a
+"""The rendezvous failure modes of symmetric memory (and graph registration), each a
 shipped regression that fails under its shortcut policy within a bounded time with a
 diagnosis naming who did not arrive, where they were expected and where each rank was; that
 passes under the default policy with no leak; and that stops failing when the one shortcut

@@ -1,4 +1,4 @@
-"""Finding 3: SIGTERM, SIGHUP or SIGKILL of the launcher left every rank's segments and the
+"""Found once: SIGTERM, SIGHUP or SIGKILL of the launcher left every rank's segments and the
 forkserver's socket directory behind, and nothing swept them later. Closed: SIGTERM and SIGHUP
 unwind like Ctrl-C (ranks killed, run directory removed, temp dir cleaned at exit); after a
 SIGKILL the ranks die with the forkserver (PR_SET_PDEATHSIG) and the next run, or `commsim

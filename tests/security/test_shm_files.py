@@ -1,4 +1,4 @@
-"""Finding 2: objects of 256 KiB and more went to predictable /dev/shm names without O_EXCL or
+"""Found once: objects of 256 KiB and more went to predictable /dev/shm names without O_EXCL or
 O_NOFOLLOW, mode 0644, and the IPC open markers were made with Path.touch(): symlinks planted
 at those names made a run overwrite another file. Closed: a run's files live in a private
 0700 directory with an unguessable name, each created O_CREAT|O_EXCL|O_NOFOLLOW, 0600; a

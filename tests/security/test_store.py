@@ -1,4 +1,4 @@
-"""Finding 1: the run's store listened on every interface and every process unpickled what it
+"""Found once: the run's store listened on every interface and every process unpickled what it
 read from it; a value set from another address ran code in the launcher and every rank.
 Closed: the store listens on loopback only, and every pickle on it is sealed (HMAC, per-run
 secret); a forged value is refused unread."""

@@ -104,7 +104,7 @@ def test_the_provocation_comes_from_the_truth() -> None:
     """Where ipc is legal for the group, one of its ranks runs out of memory at its first
     allocation (the ipc workspace); where no group allows ipc, nothing is added and the knob
     must be harmless. A knob that acts alone gets no fault."""
-    from commsim.scenario.oracle import group_truth
+    from commsim.scenario.legal import group_truth
     seen = {True: 0, False: 0}
     for i in range(120):
         p = G.plan_from_id(f"k2-{i}")

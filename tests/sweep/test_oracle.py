@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from commsim.scenario.generate import build_shape
 from commsim.scenario.model import Group, Scenario, Workload
-from commsim.scenario.oracle import group_truth, judge, legal_backends, op_legal
+from commsim.scenario.legal import group_truth, legal_backends, op_legal
+from commsim.scenario.oracle import judge
 from commsim.scenario.runner import run_scenario
 from commsim.topology import modify
 from commsim.topology.model import FabricState, GpuRef

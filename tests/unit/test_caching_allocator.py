@@ -1,5 +1,5 @@
-"""The caching allocator model and graph-buffer registration over it (issue 18 item 3;
-docs/lifecycle-rules.md AL1-AL6)."""
+"""The caching allocator model and graph-buffer registration over it (docs/lifecycle-rules.md
+AL1-AL6)."""
 
 from __future__ import annotations
 

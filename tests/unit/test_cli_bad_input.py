@@ -1,4 +1,4 @@
-"""Issue 15, findings 4 and 7-9: every bad input reaches the user as a named error, a non-zero
+"""Every bad input reaches the user as a named error, a non-zero
 exit, no traceback and nothing half-written (no output file, no temp file beside it)."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def files(tmp: Path) -> dict[str, str]:
 
 # (argv with {names} from files() and {tmp}, words the error must contain, path that must not exist)
 CASES = {
-    # finding 4: scenario files run code
+    # scenario files run code
     "policy-sys-exit": (["run", "{policy-sys-exit.toml}"], "not a commsim.policy.Policy", None),
     "policy-exits": (["run", "{policy-exits.toml}"], "called exit while loading", None),
     "policy-raises": (["run", "{policy-raises.toml}"], "raised RuntimeError while loading", None),
@@ -79,10 +79,10 @@ CASES = {
     "new-policy-missing": (["scenario", "new", "--topo", TOPO, "--hosts", "1", "--tp", "4",
                             "--policy", "missing.py:POLICY", "-o", "{tmp}/new.toml"],
                            "no file", "{tmp}/new.toml"),
-    # finding 7: no memory guard
+    # no memory guard
     "memory": (["run", "{too-big.toml}"], "--no-memory-check", None),
     "sweep-count": (["sweep", "--count", "1000000000000"], "argument --count", None),
-    # finding 8: tracebacks
+    # tracebacks
     "sweep-json": (["sweep", "--count", "1", "--json", UNWRITABLE + "/r.json"], "--json", None),
     "sweep-html": (["sweep", "--count", "1", "--html", UNWRITABLE + "/r.html"], "--html", None),
     "explain-plot": (["explain", SCEN, "--plot", UNWRITABLE + "/p.png"], "--plot", None),
@@ -94,7 +94,7 @@ CASES = {
     "timeout-nan": (["run", "--procs", "--timeout", "nan", SCEN], "argument --timeout", None),
     "timeout-inf": (["run", "--procs", "--timeout", "inf", SCEN], "argument --timeout", None),
     "timeout-0": (["run", "--procs", "--timeout", "0", SCEN], "argument --timeout", None),
-    # finding 9: wrong answers
+    # wrong answers
     "run-seed": (["run", "--seed", "-1", SCEN], "argument --seed", None),
     "sweep-seed": (["sweep", "--seed", "-1"], "argument --seed", None),
     "sweep-start": (["sweep", "--start", "-5"], "argument --start", None),

@@ -1,4 +1,4 @@
-"""Issue 4: the communicator picks the right backend per machine, op and size; results equal
+"""The communicator picks the right backend per machine, op and size; results equal
 a float64 reference; the ledger is zero after close — also with graph capture and discard."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The cost model (commsim.cost_model): cited parameters, the fabric it sees, its predictions, and
-its crossovers against the cut-offs serving stacks tuned on hardware (reference §8).
+its crossovers against the cut-offs serving stacks tuned on hardware.
 
 A crossover test passes when the model's crossover is within a factor of 2 of the cited
 cut-off. Where a cited figure is not a crossover the model can meet, a `..._known_misses` test
@@ -176,7 +176,7 @@ def test_size_range_errors(text: str, words: str) -> None:
     assert words in str(e.value)
 
 
-# -- crossovers against cut-offs tuned on hardware (reference §8) ---------------------------
+# -- crossovers against cut-offs tuned on hardware ---------------------------
 # Each test names the cut-off, where it comes from and what the model predicts (the numbers in
 # the comments are the model's at the time of writing; the assertions are the factor-2 bound).
 
@@ -188,7 +188,7 @@ def test_size_range_errors(text: str, words: str) -> None:
 ])
 def test_vllm_one_vs_two_shot(sm: int, ws: int, cutoff: int) -> None:
     """vLLM csrc/custom_all_reduce.cuh: fully connected, 1-stage below 512 KiB for ws <= 4 and
-    below 256 KiB for ws <= 8 (reference §6.1.4, §8). The thresholds were set on A100
+    below 256 KiB for ws <= 8. The thresholds were set on A100
     (vllm-project/vllm#2192 measured on A100-80G; the kernel carries "TODO: Threshold is
     different for A100 and H100"). The A100 two-shot fixed cost is fitted to these two
     cut-offs (one knob for the generation); H100's comes from measured intercepts."""
@@ -219,8 +219,8 @@ def test_vllm_tp6_h100_measurement_is_reproduced() -> None:
     (80, 8),     # HGX A100, no NVLS, NCCL ring: 11.2 MiB (1.41x)
 ])
 def test_custom_all_reduce_vs_nccl_near_the_8mib_max_size(sm: int, ws: int) -> None:
-    """vLLM custom AR serves bytes < max_size = 8 MiB and hands larger ones to NCCL
-    (reference §6.1.1, §8); the size was chosen on A100 (vllm-project/vllm#2192). The model's
+    """vLLM custom AR serves bytes < max_size = 8 MiB and hands larger ones to NCCL; the size
+    was chosen on A100 (vllm-project/vllm#2192). The model's
     NCCL uses NCCL's own latencies (tuning.cc); custom AR's two-shot runs at the measured
     two-shot efficiency (vllm-project/vllm#24111), below what NCCL's ring and NVLS reach, which
     is why NCCL overtakes it at a few MiB."""
@@ -234,7 +234,7 @@ def test_custom_all_reduce_vs_nccl_near_the_8mib_max_size(sm: int, ws: int) -> N
 ])
 def test_custom_all_reduce_max_sizes_vs_symm_mem_multimem(sm: int, ws: int, cutoff: int) -> None:
     """vLLM CUSTOM_ALL_REDUCE_MAX_SIZES caps custom AR where torch symm-mem takes over; symm
-    mem runs multimem at SM 9.0 ws {4,6,8} and SM 10.x ws {6,8} (reference §8,
+    mem runs multimem at SM 9.0 ws {4,6,8} and SM 10.x ws {6,8} (vLLM
     all_reduce_utils.py@00d618a). The model's ipc (best of one/two-shot) vs multicast. The
     SM 9.0 fixed costs come from the same PR family's H100 tables, so SM 9.0 checks the
     bandwidth structure per world size; SM 10.0 (B200, NVLink 5) is a prediction.
@@ -247,7 +247,7 @@ def test_custom_all_reduce_max_sizes_known_misses() -> None:
     """Two caps in the same table are not crossovers and stay known misses:
 
     SM 9.0 ws 4 = 32 MiB. The cap is above custom AR's own 8 MiB workspace, and vLLM takes
-    max_size = min(8 MiB, cap) (reference §6.1.1), so it never binds. The PR that set it,
+    max_size = min(8 MiB, cap), so it never binds. The PR that set it,
     vllm-project/vllm#24111, measures on H100 TP4 ca_1stage 22 vs symm_mem_multimem 23 us at
     2 MiB and 30 vs 28 us at 3 MiB (symm_mem_two_shot 25 us): custom AR loses between 2 and
     3 MiB, not at 32 MiB. The model crosses at 1.85 MiB, within a factor of 2 of that
@@ -268,7 +268,7 @@ def test_custom_all_reduce_max_sizes_known_misses() -> None:
 ])
 def test_symm_mem_multimem_vs_nccl_at_symm_mem_max_sizes(sm: int, ws: int, cutoff: int) -> None:
     """vLLM SYMM_MEM_ALL_REDUCE_MAX_SIZES: torch symm-mem serves bytes <= the cap and NCCL
-    takes larger ones; these are the world sizes where symm mem runs multimem (reference §8,
+    takes larger ones; these are the world sizes where symm mem runs multimem (vLLM
     all_reduce_utils.py / symm_mem.py). No parameter is fitted to this table: multimem keeps
     its measured slope, NCCL's NVLS turns faster past the knee measured in
     vllm-project/vllm#42324. Blackwell uses Hopper's efficiencies, hence 0.53x there. At small
@@ -282,7 +282,7 @@ def test_symm_mem_multimem_vs_nccl_at_symm_mem_max_sizes(sm: int, ws: int, cutof
 @pytest.mark.parametrize("tp", [4, 8, 16, 32, 72])
 def test_flashinfer_mnnvl_one_shot_up_to_1mib_of_tokens_hidden_tp_elem(tp: int) -> None:
     """FlashInfer trtllm_mnnvl_ar AUTO: one-shot iff tokens*hidden*tp*elem <= 1 MiB
-    (MNNVL_ONE_SHOT_THRESHOLD = 64*1024*8*2, i.e. set at tp 8; reference §6.3, §8). The model's
+    (MNNVL_ONE_SHOT_THRESHOLD = 64*1024*8*2, i.e. set at tp 8). The model's
     fabric backend (Lamport kernels) on GB200 NVL72 trays: two-shot costs one more flag round,
     fitted to this cut-off (one knob for the algorithm). What the fit cannot set is how n*tp at
     the crossover moves with tp: a constant times p^2/((p-1)(p-2)), so 1.65x at tp 4 falling

@@ -1,4 +1,4 @@
-"""Regressions of issue 15, findings 5 and 6: the simulated driver answers adversarial
+"""Regressions: the simulated driver answers adversarial
 arguments as the real binding does (an exception only where cuda-python's conversion raises
 one, otherwise a CUDA error code), and its ledger stays true where it lied."""
 

@@ -1,4 +1,4 @@
-"""The two fd-exchange transports (issue 18 item 2; docs/lifecycle-rules.md FX1-FX5)."""
+"""The two fd-exchange transports (docs/lifecycle-rules.md FX1-FX5)."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ def test_flattened_nvswitch_box_with_model_given() -> None:
     assert {cluster.hosts[0].link(0, j).label for j in range(1, 8)} == {"NV18"}
     assert set(legal_backends(cluster, list(cluster.gpu_refs())).legal) == {"ipc", "multicast", "symm", "nccl"}
     a100, _ = load("azure_ndv4-topo.xml", gpu_model="A100", nvswitch=True)
-    # HGX A100 has NVSwitch but no multicast objects (Hopper+, reference §3.2).
+    # HGX A100 has NVSwitch but no multicast objects (Hopper+).
     assert set(legal_backends(a100, list(a100.gpu_refs())).legal) == {"ipc", "symm", "nccl"}
 
 

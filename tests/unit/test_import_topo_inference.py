@@ -1,4 +1,4 @@
-"""Issue 17 importer behaviour: NVLink meshes are not NVSwitch (rows T1-T3), `topo -p2p`
+"""What the importers infer (docs/fidelity-rules.md): NVLink meshes are not NVSwitch (rows T1-T3), `topo -p2p`
 blocks pasted after the matrix (T4), tables cut short (T5). docs/fidelity-rules.md §3."""
 
 from __future__ import annotations

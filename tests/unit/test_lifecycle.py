@@ -1,4 +1,4 @@
-"""When set-up happens (issue 18 item 1; docs/lifecycle-rules.md LC1-LC2): lazy workspaces
+"""When set-up happens (docs/lifecycle-rules.md LC1-LC2): lazy workspaces
 move a set-up failure to the step of the first op."""
 
 from __future__ import annotations

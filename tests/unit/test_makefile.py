@@ -1,5 +1,5 @@
 """The Makefile refuses a Python older than 3.11 with a message saying so, before it creates
-a virtual environment (issue 15, finding 10: with 3.10 pip resolved the CUDA build of torch
+a virtual environment (with 3.10 pip resolved the CUDA build of torch
 and backtracked for minutes)."""
 
 from __future__ import annotations

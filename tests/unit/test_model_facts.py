@@ -1,4 +1,4 @@
-"""Issue 17 machine facts on the topology model: IMEX domains as host sets (row I2), container
+"""The fidelity rules' machine facts on the topology model (docs/fidelity-rules.md): IMEX domains as host sets (row I2), container
 caps (W4-W7), P2P facts beside the NVLink state (N1, P1-P3), driver version (H2)."""
 
 from __future__ import annotations

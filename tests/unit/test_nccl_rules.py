@@ -1,5 +1,5 @@
-"""NCCL's eligibility rules as a pure function of the machine and NCCL_* variables (issue 18
-item 7; docs/lifecycle-rules.md NC1-NC12)."""
+"""NCCL's eligibility rules as a pure function of the machine and NCCL_* variables 
+(docs/lifecycle-rules.md NC1-NC12)."""
 
 from __future__ import annotations
 

@@ -30,11 +30,15 @@ def _counting(monkeypatch) -> list:
     runs: list = []
     real = p2p_probe._run
 
-    def run(fabric, me, peer):
+    def run(fabric, me, peer, spawn):
         runs.append((me, peer))
-        return real(fabric, me, peer)
+        return real(fabric, me, peer, spawn)
     monkeypatch.setattr(p2p_probe, "_run", run)
     return runs
+
+
+def _probe(fabric: SimFabric, me: GpuRef, peer: GpuRef) -> str:
+    return p2p_probe.probe_pair(fabric, me, peer, spawn_driver)
 
 
 def _state(f: SimFabric) -> tuple:
@@ -57,14 +61,14 @@ def test_a_second_fabric_takes_the_verdict_and_moves_its_counters_the_same(monke
     runs = _counting(monkeypatch)
     c = build_preset("hgx-h100-8")
     first, second = _counted(c, seed=1), _counted(c, seed=2)
-    assert p2p_probe.probe_pair(first, A, B) == ""
-    assert p2p_probe.probe_pair(second, A, B) == ""
+    assert _probe(first, A, B) == ""
+    assert _probe(second, A, B) == ""
     assert runs == [(A, B)]
     assert _state(second) == _state(first) and _state(first)[0] > 1000
     # What follows is the same as after a real probe: the next process gets the same pid.
     assert spawn_driver(first, A).proc.pid == spawn_driver(second, A).proc.pid
     # An equal machine built anew (another Cluster object) finds it by value.
-    assert p2p_probe.probe_pair(_counted(build_preset("hgx-h100-8")), A, B) == "" and len(runs) == 1
+    assert _probe(_counted(build_preset("hgx-h100-8")), A, B) == "" and len(runs) == 1
 
 
 @pytest.mark.parametrize("facts, says", [({"ipc_refused": "acs"}, "cudaIpcOpenMemHandle"),
@@ -72,19 +76,19 @@ def test_a_second_fabric_takes_the_verdict_and_moves_its_counters_the_same(monke
 def test_a_machine_that_differs_for_the_pair_is_probed_again(monkeypatch, facts, says) -> None:
     runs = _counting(monkeypatch)
     c = build_preset("hgx-h100-8")
-    assert p2p_probe.probe_pair(SimFabric(c), A, B) == ""
+    assert _probe(SimFabric(c), A, B) == ""
     bad = _with_link(c, 1, 6, **facts)
-    got = p2p_probe.probe_pair(SimFabric(bad), A, B)
+    got = _probe(SimFabric(bad), A, B)
     assert says in got and len(runs) == 2
     # Another pair with a sound link, of either machine, takes the sound verdict ...
-    assert p2p_probe.probe_pair(SimFabric(c), GpuRef(HOST, 0), GpuRef(HOST, 2)) == ""
-    assert p2p_probe.probe_pair(SimFabric(bad), GpuRef(HOST, 0), GpuRef(HOST, 2)) == ""
+    assert _probe(SimFabric(c), GpuRef(HOST, 0), GpuRef(HOST, 2)) == ""
+    assert _probe(SimFabric(bad), GpuRef(HOST, 0), GpuRef(HOST, 2)) == ""
     assert len(runs) == 2
     # ... and the faulted pair's own verdict is kept for the next equal faulted link, its
     # message written for the pair it is about.
-    assert p2p_probe.probe_pair(SimFabric(_with_link(c, 1, 6, **facts)), A, B) == got
+    assert _probe(SimFabric(_with_link(c, 1, 6, **facts)), A, B) == got
     other = _with_link(c, 2, 5, **facts)
-    mine = p2p_probe.probe_pair(SimFabric(other), GpuRef(HOST, 2), GpuRef(HOST, 5))
+    mine = _probe(SimFabric(other), GpuRef(HOST, 2), GpuRef(HOST, 5))
     assert len(runs) == 2
     assert mine == got.replace(str(A), str(GpuRef(HOST, 2))).replace(str(B), str(GpuRef(HOST, 5)))
 
@@ -92,32 +96,32 @@ def test_a_machine_that_differs_for_the_pair_is_probed_again(monkeypatch, facts,
 def test_a_peer_without_room_for_the_buffer_runs_the_probe(monkeypatch) -> None:
     runs = _counting(monkeypatch)
     c = build_preset("hgx-h100-8")
-    assert p2p_probe.probe_pair(SimFabric(c), A, B) == ""
+    assert _probe(SimFabric(c), A, B) == ""
     full = SimFabric(c)
     full._used[B] = c.gpu(B).memory_bytes         # every byte of the peer GPU in use
-    got = p2p_probe.probe_pair(full, A, B)
+    got = _probe(full, A, B)
     assert got.startswith("the probe could not allocate") and len(runs) == 2
     # That answer came from the run's state: it is never handed to another fabric.
-    assert p2p_probe.probe_pair(SimFabric(c), A, B) == "" and len(runs) == 2
+    assert _probe(SimFabric(c), A, B) == "" and len(runs) == 2
 
 
 def test_switched_off_rules_are_part_of_the_key(monkeypatch) -> None:
     runs = _counting(monkeypatch)
     c = build_preset("hgx-h100-8")
-    p2p_probe.probe_pair(SimFabric(c), A, B)
-    p2p_probe.probe_pair(SimFabric(c, disabled_rules=frozenset({"L10"})), A, B)
+    _probe(SimFabric(c), A, B)
+    _probe(SimFabric(c, disabled_rules=frozenset({"L10"})), A, B)
     assert len(runs) == 2
 
 
 def test_a_verdict_moves_the_touched_count_only_where_it_was_counted(monkeypatch) -> None:
     runs = _counting(monkeypatch)
     c = build_preset("hgx-h100-8")
-    p2p_probe.probe_pair(SimFabric(c), A, B)            # no count kept: nothing to replay
+    _probe(SimFabric(c), A, B)            # no count kept: nothing to replay
     counted = _counted(c)
-    p2p_probe.probe_pair(counted, A, B)
+    _probe(counted, A, B)
     assert len(runs) == 2 and counted.memory.touched == p2p_probe.PROBE_BYTES
     again = _counted(c)
-    p2p_probe.probe_pair(again, A, B)
+    _probe(again, A, B)
     assert len(runs) == 2 and _state(again) == _state(counted)
 
 
@@ -165,7 +169,7 @@ def _machines(base):
 def _round_trip(cluster, me: GpuRef, peer: GpuRef) -> tuple:
     f = SimFabric(cluster, memory=MemoryProvider(count_touched=True))
     before = _state(f)
-    outcome = p2p_probe._run(f, me, peer)
+    outcome = p2p_probe._run(f, me, peer, spawn_driver)
     return outcome, tuple(b - a for a, b in zip(before, _state(f))), tuple(f.flags)
 
 

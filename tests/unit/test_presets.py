@@ -23,7 +23,7 @@ FACTS = {
     "rtx4090-8": (1, 8, 89, False, False, False, False, False, False, "x86_64"),
     "a100-pcie-bridge-8": (1, 8, 80, False, False, False, False, False, False, "x86_64"),
     "dgx1-v100": (1, 8, 70, False, False, False, False, False, False, "x86_64"),
-    # issue 17 (docs/fidelity-rules.md rows G)
+    # the fidelity rules' machines (docs/fidelity-rules.md rows G)
     "gb300-nvl72": (18, 4, 103, True, True, True, True, True, True, "aarch64"),
     "hgx-b300-8": (1, 8, 103, True, True, True, True, False, False, "x86_64"),
     "h200-nvl-2way-8": (1, 8, 90, False, False, False, False, False, False, "x86_64"),
@@ -39,6 +39,13 @@ def test_every_preset_has_facts_and_a_source():
     assert set(FACTS) == set(PRESETS)
     for name in PRESETS:
         assert build_preset(name).source, name
+
+
+def test_a_preset_is_named_once_and_its_machine_carries_that_name():
+    """The declaration's name is the cluster's: a builder writes no name of its own."""
+    for name, preset in PRESETS.items():
+        assert preset.name == name and preset.build().name == name
+        assert preset.builder("renamed").name == "renamed", name
 
 
 @pytest.mark.parametrize("name", sorted(FACTS))

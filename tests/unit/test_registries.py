@@ -1,4 +1,4 @@
-"""Registries (DESIGN.md §7): a backend and a fault kind added from outside the package,
+"""Registries: a backend and a fault kind added from outside the package,
 editing no commsim module, run in a scenario; the docs' fault table is the registry's.
 
 The plugins are installed in a temporary directory put on PYTHONPATH of a fresh interpreter:
@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -19,7 +20,9 @@ import pytest
 
 from commsim.backends import BackendDeclarationError, backends, default_order, register_backend
 from commsim.backends.nccl import NcclBackend
-from commsim.scenario import faults as F
+from commsim.scenario import fault_keys, fault_registry, faults as F
+from commsim.scenario.model import Fault
+from commsim.scenario.schema import ScenarioError, loads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,3 +204,34 @@ def test_registry_refuses_incomplete_or_clashing_declarations():
     assert "no_truth" not in backends() and default_order()[-1] == "nccl"
     with pytest.raises(Exception, match="keys must be fields of Fault"):
         F.register_fault(F.FaultKind("bad", ("temperature",), F.MACHINE, "", apply=lambda c, f: c))
+    with pytest.raises(Exception, match="causes = .* exactly when it takes the key cause"):
+        F.register_fault(F.FaultKind("no_causes", ("host", "cause"), F.MACHINE, "", apply=lambda c, f: c))
+    assert "bad" not in F.kind_names() and "no_causes" not in F.kind_names()
+
+
+def test_every_fault_key_is_declared_with_its_example_and_parser():
+    """Fault's fields are the [[fault]] keys: each declares the example its "missing" message
+    shows and the parser the loader runs, and every key some kind takes is one of them."""
+    keys = {f.name: f for f in dataclasses.fields(Fault) if f.name != "kind"}
+    for name, f in keys.items():
+        assert fault_keys.example(f).startswith(f"{name} = "), name
+        assert callable(f.metadata["parse"]), name
+    taken = {k for kind in F.fault_kinds().values() for k in kind.fields + kind.optional}
+    assert taken == set(keys), f"keys no kind takes, or kinds' keys Fault lacks: {set(keys) ^ taken}"
+
+
+def test_a_kind_from_outside_with_a_cause_is_read_by_the_declared_parser():
+    """A kind that takes `cause` brings its causes; the loader's message lists them."""
+    kind = F.FaultKind("link_flaky_test", ("host", "gpus", "cause"), F.MACHINE, "", apply=lambda c, f: c,
+                       causes=("slow", "lossy"))
+    F.register_fault(kind)
+    try:
+        base = '[scenario]\nname = "x"\n[topology]\npreset = "hgx-h100-8"\n[[fault]]\n' \
+               'kind = "link_flaky_test"\nhost = "hgx-h100-0"\ngpus = [0, 1]\n'
+        sc = loads(base + 'cause = "lossy"\n', "x.toml")
+        assert sc.faults[0].cause == "lossy" and sc.faults[0].gpus == (0, 1)
+        with pytest.raises(ScenarioError, match=r"x.toml: \[\[fault\]\] #1 cause: unknown "
+                                                r"link_flaky_test cause 'loud'.*accepted: slow, lossy"):
+            loads(base + 'cause = "loud"\n', "x.toml")
+    finally:
+        fault_registry._kinds.pop("link_flaky_test")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from commsim.errors import UserError
+from commsim.scenario.faults import is_driver_fault
 from commsim.scenario.model import Scenario
 from commsim.scenario.schema import ScenarioError, load, loads, write_scenario
 from commsim.topology.model import FabricState, GpuRef, NVML_ERROR_UNKNOWN, TopologyError, ZERO_UUID
@@ -151,7 +152,7 @@ def test_driver_faults_are_kept_not_applied() -> None:
               + fault("call_fails", rank="1", api='"cudaIpcOpenMemHandle"',
                       code='"cudaErrorInvalidResourceHandle"', nth="2"), "x.toml")
     assert s.cluster == build("hgx-h100-8")
-    oom, call = s.driver_faults
+    oom, call = [f for f in s.faults if is_driver_fault(f)]
     assert (oom.rank, oom.at_allocation) == (3, 2)
     assert (call.rank, call.api, call.code, call.nth) == (
         1, "cudaIpcOpenMemHandle", "cudaErrorInvalidResourceHandle", 2)

@@ -1,4 +1,4 @@
-"""Issue 7: the `symm` backend on the machines it must serve and the ones it must decline.
+"""The `symm` backend on the machines it must serve and the ones it must decline.
 
 Each run: a communicator whose policy is symm then nccl, every op eager and inside a CUDA-graph
 capture, results against a float64 reference, and every rank's ledger at zero after close and

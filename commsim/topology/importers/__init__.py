@@ -1,4 +1,4 @@
-"""Topology importers behind one `load(spec)` that sniffs the format (DESIGN.md §2).
+"""Topology importers behind one `load(spec)` that sniffs the format.
 
 A spec is a preset name, optionally sliced (`gb200-nvl72:2`), or a file: an NCCL topology XML
 (`nccl_xml`), or `nvidia-smi topo -m` text as pasted in bug reports (`nvidia_smi`, parsed by
@@ -95,10 +95,12 @@ def accepted() -> str:
     return ", ".join(imp.what for imp in IMPORTERS)
 
 
-def load(spec: str, text: str | None = None, **options: Any) -> Loaded:
+def load(spec: str, text: str | None = None, format: str | None = None, **options: Any) -> Loaded:
     """A cluster from a preset name or a topology file, whatever its format. `text` is the
-    file's content when already read (stdin); options go to the importer (hosts, gpu_model,
-    domain, nvswitch, host_prefix, name, p2p_text, source)."""
+    file's content when already read (stdin); `format` names the importer that must read it
+    instead of sniffing (`commsim topo import` reads any text that is not XML as `topo -m`, so
+    that parser says what it missed); options go to the importer (hosts, gpu_model, domain,
+    nvswitch, host_prefix, name, p2p_text, p2p_source, source)."""
     if text is None and spec.partition(":")[0] not in presets.PRESETS:
         p = Path(spec)
         if not p.exists():
@@ -108,7 +110,7 @@ def load(spec: str, text: str | None = None, **options: Any) -> Loaded:
         if p.is_dir():
             raise UserError(f"{spec}: is a directory; give {accepted()}")
         text = read_text(spec)
-    imp = sniff(spec, text)
+    imp = sniff(spec, text) if format is None else next(i for i in IMPORTERS if i.name == format)
     if imp is None:
         raise UserError(f"{spec}: not a topology this reads; give {accepted()}")
     return imp.load(spec, text, options)

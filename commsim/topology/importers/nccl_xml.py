@@ -63,7 +63,7 @@ DEVICE_MODELS: dict[str, tuple[str, int]] = {
     "0x31c2": ("NVIDIA GB300", 288),              # GB300 NVL72 tray (oci_GB300MP.xml.md)
 }
 # NVLinks per GPU by compute capability (for --nvswitch on a flattened file): V100 6, A100 12,
-# Hopper and Blackwell 18 (NVIDIA datasheets; reference §5 for H100 and GB200).
+# Hopper and Blackwell 18 (NVIDIA datasheets).
 _NVLINKS_PER_GPU = {7: 6, 8: 12, 9: 18, 10: 18}
 
 
@@ -329,7 +329,7 @@ def _link(a: XmlGpu, b: XmlGpu, topo: XmlTopology, nvswitch: int, notes: set[str
     kind = _pcie_kind(a, b)
     notes.add(kind)
     # cuDeviceCanAccessPeer is not in the XML. Within a socket PCIe P2P usually works; across
-    # sockets it often does not (reference §5, V100 PCIe cross-socket row), as in the presets.
+    # sockets it often does not (V100 PCIe cross-socket row), as in the presets.
     return Link(kind, p2p=kind != "SYS")
 
 
@@ -338,7 +338,7 @@ class _Spec:
     model: str
     cc: tuple[int, int]
     mem: int
-    multicast_capable: bool      # Hopper and later on NVSwitch (reference §3.2)
+    multicast_capable: bool      # Hopper and later on NVSwitch
 
 
 def _spec_for(g: XmlGpu, given: tuple[gpu_models.GpuSpec, str, int] | None,

@@ -1,5 +1,5 @@
 """Merge NVML GPU fabric info into a topology: per GPU the cluster UUID, clique id, state and
-status that `nvmlDeviceGetGpuFabricInfo` returns (reference §4.1) and `nvidia-smi -q` prints
+status that `nvmlDeviceGetGpuFabricInfo` returns and `nvidia-smi -q` prints
 in each GPU's "Fabric" section:
 
     Fabric
@@ -12,7 +12,7 @@ The same as JSON: `[{"state": "Completed", "status": "Success", "clique_id": 1,
 "cluster_uuid": "..."}, ...]` for one host, or `{"<host>": [...], ...}` for several.
 
 `merge_fabric` writes the values onto the GPUs and re-derives the NVLink domains the way the
-libraries read them (reference §4.2): GPUs sharing one non-zero cluster UUID are one domain,
+libraries read them: GPUs sharing one non-zero cluster UUID are one domain,
 across hosts; a zero UUID is "no MNNVL" even with state Completed (row F2), so such a host
 keeps at most its own NVSwitch domain. Everything surprising is returned as a warning: the
 zero-UUID trap, differing cliques (row F3), states other than Completed (row F1), a failed

@@ -1,6 +1,6 @@
 """Reading NVML GPU fabric captures: the Fabric sections of `nvidia-smi -q` text, the
 <fabric> elements of `nvidia-smi -q -x` XML, and JSON with NVML's field names (`state`,
-`status`, `cliqueId`, `clusterUuid`, as `nvmlGpuFabricInfo_t` names them, reference §4.1).
+`status`, `cliqueId`, `clusterUuid`, as `nvmlGpuFabricInfo_t` names them).
 
 A record carries the fields the capture had; `missing` names those it lacked, so a partial
 capture merges over the topology's values instead of inventing them (row T6), and `notes`
