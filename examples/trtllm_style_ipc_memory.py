@@ -19,8 +19,9 @@ cudaIpcOpenMemHandle with cudaErrorInvalidResourceHandle.
                 memory), so a group spanning two trays declines IPC (as one whose GPUs lack
                 peer access does); the run is clean.
 
-It uses cuda-python 12.x's `from cuda import cudart` names and mpi4py only; run it under a
-real `mpirun -np 8 python trtllm_style_ipc_memory.py` the same way.
+It uses cuda-python's runtime module (`cuda.bindings.runtime`, or the 12.x name `cuda.cudart`
+where only that exists) and mpi4py only; run it under a real
+`mpirun -np 8 python trtllm_style_ipc_memory.py` the same way.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 
-from cuda import cudart
+try:
+    from cuda.bindings import runtime as cudart
+except ImportError:          # cuda-python before 12.6.1
+    from cuda import cudart
 from mpi4py import MPI
 
 IPC_HANDLE_BYTES = 64          # CUDA_IPC_HANDLE_SIZE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from commsim.errors import UserError
 from commsim.launch.config import MODES, RESIDUE, VISIBLE
@@ -21,7 +22,10 @@ GROUP_RANK, MASTER_ADDR/PORT ...) or, with --launcher mpirun, Open MPI's (OMPI_C
 its simulated host's hostname and /dev/shm, and CUDA, NVML, torch.distributed and mpi4py
 answered by the simulated machine. At the end: a verdict per rank
 (exit status, first CUDA error and where the program made the call, hangs, residue at exit)
-and the command that replays the run. Exit status 1 when any rank failed."""
+and the command that replays the run. A failing run's verdict leads with the root cause (the
+first failing rank, its error, where and why, in the machine's terms), then the ranks that
+failed the same way and the knock-on failures; -v lists every process. Exit status 1 when
+any rank failed."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK), "
                         "with mpi4py's COMM_WORLD spanning the ranks")
     p.add_argument("--quiet", action="store_true", help="do not echo the ranks' output")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="a failing run's verdict lists every process (its error, notes, hang "
+                        "diagnosis and residue) after the root cause")
+    p.add_argument("--junit-xml", metavar="FILE",
+                   help="also write the verdict as JUnit XML (one test case per rank, the "
+                        "root cause and the replay command in each failure) for CI")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- python prog.py ARGS  (or -- python -m module ARGS)")
     p.set_defaults(func=run)
@@ -70,6 +80,24 @@ def run(args: argparse.Namespace) -> int:
                     seed=args.seed or 0, visible=args.visible, timeout=args.timeout,
                     residue=args.residue, launcher=args.launcher,
                     command=split_command(list(args.command)))
+    if args.junit_xml:
+        from commsim.util.fileio import check_output
+        check_output(args.junit_xml, "--junit-xml")
     v = execute(cfg, echo=not args.quiet)
-    print(v.format(), file=sys.stderr, flush=True)
+    print(v.format(verbose=args.verbose), file=sys.stderr, flush=True)
+    if args.junit_xml:
+        from commsim.report.junit import write_junit
+        write_junit(args.junit_xml, f"commsim exec {cfg.machine or cfg.scenario}",
+                    verdict_cases(v), v.wall_s)
     return v.exit_code
+
+
+def verdict_cases(v: Any) -> list:
+    """One JUnit test case per process of the run: a failed one carries its own error, the
+    run's root cause and the replay command."""
+    from commsim.launch.cause import root_cause_lines
+    from commsim.report.junit import Case
+    cls = f"commsim.exec.{v.cfg.machine or v.cfg.scenario}"
+    why = "\n".join(root_cause_lines(v) + [f"replay: {v.cfg.replay_command()}"])
+    return [Case(cls, f"worker {p.slot} of rank {p.rank}" if p.worker else f"rank {p.rank}",
+                 None if p.ok else p.headline(), why) for p in v.procs]

@@ -31,6 +31,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_output(args.json, "--json")
     if args.html:
         check_output(args.html, "--html")
+    if args.junit_xml:
+        check_output(args.junit_xml, "--junit-xml")
     if args.action == "merge":
         return _merge(args)
     if args.exec:
@@ -85,6 +87,16 @@ def _emit(rep, args: argparse.Namespace) -> int:
     if args.html:
         rep.write_html(args.html)
         print(f"HTML backend map: {args.html}")
+    if args.junit_xml:
+        from commsim.report.junit import Case, write_junit
+        write_junit(args.junit_xml, "commsim sweep",
+                    [Case("commsim.sweep." + r["shape"], r["id"],
+                          None if r["ok"] else
+                          f"{', '.join(r['kinds'])}: " + (r["failures"][0]["detail"].splitlines()[0]
+                                                          if r["failures"] else ""),
+                          "\n".join([f["detail"] for f in r["failures"]] + [f"replay: {r['replay']}"]),
+                          ", ".join(r.get("kinds", ()))) for r in rep.records], rep.wall_s)
+        print(f"JUnit XML: {args.junit_xml}")
     return 1 if rep.failed else 0
 
 
@@ -92,12 +104,16 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
     """`--exec PROG`: the user's program over generated machines instead of scenarios."""
     import shlex
 
-    from commsim.util.fileio import write_atomic
+    from commsim.util.fileio import check_output, write_atomic
+    from commsim.launch.cause import DEFECTS
     from commsim.launch.run import split_command
     from commsim.launch.sweep_exec import progress_printer, run_exec_sweep
     from commsim.scenario.executors import shard
     from commsim.scenario.sweep import select_ids
 
+    _refuse_plain_only(args)
+    if args.junit_xml:
+        check_output(args.junit_xml, "--junit-xml")
     program = split_command(shlex.split(args.exec) + list(args.exec_args or ()))
     ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),
                            enumerate_=args.enumerate, start=args.start, knobs=False), args.shard)
@@ -111,7 +127,33 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
         write_atomic(args.json, json.dumps({"program": program, "records": rep.records}, indent=1),
                      overwrite=True)
         print(f"JSON report: {args.json}")
+    if args.junit_xml:
+        from commsim.report.junit import Case, write_junit
+        write_junit(args.junit_xml, f"commsim sweep --exec {' '.join(program)}",
+                    [Case("commsim.sweep-exec." + r["shape"], r["id"],
+                          None if r["kind"] not in DEFECTS else f"{r['kind']}: {r['what']}",
+                          f"replay: {r['replay']}", r["kind"]) for r in rep.records],
+                    rep.wall_s)
+        print(f"JUnit XML: {args.junit_xml}")
     return 1 if rep.defects else 0
+
+
+# Plain-sweep flags that --exec has no use for: refused by name rather than ignored.
+_NOT_WITH_EXEC = {
+    "html": ("--html", "the HTML backend map is of scenario sweeps; use --json or --junit-xml"),
+    "jobs": ("--jobs", "--exec runs one generated machine at a time; shard with --shard K/N "
+                       "across processes instead"),
+    "determinism": ("--determinism", "an --exec run is replayed with its replay command"),
+    "no_determinism": ("--no-determinism", "an --exec run is never run twice"),
+}
+
+
+def _refuse_plain_only(args: argparse.Namespace) -> None:
+    from commsim.errors import UserError
+    defaults = {"html": None, "jobs": 1, "determinism": False, "no_determinism": False}
+    for key, (flag, why) in _NOT_WITH_EXEC.items():
+        if getattr(args, key) != defaults[key]:
+            raise UserError(f"{flag} does not apply to sweep --exec: {why}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -159,6 +201,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-determinism", action="store_true", help="never run a scenario twice")
     p.add_argument("--json", metavar="OUT.json", help="write the JSON report here")
     p.add_argument("--html", metavar="OUT.html", help="write the HTML backend map here")
+    p.add_argument("--junit-xml", metavar="FILE",
+                   help="write JUnit XML for CI: one test case per scenario (with --exec: per "
+                        "generated machine), the replay command in each failure")
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     p.add_argument("--progress-every", type=seconds, default=10.0, metavar="SECONDS",
                    help="when stderr is not a terminal, print a progress line this often (default 10)")

@@ -5,8 +5,10 @@ Each generated scenario (the sweep generator's ids, s<seed>-<index>) gives a mac
 faults applied), where its ranks run and the driver faults of each rank; the program runs
 hosted on it (inproc by default: fast and replayable). The oracle reads the verdict:
 
+(the kinds are the verdict's own, commsim/launch/cause.py; the failure line carries its root
+cause and reason)
 - ipc-across-hosts: a legacy IPC open failed with cudaErrorInvalidResourceHandle while the
-  ranks span hosts: the hardware refuses that to any program (reference row L8);
+  ranks span hosts: the hardware refuses that to any program (row L8);
 - fabric-outside-domain: a FABRIC handle import failed across NVLink domains / without IMEX;
 - cuda-error: any other CUDA error the program died of, not injected by the scenario;
 - hang, leak (residue at exit, with `--exec-residue fail`), crash (a non-CUDA exception);
@@ -25,60 +27,8 @@ from typing import Any, Callable, TextIO
 
 from commsim.launch.config import RunConfig, load_scenario
 from commsim.launch.run import execute
-from commsim.launch.verdict import ProcResult, Verdict
-
-DEFECTS = ("ipc-across-hosts", "fabric-outside-domain", "cuda-error", "hang", "leak", "crash")
-
-
-def _injected(sc: Any, p: ProcResult) -> bool:
-    from commsim.scenario.runner import faults_for
-    pf = faults_for(sc, p.rank)
-    e = p.first_cuda_error or {}
-    if any(c.api == e.get("api") for c in pf.calls):
-        return True
-    return pf.oom_at is not None and e.get("name") in ("cudaErrorMemoryAllocation",
-                                                       "CUDA_ERROR_OUT_OF_MEMORY")
-
-
-def classify(sc: Any, v: Verdict) -> str:
-    """One word for a run: ok, one of DEFECTS, or injected."""
-    if v.ok:
-        return "ok"
-    multihost = len({g.host for g in sc.placement}) > 1
-    bad = [p for p in v.procs if not p.ok]
-    kinds = []
-    for p in bad:
-        e = p.first_cuda_error or {}
-        if p.status == "hang":
-            kinds.append("hang")
-        elif p.status == "ok" and p.residue:
-            kinds.append("leak")
-        elif e and _injected(sc, p):
-            kinds.append("injected")
-        elif e.get("api") == "cudaIpcOpenMemHandle" and e.get("code") == 400 and multihost:
-            kinds.append("ipc-across-hosts")
-        elif e.get("api", "").startswith("cuMemImportFromShareableHandle"):
-            kinds.append("fabric-outside-domain")
-        elif e:
-            kinds.append("cuda-error")
-        else:
-            kinds.append("crash")
-    if "injected" in kinds:
-        return "injected"         # a rank died of the scenario's fault; its peers' errors follow
-    for k in DEFECTS:             # the most telling defect names the run
-        if k in kinds:
-            return k
-    return "crash"
-
-
-def _telling(v: Verdict) -> ProcResult | None:
-    """The failed process that best shows the cause: one whose own CUDA error is not the
-    'invalid resource handle' of a peer that had already died, when there is one."""
-    bad = [p for p in v.procs if not p.ok]
-    with_err = [p for p in bad if p.first_cuda_error]
-    own = [p for p in with_err if p.first_cuda_error["code"] != 400]
-    return (own or with_err or bad or [None])[0]
-
+from commsim.launch.cause import DEFECTS, root_cause, run_kind
+from commsim.launch.verdict import Verdict
 
 @dataclass
 class ExecSweep:
@@ -127,13 +77,14 @@ def run_exec_sweep(program: list[str], ids: list[str], *, mode: str = "inproc",
                         launcher=launcher, command=list(program))
         sink = io.StringIO()
         v = execute(cfg, out=sink, err=sink, echo=False)
-        kind = classify(sc, v)
-        worst = _telling(v)
+        kind = run_kind(v)
+        rc = root_cause(v)
         what = "ok"
-        if worst is not None:
-            e = worst.first_cuda_error
+        if rc is not None:
+            worst, e = rc.proc, rc.proc.first_cuda_error
             what = (f"rank {worst.rank}: {worst.exception or worst.headline()}"
-                    + (f" ({e['api']} at {e['site']})" if e else ""))
+                    + (f" ({e['api']} at {e['site']})" if e else "")
+                    + (f"; why: {rc.cause.reason}" if rc.cause.reason else ""))
         rep.records.append({"id": sid, "shape": sc.topology_spec, "world": sc.world_size,
                             "hosts": len({g.host for g in sc.placement}), "kind": kind,
                             "what": what, "replay": cfg.replay_command()})

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from commsim.launch.cause import root_cause_lines
 from commsim.launch.config import RunConfig
 
 
@@ -95,7 +96,9 @@ class Verdict:
     def first_error(self) -> ProcResult | None:
         return next((p for p in self.procs if not p.ok), None)
 
-    def format(self) -> str:
+    def format(self, verbose: bool = False) -> str:
+        """The verdict: a failing run leads with its root cause (cause.root_cause_lines) and
+        lists every process only when `verbose`; a passing run lists them (one line each)."""
         c = self.cfg
         machine = f"scenario {c.scenario}" if c.scenario else c.machine
         hosts = c.num_hosts
@@ -103,6 +106,28 @@ class Verdict:
                 f"({hosts} host(s) x {c.nproc_per_host}), mode {c.mode}, seed {c.seed}, "
                 f"visible {c.visible}, {self.wall_s:.1f} s")
         lines = [head]
+        if not self.ok:
+            lines += root_cause_lines(self)
+        if self.ok or verbose:
+            lines += self._listing()
+        elif self.residue:
+            lines.append(f"  residue at exit: {self.residue} item(s) on "
+                         f"{sum(1 for p in self.procs if p.residue)} process(es)")
+        if not self.ok and not verbose:
+            lines.append("  (-v: every process, its notes and residue)")
+        missing = c.world_size - len(self.ranks)
+        if missing:
+            lines.append(f"  {missing} rank(s) left no result")
+        for f in self.flags:
+            lines.append(f"  flagged: {f}")
+        if self.trace_hash:
+            lines.append(f"  schedule trace {self.trace_hash}")
+        lines.append(f"replay: {c.replay_command()}")
+        return "\n".join(lines)
+
+    def _listing(self) -> list[str]:
+        c = self.cfg
+        lines = []
         for p in self.procs:
             who = (f"worker (slot {p.slot}) of rank {p.rank}" if p.worker else f"rank {p.rank}")
             gpu = "" if p.worker else f", GPU {c.placement[p.rank][1]}"
@@ -121,15 +146,7 @@ class Verdict:
                 lines += [f"        {x}" for x in p.residue[:12]]
                 if len(p.residue) > 12:
                     lines.append(f"        ... and {len(p.residue) - 12} more")
-        missing = c.world_size - len(self.ranks)
-        if missing:
-            lines.append(f"  {missing} rank(s) left no result")
-        for f in self.flags:
-            lines.append(f"  flagged: {f}")
-        if self.trace_hash:
-            lines.append(f"  schedule trace {self.trace_hash}")
-        lines.append(f"replay: {c.replay_command()}")
-        return "\n".join(lines)
+        return lines
 
     def summary(self) -> dict[str, Any]:
         return {"ok": self.ok, "ranks": [p.signature() for p in self.ranks],

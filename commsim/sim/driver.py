@@ -20,7 +20,7 @@ import numpy as np
 from commsim.driver import FD, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
 from commsim.topology.model import GpuRef
 from commsim.sim import real_fds, unconfirmed
-from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, _attr_int, api
+from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, Refusal, _attr_int, api
 from commsim.sim.driver_ipc import LegacyIpcCalls
 from commsim.sim.driver_multicast import MulticastCalls
 from commsim.sim.driver_vmm import VmmCalls
@@ -53,9 +53,12 @@ _DEVICE_ATTRIBUTES: dict[int, Callable[[Any], Any]] = {
 class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     """The Driver protocol for one simulated process (see commsim/driver.py)."""
 
+    refusal: Refusal | None = None
+
     def __init__(self, fabric: SimFabric, proc: SimProcess):
         self.fabric = fabric
         self.proc = proc
+        self.refusal: Refusal | None = None          # why the last failing call failed (@api)
         # The process's ledger, as a plain attribute: a few hundred reads per scenario. A
         # process keeps its ledger for life (ProcessFabric.spawn swaps it in before a driver
         # exists).

@@ -29,10 +29,22 @@ VA_ALIGN = 512          # cudaMalloc alignment seen in practice is >= 256 B
 
 
 class Fail(Exception):
-    """Internal: abort the current call with this code (caught by @api, never escapes)."""
+    """Internal: abort the current call with this code (caught by @api, never escapes).
+    `rule` and `peer`: which rule refused and the GPU whose memory the call named, kept on
+    the driver as its `refusal` so a verdict can say why in the machine's terms."""
 
-    def __init__(self, code: Any):
+    def __init__(self, code: Any, rule: str | None = None, peer: Any = None):
         self.code = code
+        self.rule = rule
+        self.peer = peer
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the driver's last failing call failed: the API, the rule row, the peer GPU."""
+    api: str
+    rule: str | None
+    peer: str | None           # "host/gpuN" of the memory the call named, when it named one
 
 
 def api(nvals: int, runtime: bool):
@@ -78,9 +90,13 @@ def api(nvals: int, runtime: bool):
                 refused = self.capture.refused(name)
                 if refused is not None:
                     return (refused,) + nones
+            if self.refusal is not None:
+                self.refusal = None
             try:
                 out = fn(self, *args)
             except Fail as f:
+                if f.rule is not None or f.peer is not None:
+                    self.refusal = Refusal(name, f.rule, None if f.peer is None else str(f.peer))
                 return (f.code,) + nones
             if nvals == 0:
                 return (ok,)

@@ -30,6 +30,34 @@ class LegacyIpcCalls:
         self._ipc_exported.add(m.target.aid)
         return self.fabric.ipc_handle_for(m.target, self.proc.pid)   # rows L1, L4
 
+    def _ipc_device_rules(self, gpu: Any, exporter: int) -> None:
+        """The rules of a legacy IPC open that the exporting GPU and process decide."""
+        cross_host = gpu.host != self.proc.host
+        if cross_host and self.fabric.rule_on("L8"):
+            # Row L8: a legacy handle names OS-local driver state; on another host, even in
+            # one NVLink domain (GB200 trays), it resolves to nothing (flashinfer#2006, vLLM#52778).
+            raise Fail(E.cudaErrorInvalidResourceHandle, "L8", gpu)
+        if cross_host:
+            return
+        if self.cluster.host(gpu.host).process_namespace(exporter) != self.shm_namespace():
+            # Row W6: legacy IPC between containers of one host (no shared pid / IPC namespace)
+            # is refused: NVIDIA/nccl#360 (the driver checks the peer pid), vllm-project/vllm#55906
+            # ("invalid device context" with isolated pid namespaces). Code UNCONFIRMED.
+            raise Fail(unconfirmed.code("W6"), "W6", gpu)
+        me = self.device
+        if me != gpu and not self._can_access(me, gpu):
+            raise Fail(E.cudaErrorPeerAccessUnsupported, "L10", gpu)    # row L10 (sglang#4814)
+        if me != gpu:
+            refused = self.cluster.host(me.host).link(me.index, gpu.index).ipc_refused
+            if refused == "acs":
+                # Row P1: ACS redirects peer TLPs although P2P is reported (NCCL p2p.cc
+                # "failed to open CUDA IPC handle : 217", ray-project/ray#16979).
+                raise Fail(E.cudaErrorPeerAccessUnsupported, "P1", gpu)
+            if refused == "iommu":
+                # Row P2: IOMMU translation on; the open answers 101 while
+                # cudaDeviceCanAccessPeer says 1 (NVIDIA/TensorRT-LLM#17034).
+                raise Fail(E.cudaErrorInvalidDevice, "P2", gpu)
+
     @api(1, True)
     def cudaIpcOpenMemHandle(self, handle: Any, flags: int) -> int:
         if flags != int(LAZY_ENABLE_PEER_ACCESS):
@@ -37,37 +65,20 @@ class LegacyIpcCalls:
         key = _handle_bytes(handle, "reserved")
         entry = self.fabric.resolve_ipc_handle(key) if key is not None else None
         if entry is None:
-            raise Fail(unconfirmed.code("H5"))   # unknown, or its memory was freed (row H5)
+            gone = self.fabric.ipc_handle_origin(key) if key is not None else None
+            if gone is not None and unconfirmed.IPC_DEVICE_RULES_BEFORE_GONE:
+                # The exporter freed the memory or exited: row H5O (unconfirmed.py).
+                self._ipc_device_rules(gone[0], gone[1])
+            raise Fail(unconfirmed.code("H5"), "H5", gone[0] if gone else None)
         aid, exporter = entry
         a = self.fabric.allocs.get(aid)
         exp = self.fabric.processes.get(exporter)
         if a is None or exp is None or a.freed:
-            raise Fail(unconfirmed.code("H5"))
-        cross_host = exp.host != self.proc.host
-        if cross_host and self.fabric.rule_on("L8"):
-            # Row L8: a legacy handle names OS-local driver state; on another host, even in
-            # one NVLink domain (GB200 trays), it resolves to nothing (flashinfer#2006, vLLM#52778).
-            raise Fail(E.cudaErrorInvalidResourceHandle)
+            raise Fail(unconfirmed.code("H5"), "H5", a.gpu if a is not None else None)
         if exporter == self.proc.pid:
-            raise Fail(E.cudaErrorDeviceUninitialized)      # row L9 (ucx#11603)
-        if not cross_host and self.cluster.host(exp.host).process_namespace(exporter) != self.shm_namespace():
-            # Row W6: legacy IPC between containers of one host (no shared pid / IPC namespace)
-            # is refused: NVIDIA/nccl#360 (the driver checks the peer pid), vllm-project/vllm#55906
-            # ("invalid device context" with isolated pid namespaces). Code UNCONFIRMED.
-            raise Fail(unconfirmed.code("W6"))
+            raise Fail(E.cudaErrorDeviceUninitialized, "L9", a.gpu)      # row L9 (ucx#11603)
+        self._ipc_device_rules(a.gpu, exporter)
         me = self.device
-        if not cross_host and me != a.gpu and not self._can_access(me, a.gpu):
-            raise Fail(E.cudaErrorPeerAccessUnsupported)    # row L10 (sglang#4814)
-        if not cross_host and me != a.gpu:
-            refused = self.cluster.host(me.host).link(me.index, a.gpu.index).ipc_refused
-            if refused == "acs":
-                # Row P1: ACS redirects peer TLPs although P2P is reported (NCCL p2p.cc
-                # "failed to open CUDA IPC handle : 217", ray-project/ray#16979).
-                raise Fail(E.cudaErrorPeerAccessUnsupported)
-            if refused == "iommu":
-                # Row P2: IOMMU translation on; the open answers 101 while
-                # cudaDeviceCanAccessPeer says 1 (NVIDIA/TensorRT-LLM#17034).
-                raise Fail(E.cudaErrorInvalidDevice)
         if aid in self._ipc_open and self.cluster.host(me.host).driver_major < unconfirmed.IPC_REOPEN_REFCOUNT_SINCE:
             raise Fail(E.cudaErrorAlreadyMapped)             # row H2 (older drivers)
         if aid in self._ipc_open:                            # rows L6/H1: same pointer, refcount

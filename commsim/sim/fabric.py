@@ -80,6 +80,8 @@ class SimFabric:
         self.allocs: dict[int, PhysicalAlloc] = {}
         self.multicasts: dict[int, MulticastObject] = {}
         self.ipc_handles: dict[bytes, tuple[int, int]] = {}     # handle -> (aid, exporter pid)
+        # Handles of freed memory -> (its GPU, exporter pid): the bytes still name the device.
+        self.gone_ipc_handles: dict[bytes, tuple[GpuRef, int]] = {}
         self.fabric_handles: dict[bytes, tuple[str, int]] = {}  # handle -> ("mem"|"mc", id)
         self.fd_mailbox: dict[tuple[int, int], list[tuple[str, int]]] = {}  # (dst, src) -> fds in flight
         self.flags: list[str] = []   # undefined-behaviour events the run must report (L15, M6, V7)
@@ -162,9 +164,10 @@ class SimFabric:
         if self.allocs.pop(a.aid, None) is not None:
             self._used[a.gpu] -= a.size
         self.memory.release(a.data, f"a{a.aid}")
-        for h, (aid, _) in list(self.ipc_handles.items()):
+        for h, (aid, pid) in list(self.ipc_handles.items()):
             if aid == a.aid:
                 del self.ipc_handles[h]
+                self.gone_ipc_handles[h] = (a.gpu, pid)
 
     def unref_alloc(self, a: PhysicalAlloc | None, all_refs: bool = False) -> None:
         """cuMemRelease semantics (row V13): memory goes when refs and mappings are both 0."""
@@ -206,6 +209,10 @@ class SimFabric:
     def resolve_ipc_handle(self, key: bytes) -> tuple[int, int] | None:
         """(allocation id, exporter pid) of a legacy IPC handle, or None if unknown/freed."""
         return self.ipc_handles.get(key)
+
+    def ipc_handle_origin(self, key: bytes) -> tuple[GpuRef, int] | None:
+        """(GPU, exporter pid) a legacy IPC handle of freed memory names; None for bytes it never made."""
+        return self.gone_ipc_handles.get(key)
 
     def resolve_fabric_handle(self, key: bytes) -> tuple[str, int] | None:
         """("mem"|"mc", id) of a FABRIC handle, or None if unknown."""

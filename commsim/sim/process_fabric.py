@@ -248,6 +248,11 @@ class ProcessFabric(SimFabric):
         a = self._attach(aid, pid, gpu, size, legacy=True)
         return None if a is None else (aid, pid)
 
+    def ipc_handle_origin(self, key: bytes) -> tuple[GpuRef, int] | None:
+        """(GPU, exporter pid) the handle's bytes name, whether or not the memory is still there."""
+        got = self._open(key, b"CSIPCMEM")
+        return None if got is None else (got[2], got[1])
+
     def resolve_fabric_handle(self, key: bytes) -> tuple[str, int] | None:
         own = self.fabric_handles.get(key)
         if own is not None:

@@ -427,42 +427,19 @@ def test_fabric_allocation_on_hgx_without_imex_is_not_permitted():
         assert r.events.first_error.api == "cuMemCreate"
 
 
-def test_the_pre_13_module_names_serve_the_same_standins_with_12x_deprecation_warning():
-    """cuda-python 12.6.1-12.9 forwarded `cuda.cudart`/`cuda.cuda` to cuda.bindings (with a
-    DeprecationWarning); 13.0 removed them. Code written for 12.x (`from cuda import cuda,
-    cudart`) runs hosted and gets the same answers."""
-    import importlib
-    import warnings
-    for name in cuda_bindings.LEGACY:
-        sys.modules.pop(name, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        cudart = importlib.import_module("cuda.cudart")
-        cu = importlib.import_module("cuda.cuda")
-    assert cudart is cuda_bindings.standin(cuda_bindings.RUNTIME)
-    assert cu is cuda_bindings.standin(cuda_bindings.DRIVER)
-    assert cudart.__spec__ is None or cudart.__spec__.name != "cuda.cudart"
-    assert [c.category for c in caught] == [DeprecationWarning] * 2
-    assert "cuda.bindings.runtime" in str(caught[0].message)
-    from cuda.cudart import cudaError_t
-    assert cudaError_t is REAL_RT.cudaError_t
-    fabric, rs = ranks("gb200-nvl72:2", [(0, 0), (1, 0)])
-
-    def program(g):
-        from cuda import cudart as rt
-        err, ptr = rt.cudaMalloc(1 << 20)
-        assert err == rt.cudaError_t.cudaSuccess
-        err, h = rt.cudaIpcGetMemHandle(ptr)
-        # cuda-python 13's handle has no `reserved` field: its 64 bytes are at getPtr()
-        hs = g.all_gather_object(ctypes.string_at(h.getPtr(), 64))
-        other = rt.cudaIpcMemHandle_t()
-        ctypes.memmove(other.getPtr(), hs[1 - g.rank], 64)
-        err, _ = rt.cudaIpcOpenMemHandle(other, rt.cudaIpcMemLazyEnablePeerAccess)
-        rt.cudaFree(ptr)
-        return err
-
-    outs = run(rs, program)
-    assert [o.unwrap() for o in outs] == [REAL_RT.cudaError_t.cudaErrorInvalidResourceHandle] * 2
+def test_the_standins_carry_the_real_spec_and_no_pre_13_name_is_added():
+    """cuda-bindings 13.0.0 removed `cuda.cudart`/`cuda.cuda`/`cuda.nvrtc` (release notes,
+    "Breaking changes"); FlashInfer picks its import branch by `find_spec("cuda.cudart")`, so
+    the hosted answer must be the installed package's. `find_spec` of an imported module
+    reads its `__spec__` (ValueError when None)."""
+    import importlib.util
+    for name in ("cuda.cudart", "cuda.cuda", "cuda.nvrtc"):
+        assert importlib.util.find_spec(name) is None, name
+    for name in (cuda_bindings.RUNTIME, cuda_bindings.DRIVER):
+        standin, real = cuda_bindings.standin(name), cuda_bindings._REAL[name]
+        assert sys.modules[name] is standin
+        assert importlib.util.find_spec(name) is real.__spec__
+        assert standin.__file__ == real.__file__ and standin.__package__ == "cuda.bindings"
 
 
 def test_async_copy_and_set_complete_on_a_known_stream_and_refuse_a_stale_one():

@@ -91,6 +91,7 @@ def test_default_group_is_reachable_as_torch_names_it(mode):
     v, res, out = hosted(PROGRAMS / "world_group.py", "hgx-h100-8", mode=mode, nproc_per_host=2)
     assert v.ok, v.format() + out
     assert res == {r: {"rank": r, "before": True, "same": True, "size": 2, "group_rank": r,
-                       "named": True} for r in range(2)}
+                       "named": True, "is_process_group": True, "sub_is_process_group": True}
+                   for r in range(2)}
     import torch.distributed as dist
     assert dist.group.WORLD is None       # outside the run: torch's own answer

@@ -104,7 +104,13 @@ def test_cli_exit_status_and_verdict():
              "--mode", "inproc", "--", "python", str(VLLM))
     assert r.returncode == 1
     assert "[rank0]: " in r.stderr and r.stderr.rstrip().splitlines()[-1].startswith("replay: ")
-    assert "first CUDA error: cudaIpcOpenMemHandle" in r.stderr
+    verdict = r.stderr[r.stderr.index("commsim exec: FAIL"):].splitlines()
+    assert verdict[1] == "Root Cause (first observed failure):", verdict
+    assert "cudaIpcOpenMemHandle -> cudaErrorInvalidResourceHandle (400)" in verdict[3]
+    assert "first CUDA error:" not in r.stderr      # the per-rank listing is -v's
+    r = _cli("-v", "--quiet", "--machine", "gb200-nvl72:2", "--nproc-per-host", "1", "--visible",
+             "one", "--mode", "inproc", "--", "python", str(VLLM))
+    assert r.returncode == 1 and r.stderr.count("first CUDA error: cudaIpcOpenMemHandle") == 2
 
 
 @pytest.mark.parametrize("args, words", [

@@ -46,8 +46,38 @@ def test_one_visible_gpu_per_process_on_two_trays():
         return torch.cuda.device_count(), torch.cuda.get_device_properties(0).uuid
     outs = [o.unwrap() for o in run(rs, program)]
     assert outs[0][0] == outs[1][0] == 1
-    assert outs[0][1] == rs[0].cluster.host(rs[0].host).gpus[2].uuid
-    assert outs[1][1] == rs[1].cluster.host(rs[1].host).gpus[3].uuid
+    assert f"GPU-{outs[0][1]}" == rs[0].cluster.host(rs[0].host).gpus[2].uuid
+    assert f"GPU-{outs[1][1]}" == rs[1].cluster.host(rs[1].host).gpus[3].uuid
+
+
+def test_device_uuid_is_torchs_cuuuid_and_names_the_device_to_nvml():
+    """torch's `_CUuuid`: str() without NVML's `GPU-` prefix, `.bytes` a list of 16 ints
+    (torch/csrc/cuda/Module.cpp, registerCudaDeviceProperties). FlashInfer's PCIe probe asks
+    NVML for `f"GPU-{props.uuid}"`: a served str with the prefix made that NotFound."""
+    import re
+
+    import pynvml
+    from cuda.bindings import runtime as rt
+    _, rs = ranks("hgx-h100-8", [(0, 5)], one_visible=True)
+
+    def program(g):
+        props = torch.cuda.get_device_properties(0)
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{props.uuid}")
+            bus = pynvml.nvmlDeviceGetPciInfo(handle).bus
+        finally:
+            pynvml.nvmlShutdown()
+        _, p = rt.cudaGetDeviceProperties(0)
+        return props, bus, bytes(p.uuid.bytes)
+    props, bus, runtime_bytes = solo(rs[0], lambda: program(None))
+    uuid = props.uuid
+    assert type(uuid).__name__ == "_CUuuid" and type(uuid).__module__ == "torch._C"
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", str(uuid))
+    assert f"GPU-{uuid}" == rs[0].cluster.host(rs[0].host).gpus[5].uuid
+    assert uuid.bytes == list(runtime_bytes) and len(uuid.bytes) == 16
+    assert f"uuid={uuid}," in repr(props)
+    assert bus == props.pci_bus_id        # NVML's handle is the GPU torch calls device 0
 
 
 @pytest.mark.parametrize("spec,peer", [("rtx4090-8", False), ("l40s-8-pcie", False),

@@ -23,6 +23,7 @@ from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
 from commsim.driver import error_name, error_string
+from commsim.hosting.state.driver_view import refusal_of
 from commsim.hosting.state.session import HostedRank, NotHosted, current
 
 E = cudart.cudaError_t
@@ -130,7 +131,8 @@ def report(r: HostedRank, api: str, err: Any, runtime: bool) -> None:
         return
     if runtime:
         state(r.driver).last_error = code
-    r.events.cuda_error(api, code, error_name(err), error_string(code))
+    r.events.cuda_error(api, code, error_name(err), error_string(code),
+                        why=refusal_of(r.driver))
 
 
 def as_cu(err: Any) -> Any:

@@ -37,7 +37,7 @@ class HostedDriver:
                     code = 0
                 if code != 0:
                     events.cuda_error(name, code, error_name(res[0]), error_string(res[0]),
-                                      user_site(2))
+                                      user_site(2), refusal_of(self._inner))
             return res
         call.__name__ = name
         self.__dict__[name] = call      # bound once: later lookups skip __getattr__
@@ -45,6 +45,16 @@ class HostedDriver:
 
     def __repr__(self) -> str:
         return f"<hosted {self._inner!r}>"
+
+
+def refusal_of(driver: Any) -> Any:
+    """Why the driver's last failing call failed (SimDriver.refusal), without building a
+    driver that was never built (a LazyDriver no call reached yet)."""
+    if isinstance(driver, LazyDriver):
+        driver = driver.built
+    if isinstance(driver, HostedDriver):
+        driver = driver.inner
+    return getattr(driver, "refusal", None) if driver is not None else None
 
 
 class LazyDriver:

@@ -59,3 +59,9 @@ def cuda_driver_version(cluster: Cluster, host: str) -> int:
         if major >= branch:
             return version
     return 12020
+
+
+def uuid_bytes(uuid: str) -> bytes:
+    """The 16 bytes of a GPU's UUID (cudaDeviceProp.uuid, CUuuid) from the text NVML prints
+    (`GPU-` then 8-4-4-4-12 hex digits)."""
+    return bytes.fromhex(uuid.removeprefix("GPU-").replace("-", ""))[:16].ljust(16, b"\0")

@@ -56,6 +56,8 @@ class CudaErrorRecord:
     name: str
     text: str
     site: str
+    rule: str | None = None     # the simulator's rule row that refused the call (L8, L10 ...)
+    peer: str | None = None     # "host/gpuN" of the memory the call named
 
     def __str__(self) -> str:
         return f"{self.api} -> {self.name} ({self.code}): {self.text} at {self.site}"
@@ -70,11 +72,15 @@ class RankEvents:
     cuda_errors: int = 0
     notes: list[str] = field(default_factory=list)
 
-    def cuda_error(self, api: str, code: int, name: str, text: str, site: str | None = None) -> None:
+    def cuda_error(self, api: str, code: int, name: str, text: str, site: str | None = None,
+                   why: Any = None) -> None:
+        """`why`: the driver's refusal behind the code (SimDriver.refusal: rule row, peer GPU)."""
         self.cuda_errors += 1
         if self.first_cuda_error is None:
             self.first_cuda_error = CudaErrorRecord(api, int(code), name, text,
-                                                    site or user_site(2))
+                                                    site or user_site(2),
+                                                    getattr(why, "rule", None),
+                                                    getattr(why, "peer", None))
 
     def note(self, text: str) -> None:
         self.notes.append(text)

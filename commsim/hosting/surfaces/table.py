@@ -102,6 +102,10 @@ TABLE: tuple[Entry, ...] = (
     Entry(f"{_PKG}.torch_distributed.symm_mem", "torch.distributed._symmetric_memory",
           lambda m: {m.MODULE: _keys(m.SERVED)},
           lambda m: {m.MODULE: sorted(m.NOT_SIMULATED)}),
+    Entry(f"{_PKG}.compiled.guard", "compiled CUDA extensions (vllm._C, FlashInfer JIT modules)",
+          lambda m: {e.module: sorted(e.served) for e in m.EXTENSIONS},
+          lambda m: {e.module: list(e.not_served) for e in m.EXTENSIONS},
+          others="any other FlashInfer JIT module: refused, naming it"),
 )
 MODULES: tuple[str, ...] = tuple(e.module for e in TABLE)
 

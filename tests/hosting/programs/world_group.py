@@ -13,5 +13,7 @@ print("RESULT " + json.dumps({
     "rank": dist.get_rank(), "before": before is None,
     "same": world is dist.GroupMember.WORLD and world is c10d._get_default_group(),
     "size": dist.get_world_size(world), "group_rank": world.rank(),
-    "named": isinstance(world.group_name, str) and bool(world.group_name)}))
+    "named": isinstance(world.group_name, str) and bool(world.group_name),
+    "is_process_group": isinstance(world, dist.ProcessGroup),
+    "sub_is_process_group": isinstance(dist.new_group([0, 1]), dist.ProcessGroup)}))
 dist.destroy_process_group()

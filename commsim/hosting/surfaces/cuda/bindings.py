@@ -11,13 +11,18 @@ Installing the surface replaces both modules (in sys.modules and as attributes o
   NotImplementedError naming it; outside one, the real function.
 Outside any hosted rank (the launcher's own threads) every name is the real module's.
 
-cuda-python 12.6.1-12.9 also answered the pre-namespace names `cuda.cudart` and `cuda.cuda`
-(trampolines to `cuda.bindings.runtime` / `.driver`, each warning DeprecationWarning on
-import; cuda-python 12.6.1 release notes), and 13.0 removed them (cuda-bindings 13.0.0
-release notes, "Breaking changes"). Code written against 12.x (TensorRT-LLM's
-`from cuda import cuda, cudart`) is common, so where the installed cuda-python no longer has
-them the surface serves both names as the same stand-ins, warning as 12.x did. Where the
-installed cuda-python still has them, its own trampolines import the stand-ins.
+The pre-namespace names `cuda.cudart`, `cuda.cuda` and `cuda.nvrtc` exist only where the
+installed cuda-python has them: 12.6.1-12.9 shipped them as trampolines that import
+`cuda.bindings.runtime` / `.driver` (cuda-python 12.6.1 release notes), so there they
+reach the stand-ins; cuda-bindings 13.0.0 removed them (release notes, "Breaking
+changes"), and commsim does not add them back. Libraries probe for them
+(`importlib.util.find_spec("cuda.cudart")` in FlashInfer's `cuda_utils.py` picks the 12.x
+or the 13.x import branch), so a name served where the installed package lacks it sends
+them down a branch that cannot import.
+
+Each stand-in carries the real module's `__spec__`, `__file__`, `__loader__` and
+`__package__`: `importlib.util.find_spec` of an imported module reads its `__spec__`
+(ValueError when None), and version probes read `__file__`.
 
 A reference taken before installation (`from cuda.bindings import driver` at import time
 of a module imported earlier) keeps the real module: the hosting bootstrap installs at
@@ -59,7 +64,9 @@ class HostedCudaModule(types.ModuleType):
     def __init__(self, name: str, *impls: types.ModuleType):
         real = _REAL[name]
         super().__init__(name, real.__doc__)
-        self.__file__ = getattr(real, "__file__", None)
+        for attr in ("__spec__", "__file__", "__loader__", "__package__"):
+            if hasattr(real, attr):
+                self.__dict__[attr] = getattr(real, attr)
         self.__dict__["_real"] = real
         self.__dict__["_impl"] = {n: getattr(impl, n) for impl in impls for n in impl.SIMULATED
                                   if n not in _PURE and hasattr(real, n)}
@@ -83,8 +90,6 @@ class HostedCudaModule(types.ModuleType):
 
 _STANDIN = {RUNTIME: HostedCudaModule(RUNTIME, cuda_runtime_api),
             DRIVER: HostedCudaModule(DRIVER, cuda_driver_api, cuda_driver_vmm)}
-# Pre-13.0 name -> the module it forwarded to (cuda-python 12.6.1 release notes).
-LEGACY = {"cuda.cudart": RUNTIME, "cuda.cuda": DRIVER}
 _saved: dict[str, tuple[Any, Any]] = {}
 _lock = threading.Lock()
 _MISSING = object()
@@ -99,77 +104,17 @@ def simulated_functions() -> dict[str, tuple[str, ...]]:
     return {n: tuple(sorted(m.__dict__["_impl"])) for n, m in _STANDIN.items()}
 
 
-class _LegacyFinder:
-    """Finds `cuda.cudart` / `cuda.cuda` when the installed cuda-python has no such module:
-    the import gives the stand-in it forwarded to, with 12.x's DeprecationWarning."""
-
-    @staticmethod
-    def find_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in LEGACY:
-            return None
-        import importlib.machinery
-        return importlib.machinery.ModuleSpec(fullname, _LegacyLoader(), origin="commsim hosting")
-
-
-class _LegacyLoader:
-    @staticmethod
-    def create_module(spec: Any) -> Any:
-        import warnings
-        target = LEGACY[spec.name]
-        warnings.warn(f"The {spec.name} module is deprecated and will be removed in a future "
-                      f"release, please switch to use the {target} module instead.",
-                      DeprecationWarning, stacklevel=3)
-        module = _STANDIN[target]
-        _specs[spec.name] = module.__dict__.get("__spec__")
-        return module
-
-    @staticmethod
-    def exec_module(module: Any) -> None:
-        # The stand-in is shared with its cuda.bindings name: importlib has just set its
-        # __spec__ to the old name's; give it back its own.
-        for name, target in LEGACY.items():
-            if _STANDIN[target] is module and name in _specs:
-                module.__spec__ = _specs.pop(name)
-
-
-_specs: dict[str, Any] = {}
-
-
-def _legacy_missing() -> bool:
-    import importlib.util
-    try:
-        return all(importlib.util.find_spec(n) is None for n in LEGACY)
-    except (ImportError, ValueError):
-        return True
-
-
-_legacy_finder: _LegacyFinder | None = None
-
-
 def _install() -> None:
-    global _legacy_finder
     with _lock:
         for name, mod in _STANDIN.items():
             attr = name.rsplit(".", 1)[1]
             _saved[name] = (sys.modules.get(name), _pkg.__dict__.get(attr, _MISSING))
             sys.modules[name] = mod
             setattr(_pkg, attr, mod)
-        if _legacy_finder is None and _legacy_missing():
-            _legacy_finder = _LegacyFinder()
-            sys.meta_path.append(_legacy_finder)
 
 
 def _uninstall() -> None:
-    global _legacy_finder
     with _lock:
-        if _legacy_finder is not None:
-            sys.meta_path.remove(_legacy_finder)
-            _legacy_finder = None
-            import cuda
-            for name in LEGACY:
-                if sys.modules.get(name) in _STANDIN.values():
-                    del sys.modules[name]
-                cuda.__dict__.pop(name.split(".")[1], None)
         for name in _STANDIN:
             attr = name.rsplit(".", 1)[1]
             mod, pkg_attr = _saved.pop(name, (None, _MISSING))

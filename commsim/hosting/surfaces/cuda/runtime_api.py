@@ -155,8 +155,7 @@ def cudaGetDeviceProperties(device):
     p.regsPerMultiprocessor = g.regs_per_multiprocessor
     p.l2CacheSize = g.l2_cache_size
     p.memoryBusWidth = g.memory_bus_width
-    uuid = bytes.fromhex(g.uuid.removeprefix("GPU-").replace("-", ""))[:16].ljust(16, b"\0")
-    ctypes.memmove(p.uuid.getPtr(), uuid, 16)           # cudaUUID_t.bytes is read-only
+    ctypes.memmove(p.uuid.getPtr(), host_layout.uuid_bytes(g.uuid), 16)   # cudaUUID_t.bytes is read-only
     return (E.cudaSuccess, p)
 
 

@@ -29,6 +29,7 @@ NotImplementedError("commsim hosting: mpi4py.MPI.<name> is not simulated").
 from __future__ import annotations
 
 import functools
+import importlib.machinery
 import operator
 import os
 import sys
@@ -270,9 +271,15 @@ MPI_NAMES = frozenset("""
 
 
 class _HostedModule(types.ModuleType):
-    def __init__(self, name: str, known: frozenset = frozenset()) -> None:
+    def __init__(self, name: str, known: frozenset = frozenset(), package: bool = False) -> None:
         super().__init__(name)
         self.__dict__["_known"] = known
+        # importlib.util.find_spec of an imported module reads its __spec__ (ValueError when
+        # None); a package's search path is empty: its submodules come from sys.modules.
+        self.__spec__ = importlib.machinery.ModuleSpec(name, None, origin="commsim hosting",
+                                                       is_package=package)
+        if package:
+            self.__path__ = []
 
     def __getattr__(self, name: str) -> Any:
         if name in self.__dict__["_known"]:
@@ -311,12 +318,10 @@ def _build() -> dict[str, types.ModuleType]:
     Pkl5Intracomm.__name__ = Pkl5Intracomm.__qualname__ = "Intracomm"
     pkl5.__dict__.update(Intracomm=Pkl5Intracomm, Comm=Pkl5Intracomm, Request=Request,
                          Status=Status)
-    util = _HostedModule("mpi4py.util")
-    util.__path__ = []                  # a package: its submodules come from sys.modules
+    util = _HostedModule("mpi4py.util", package=True)
     util.pkl5 = pkl5
     pkg = _HostedModule("mpi4py", frozenset({"get_config", "get_include", "profile",
-                                             "futures"}))
-    pkg.__path__ = []
+                                             "futures"}), package=True)
     pkg.__version__ = "4.0.0"           # the mpi4py API this surface follows
     pkg.rc = types.SimpleNamespace(initialize=True, threads=True, thread_level="multiple",
                                    finalize=None, fast_reduce=True, recv_mprobe=True,

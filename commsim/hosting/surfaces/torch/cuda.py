@@ -35,6 +35,7 @@ from commsim.hosting.install.registry import when_imported
 torch: Any = None          # bound when the program imports torch.cuda (see _install)
 from commsim.driver import error_string
 from commsim.hosting.surfaces.cuda import runtime_api as api
+from commsim.hosting.state import host_layout
 from commsim.hosting.state.device_props import DeviceProps, device_props
 from commsim.hosting.state.cuda_state import maybe_rank, not_simulated, rank_state, runtime_entry
 from commsim.hosting.state.session import current, hosted
@@ -82,6 +83,33 @@ def _on(device: Any) -> Iterator[int]:
             _check(api.cudaSetDevice(prev))
 
 
+class _CUuuid:
+    """`torch._C._CUuuid`, the type of `get_device_properties(i).uuid` (the CPU build of
+    torch has none): `.bytes` is the 16 bytes as a list of ints, `str()` the 8-4-4-4-12 hex
+    form without NVML's `GPU-` prefix, no equality beyond identity (torch/csrc/cuda/Module.cpp,
+    registerCudaDeviceProperties, pytorch/pytorch at 87a08c18). Code that names a device
+    to NVML writes `f"GPU-{props.uuid}"`."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = bytes(raw)
+
+    @property
+    def bytes(self) -> list[int]:
+        return list(self._raw)
+
+    def __str__(self) -> str:
+        h = self._raw.hex()
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+    def __repr__(self) -> str:
+        return f"<torch._C._CUuuid object at {id(self):#x}>"
+
+
+_CUuuid.__module__ = "torch._C"
+
+
 @dataclass(frozen=True)
 class HostedDeviceProperties:
     """What torch.cuda.get_device_properties gives (torch._C._CudaDeviceProperties fields),
@@ -92,7 +120,7 @@ class HostedDeviceProperties:
     minor: int
     total_memory: int
     multi_processor_count: int
-    uuid: str
+    uuid: _CUuuid
     pci_bus_id: int
     pci_device_id: int
     pci_domain_id: int
@@ -115,7 +143,8 @@ class HostedDeviceProperties:
     def of(cls, p: DeviceProps) -> "HostedDeviceProperties":
         return cls(
             name=p.name, major=p.major, minor=p.minor, total_memory=p.total_memory,
-            multi_processor_count=p.multi_processor_count, uuid=p.uuid, pci_bus_id=p.pci.bus,
+            multi_processor_count=p.multi_processor_count,
+            uuid=_CUuuid(host_layout.uuid_bytes(p.uuid)), pci_bus_id=p.pci.bus,
             pci_device_id=p.pci.device, pci_domain_id=p.pci.domain, is_integrated=p.integrated,
             is_multi_gpu_board=0, max_threads_per_multi_processor=p.max_threads_per_multi_processor,
             max_threads_per_block=p.max_threads_per_block, warp_size=p.warp_size,
@@ -129,7 +158,7 @@ class HostedDeviceProperties:
     def __repr__(self) -> str:
         return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
                 f"total_memory={self.total_memory // (1 << 20)}MB, multi_processor_count="
-                f"{self.multi_processor_count}, uuid={self.uuid.removeprefix('GPU-')}, "
+                f"{self.multi_processor_count}, uuid={self.uuid}, "
                 f"pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
                 f"pci_domain_id={self.pci_domain_id})")
 

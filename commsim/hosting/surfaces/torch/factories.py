@@ -208,6 +208,11 @@ def _guard_dlpack(torch: Any) -> None:
             _no_dlpack()
         return real(tensor, *args, **kwargs)
     dl.to_dlpack = to_dlpack
+    # Import of a CUDA capsule (a library's hand-made one over device memory): a hosted CUDA
+    # tensor over the rank's bytes (surfaces/torch/dlpack.py); both from_dlpack paths call it.
+    from commsim.hosting.surfaces.torch import dlpack as torch_dlpack
+    if not getattr(torch._C._from_dlpack, "__commsim_dlpack__", False):
+        torch._C._from_dlpack = torch_dlpack.from_dlpack_of(torch._C._from_dlpack)
 
 
 def _push(torch_module: Any) -> None:

@@ -50,6 +50,26 @@ class HostedGroup:
         return f"<commsim hosted process group {self.local.name} ranks {list(self.local.global_ranks)}>"
 
 
+_process_group_class: list[type] = []
+
+
+def _handle(local: Any) -> HostedGroup:
+    """A rank's handle on a LocalGroup that is also a `torch.distributed.ProcessGroup` (built
+    over torch's class on first use; this module does not import torch): serving stacks
+    branch on `isinstance(group, ProcessGroup)` (vLLM's `in_the_same_node_as` takes its
+    ProcessGroup path, else its StatelessProcessGroup one). Its own rank/size/group_name
+    come first; torch's methods it does not serve stay torch's."""
+    if not _process_group_class:
+        from torch.distributed import ProcessGroup
+
+        class HostedProcessGroup(HostedGroup, ProcessGroup):
+            def __init__(self, local: Any) -> None:
+                ProcessGroup.__init__(self, local.rank, local.size)
+                HostedGroup.__init__(self, local)
+        _process_group_class.append(HostedProcessGroup)
+    return _process_group_class[0](local)
+
+
 class _Done:
     """The Work of an async_op=True call: inproc collectives complete before returning."""
 
@@ -141,7 +161,7 @@ def init_process_group(r: HostedRank, backend: Any = None, init_method: Any = No
     if "nccl" in st.backend:
         r.events.note(f"backend {st.backend!r} served in-process, as gloo")
     st.world = r.world.group(r.rank)
-    st.world_handle = HostedGroup(st.world)
+    st.world_handle = _handle(st.world)
 
 
 def is_initialized(r: HostedRank) -> bool:
@@ -182,7 +202,7 @@ def new_group(r: HostedRank, ranks: Any = None, timeout: Any = None, backend: An
     sub = world.new_subgroup(members, group_desc or f"group{st.groups}", tag=_tag("new_group"))
     if sub is not None:
         st.made.append(sub)
-    return HostedGroup(sub) if sub is not None else dist.GroupMember.NON_GROUP_MEMBER
+    return _handle(sub) if sub is not None else dist.GroupMember.NON_GROUP_MEMBER
 
 
 def get_process_group_ranks(r: HostedRank, group: Any) -> list[int]:

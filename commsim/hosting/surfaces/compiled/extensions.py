@@ -1,0 +1,124 @@
+"""The compiled CUDA extensions of serving libraries, declared once: what a hosted rank gets
+when it loads one.
+
+A serving stack reaches its kernels through a compiled module: vLLM imports `vllm._C` and
+`vllm._C_stable_libtorch` (the custom all-reduce ops then resolve as
+`torch.ops._C_custom_ar.*`); FlashInfer builds or loads a JIT module per kernel family
+(`gen_trtllm_comm_module().build_and_load()`). None of them can load in a hosted rank (there
+is no libcuda.so.1 and no GPU to compile for), and nvcc, Triton or CuTe-DSL must not start
+there. So each such module is declared here, per library and version range, with the ops
+commsim serves for it (a reference implementation over the simulated driver, registered
+where the library looks it up) and the ops it does not. Loading a declared module in a
+hosted rank gives the served module or `CompiledExtensionNotServed` naming the module, what
+is served and what is not; serving an op later is one entry in `served`.
+
+Op lists follow each library's Python callers at the named version (the attribute calls on
+the loaded module): FlashInfer 0.7.2.post1 `flashinfer/comm/trtllm_ar.py`,
+`trtllm_mnnvl_ar.py`, `vllm_ar.py`, `pcie_ipc_ar.py`. vLLM 0.33.0's list is the
+`torch.ops._C_custom_ar.*` ops its custom all-reduce
+(`vllm/distributed/device_communicators/custom_all_reduce.py`) is reported to call:
+UNCONFIRMED against the 0.33.0 sources (not installed here).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["CompiledExtension", "CompiledExtensionNotServed", "EXTENSIONS", "declared",
+           "not_served_error", "version_in"]
+
+
+class CompiledExtensionNotServed(ImportError):
+    """A hosted rank loaded a compiled CUDA extension commsim does not serve. An ImportError:
+    what a library that cannot load its extension meets (vLLM's `_custom_ops` catches it and
+    warns; FlashInfer's callers see it at the first op)."""
+
+
+@dataclass(frozen=True)
+class CompiledExtension:
+    library: str                     # the distribution (importlib.metadata name)
+    versions: tuple[str, str]        # [first, past-last) release, e.g. ("0.7.2", "0.8")
+    module: str                      # import name, or the JIT module's spec name
+    kind: str                        # "import" (a Python extension module) or "flashinfer-jit"
+    not_served: tuple[str, ...]
+    served: dict[str, Callable[..., Any]] = field(default_factory=dict)
+
+
+def _ops(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+EXTENSIONS: tuple[CompiledExtension, ...] = (
+    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_comm", "flashinfer-jit", _ops(
+        "trtllm_lamport_initialize trtllm_lamport_initialize_all trtllm_custom_all_reduce "
+        "trtllm_allreduce_fusion trtllm_moe_allreduce_fusion trtllm_moe_finalize_allreduce_fusion")),
+    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_mnnvl_comm", "flashinfer-jit",
+                      _ops("trtllm_mnnvl_allreduce_fusion")),
+    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "vllm_comm", "flashinfer-jit", _ops(
+        "meta_size init_custom_ar register_buffer get_graph_buffer_ipc_meta "
+        "register_graph_buffers all_reduce dispose")),
+    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "pcie_ipc_comm", "flashinfer-jit", _ops(
+        "pcie_ipc_init pcie_ipc_workspace_size pcie_ipc_all_reduce pcie_ipc_dispose init "
+        "workspace_size memop_supported set_memop_enabled")),
+    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._C", "import", _ops(
+        "_C_custom_ar.meta_size _C_custom_ar.init_custom_ar _C_custom_ar.register_buffer "
+        "_C_custom_ar.get_graph_buffer_ipc_meta _C_custom_ar.register_graph_buffers "
+        "_C_custom_ar.all_reduce _C_custom_ar.custom_all_gather _C_custom_ar.custom_reduce_scatter "
+        "_C_custom_ar.mnnvl_multimem_reduce_scatter _C_custom_ar.allocate_shared_buffer_and_handle "
+        "_C_custom_ar.open_mem_handle _C_custom_ar.free_shared_buffer _C_custom_ar.dispose")),
+    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._C_stable_libtorch", "import", ()),
+    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._moe_C", "import", ()),
+    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm.cumem_allocator", "import", ()),
+)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string ("0.7.2.post1" -> (0, 7, 2))."""
+    m = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+
+
+def version_in(version: str, versions: tuple[str, str]) -> bool:
+    return _release(versions[0]) <= _release(version) < _release(versions[1])
+
+
+def _installed(library: str) -> str | None:
+    from importlib import metadata
+    try:
+        return metadata.version(library)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def declared(kind: str, module: str) -> tuple[CompiledExtension | None, str, str | None]:
+    """(the declaration for `module` at the installed version or None, its library, the
+    installed version) among the declarations of `kind`."""
+    libraries = {e.library for e in EXTENSIONS if e.kind == kind and e.module == module}
+    if kind == "flashinfer-jit":
+        libraries.add("flashinfer-python")
+    for library in sorted(libraries):
+        version = _installed(library)
+        for e in EXTENSIONS:
+            if (e.kind, e.module, e.library) == (kind, module, library) and version \
+                    and version_in(version, e.versions):
+                return e, library, version
+        return None, library, version
+    return None, "", None
+
+
+def not_served_error(kind: str, module: str) -> CompiledExtensionNotServed:
+    """The named error for loading `module` in a hosted rank."""
+    ext, library, version = declared(kind, module)
+    what = f"flashinfer JIT module {module!r}" if kind == "flashinfer-jit" else module
+    at = f"{library} {version}" if version else library
+    if ext is None:
+        served, not_served = "none", f"every op (not declared for {at})"
+    else:
+        served = ", ".join(sorted(ext.served)) or "none"
+        not_served = ", ".join(ext.not_served) or "every op"
+    return CompiledExtensionNotServed(
+        f"commsim hosting: {what} is a compiled CUDA extension; served: {served}; not served: "
+        f"{not_served} ({at}; no JIT build or extension load runs in a hosted rank)",
+        name=module)

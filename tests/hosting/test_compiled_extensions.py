@@ -1,0 +1,64 @@
+"""Compiled CUDA extensions in a hosted rank: the named error from the one registry
+(commsim/hosting/surfaces/compiled/extensions.py), never an unnamed loader error."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import pytest
+
+from commsim.hosting.surfaces.compiled import extensions, guard
+from commsim.hosting.surfaces.compiled.extensions import CompiledExtensionNotServed
+from sim_ranks import module_surfaces, ranks, solo  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.usefixtures("module_surfaces", "extension_guard")
+
+
+@pytest.fixture(scope="module")
+def extension_guard():
+    guard.install()
+    yield
+    guard.uninstall()
+
+
+def test_every_declaration_has_a_version_range_and_one_entry_per_module():
+    seen = set()
+    for e in extensions.EXTENSIONS:
+        assert extensions._release(e.versions[0]) < extensions._release(e.versions[1]), e
+        assert (e.library, e.module) not in seen, e
+        seen.add((e.library, e.module))
+        assert not set(e.served) & set(e.not_served), e
+    assert extensions.version_in("0.7.2.post1", ("0.7.2", "0.8"))
+    assert not extensions.version_in("0.8.0", ("0.7.2", "0.8"))
+
+
+def test_the_message_names_the_module_what_is_served_and_what_is_not(monkeypatch):
+    monkeypatch.setattr(extensions, "_installed", lambda lib: "0.7.2.post1")
+    text = str(extensions.not_served_error("flashinfer-jit", "trtllm_comm"))
+    assert text.startswith("commsim hosting: flashinfer JIT module 'trtllm_comm' is a compiled "
+                           "CUDA extension; served: none; not served: trtllm_lamport_initialize")
+    assert "(flashinfer-python 0.7.2.post1;" in text
+    other = str(extensions.not_served_error("flashinfer-jit", "gemm_sm100"))
+    assert "not served: every op (not declared for flashinfer-python 0.7.2.post1)" in other
+    monkeypatch.setattr(extensions, "_installed", lambda lib: "0.4.1")
+    assert "not declared for flashinfer-python 0.4.1" in str(
+        extensions.not_served_error("flashinfer-jit", "trtllm_comm"))
+
+
+def test_a_declared_extension_module_is_found_but_not_loaded_in_a_rank(monkeypatch):
+    """The import-path guard on a compiled module that is installed here (cuda-python's
+    nvjitlink binding stands in for vllm._C, which is not): find_spec answers as installed,
+    the import in a rank raises the named ImportError, outside a rank it loads."""
+    name = "cuda.bindings.nvjitlink"
+    monkeypatch.setattr(guard, "_IMPORTED", frozenset({name}))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    _, (r,) = ranks("hgx-h100-8", [(0, 0)])
+    spec = solo(r, lambda: importlib.util.find_spec(name))
+    assert spec.origin.endswith(".so")
+    with pytest.raises(CompiledExtensionNotServed, match=r"^commsim hosting: cuda\.bindings\."
+                       r"nvjitlink is a compiled CUDA extension; served: none; not served: "):
+        solo(r, lambda: importlib.import_module(name))
+    assert name not in sys.modules
+    assert importlib.import_module(name).__file__ == spec.origin      # not a hosted rank
