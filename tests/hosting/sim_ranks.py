@@ -70,7 +70,7 @@ class Recorder:
         self.first_error: CudaErrorSeen | None = None
         self.notes: list[str] = []
 
-    def cuda_error(self, api: str, code: int, name: str, text: str) -> None:
+    def cuda_error(self, api: str, code: int, name: str, text: str, why: Any = None) -> None:
         if self.first_error is None:
             self.first_error = CudaErrorSeen(api, int(code), name, text, call_site(3))
 
