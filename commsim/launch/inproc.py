@@ -41,6 +41,7 @@ from commsim.hosting.install.registry import install_all
 from commsim.hosting.surfaces.table import MODULES as SURFACE_MODULES
 from commsim.launch.verdict import ProcResult, Verdict
 from commsim.util.hard_exit import HardExit, exits_unwind
+from commsim.util.signals import Terminated
 
 
 class _RankExit(Exception):
@@ -197,8 +198,8 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
                                            f"its peers see it gone; inproc its finally blocks ran")
                 if e.code is not None and not isinstance(e.code, int):
                     print(e.code, file=sys.stderr)
-            except KeyboardInterrupt:
-                raise
+            except (KeyboardInterrupt, Terminated):
+                raise           # the launcher's, not the rank's: it ends the run as it is
             except BaseException as e:
                 print_user_traceback(e)
                 code = 1
