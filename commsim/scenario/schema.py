@@ -102,6 +102,9 @@ _POS_RE = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*
 def _parse_toml(text: str, source: str) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
+    except RecursionError:
+        raise ScenarioError(f"{source}: TOML nested deeper than Python's reader can follow; a "
+                            f"scenario is a few tables deep: flatten it") from None
     except tomllib.TOMLDecodeError as e:
         # Python 3.11's message ends "(at line L, column C)" or "(at end of document)";
         # move the position to the front, compiler style, so editors can jump to it.

@@ -23,16 +23,12 @@ from typing import Any, Callable, Iterable, TextIO
 from commsim.errors import UserError
 from commsim.scenario import generate as G
 from commsim.scenario import knobs as K
-from commsim.scenario.executors import run_ray
+from commsim.scenario.executors import replay_command, run_ray
 from commsim.scenario.oracle import judge
 from commsim.scenario.seeds import seed_of
 from commsim.scenario.sweep_report import Report
 
 DETERMINISM_EVERY = 20          # 1 in 20 scenarios is run twice (by id, so reproducible)
-
-
-def replay_command(sid: str) -> str:
-    return f"commsim replay {sid}"
 
 
 # -- which scenarios ---------------------------------------------------------------------------

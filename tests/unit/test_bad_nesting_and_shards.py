@@ -1,0 +1,103 @@
+"""Bad input that raised tracebacks: deeply nested TOML (`run`, `scenario check DIR`, which then
+gave up on the whole directory), deeply nested JSON and shard records with a missing or
+mistyped field (`sweep merge`); and a tampered shard's `replay` string shown as the command to
+run. Each is now a named error, exit 2, and the replay command is rebuilt from the id."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from commsim.cli import main
+from commsim.scenario.sweep import crash_record
+
+ROOT = Path(__file__).resolve().parents[2]
+DEEP = 50_000
+
+
+def _deep_toml(path):
+    path.write_text("a = " + "[" * DEEP + "]" * DEEP + "\n")
+    return path
+
+
+def test_deeply_nested_toml_is_a_named_error_in_run_and_check(tmp_path, capsys):
+    f = _deep_toml(tmp_path / "deep.toml")
+    assert main(["run", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "deep.toml: TOML nested deeper" in err and "Traceback" not in err
+
+    d = tmp_path / "dir"
+    d.mkdir()
+    _deep_toml(d / "a-deep.toml")
+    (d / "b-ok.toml").write_text(min((ROOT / "scenarios").rglob("*.toml")).read_text())
+    assert main(["scenario", "check", str(d)]) == 2
+    out = capsys.readouterr()
+    assert "a-deep.toml: TOML nested deeper" in out.err
+    assert "b-ok.toml" in out.out, "the rest of the directory was not checked"
+
+
+
+
+def _report(sid: str = "s4-3") -> dict:
+    rec = crash_record(sid, "boom")
+    fail = {"id": sid, "kinds": rec["kinds"], "description": rec["description"],
+            "failures": rec["failures"], "replay": rec["replay"]}
+    scen = {k: v for k, v in rec.items() if k not in ("failures", "replay")}
+    return {"seed": 4, "filters": [], "jobs": 1, "wall_s": 1.0, "scenarios": [scen],
+            "failures": [fail]}
+
+
+def _tamper(d: dict, where: str, value) -> dict:
+    d = copy.deepcopy(d)
+    part, _, key = where.rpartition(".")
+    target = {"scenario": d["scenarios"][0], "failure": d["failures"][0], "": d}[part]
+    if value is _MISSING:
+        del target[key]
+    else:
+        target[key] = value
+    return d
+
+
+_MISSING = object()
+
+
+@pytest.mark.parametrize("where, value, words", [
+    ("scenario.id", _MISSING, "has no field 'id'"),
+    ("scenario.ok", "yes", "field 'ok' is a str, not bool"),
+    ("scenario.kinds", _MISSING, "has no field 'kinds'"),
+    ("scenario.backends", [1, 2], "field 'backends' is a list, not dict"),
+    ("scenario.seconds", "1", "field 'seconds' is a str"),
+    ("scenario.id", "s4-3; rm -rf ~", "is not a sweep scenario id"),
+    ("scenario.shape", 7, "field 'shape' is a int"),
+    ("failure.failures", "x", "field 'failures' is a str, not list"),
+    ("failure.id", _MISSING, "has no field 'id'"),
+    ("failures", {"a": 1}, "'failures' is not a list"),
+    ("wall_s", "fast", "field 'wall_s' is a str"),
+    ("jobs", [], "field 'jobs' is a list"),
+])
+def test_a_malformed_shard_record_is_named(tmp_path, capsys, where, value, words):
+    f = tmp_path / "shard.json"
+    f.write_text(json.dumps(_tamper(_report(), where, value)))
+    assert main(["sweep", "merge", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("commsim: error: ") and words in err and "Traceback" not in err, err
+
+
+def test_deeply_nested_json_is_a_named_error(tmp_path, capsys):
+    f = tmp_path / "deep.json"
+    f.write_text("[" * DEEP + "]" * DEEP)
+    assert main(["sweep", "merge", str(f)]) == 2
+    assert "nested deeper" in capsys.readouterr().err
+
+
+def test_a_tampered_replay_string_is_never_shown(tmp_path, capsys):
+    d = _report()
+    d["failures"][0]["replay"] = "commsim replay s4-3; rm -rf ~"
+    f = tmp_path / "shard.json"
+    f.write_text(json.dumps(d))
+    assert main(["sweep", "merge", str(f)]) == 1         # the merged sweep has a failure
+    out = capsys.readouterr().out
+    assert "rm -rf" not in out and "replay: commsim replay s4-3" in out
