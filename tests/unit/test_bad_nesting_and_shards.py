@@ -1,7 +1,8 @@
 """Bad input that raised tracebacks: deeply nested TOML (`run`, `scenario check DIR`, which then
 gave up on the whole directory), deeply nested JSON and shard records with a missing or
 mistyped field (`sweep merge`); and a tampered shard's `replay` string shown as the command to
-run. Each is now a named error, exit 2, and the replay command is rebuilt from the id."""
+run; a seed the generators cannot take ran anyway. Each is now a named error, exit 2, and
+the replay command is rebuilt from the id."""
 
 from __future__ import annotations
 
@@ -101,3 +102,16 @@ def test_a_tampered_replay_string_is_never_shown(tmp_path, capsys):
     assert main(["sweep", "merge", str(f)]) == 1         # the merged sweep has a failure
     out = capsys.readouterr().out
     assert "rm -rf" not in out and "replay: commsim replay s4-3" in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--seed", str(2 ** 70), "x.toml"],                # ran, then every rank failed
+    ["exec", "--seed", "-1", "--machine", "hgx-h100-8", "--", "python", "x.py"],   # ran
+    ["sweep", "--seed", str(2 ** 64), "--count", "1"],
+])
+def test_a_seed_that_is_negative_or_wider_than_64_bits_is_refused(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --seed: " in err and "Traceback" not in err
