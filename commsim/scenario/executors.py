@@ -19,6 +19,7 @@ import re
 from typing import Any, Callable
 
 from commsim.errors import UserError
+from commsim.util.fileio import read_input
 from commsim.scenario.sweep_report import Report
 
 # A sweep's runner of one scenario id: (id, determinism mode) -> its record.
@@ -142,8 +143,7 @@ def _check_fields(path: str, what: str, obj: Any, fields: dict) -> None:
 
 def _records(path: str) -> tuple[dict, list[dict]]:
     try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
+        d = json.loads(read_input(path))
     except OSError as e:
         raise UserError(f"{path}: cannot read the shard report: {e.strerror}") from e
     except json.JSONDecodeError as e:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from commsim.cli import main
 from commsim.scenario.sweep import crash_record
+from commsim.util.fileio import INPUT_LIMIT
 
 ROOT = Path(__file__).resolve().parents[2]
 DEEP = 50_000
@@ -115,3 +117,26 @@ def test_a_seed_that_is_negative_or_wider_than_64_bits_is_refused(argv, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "argument --seed: " in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "symlink-to-dev-zero", "too-large"])
+@pytest.mark.parametrize("verb", [["run"], ["scenario", "check"], ["sweep", "merge"], ["topo", "import"]])
+def test_an_input_that_is_no_regular_file_or_too_large_is_refused_before_reading(tmp_path, verb, kind):
+    import subprocess
+    import sys
+    path = tmp_path / "in.toml"
+    if kind == "fifo":
+        os.mkfifo(path)                   # read, it waited for a writer for good
+    elif kind == "dev-zero":
+        path = Path("/dev/zero")          # read, it never ended
+    elif kind == "symlink-to-dev-zero":
+        path.symlink_to("/dev/zero")
+    else:
+        with open(path, "wb") as f:
+            f.truncate(INPUT_LIMIT + 1)   # sparse: no disk used
+    r = subprocess.run([sys.executable, "-m", "commsim.cli", *verb, str(path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    words = "more than the" if kind == "too-large" else (
+        "is a FIFO" if kind == "fifo" else "is a device")
+    assert f"{path}: " in r.stderr and words in r.stderr and "Traceback" not in r.stderr, r.stderr
