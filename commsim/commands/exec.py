@@ -8,6 +8,7 @@ from typing import Any
 
 from commsim.errors import UserError
 from commsim.launch.config import MODES, RESIDUE, VISIBLE
+from commsim.launch.torchrun_flags import add_aliases, with_nnodes
 from commsim.commands.args import seconds, seed
 
 EPILOG = """\
@@ -38,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="scenario .toml, or a generated scenario id from `commsim sweep --exec` "
                         "(s<seed>-<index>): topology, placement of the ranks, faults and seed")
     p.add_argument("--nproc-per-host", type=int, default=0, metavar="N",
-                   help="ranks per host (default: one per GPU)")
+                   help="ranks per host (default: one per GPU); torchrun's --nproc-per-node "
+                        "and --nnodes N (the machine's first N hosts) are accepted too")
     p.add_argument("--mode", default="procs", choices=MODES,
                    help="procs: one OS process per rank, real torch.distributed (gloo); "
                         "inproc: ranks as greenlets under the seeded scheduler (deterministic)")
@@ -67,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "root cause and the replay command in each failure) for CI")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- python prog.py ARGS  (or -- python -m module ARGS)")
+    add_aliases(p)
     p.set_defaults(func=run)
 
 
@@ -75,11 +78,15 @@ def run(args: argparse.Namespace) -> int:
     from commsim.launch.run import execute, split_command
     if args.nproc_per_host < 0:
         raise UserError(f"--nproc-per-host: must be >= 1, got {args.nproc_per_host}")
-    cfg = RunConfig(machine=args.machine, scenario=args.scenario,
+    machine = args.machine
+    if getattr(args, "nnodes", None):
+        machine = with_nnodes(machine, args.nnodes, args.scenario)
+    where = f"--scenario {args.scenario}" if args.scenario else f"--machine {machine or 'PRESET'}"
+    cfg = RunConfig(machine=machine, scenario=args.scenario,
                     nproc_per_host=args.nproc_per_host, mode=args.mode,
                     seed=args.seed or 0, visible=args.visible, timeout=args.timeout,
                     residue=args.residue, launcher=args.launcher,
-                    command=split_command(list(args.command)))
+                    command=split_command(list(args.command), prefix=f"commsim exec {where}"))
     if args.junit_xml:
         from commsim.util.fileio import check_output
         check_output(args.junit_xml, "--junit-xml")

@@ -57,6 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     new.add_argument("--domain", choices=("none", "node", "rack"), default=None,
                      help="NVLink domain; inferred with a warning when omitted")
     new.add_argument("--gpu-model", default=None, metavar="NAME", help="GPU model, e.g. GB200")
+    new.add_argument("--p2p", metavar="FILE", default=None,
+                     help="`nvidia-smi topo -p2p r` output of the same host: only OK pairs may "
+                          "use P2P (otherwise PCIe pairs are assumed P2P-capable, except on "
+                          "GeForce cards)")
     new.add_argument("--name", default=None, help="scenario name (default: the output file's stem)")
     new.add_argument("--output", "-o", type=Path, required=True, metavar="OUT.toml")
     new.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
@@ -125,20 +129,17 @@ def cmd_new(args: argparse.Namespace) -> int:
     from commsim.util.fileio import check_output
 
     out: Path = check_output(args.output, "--output", overwrite=args.force)
-    if args.topo == "-":
-        text, source = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            text, source = Path(args.topo).read_text(encoding="utf-8-sig", errors="replace"), args.topo
-        except OSError as e:
-            raise UserError(f"{args.topo}: cannot read: {e.strerror}; give the pasted "
-                            f"`nvidia-smi topo -m` as a text file") from None
+    from commsim.commands.topo import read_pasted
+    text = read_pasted(args.topo, "the pasted `nvidia-smi topo -m`")
+    source = "<stdin>" if args.topo == "-" else args.topo
+    p2p_text = read_pasted(args.p2p, "`nvidia-smi topo -p2p r` output") if args.p2p else None
     spec = NewScenario(name=args.name or out.stem, topo_text=text, topo_source=source,
                        hosts=args.hosts, tp=args.tp, dp=args.dp, placement=args.placement,
                        policy=args.policy, ops=tuple(args.ops or ("all_reduce",)),
                        sizes=tuple(args.sizes or ("16KiB",)), graph_capture=args.graph_capture,
                        expect_error=args.expect_error, expect_step=args.expect_step,
-                       domain=args.domain, gpu_model=args.gpu_model)
+                       domain=args.domain, gpu_model=args.gpu_model, p2p_text=p2p_text,
+                       p2p_source=args.p2p or "<p2p>")
     body, warnings = build(spec, out)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)

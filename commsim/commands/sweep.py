@@ -73,7 +73,29 @@ def _positionals(args: argparse.Namespace) -> None:
 
 
 def _merge(args: argparse.Namespace) -> int:
+    """Shards of a scenario sweep, or of one `sweep --exec` (never the two mixed)."""
+    import json
+
+    from commsim.errors import UserError
+    from commsim.launch.sweep_exec import is_exec_report, merge_reports
     from commsim.scenario.executors import merge
+    kinds = {}
+    for p in args.reports:
+        try:
+            with open(p, encoding="utf-8") as f:
+                kinds[p] = is_exec_report(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            kinds[p] = False      # the scenario merge names what is wrong with it
+    if len(set(kinds.values())) > 1:
+        ex = next(p for p, e in kinds.items() if e)
+        sc = next(p for p, e in kinds.items() if not e)
+        raise UserError(f"sweep merge: {ex} is a `sweep --exec` report, {sc} a scenario sweep's; "
+                        f"merge the shards of one sweep")
+    if args.reports and all(kinds.values()):
+        _refuse_plain_only(args)
+        rep = merge_reports(args.reports)
+        print(f"merged {len(args.reports)} report(s)")
+        return _emit_exec(rep, args)
     rep = merge(args.reports)
     print(f"merged {len(args.reports)} report(s)")
     return _emit(rep, args)
@@ -104,8 +126,7 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
     """`--exec PROG`: the user's program over generated machines instead of scenarios."""
     import shlex
 
-    from commsim.util.fileio import check_output, write_atomic
-    from commsim.launch.cause import DEFECTS
+    from commsim.util.fileio import check_output
     from commsim.launch.run import split_command
     from commsim.launch.sweep_exec import progress_printer, run_exec_sweep
     from commsim.scenario.executors import shard
@@ -114,22 +135,30 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
     _refuse_plain_only(args)
     if args.junit_xml:
         check_output(args.junit_xml, "--junit-xml")
-    program = split_command(shlex.split(args.exec) + list(args.exec_args or ()))
+    program = split_command(shlex.split(args.exec) + list(args.exec_args or ()),
+                            prefix="commsim sweep --exec", placement=False)
     ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),
                            enumerate_=args.enumerate, start=args.start, knobs=False), args.shard)
     say = None if args.quiet else progress_printer(len(ids))
     rep = run_exec_sweep(program, ids, mode=args.exec_mode, timeout=args.exec_timeout,
                          residue=args.exec_residue, launcher=args.exec_launcher,
                          progress=say)
+    rep.seed = None if args.enumerate else args.seed
+    rep.filters, rep.shard = list(args.filter or ()), args.shard
+    return _emit_exec(rep, args)
+
+
+def _emit_exec(rep, args: argparse.Namespace) -> int:
+    from commsim.launch.cause import DEFECTS
+    from commsim.util.fileio import write_atomic
     print(rep.summary())
     if args.json:
         import json
-        write_atomic(args.json, json.dumps({"program": program, "records": rep.records}, indent=1),
-                     overwrite=True)
+        write_atomic(args.json, json.dumps(rep.to_json(), indent=1), overwrite=True)
         print(f"JSON report: {args.json}")
     if args.junit_xml:
         from commsim.report.junit import Case, write_junit
-        write_junit(args.junit_xml, f"commsim sweep --exec {' '.join(program)}",
+        write_junit(args.junit_xml, f"commsim sweep --exec {' '.join(rep.program)}",
                     [Case("commsim.sweep-exec." + r["shape"], r["id"],
                           None if r["kind"] not in DEFECTS else f"{r['kind']}: {r['what']}",
                           f"replay: {r['replay']}", r["kind"]) for r in rep.records],

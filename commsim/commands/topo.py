@@ -178,7 +178,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 # -- import -----------------------------------------------------------------------------
 
 
-def _read(path: str, what: str) -> str:
+def read_pasted(path: str, what: str) -> str:
+    """A pasted text file (or stdin for '-'), or UserError naming the path and what it must hold."""
     if path == "-":
         return sys.stdin.read()
     try:
@@ -204,7 +205,7 @@ def _scenario_name(args: argparse.Namespace) -> str:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    text = _read(args.file, "`nvidia-smi topo -m` output or an NCCL topology XML")
+    text = read_pasted(args.file, "`nvidia-smi topo -m` output or an NCCL topology XML")
     fmt = importers.sniff(args.file, text)
     source = "<stdin>" if args.file == "-" else args.file
     if fmt is not None and fmt.name == "nccl_xml":
@@ -224,7 +225,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                         "`topo -m` matrix only, not per-GPU fabric info; drop one of the two")
     if out is not None:
         _check_output(out, args.force)  # fail before the work, not after it
-    p2p_text = _read(args.p2p, "`nvidia-smi topo -p2p r` output") if args.p2p else None
+    p2p_text = read_pasted(args.p2p, "`nvidia-smi topo -p2p r` output") if args.p2p else None
     loaded = importers.load(args.file, text, format="nvidia_smi", source=source, hosts=args.hosts,
                             domain=args.domain, gpu_model=args.gpu_model, host_prefix=args.host_prefix,
                             name=name, p2p_text=p2p_text, p2p_source=args.p2p or "<p2p>")

@@ -30,6 +30,25 @@ def label(kind: str, param: Any) -> str:
     return kind
 
 
+def _arg(a: Any) -> str:
+    """An argument as its program wrote it: an enum member by its name (SUM, not
+    <RedOpType.SUM: 0>)."""
+    name = getattr(a, "name", None)
+    return name if isinstance(name, str) else repr(a)
+
+
+def called(kind: str, param: Any, tag: str) -> str:
+    """One side of a collective mismatch as the program made the call. A hosted library
+    tags its data-path collective '<operation> at <the user's call site>'
+    ('torch.distributed.all_reduce at prog.py:5 in main'): that, with the call's own
+    arguments, is what the program called; the group's function behind it is not."""
+    if kind == COMBINE and " at " in tag:
+        _, args = param
+        op, sep, where = tag.partition(" at ")
+        return f"{op}({', '.join(_arg(a) for a in args)}){sep}{where}"
+    return f"{label(kind, param)} (tag {tag!r})"
+
+
 def reduce_values(op: str, values: list[Any]) -> Any:
     if op == "min":
         return min(values)

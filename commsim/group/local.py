@@ -29,8 +29,9 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from commsim.group.base import REDUCE_OPS, readonly
-from commsim.group.calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, COMBINE, NEW_SUBGROUP, label as _label,
-                    reduce_values as _reduce)
+from commsim.group.calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, COMBINE, NEW_SUBGROUP,
+                                 called as _called, label as _label,
+                                 reduce_values as _reduce)
 from commsim.group.sharing import all_immutable, immutable
 from commsim.runtime.diagnosis import (CollectiveMismatch, Diagnosis, GroupError, RankFailed, rank_word,
                      short_error)
@@ -71,7 +72,7 @@ class _Round:
     """The meeting of the members' seq-th collective in a group."""
 
     __slots__ = ("core", "seq", "kind", "param", "tag", "values", "count", "waiters",
-                 "result", "blob", "broken", "calls")
+                 "result", "blob", "broken", "calls", "shown")
 
     def __init__(self, core: _Core, seq: int, kind: str, param: Any, tag: str) -> None:
         self.core = core
@@ -87,6 +88,7 @@ class _Round:
         # Once broken, later arrivals fail at once: (exception class, message).
         self.broken: tuple[type[GroupError], str] | None = None
         self.calls: list[tuple[int, str, str]] = []  # (world rank, call, tag), on mismatch
+        self.shown: list[tuple[int, str]] = []       # (world rank, the call as the program made it)
 
     @property
     def group_name(self) -> str:
@@ -415,11 +417,13 @@ class LocalGroup:
             first = _label(rnd.kind, rnd.param)
             rnd.calls = [(gr[i], first, rnd.tag) for i, v in enumerate(rnd.values)
                          if v is not _ABSENT]
+            rnd.shown = [(r, _called(rnd.kind, rnd.param, rnd.tag)) for r, _, _ in rnd.calls]
         rnd.calls.append((me, _label(kind, param), tag))
-        merged: dict[tuple[str, str], list[int]] = {}
-        for r, call, t in rnd.calls:
-            merged.setdefault((call, t), []).append(r)
-        parts = [f"{rank_word(rs)} called {call} (tag {t!r})" for (call, t), rs in merged.items()]
+        rnd.shown.append((me, _called(kind, param, tag)))
+        merged: dict[str, list[int]] = {}
+        for r, call in rnd.shown:
+            merged.setdefault(call, []).append(r)
+        parts = [f"{rank_word(rs)} called {call}" for call, rs in merged.items()]
         msg = f"collective mismatch in group {core.name!r} #{rnd.seq}: " + "; ".join(parts)
         calls = tuple(rnd.calls)
         if rnd.broken is None:

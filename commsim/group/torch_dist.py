@@ -34,8 +34,9 @@ from commsim.runtime.diagnosis import (BLOCKED, FAILED, FINISHED, NOT_STARTED, R
                      CollectiveMismatch, Diagnosis, GroupError, GroupTimeout, RankFailed,
                      RankState, rank_word)
 from commsim.group.seal import ForgedValue, Seal, new_secret
-from commsim.group.calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP, label as _label,
-                    reduce_values as _reduce)
+from commsim.group.calls import (ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, NEW_SUBGROUP,
+                                 called as _called, label as _label,
+                                 reduce_values as _reduce)
 from commsim.runtime import scheduler
 
 T = TypeVar("T")
@@ -558,10 +559,10 @@ class TorchDistGroup:
             _delete(store, f"{self._ns}/{seq - 1}/{self._rank}", w.shm_prefix)
         calls = {(k, repr(p)) for k, p, _, _ in vals}
         if len(calls) > 1:
-            merged: dict[tuple[str, str], list[int]] = {}
+            merged: dict[str, list[int]] = {}
             for r, (k, p, t, _) in enumerate(vals):
-                merged.setdefault((_label(k, p), t), []).append(self._global[r])
-            parts = [f"{rank_word(rs)} called {c} (tag {t!r})" for (c, t), rs in merged.items()]
+                merged.setdefault(_called(k, p, t), []).append(self._global[r])
+            parts = [f"{rank_word(rs)} called {c}" for c, rs in merged.items()]
             raise CollectiveMismatch(f"collective mismatch in group {self._name!r} #{seq}: "
                                      + "; ".join(parts),
                                      [(self._global[r], _label(k, p), t)

@@ -86,7 +86,9 @@ def build_rank(cfg: RunConfig, rank: int, slot: int, host: str, visible: tuple[i
 
     def make_driver() -> HostedDriver:
         from commsim.sim.driver import SimDriver
+        from commsim.hosting.state import process_wait
         from commsim.hosting.state.fabric import HostedFabric
+        process_wait.install(cfg.timeout)
         placement = [GpuRef(h, i) for h, i in cfg.placement]
         fabric = HostedFabric(cluster, cfg.seed, slot, placement, cfg.shm_prefix, cfg.run_dir)
         faults = cfg.driver_faults(rank) if slot == rank else None

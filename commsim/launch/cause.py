@@ -93,9 +93,14 @@ def _cuda_cause(cfg: Any, p: "ProcResult", e: dict) -> Cause:
     if api.startswith("cuMemImportFromShareableHandle"):
         return Cause("fabric-outside-domain", "a FABRIC handle imported across NVLink domains "
                      "or without a common IMEX channel (rows V5, V7)")
-    if rule == "H5" and peer_rank is not None and peer_rank != p.rank:
-        return Cause("cuda-error", f"opened a handle of {_who(cfg, peer_rank, peer)} after that "
-                     f"memory was gone; {RULE_REASONS['H5']}", after=peer_rank, knock_on=True)
+    if rule == "H5":
+        # The exporter is named by its GPU; where ranks share a GPU (no cudaSetDevice, all on
+        # device 0) the GPU names no rank, and the opener did not free the memory it opens.
+        owner = peer_rank if peer_rank not in (None, p.rank) else None
+        whose = (_who(cfg, owner, peer) if owner is not None else
+                 f"memory on {peer}" if peer else "memory")
+        return Cause("cuda-error", f"opened a handle of {whose} after that memory was gone; "
+                     f"{RULE_REASONS['H5']}", after=owner, knock_on=True)
     if rule in RULE_REASONS:
         pair = f"{me} -> {_who(cfg, peer_rank, peer)}: " if peer else ""
         return Cause("cuda-error", pair + RULE_REASONS[rule])
@@ -182,6 +187,20 @@ def _who_failed(cfg: Any, p: "ProcResult") -> str:
     if p.worker:
         return f"worker (slot {p.slot}) of rank {p.rank} ({p.host})"
     return f"rank {p.rank} ({p.host}, GPU {cfg.placement[p.rank][1]})"
+
+
+def root_cause_line(v: "Verdict") -> str:
+    """The root cause in one line, the most telling first (a CI summary line shows only the
+    first line of a failure): its kind, who, the failing call and where, and why."""
+    rc = root_cause(v)
+    if rc is None:
+        return ""
+    p, c, e = rc.proc, rc.cause, rc.proc.first_cuda_error
+    what = (f"{e['api']} -> {e['name']} ({e['code']}) at {e['site'].split(' <- ')[0]}" if e
+            else p.headline())
+    others = len(rc.same) + len(rc.knock_on) + len(rc.other)
+    return (f"{c.kind} on {_who_failed(v.cfg, p)}: {what}" + (f"; why: {c.reason}" if c.reason else "")
+            + (f" (and {others} more failed process(es))" if others else ""))
 
 
 def root_cause_lines(v: "Verdict") -> list[str]:

@@ -47,6 +47,7 @@ class RunConfig:
     residue: str = "report"           # "report": listed, the run passes; "fail": a process exiting holding any fails the run
     launcher: str = "torchrun"        # "torchrun" | "mpirun": the launcher whose environment each rank gets
     command: list[str] = field(default_factory=list)   # the program: ["prog.py", args] or ["-m", "mod", args]
+    replay: str = ""                  # the command that replays the run when it is not `commsim exec` (a pytest node)
     run_dir: str = ""
     shm_prefix: str = ""
     placement: list[tuple[str, int]] = field(default_factory=list)   # filled by resolve()
@@ -153,6 +154,8 @@ class RunConfig:
 
     def replay_command(self) -> str:
         """The command line that runs this again, decision for decision."""
+        if self.replay:
+            return self.replay
         parts = ["commsim", "exec"]
         parts += ["--scenario", self.scenario] if self.scenario else ["--machine", self.machine]
         if not self.scenario:

@@ -38,6 +38,8 @@ from commsim.launch.procs import read_reports, worker_results
 from commsim.launch.run import free_port, rank_env, visible_of
 from commsim.hosting.state.session import HostedRank, RankEvents, bound, exception_line, hosted
 from commsim.hosting.install.registry import install_all
+from commsim.hosting.surfaces.mpi import mpi4py as mpi4py_surface
+from commsim.hosting.surfaces.sockets import NeedsProcesses
 from commsim.hosting.surfaces.table import MODULES as SURFACE_MODULES
 from commsim.launch.verdict import ProcResult, Verdict
 from commsim.util.hard_exit import HardExit, exits_unwind
@@ -200,6 +202,11 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
                     print(e.code, file=sys.stderr)
             except (KeyboardInterrupt, Terminated):
                 raise           # the launcher's, not the rank's: it ends the run as it is
+            except NeedsProcesses as e:
+                # The run cannot go on in one interpreter: ended here, run again in procs.
+                needs_procs.append(f"rank {r}: {e.call} at {e.site}")
+                code = 1
+                res.exception = _exception_line(e)
             except BaseException as e:
                 print_user_traceback(e)
                 code = 1
@@ -218,6 +225,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
             raise _RankExit(code)
 
     timed_out = threading.Event()
+    needs_procs: list[str] = []
 
     def _expire() -> None:
         timed_out.set()
@@ -225,6 +233,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     install_all(SURFACE_MODULES)
+    mpi4py_surface.forget()
     import multiprocessing
     children_before = set(multiprocessing.active_children())
     main_was = sys.modules.get("__main__")
@@ -265,4 +274,5 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         res.cuda_errors = ev.cuda_errors
         res.notes = list(ev.notes)
     results += worker_results(cfg, read_reports(cfg.run_dir))
-    return Verdict(cfg, results, trace_hash=world.trace_hash(), flags=list(fabric.flags))
+    return Verdict(cfg, results, trace_hash=world.trace_hash(), flags=list(fabric.flags),
+                   needs_procs=needs_procs[0] if needs_procs else None)

@@ -12,14 +12,16 @@ A test is hosted when it carries the `commsim` marker or asks for the `commsim_r
 Its machine is the marker's `machine`, else `--commsim-machine`; without either it is
 skipped. In inproc mode (the default: fast, deterministic) the test function runs as every
 rank in this process; in procs mode every rank is a process running just this test under
-pytest. The test fails when any rank fails, with the run's verdict as the message (each
-rank's error, first CUDA error and its call site, hangs, residue, the replay command).
+pytest. The test fails when any rank fails, with the run's verdict as the message: its first
+line is the root cause (what pytest's summary line and a CI's test list show), then the
+verdict, and the replay command names the test node (`pytest path::test --commsim-...`).
 """
 
 from __future__ import annotations
 
 import io
 import os
+import shlex
 from typing import Any
 
 import pytest
@@ -100,6 +102,7 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> Any:
     cfg = _config_for(pyfuncitem)
     if cfg is None:
         pytest.skip("hosted test: give --commsim-machine or @pytest.mark.commsim(machine=...)")
+    cfg.replay = _replay(pyfuncitem, cfg)
     funcargs = {n: pyfuncitem.funcargs[n] for n in pyfuncitem._fixtureinfo.argnames}
     out = io.StringIO()
     target = None
@@ -114,5 +117,20 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> Any:
         pytest.fail(f"commsim: {e}", pytrace=False)
     print(out.getvalue(), end="")
     if not v.ok:
-        pytest.fail(v.format(), pytrace=False)
+        from commsim.launch.cause import root_cause_line
+        pytest.fail(f"commsim: {root_cause_line(v)}\n{v.format()}", pytrace=False)
     return True
+
+
+def _replay(item: Any, cfg: Any) -> str:
+    """The pytest command that runs this test node again on the same machine, mode and seed
+    (the plugin's options; a marker's own values win over them, and equal them here)."""
+    words = ["pytest", item.nodeid, "--commsim-machine", cfg.machine,
+             "--commsim-mode", cfg.mode, "--commsim-seed", str(cfg.seed)]
+    if cfg.nproc_per_host and not cfg.ranks:
+        words += ["--commsim-nproc-per-host", str(cfg.nproc_per_host)]
+    if cfg.visible != "all":
+        words += ["--commsim-visible", cfg.visible]
+    if cfg.residue != "report":
+        words += ["--commsim-residue", cfg.residue]
+    return shlex.join(words)

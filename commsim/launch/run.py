@@ -28,13 +28,19 @@ PYTHONS = ("python", "python3", os.path.basename(sys.executable))
 _COMMSIM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def split_command(argv: list[str]) -> list[str]:
-    """`python prog.py ARGS` / `python -m mod ARGS` -> what follows the interpreter."""
+def split_command(argv: list[str], *, prefix: str = "commsim exec --machine PRESET",
+                  placement: bool = True) -> list[str]:
+    """`python prog.py ARGS` / `python -m mod ARGS` -> what follows the interpreter. A
+    torchrun line is refused with the commsim command that runs its program: `prefix` (the
+    command up to its own flags), with torchrun's placement flags when `placement`."""
     from commsim.errors import UserError
+    from commsim.launch.torchrun_flags import advice, launcher_in
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise UserError("no program: add `-- python prog.py ARGS` (or `-- python -m module ARGS`)")
+    if launcher_in(argv):
+        raise UserError(advice(argv, prefix, placement))
     if os.path.basename(argv[0]) in PYTHONS or argv[0] == sys.executable:
         argv = argv[1:]
     elif not argv[0].endswith(".py") and argv[0] != "-m":
@@ -134,6 +140,27 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
     return env
 
 
+def _again_in_procs(cfg: RunConfig, why: str, *, out: TextIO, err: TextIO,
+                    echo: bool) -> Verdict:
+    """An inproc run that a blocking socket between ranks ended, run again as processes in a
+    fresh run directory (the first run's files and segments are gone with it)."""
+    from commsim.launch.procs import run_procs
+    err.write(f"commsim exec: {why}: blocking sockets between ranks need real processes; "
+              f"running again in procs mode\n")
+    shm.sweep(cfg.shm_prefix)
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)
+    cfg.mode = "procs"
+    cfg.run_dir = tempfile.mkdtemp(prefix=f"commsim-exec-{posix.getpid()}-")
+    cfg.shm_prefix = shm.new_prefix()
+    make_run_dirs(cfg.run_dir)
+    boot = write_sitecustomize(cfg.run_dir)
+    cfg.dump(os.path.join(cfg.run_dir, "config.json"))
+    with tree.owned_tree(run_mark(cfg), [cfg.run_dir, str(shm.SHM_DIR / cfg.shm_prefix)]):
+        v = run_procs(cfg, boot, out=out, err=err, echo=echo)
+    v.needs_procs = why
+    return v
+
+
 def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = None,
             echo: bool = True, target: Any = None) -> Verdict:
     """Run cfg's program as every rank of its machine; the verdict. Nothing of the run is
@@ -160,8 +187,11 @@ def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = N
                 from commsim.launch.inproc import run_inproc
                 v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo,
                                target=target)
+        if v.needs_procs and target is None:
+            v = _again_in_procs(cfg, v.needs_procs, out=out or sys.stdout,
+                                err=err or sys.stderr, echo=echo)
     finally:
         shm.sweep(cfg.shm_prefix)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(cfg.run_dir, ignore_errors=True)     # the procs rerun's, if any
     v.wall_s = time.monotonic() - t0
     return v

@@ -19,6 +19,7 @@ Each failure comes with the `commsim exec --scenario <id>` command that replays 
 from __future__ import annotations
 
 import io
+import json
 import sys
 import time
 from collections import Counter, defaultdict
@@ -30,11 +31,22 @@ from commsim.launch.run import execute
 from commsim.launch.cause import DEFECTS, root_cause, run_kind
 from commsim.launch.verdict import Verdict
 
+
 @dataclass
 class ExecSweep:
     program: list[str]
     records: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
+    seed: int | None = None           # the sampler's seed (None: the enumeration)
+    filters: list[str] = field(default_factory=list)
+    shard: str | None = None          # "K/N" when this is one shard of the sweep
+
+    def to_json(self) -> dict:
+        """The --json report; `sweep merge` reads the shards' back (read_report)."""
+        return {"sweep": "exec", "program": self.program, "seed": self.seed,
+                "filters": self.filters, "shard": self.shard, "count": len(self.records),
+                "wall_s": round(self.wall_s, 3), "defects": len(self.defects),
+                "records": self.records}
 
     @property
     def defects(self) -> list[dict]:
@@ -66,6 +78,34 @@ class ExecSweep:
         return "\n".join(lines)
 
 
+def is_exec_report(d: Any) -> bool:
+    return isinstance(d, dict) and d.get("sweep") == "exec"
+
+
+def read_report(path: str) -> tuple[dict, list[dict]]:
+    """A `sweep --exec --json` report: the report and its records."""
+    from commsim.errors import UserError
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: cannot read the shard report: {e}") from None
+    if not is_exec_report(d) or not isinstance(d.get("records"), list):
+        raise UserError(f"{path}: not a `commsim sweep --exec PROG --json` report")
+    return d, d["records"]
+
+
+def merge_reports(paths: list[str]) -> ExecSweep:
+    """One ExecSweep from the --json reports of the shards of one `sweep --exec` (the same
+    program, seed and filters; every shard once)."""
+    from commsim.scenario.executors import merge_shards
+    head, records, wall, _ = merge_shards(
+        paths, read_report,
+        lambda d: {"program": d.get("program"), "seed": d.get("seed"), "filters": d.get("filters", [])},
+        "commsim sweep --exec PROG --shard K/{of} --json ...")
+    return ExecSweep(list(head["program"]), records, wall, head["seed"], list(head["filters"]))
+
+
 def run_exec_sweep(program: list[str], ids: list[str], *, mode: str = "inproc",
                    timeout: float = 60.0, residue: str = "report", launcher: str = "torchrun",
                    progress: Callable[[int, int], None] | None = None) -> ExecSweep:
@@ -95,8 +135,14 @@ def run_exec_sweep(program: list[str], ids: list[str], *, mode: str = "inproc",
 
 
 def progress_printer(total: int, stream: TextIO = sys.stderr, every: int = 25) -> Callable[[int, int], None]:
+    """Progress of an --exec sweep: a bar on a TTY, else a line every `every` machines (a run
+    takes seconds, not milliseconds), each with its ETA."""
+    from commsim.scenario.sweep import Progress
+    p = Progress(total, stream, every_n=every, what="sweep --exec", unit="machines",
+                 failed="with a defect")
+
     def say(done: int, defects: int) -> None:
-        if done % every == 0 or done == total:
-            print(f"[sweep --exec] {done}/{total} machines, {defects} with a defect",
-                  file=stream, flush=True)
+        p.update(done, defects)
+        if done == total:
+            p.close()
     return say

@@ -61,6 +61,10 @@ class ProcResult:
                 err.get("api"), err.get("name"), bool(self.residue))
 
 
+SWITCHED = "run in procs mode, not inproc: blocking sockets between ranks need real processes"
+ENDED = "ended in inproc mode: blocking sockets between ranks need real processes (--mode procs)"
+
+
 @dataclass
 class Verdict:
     cfg: RunConfig
@@ -68,6 +72,9 @@ class Verdict:
     wall_s: float = 0.0
     trace_hash: str | None = None
     flags: list[str] = field(default_factory=list)
+    # inproc: the call that needs real processes (its run was ended there); a procs run
+    # started for that reason carries it too, and says so
+    needs_procs: str | None = None
 
     def __post_init__(self) -> None:
         for p in self.procs:
@@ -106,6 +113,8 @@ class Verdict:
                 f"({hosts} host(s) x {c.nproc_per_host}), mode {c.mode}, seed {c.seed}, "
                 f"visible {c.visible}, {self.wall_s:.1f} s")
         lines = [head]
+        if self.needs_procs:
+            lines.append(f"  {SWITCHED if c.mode == 'procs' else ENDED}: {self.needs_procs}")
         if not self.ok:
             lines += root_cause_lines(self)
         if self.ok or verbose:

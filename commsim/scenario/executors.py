@@ -174,10 +174,13 @@ def _records(path: str) -> tuple[dict, list[dict]]:
     return d, recs
 
 
-def merge(paths: list[str]) -> Report:
-    """One Report from the JSON reports of the shards of one sweep. Refuses reports of
-    different sweeps (seed, filters), a scenario present twice, and an incomplete set of
-    shards (the missing ones are named)."""
+def merge_shards(paths: list[str], read: Callable[[str], tuple[dict, list[dict]]],
+                 sweep_of: Callable[[dict], dict], how: str) -> tuple[dict, list[dict], float, int]:
+    """The shards of one sweep, read by `read` (-> the report, its records): the sweep's key
+    (`sweep_of`: what must agree, e.g. seed and filters), the records in id order, the slowest
+    shard's wall time and the jobs of all. Refuses reports of different sweeps, a scenario
+    present twice and an incomplete set of shards (the missing ones are named, with `how`:
+    the command that writes one)."""
     if not paths:
         raise UserError("sweep merge: give the shard reports to merge (JSON files)")
     records: list[dict] = []
@@ -187,14 +190,15 @@ def merge(paths: list[str]) -> Report:
     of = None
     wall, jobs = 0.0, 0
     for p in paths:
-        d, recs = _records(p)
+        d, recs = read(p)
         wall, jobs = max(wall, float(d.get("wall_s") or 0.0)), jobs + int(d.get("jobs") or 0)
-        key = {"seed": d.get("seed"), "filters": d.get("filters", [])}
+        key = sweep_of(d)
         if head is None:
             head = key
         elif key != head:
-            raise UserError(f"{p}: from another sweep (seed {key['seed']}, filters {key['filters']}; "
-                            f"the first report has seed {head['seed']}, filters {head['filters']})")
+            theirs = ", ".join(f"{k} {v}" for k, v in key.items())
+            first = ", ".join(f"{k} {v}" for k, v in head.items())
+            raise UserError(f"{p}: from another sweep ({theirs}; the first report has {first})")
         if d.get("shard"):
             k, n = parse_shard(d["shard"])
             if of is not None and n != of:
@@ -210,11 +214,19 @@ def merge(paths: list[str]) -> Report:
             records.append(r)
     if of is not None and len(shards) != of:
         missing = ", ".join(f"{k}/{of}" for k in range(1, of + 1) if k not in shards)
-        raise UserError(f"sweep merge: shard(s) {missing} missing; run `commsim sweep --shard K/{of} "
-                        f"--json ...` for each and merge all {of}")
+        raise UserError(f"sweep merge: shard(s) {missing} missing; run `{how.format(of=of)}` "
+                        f"for each and merge all {of}")
     records.sort(key=lambda r: id_order(r["id"]))
-    # Shards run side by side: the merged sweep took as long as its slowest shard.
-    rep = Report(records, wall_s=wall, jobs=jobs, executor="merged")
     assert head is not None
+    # Shards run side by side: the merged sweep took as long as its slowest shard.
+    return head, records, wall, jobs
+
+
+def merge(paths: list[str]) -> Report:
+    """One Report from the JSON reports of the shards of one scenario sweep."""
+    head, records, wall, jobs = merge_shards(
+        paths, _records, lambda d: {"seed": d.get("seed"), "filters": d.get("filters", [])},
+        "commsim sweep --shard K/{of} --json ...")
+    rep = Report(records, wall_s=wall, jobs=jobs, executor="merged")
     rep.seed, rep.filters = head["seed"], list(head["filters"])
     return rep

@@ -36,6 +36,8 @@ class NewScenario:
     domain: str | None = None
     gpu_model: str | None = None
     host_prefix: str = "node"
+    p2p_text: str | None = None          # `nvidia-smi topo -p2p r` of the same host, when given
+    p2p_source: str = "<p2p>"
 
 
 def _place(cluster: Cluster, world: int, how: str) -> list[str]:
@@ -58,7 +60,7 @@ def build(spec: NewScenario, out: Path | None) -> tuple[str, list[str]]:
     """The scenario text and the import warnings. Nothing is written here."""
     if spec.tp < 1 or spec.dp < 1:
         raise UserError(f"--tp and --dp must be >= 1, got tp={spec.tp} dp={spec.dp}")
-    parsed = parse_topo_matrix(spec.topo_text, spec.topo_source)
+    parsed = parse_topo_matrix(spec.topo_text, spec.topo_source, spec.p2p_text, spec.p2p_source)
     cluster, warnings = build_cluster(parsed, spec.hosts, spec.domain, spec.gpu_model,
                                       host_prefix=spec.host_prefix, name=spec.name)
     world = spec.tp * spec.dp

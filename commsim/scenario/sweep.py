@@ -187,13 +187,16 @@ def crash_record(sid: str, why: str) -> dict:
 
 # -- progress ---------------------------------------------------------------------------------------
 class Progress:
-    """A bar on a TTY; otherwise a line every `every_s` seconds (and at the end)."""
+    """A bar on a TTY; otherwise (a CI log) a line every `every_s` seconds or every `every_n`
+    done, and at the end. Both carry the rate and the time left at that rate (ETA)."""
 
     def __init__(self, total: int, stream: TextIO | None = None, tty: bool | None = None,
-                 every_s: float = 10.0):
+                 every_s: float = 10.0, every_n: int = 0, what: str = "sweep",
+                 unit: str = "scenarios", failed: str = "failed"):
         self.total, self.stream = total, stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
-        self.every_s = every_s
+        self.every_s, self.every_n = every_s, every_n
+        self.what, self.unit, self.failed = what, unit, failed
         self.t0 = self.last = time.perf_counter()
         self.done = self.fails = 0
 
@@ -207,12 +210,15 @@ class Progress:
             w = 30
             fill = int(w * done / max(self.total, 1))
             self.stream.write(f"\r[{'#' * fill}{'.' * (w - fill)}] {done}/{self.total} "
-                              f"{rate:.0f}/s ETA {eta:.0f}s failed {fails} ")
+                              f"{rate:.0f}/s ETA {eta:.0f}s {self.failed} {fails} ")
             self.stream.flush()
-        elif now - self.last >= self.every_s or done == self.total:
+            return
+        due = (done % self.every_n == 0) if self.every_n else now - self.last >= self.every_s
+        if due or done == self.total:
             self.last = now
-            self.stream.write(f"sweep: {done}/{self.total} scenarios, {rate:.0f}/s, {fails} failed, "
-                              f"{el:.0f}s elapsed\n")
+            left = "done" if done == self.total else f"ETA {eta:.0f}s"
+            self.stream.write(f"{self.what}: {done}/{self.total} {self.unit}, {rate:.1f}/s, "
+                              f"{fails} {self.failed}, {el:.0f}s elapsed, {left}\n")
             self.stream.flush()
 
     def close(self) -> None:

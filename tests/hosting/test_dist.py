@@ -53,6 +53,16 @@ def test_inproc_mismatch_names_both_calls():
         assert "skip_barrier.py:8" in p.exception and "skip_barrier.py:11" in p.exception
 
 
+def test_inproc_mismatch_names_the_operations_not_the_group_functions():
+    v, _, out = hosted(PROGRAMS / "mismatched_ops.py", "hgx-h100-8", nproc_per_host=2)
+    assert not v.ok
+    for p in v.ranks:
+        assert ("rank 1 called torch.distributed.all_gather() at mismatched_ops.py:10 in <module>"
+                in p.exception), p.exception
+        assert "rank 0 called torch.distributed.all_reduce(SUM) at mismatched_ops.py:7" in p.exception
+        assert "combine_arrays" not in p.exception and "_reduce_parts" not in p.exception
+
+
 def test_procs_hang_shows_where_each_rank_waits():
     v, _, out = hosted(PROGRAMS / "lonely_barrier.py", "hgx-h100-8", mode="procs",
                        nproc_per_host=2, timeout=15)

@@ -57,14 +57,26 @@ def test_every_served_call_answers_per_rank(machine, per_host, hosts, mode):
     assert "--launcher mpirun" in v.cfg.replay_command()
 
 
-def test_without_mpirun_each_process_is_its_own_world():
-    """torchrun's environment has no OMPI_COMM_WORLD_*: mpi4py's MPI_Init is a singleton
-    (MPI-3.1 10.5.2), and the verdict says why."""
+@pytest.mark.parametrize("mode", ["inproc", "procs"])
+def test_without_mpirun_mpi4py_is_what_the_interpreter_has(mode):
+    """torchrun's environment has no OMPI_COMM_WORLD_*: where mpi4py is installed its MPI_Init
+    is a singleton (MPI-3.1 10.5.2), and the verdict says why; where it is not, importing it
+    fails as in the real interpreter (served only under --launcher mpirun), even after an
+    mpirun run of the same interpreter imported it."""
+    from commsim.hosting.surfaces.mpi.mpi4py import installed
     prog = PROGRAMS / "mpi_world.py"
-    v, res, out = hosted(prog, "gb200-nvl72:1", nproc_per_host=2)
+    hosted(prog, "gb200-nvl72:1", mode=mode, nproc_per_host=2, launcher="mpirun")
+    v, res, out = hosted(prog, "gb200-nvl72:1", mode=mode, nproc_per_host=2)
+    if not installed():
+        assert [p.exception for p in v.ranks] == ["ModuleNotFoundError: No module named 'mpi4py'"] * 2
+        return
     assert v.ok, v.format() + out
     assert [res[r]["world"] for r in (0, 1)] == [[0, 1, [0]], [0, 1, [1]]]
     assert all(any("not started by mpirun" in n for n in p.notes) for p in v.ranks)
+
+
+def test_under_mpirun_comm_world_is_the_run_s_ranks():
+    prog = PROGRAMS / "mpi_world.py"
     v, res, out = hosted(prog, "gb200-nvl72:1", nproc_per_host=2, launcher="mpirun")
     assert [res[r]["world"] for r in (0, 1)] == [[0, 2, [0, 1]], [1, 2, [0, 1]]]
     assert res[0]["torchrun_env"] is None and res[0]["secret_mode"] is None

@@ -52,11 +52,26 @@ def test_plugin_passes_on_one_tray(pytester):
     r.assert_outcomes(passed=1)
 
 
-def test_plugin_fails_across_trays_with_the_verdict(pytester):
+def test_plugin_fails_across_trays_with_the_verdict(pytester, monkeypatch):
+    """The summary line leads with the root cause (CI shows it whole: pytest trims it to the
+    terminal only off CI); the replay line names the test node, and running it fails the
+    same way."""
+    monkeypatch.setenv("CI", "true")
     _file(pytester)
     r = pytester.runpytest("--commsim-machine", "gb200-nvl72:2", "-p", "no:xdist")
     r.assert_outcomes(failed=1)
     text = r.stdout.str()
     assert "commsim exec: FAIL: 4 rank(s) on gb200-nvl72:2" in text
     assert "RuntimeError: CUDART error: invalid resource handle" in text
-    assert "replay: commsim exec" in text
+    summary = next(ln for ln in r.outlines if ln.startswith("FAILED "))
+    assert summary.startswith(
+        "FAILED test_downstream.py::test_open_peers - Failed: commsim: ipc-across-hosts on rank "
+        "1 (gb200-nvl72-tray00, GPU 1): cudaIpcOpenMemHandle -> cudaErrorInvalidResourceHandle "
+        "(400) at test_downstream.py:"), summary
+    assert "legacy IPC handles are host-local (row L8" in summary
+    replay = next(ln for ln in r.outlines if ln.startswith("replay: "))
+    assert replay == ("replay: pytest test_downstream.py::test_open_peers --commsim-machine "
+                      "gb200-nvl72:2 --commsim-mode inproc --commsim-seed 0")
+    again = pytester.runpytest(*replay.split()[2:], "-p", "no:xdist")
+    again.assert_outcomes(failed=1)
+    assert next(ln for ln in again.outlines if ln.startswith("FAILED ")) == summary

@@ -46,3 +46,35 @@ def test_cli_exit_status():
     r = subprocess.run([sys.executable, "-m", "commsim.cli", "sweep", "--exec", PROG,
                         "--count", "6", "--quiet"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "ipc-across-hosts" in r.stdout
+
+
+def test_exec_shards_merge_into_the_unsharded_report(tmp_path, capsys):
+    """`sweep --exec --shard K/N --json` then `sweep merge` gives the unsharded sweep's
+    records, summary and exit status; a scenario sweep's report is not mixed in."""
+    import json
+
+    from commsim.cli import main
+
+    def sweep(*extra):
+        return main(["sweep", "--exec", PROG, "--count", "6", "--quiet", *extra])
+
+    assert sweep("--json", str(tmp_path / "all.json")) == 1
+    whole = capsys.readouterr().out.splitlines()[0]
+    for k in (1, 2):
+        sweep("--shard", f"{k}/2", "--json", str(tmp_path / f"{k}.json"))
+    capsys.readouterr()
+    assert main(["sweep", "merge", str(tmp_path / "1.json"), str(tmp_path / "2.json"),
+                 "--json", str(tmp_path / "merged.json"),
+                 "--junit-xml", str(tmp_path / "merged.xml")]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("merged 2 report(s)")
+    assert out.splitlines()[1].rsplit(",", 1)[0] == whole.rsplit(",", 1)[0]   # all but the time
+    merged, unsharded = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("merged", "all"))
+    assert merged["records"] == unsharded["records"] and len(merged["records"]) == 6
+    assert (tmp_path / "merged.xml").read_text().count("<testcase ") == 6
+    assert main(["sweep", "merge", str(tmp_path / "1.json")]) == 2
+    assert "shard(s) 2/2 missing; run `commsim sweep --exec PROG --shard K/2" in capsys.readouterr().err
+    assert main(["sweep", "--count", "2", "--quiet", "--json", str(tmp_path / "plain.json")]) == 0
+    capsys.readouterr()
+    assert main(["sweep", "merge", str(tmp_path / "1.json"), str(tmp_path / "plain.json")]) == 2
+    assert "1.json is a `sweep --exec` report, " in capsys.readouterr().err

@@ -189,3 +189,22 @@ def test_workers_fork_from_this_process_only_while_it_runs_no_threads_of_its_own
     out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["fork", "forkserver", "fork"]
+
+
+def test_progress_lines_off_a_terminal_carry_the_eta() -> None:
+    """A CI log gets a line per `every_n` done (or per `every_s`), each with rate and ETA;
+    the last says done."""
+    import io
+
+    from commsim.scenario.sweep import Progress
+
+    s = io.StringIO()
+    p = Progress(6, s, every_n=2, what="sweep --exec", unit="machines", failed="with a defect")
+    for i in range(1, 7):
+        p.update(i, 1)
+    lines = s.getvalue().splitlines()
+    assert [ln.split(",")[0] for ln in lines] == ["sweep --exec: 2/6 machines",
+                                                 "sweep --exec: 4/6 machines",
+                                                 "sweep --exec: 6/6 machines"]
+    assert all(", 1 with a defect, " in ln for ln in lines)
+    assert "ETA " in lines[0] and "ETA " in lines[1] and lines[2].endswith(", done")

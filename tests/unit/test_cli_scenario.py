@@ -76,3 +76,24 @@ def test_scenario_needs_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit) as e:
         main(["scenario"])
     assert e.value.code == 2
+
+
+def test_new_takes_the_p2p_matrix_its_warning_names(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Without `-p2p r` output the import assumes PCIe P2P and says to pass --p2p FILE; with
+    it, the refused pairs (CNS) are in the scenario and nothing is assumed."""
+    data = Path(__file__).resolve().parents[1] / "data" / "topo"
+    args = ["scenario", "new", "--topo", str(data / "a100_pcie_bridge_pairs.txt"), "--hosts", "1",
+            "--tp", "8", "--gpu-model", "A100"]
+    assert main(args + ["-o", str(tmp_path / "assumed.toml")]) == 0
+    assert "pass --p2p FILE" in capsys.readouterr().err
+    out = tmp_path / "given.toml"
+    assert main(args + ["--p2p", str(data / "a100_pcie_bridge_pairs_p2p.txt"), "-o", str(out)]) == 0
+    assert "assumed" not in capsys.readouterr().err
+    from commsim.scenario.schema import load
+    cluster = load(out).cluster
+    host = cluster.hosts[0]
+    assert host.link(0, 1).p2p and not host.link(0, 4).p2p
+    assert main(args + ["--p2p", str(tmp_path / "none.txt"), "-o", str(out), "--force"]) == 2
+    assert "none.txt: no such file; give a text file holding `nvidia-smi topo -p2p r`" in \
+        capsys.readouterr().err

@@ -3,8 +3,10 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
 - `import`: nothing more;
 - `jit`: load the trtllm_comm kernels as `trtllm_ar.py` does (`gen_trtllm_comm_module()
   .build_and_load()`);
-- `workspace BACKEND`: `create_allreduce_fusion_workspace(backend=BACKEND, ...)` over the
-  default process group, then destroy it.
+- `workspace BACKEND [COMM]`: `create_allreduce_fusion_workspace(backend=BACKEND, ...)` over
+  the default process group, then destroy it; COMM `torch` passes FlashInfer's own
+  `TorchDistBackend()` as the handle-exchange backend (as vLLM's FlashInfer all-reduce does),
+  else FlashInfer's default (mpi4py's COMM_WORLD).
 One RESULT line per rank: the step's outcome (ok, or the exception's type and text), and the
 compiler or build processes (nvcc, ninja, cicc, ptxas) left among this process's children.
 """
@@ -42,9 +44,13 @@ def step(what: str, args: list[str]) -> None:
         from flashinfer.jit.comm import gen_trtllm_comm_module
         gen_trtllm_comm_module().build_and_load()
     elif what == "workspace":
+        backend = None
+        if args[1:] == ["torch"]:
+            from flashinfer.comm.mnnvl import TorchDistBackend
+            backend = TorchDistBackend()
         ws = comm.create_allreduce_fusion_workspace(
             backend=args[0], world_size=dist.get_world_size(), rank=dist.get_rank(),
-            max_token_num=128, hidden_dim=1024, dtype=torch.bfloat16)
+            max_token_num=128, hidden_dim=1024, dtype=torch.bfloat16, comm_backend=backend)
         ws.destroy()
 
 

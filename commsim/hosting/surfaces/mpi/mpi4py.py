@@ -1,5 +1,6 @@
-"""`mpi4py` and `mpi4py.MPI` as a hosted rank sees them, whether or not mpi4py is installed
-(the real one would initialise a real MPI at import).
+"""`mpi4py` and `mpi4py.MPI` as a hosted rank sees them (the real one would initialise a real
+MPI at import): where mpi4py is installed, and in every rank `--launcher mpirun` started
+(the simulated MPI installation); a torchrun rank without mpi4py installed cannot import it.
 
 Serving stacks that set up IPC and MNNVL buffers often talk MPI: TensorRT-LLM's
 `_ipc_utils.py` splits `mpi_comm()` by pipeline/context rank and all-gathers the 64 bytes of
@@ -29,6 +30,7 @@ NotImplementedError("commsim hosting: mpi4py.MPI.<name> is not simulated").
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import importlib.machinery
 import operator
 import os
@@ -336,15 +338,69 @@ _saved: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-def _install() -> None:
+def installed() -> bool:
+    """Whether the interpreter has the real mpi4py (found on sys.path, not in sys.modules)."""
+    return importlib.machinery.PathFinder.find_spec("mpi4py") is not None
+
+
+def served_to(r: HostedRank | None) -> bool:
+    """Whether `import mpi4py` finds the hosted module: where mpi4py is installed, and in a
+    rank `--launcher mpirun` started (the simulated machine's MPI installation stands in for
+    it). A torchrun rank of an interpreter without mpi4py gets ModuleNotFoundError, as the
+    real one does: FlashInfer's MPIBackend then says "mpi4py is not installed"
+    (flashinfer/comm/comm_backend.py, 0.7.2.post1) instead of all-gathering over a world of
+    one that does not exist."""
+    return installed() or (r is not None and _by_mpirun(r))
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers `import mpi4py[.MPI|.util|.util.pkl5]` with the hosted modules where served."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        mod = _MODULES.get(name)
+        if mod is None or not served_to(current_or_none()):
+            return None
+        return mod.__spec__
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        return _MODULES[spec.name]
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+def current_or_none() -> HostedRank | None:
+    from commsim.hosting.state.session import hosted
+    return hosted()
+
+
+_FINDER = _Finder()
+for _m in _MODULES.values():
+    _m.__spec__.loader = _FINDER
+
+
+def forget() -> None:
+    """Drop the hosted modules a previous run of this interpreter imported, so that this
+    run's first import asks `served_to` again (in-process runs share sys.modules)."""
     with _lock:
         for name, mod in _MODULES.items():
-            _saved[name] = sys.modules.get(name)
-            sys.modules[name] = mod
+            if sys.modules.get(name) is mod and name not in _saved:
+                del sys.modules[name]
+
+
+def _install() -> None:
+    with _lock:
+        sys.meta_path.insert(0, _FINDER)
+        for name, mod in _MODULES.items():
+            if name in sys.modules:      # the real one, imported before hosting began
+                _saved[name] = sys.modules[name]
+                sys.modules[name] = mod
 
 
 def _uninstall() -> None:
     with _lock:
+        if _FINDER in sys.meta_path:
+            sys.meta_path.remove(_FINDER)
         for name in _MODULES:
             old = _saved.pop(name, None)
             if old is None:
