@@ -78,13 +78,13 @@ def _merge(args: argparse.Namespace) -> int:
 
     from commsim.errors import UserError
     from commsim.launch.sweep_exec import is_exec_report, merge_reports
+    from commsim.util.fileio import read_input
     from commsim.scenario.executors import merge
     kinds = {}
     for p in args.reports:
         try:
-            with open(p, encoding="utf-8") as f:
-                kinds[p] = is_exec_report(json.load(f))
-        except (OSError, json.JSONDecodeError):
+            kinds[p] = is_exec_report(json.loads(read_input(p)))
+        except (OSError, ValueError, RecursionError, UserError):
             kinds[p] = False      # the scenario merge names what is wrong with it
     if len(set(kinds.values())) > 1:
         ex = next(p for p, e in kinds.items() if e)
