@@ -9,6 +9,7 @@ import importlib
 import sys
 
 from commsim.errors import UserError
+from commsim.util.hard_exit import HardExit, exits_unwind
 from commsim.util.signals import Terminated, terminate_cleanly
 
 
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from commsim.sim import set_torch_threads
     set_torch_threads()
     try:
-        with terminate_cleanly():
+        with terminate_cleanly(), exits_unwind():
             rc = args.func(args)
     except UserError as e:
         print(f"commsim: error: {e}", file=sys.stderr)
@@ -57,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("commsim: interrupted", file=sys.stderr)
         return 130
+    except HardExit as e:
+        # Code commsim loaded (a policy's method, say) ended the process mid-run: whatever
+        # status it chose, there is no verdict, so this is never a pass.
+        print(f"commsim: error: {e} was called inside commsim's process before the "
+              f"{args.verb} could give its verdict", file=sys.stderr)
+        return e.code or 1
     except Terminated as e:
         print(f"commsim: terminated by {e}", file=sys.stderr)
         return e.exit_code

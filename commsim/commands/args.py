@@ -28,6 +28,12 @@ def bounded_int(low: int, high: int):
     return parse
 
 
+# Seeds are 64-bit: the simulated driver's generators refuse a larger one ("argument out of
+# range" at the ranks' discovery, reported as the scenario failing).
+SEED_MAX = 2 ** 64 - 1
+seed = bounded_int(0, SEED_MAX)
+
+
 def seconds(text: str) -> float:
     """A positive, finite number of seconds."""
     try:

@@ -9,7 +9,7 @@ from typing import Any
 from commsim.errors import UserError
 from commsim.launch.config import MODES, RESIDUE, VISIBLE
 from commsim.launch.torchrun_flags import add_aliases, with_nnodes
-from commsim.commands.args import seconds
+from commsim.commands.args import seconds, seed
 
 EPILOG = """\
 examples:
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", default="procs", choices=MODES,
                    help="procs: one OS process per rank, real torch.distributed (gloo); "
                         "inproc: ranks as greenlets under the seeded scheduler (deterministic)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the run (default 0, or the scenario's)")
+    p.add_argument("--seed", type=seed, default=None, help="seed of the run (default 0, or the scenario's)")
     p.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
                    help="seconds before ranks still running count as hung (default 120)")
     p.add_argument("--visible", default="all", choices=VISIBLE,

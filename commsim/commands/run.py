@@ -11,7 +11,7 @@ from typing import Any
 
 from commsim.errors import UserError
 from commsim.runtime.diagnosis import rank_word
-from commsim.commands.args import non_negative_int, seconds
+from commsim.commands.args import seconds, seed
 
 
 def _files(paths: list[str]) -> list[Path]:
@@ -238,7 +238,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("paths", nargs="+", metavar="SCENARIO", help="scenario .toml file or folder")
         p.add_argument("--policy", default=None,
                        help="override the scenario's policy: a preset name or module:object")
-        p.add_argument("--seed", type=non_negative_int, default=None,
+        p.add_argument("--seed", type=seed, default=None,
                        help="override the scenario's seed (an integer >= 0)")
         p.add_argument("--no-memory-check", action="store_true",
                        help="run even when the host-memory estimate (shown by `commsim scenario "

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from commsim.launch.config import LAUNCHERS, MODES, RESIDUE
-from commsim.commands.args import bounded_int, non_negative_int, seconds
+from commsim.commands.args import bounded_int, non_negative_int, seconds, seed
 
 # A sweep keeps one record per scenario (about 1 KB) for its report; a million is hours of work
 # and about a GB of records, which is where a mistyped count should stop.
@@ -78,13 +78,13 @@ def _merge(args: argparse.Namespace) -> int:
 
     from commsim.errors import UserError
     from commsim.launch.sweep_exec import is_exec_report, merge_reports
+    from commsim.util.fileio import read_input
     from commsim.scenario.executors import merge
     kinds = {}
     for p in args.reports:
         try:
-            with open(p, encoding="utf-8") as f:
-                kinds[p] = is_exec_report(json.load(f))
-        except (OSError, json.JSONDecodeError):
+            kinds[p] = is_exec_report(json.loads(read_input(p)))
+        except (OSError, ValueError, RecursionError, UserError):
             kinds[p] = False      # the scenario merge names what is wrong with it
     if len(set(kinds.values())) > 1:
         ex = next(p for p, e in kinds.items() if e)
@@ -204,7 +204,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(after --)")
     p.add_argument("--count", type=bounded_int(0, MAX_COUNT), default=1000, metavar="N",
                    help=f"scenarios to run (default 1000, at most {MAX_COUNT:,})")
-    p.add_argument("--seed", type=non_negative_int, default=0, metavar="S",
+    p.add_argument("--seed", type=seed, default=0, metavar="S",
                    help="sampler seed, an integer >= 0 (default 0)")
     p.add_argument("--jobs", type=bounded_int(1, 256), default=1, metavar="J",
                    help="worker processes (default 1: in this process)")

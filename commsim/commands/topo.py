@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from commsim.errors import UserError
-from commsim.util.fileio import check_output, write_atomic
+from commsim.util.fileio import check_output, read_input, write_atomic
 from commsim.topology import presets, render
 from commsim.topology import importers
 from commsim.topology.importers import nvml_fabric
@@ -184,7 +184,7 @@ def read_pasted(path: str, what: str) -> str:
         return sys.stdin.read()
     try:
         # Pastes come from browsers and editors: tolerate a BOM and stray bytes.
-        return Path(path).read_text(encoding="utf-8-sig", errors="replace")
+        return read_input(path).decode("utf-8-sig", errors="replace")
     except FileNotFoundError:
         raise UserError(f"{path}: no such file; give a text file holding {what} "
                         f"('-' reads stdin)") from None

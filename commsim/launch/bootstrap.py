@@ -20,6 +20,7 @@ import atexit
 import faulthandler
 import json
 import os
+import posix
 import signal
 import sys
 from dataclasses import asdict
@@ -43,6 +44,7 @@ if os.environ.get("COMMSIM_HOSTING"):
 
 _state: dict[str, Any] = {}
 _process = Patches()            # what the bootstrap changes for the process's life
+_real_exit = posix._exit
 
 
 def write_sitecustomize(run_dir: str) -> str:
@@ -148,6 +150,17 @@ def _write_report() -> None:
         json.dump(rep, f)
 
 
+def _exit_with_report(code: int) -> None:
+    """os._exit in a hosted process: the report first (os._exit skips atexit, so the verdict
+    would lose this process's CUDA errors and residue), then the real call."""
+    if isinstance(code, int) and "cfg" in _state:
+        r = session.hosted_process()
+        if r is not None:
+            r.events.notes.append(f"the program called os._exit({code})")
+        _write_report()
+    _real_exit(code)
+
+
 def _start(cfg: RunConfig, slot: int) -> None:
     rank = int(os.environ.get("COMMSIM_HOSTING_RANK", "0"))
     host = os.environ.get("COMMSIM_HOSTING_HOST") or cfg.placement[rank][0]
@@ -162,7 +175,11 @@ def _start(cfg: RunConfig, slot: int) -> None:
 
 
 def _after_fork_in_child() -> None:
-    # A forked child is a new process of the same host: its own slot, its own driver.
+    # A forked child is a new process of the same host: its own slot, its own driver. It
+    # gets the plain os._exit back: multiprocessing ends each forked child with it, and such
+    # a helper reported nothing before either.
+    for module in (os, posix):
+        _process.switch(module, "_exit", _real_exit)
     cfg = _state.get("cfg")
     if cfg is not None:
         _start(cfg, _new_slot(cfg))
@@ -186,5 +203,7 @@ def bootstrap() -> None:
     _start(cfg, slot)
     _state["prev_hook"] = _process.attr(sys, "excepthook", _excepthook)
     atexit.register(_write_report)
+    for module in (os, posix):
+        _process.attr(module, "_exit", _exit_with_report)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     install_all(MODULES)

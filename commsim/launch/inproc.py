@@ -43,6 +43,8 @@ from commsim.hosting.surfaces.mpi import mpi4py as mpi4py_surface
 from commsim.hosting.surfaces.sockets import NeedsProcesses
 from commsim.hosting.surfaces.table import MODULES as SURFACE_MODULES
 from commsim.launch.verdict import ProcResult, Verdict
+from commsim.util.hard_exit import HardExit, exits_unwind
+from commsim.util.signals import Terminated
 
 
 class _RankExit(Exception):
@@ -195,10 +197,13 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
                     exec(program, hr.state["__main__"].__dict__)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if isinstance(e, HardExit):
+                    hr.events.notes.append(f"the program called {e}: a real process ends there, "
+                                           f"its peers see it gone; inproc its finally blocks ran")
                 if e.code is not None and not isinstance(e.code, int):
                     print(e.code, file=sys.stderr)
-            except KeyboardInterrupt:
-                raise
+            except (KeyboardInterrupt, Terminated):
+                raise           # the launcher's, not the rank's: it ends the run as it is
             except NeedsProcesses as e:
                 # The run cannot go on in one interpreter: ended here, run again in procs.
                 needs_procs.append(f"rank {r}: {e.call} at {e.site}")
@@ -249,7 +254,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
     watchdog = threading.Timer(cfg.timeout, _expire)
     watchdog.daemon = True
     try:
-        with _streams(out, err, echo), rankview.installed():
+        with _streams(out, err, echo), rankview.installed(), exits_unwind():
             watchdog.start()
             try:
                 world.scheduler.run([lambda r=r: body(r) for r in range(cfg.world_size)])

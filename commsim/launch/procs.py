@@ -19,12 +19,13 @@ import time
 from collections import deque
 from typing import Any, TextIO
 
+from commsim.procs import tree
 from commsim.procs.reap import Session, reap
 from commsim.launch.config import RunConfig
 from commsim.launch.mpirun import MpiRendezvous
-from commsim.launch.rank_env import free_port, rank_env
+from commsim.launch.rank_env import free_port, rank_env, run_mark
 from commsim.launch.reports import from_report, read_reports, stacks, user_stack, worker_results
-from commsim.launch.verdict import Verdict
+from commsim.launch.verdict import ProcResult, Verdict
 
 GRACE = 20.0       # seconds the survivors of a failed rank get before they are killed
 
@@ -98,8 +99,11 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
                 break
             time.sleep(0.02)
     finally:
-        # Every rank's session, also of ranks that exited: workers a rank left behind go too.
+        # Every rank's session, also of ranks that exited: workers a rank left behind go too,
+        # and what left its session (a daemon, a JIT compiler in a session of its own) before
+        # the output pumps wait for the pipes it may hold.
         reap([Session(p) for p in procs.values()], 10)
+        tree.end_tree(run_mark(cfg))
         for t in pumps:
             t.join(5)
         if mpi is not None:
@@ -121,6 +125,9 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
             res.status = "failed"
             if res.exception is None:
                 res.exception = next((x for x in reversed(tails[r]) if x.strip()), None)
+        if r not in reports:
+            res.notes.append("left no report (it ended without Python's exit: exec, or a "
+                             "signal): its CUDA errors and residue are unknown")
         results.append(res)
     results += worker_results(cfg, reports)
     flags = sorted({f for res in results for f in res.flags})

@@ -63,6 +63,12 @@ def launcher_env(cfg: RunConfig, rank: int, port: int) -> dict[str, str]:
         TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
 
 
+def run_mark(cfg: RunConfig) -> str:
+    """The environment entry every process of the run carries, whatever it starts or however
+    it daemonizes: how procs/tree.py finds them all."""
+    return f"COMMSIM_HOSTING={os.path.join(cfg.run_dir, 'config.json')}"
+
+
 def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot_dir: str,
              port: int) -> dict[str, str]:
     """The environment the launcher gives a rank, plus what hosting needs."""
@@ -75,7 +81,7 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
     env.update(mine)
     env.update(
         OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
-        COMMSIM_HOSTING=os.path.join(cfg.run_dir, "config.json"),
+        COMMSIM_HOSTING=run_mark(cfg).split("=", 1)[1],
         COMMSIM_HOSTING_RANK=str(rank), COMMSIM_HOSTING_SLOT=str(rank),
         COMMSIM_HOSTING_HOST=host,
         COMMSIM_HOSTING_VISIBLE=",".join(str(i) for i in visible_of(cfg, rank, cluster)),

@@ -10,6 +10,7 @@ scheduler); returns the Verdict; and removes everything of the run, whatever hap
 from __future__ import annotations
 
 import os
+import posix
 import shutil
 import sys
 import tempfile
@@ -17,9 +18,11 @@ import time
 from typing import Any, TextIO
 
 from commsim.errors import UserError
+from commsim.procs import tree
 from commsim.sim import shm
 from commsim.launch.bootstrap import make_run_dirs, write_sitecustomize
 from commsim.launch.config import RunConfig
+from commsim.launch.rank_env import run_mark
 from commsim.launch.inproc import run_inproc
 from commsim.launch.procs import run_procs
 from commsim.launch.torchrun_flags import advice, launcher_in
@@ -62,12 +65,13 @@ def _again_in_procs(cfg: RunConfig, why: str, *, out: TextIO, err: TextIO,
     shm.sweep(cfg.shm_prefix)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     cfg.mode = "procs"
-    cfg.run_dir = tempfile.mkdtemp(prefix="commsim-exec-")
+    cfg.run_dir = tempfile.mkdtemp(prefix=f"commsim-exec-{posix.getpid()}-")
     cfg.shm_prefix = shm.new_prefix()
     make_run_dirs(cfg.run_dir)
     boot = write_sitecustomize(cfg.run_dir)
     cfg.dump(os.path.join(cfg.run_dir, "config.json"))
-    v = run_procs(cfg, boot, out=out, err=err, echo=echo)
+    with tree.owned_tree(run_mark(cfg), [cfg.run_dir, str(shm.SHM_DIR / cfg.shm_prefix)]):
+        v = run_procs(cfg, boot, out=out, err=err, echo=echo)
     v.needs_procs = why
     return v
 
@@ -79,21 +83,26 @@ def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = N
     of the program (inproc mode only)."""
     cfg.resolve()
     t0 = time.monotonic()
-    run_dir = tempfile.mkdtemp(prefix="commsim-exec-")
+    shm.sweep_stale()           # what SIGKILLed runs of this user left behind
+    tree.sweep_stale_tmp()
+    # The launcher's real pid in the name (os.getpid may be a hosted one): a later launch or
+    # `commsim clean` knows the run is dead once that process is.
+    run_dir = tempfile.mkdtemp(prefix=f"commsim-exec-{posix.getpid()}-")
     cfg.run_dir = run_dir
     cfg.shm_prefix = shm.new_prefix()
     try:
         make_run_dirs(run_dir)
         boot = write_sitecustomize(run_dir)
         cfg.dump(os.path.join(run_dir, "config.json"))
-        if cfg.mode == "procs":
-            v = run_procs(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo)
-        else:
-            v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo,
-                           target=target)
-            if v.needs_procs and target is None:
-                v = _again_in_procs(cfg, v.needs_procs, out=out or sys.stdout,
-                                    err=err or sys.stderr, echo=echo)
+        with tree.owned_tree(run_mark(cfg), [run_dir, str(shm.SHM_DIR / cfg.shm_prefix)]):
+            if cfg.mode == "procs":
+                v = run_procs(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo)
+            else:
+                v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo,
+                               target=target)
+        if v.needs_procs and target is None:
+            v = _again_in_procs(cfg, v.needs_procs, out=out or sys.stdout,
+                                err=err or sys.stderr, echo=echo)
     finally:
         shm.sweep(cfg.shm_prefix)
         shutil.rmtree(cfg.run_dir, ignore_errors=True)     # the procs rerun's, if any

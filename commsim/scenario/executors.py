@@ -19,6 +19,7 @@ import re
 from typing import Any, Callable
 
 from commsim.errors import UserError
+from commsim.util.fileio import read_input
 from commsim.scenario.sweep_report import Report
 
 # A sweep's runner of one scenario id: (id, determinism mode) -> its record.
@@ -42,6 +43,10 @@ def shard(ids: list[str], spec: str | None) -> list[str]:
         return ids
     k, n = parse_shard(spec)
     return ids[k - 1::n]
+
+
+def replay_command(sid: str) -> str:
+    return f"commsim replay {sid}"
 
 
 def id_order(sid: str) -> tuple:
@@ -112,19 +117,60 @@ def run_ray(ids: list[str], jobs: int, determinism: str, run: RunOne, take: Call
 
 
 # -- merging shard reports --------------------------------------------------------------------------
+# What merging reads of each scenario record, and the type each must have: a shard report is
+# a file anyone may have edited, so a field missing or of another type is named, not a crash.
+_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "id": str, "ok": bool, "kinds": list, "backends": dict, "shape": str, "layout": str,
+    "description": str, "notes": list, "checked_determinism": bool, "seconds": (int, float),
+}
+_FAILURE_FIELDS: dict[str, type | tuple[type, ...]] = {"id": str, "failures": list}
+_FAILURE_ITEM_FIELDS: dict[str, type | tuple[type, ...]] = {"kind": str, "detail": str}
+
+
+def _check_fields(path: str, what: str, obj: Any, fields: dict) -> None:
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: {what} is a {type(obj).__name__}, not an object: not a "
+                        f"`commsim sweep --json` report")
+    for name, kind in fields.items():
+        if name not in obj:
+            raise UserError(f"{path}: {what} has no field {name!r}: not a `commsim sweep --json` report")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        v = obj[name]
+        if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+            raise UserError(f"{path}: {what}: field {name!r} is a {type(v).__name__}, not "
+                            f"{' or '.join(k.__name__ for k in kinds)}")
+
+
 def _records(path: str) -> tuple[dict, list[dict]]:
     try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
+        d = json.loads(read_input(path))
     except OSError as e:
         raise UserError(f"{path}: cannot read the shard report: {e.strerror}") from e
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not a sweep JSON report (line {e.lineno}: {e.msg}); write one "
                         f"with `commsim sweep --shard K/N --json {path}`") from e
+    except RecursionError:
+        raise UserError(f"{path}: not a sweep JSON report (nested deeper than a report ever is)") from None
     if not isinstance(d, dict) or not isinstance(d.get("scenarios"), list):
         raise UserError(f"{path}: no 'scenarios' list: not a `commsim sweep --json` report")
+    if not isinstance(d.get("failures", []), list):
+        raise UserError(f"{path}: 'failures' is not a list: not a `commsim sweep --json` report")
+    for n, s in enumerate(d["scenarios"], 1):
+        _check_fields(path, f"scenario record {n}", s, _RECORD_FIELDS)
+        if not _ID.match(s["id"]):
+            raise UserError(f"{path}: scenario record {n}: {s['id']!r} is not a sweep scenario id")
+    for n, f in enumerate(d.get("failures", []), 1):
+        _check_fields(path, f"failure record {n}", f, _FAILURE_FIELDS)
+        for m, item in enumerate(f["failures"], 1):
+            _check_fields(path, f"failure record {n}, item {m}", item, _FAILURE_ITEM_FIELDS)
+    for key, kind in (("wall_s", (int, float)), ("jobs", int), ("seed", int), ("filters", list)):
+        if d.get(key) is not None and (not isinstance(d[key], kind) or isinstance(d[key], bool)):
+            raise UserError(f"{path}: field {key!r} is a {type(d[key]).__name__}: not a "
+                            f"`commsim sweep --json` report")
     fails = {f["id"]: f["failures"] for f in d.get("failures", [])}
-    recs = [dict(s, failures=fails.get(s["id"], [])) for s in d["scenarios"]]
+    # The replay command is rebuilt from the id: a report's own string is never shown to run.
+    recs = [dict(s, failures=fails.get(s["id"], []), replay=replay_command(s["id"]))
+            for s in d["scenarios"]]
     return d, recs
 
 

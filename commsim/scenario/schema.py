@@ -15,7 +15,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from commsim.util.fileio import write_atomic
+from commsim.errors import UserError
+from commsim.util.fileio import read_input, write_atomic
 from commsim.scenario import machine
 from commsim.scenario.fields import (
     ScenarioError, Table, check_choice, check_cuda_error, check_policy, describe, did_you_mean,
@@ -45,7 +46,9 @@ def load(path: str | os.PathLike[str]) -> Scenario:
     """Read and validate one scenario file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_input(p).decode("utf-8")
+    except UserError as e:            # a FIFO, a device, too large
+        raise ScenarioError(str(e)) from None
     except FileNotFoundError:
         raise ScenarioError(f"{p}: no such file") from None
     except IsADirectoryError:
@@ -102,6 +105,9 @@ _POS_RE = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*
 def _parse_toml(text: str, source: str) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
+    except RecursionError:
+        raise ScenarioError(f"{source}: TOML nested deeper than Python's reader can follow; a "
+                            f"scenario is a few tables deep: flatten it") from None
     except tomllib.TOMLDecodeError as e:
         # Python 3.11's message ends "(at line L, column C)" or "(at end of document)";
         # move the position to the front, compiler style, so editors can jump to it.

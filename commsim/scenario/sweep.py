@@ -23,16 +23,12 @@ from typing import Any, Callable, Iterable, TextIO
 from commsim.errors import UserError
 from commsim.scenario import generate as G
 from commsim.scenario import knobs as K
-from commsim.scenario.executors import run_ray
+from commsim.scenario.executors import replay_command, run_ray
 from commsim.scenario.oracle import judge
 from commsim.scenario.seeds import seed_of
 from commsim.scenario.sweep_report import Report
 
 DETERMINISM_EVERY = 20          # 1 in 20 scenarios is run twice (by id, so reproducible)
-
-
-def replay_command(sid: str) -> str:
-    return f"commsim replay {sid}"
 
 
 # -- which scenarios ---------------------------------------------------------------------------
@@ -168,10 +164,10 @@ def _run_chunk(args: tuple) -> list[dict]:
     out = []
     for sid in ids:
         _note_running(sid)
-        if sid in crash:                # harness self-test: die the way a native crash does
-            import signal
-            os.kill(os.getpid(), signal.SIGSEGV)
+        if sid in crash:        # harness self-test: die as a native crash does, or stop as a deadlock
+            os.kill(os.getpid(), crash[sid])
         out.append(run_one(sid, det))
+    _note_running("")                   # idle between chunks: not stuck, however long
     return out
 
 
@@ -260,10 +256,11 @@ def _context() -> mp.context.BaseContext:
     server imported torch again, 1.5-2 s of a sweep's wall time measured on the 2-core
     machine); else a forkserver that imported commsim (and torch) once."""
     import threading
+    # Imported before the threads are counted: an import that starts a thread must count.
+    from commsim.scenario import runner  # noqa: F401  (imported once, here, not again in every worker)
     methods = mp.get_all_start_methods()
     if ("fork" in methods and _IMPORT_THREADS and threading.active_count() == 1
             and _os_threads() == _IMPORT_THREADS):
-        from commsim.scenario import runner  # noqa: F401  (imported once, here, not again in every worker)
         return mp.get_context("fork")
     if "forkserver" in methods:
         ctx = mp.get_context("forkserver")
@@ -272,50 +269,108 @@ def _context() -> mp.context.BaseContext:
     return mp.get_context("spawn")
 
 
+STUCK_AFTER = 300.0      # seconds one scenario may run in a worker before it counts as stuck
+_POLL_S = 1.0
+
+
+def _kill_workers(ex: Any) -> None:
+    """End an executor's worker processes now: on SIGTERM, Ctrl-C or a stuck worker, the
+    executor's own shutdown would wait for every running chunk, for ever if one is stuck."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(5)
+    ex.shutdown(wait=False, cancel_futures=True)
+
+
+def _stuck(progress_dir: str, ex: Any, limit: float) -> list[str]:
+    """Kill each worker whose current scenario has run longer than `limit` (its progress file,
+    rewritten as each scenario starts, is that old and names it); the ids killed."""
+    out = []
+    now = time.time()
+    for pid, p in list((getattr(ex, "_processes", None) or {}).items()):
+        path = os.path.join(progress_dir, str(pid))
+        try:
+            with open(path) as fh:
+                sid = fh.readline().strip()
+            age = now - os.stat(path).st_mtime
+        except OSError:
+            continue
+        if sid and age > limit and p.is_alive():
+            sys.stderr.write(f"sweep: worker pid {pid} has run {sid} for {age:.0f} s: stuck, killed; "
+                             f"`{replay_command(sid)}` reproduces it in the foreground\n")
+            p.kill()
+            out.append(sid)
+    return out
+
+
 def _run_pool(ids: list[str], jobs: int, determinism: str, take: Callable[[dict], None],
-              crash: frozenset[str] = frozenset()) -> None:
-    """Chunks over `jobs` worker processes. A worker that dies (a segfault in native code)
-    breaks the pool: the ids the workers were running are re-run one at a time in a
-    one-worker pool, those that kill it again are recorded as crashes, and the rest of the
-    work continues in a fresh pool."""
+              crash: dict[str, int] | None = None, stuck_after: float = STUCK_AFTER) -> None:
+    """Chunks over `jobs` worker processes. A worker that dies (a segfault in native code) or
+    is stuck (one scenario longer than `stuck_after`: killed, and named) breaks the pool: the
+    ids the workers were running are re-run one at a time in a one-worker pool, those that
+    kill it again, or stick again, are recorded as crashes, and the rest of the work continues
+    in a fresh pool. Any exception here (SIGTERM's Terminated, Ctrl-C) kills the workers
+    before it goes on up, so the sweep ends at once."""
     import tempfile
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import TimeoutError as FutureTimeout
     from concurrent.futures.process import BrokenProcessPool
 
-    ctx = _context()
+    crash = crash or {}
     todo = list(ids)
     with tempfile.TemporaryDirectory(prefix="commsim-sweep-") as tmp:
         while todo:
             chunks = _chunks(todo, jobs)
             done: set[str] = set()
             broken = False
-            with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
+            stuck: list[str] = []
+            # Chosen again for every pool: the state of this process when it forks is what counts.
+            with ProcessPoolExecutor(jobs, mp_context=_context(), initializer=_worker_init,
                                      initargs=(tmp,)) as ex:
                 try:
-                    futs = [ex.submit(_run_chunk, (c, determinism, crash)) for c in chunks]
-                    for f in as_completed(futs):
-                        for rec in f.result():
-                            done.add(rec["id"])
-                            take(rec)
+                    pending = {ex.submit(_run_chunk, (c, determinism, crash)) for c in chunks}
+                    while pending:
+                        finished, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+                        for f in finished:
+                            for rec in f.result():
+                                done.add(rec["id"])
+                                take(rec)
+                        if not finished:
+                            stuck += _stuck(tmp, ex, stuck_after)
                 except BrokenProcessPool:
                     broken = True
+                except BaseException:
+                    _kill_workers(ex)
+                    raise
             if not broken:
                 return
             rest = [s for s in todo if s not in done]
-            running = set()
+            running = set(stuck)
             for name in os.listdir(tmp):
                 with open(os.path.join(tmp, name)) as fh:
                     running.add(fh.readline().strip())
                 os.unlink(os.path.join(tmp, name))
             suspects = [s for s in rest if s in running] or rest[:1]
             for sid in suspects:
-                with ProcessPoolExecutor(1, mp_context=ctx) as one:
+                with ProcessPoolExecutor(1, mp_context=_context()) as one:
                     try:
-                        take(one.submit(_run_chunk, ([sid], determinism, crash)).result()[0])
+                        take(one.submit(_run_chunk, ([sid], determinism, crash)).result(
+                            timeout=stuck_after)[0])
                     except BrokenProcessPool:
                         take(crash_record(sid, "the worker process died while running this scenario "
                                                "(a crash in native code, e.g. a segmentation fault); "
                                                f"`{replay_command(sid)}` reproduces it in the foreground"))
+                    except FutureTimeout:
+                        _kill_workers(one)
+                        take(crash_record(sid, f"the worker process was stuck on this scenario (no "
+                                               f"answer within {stuck_after:g} s, twice); "
+                                               f"`{replay_command(sid)}` reproduces it in the foreground"))
+                    except BaseException:
+                        _kill_workers(one)
+                        raise
             todo = [s for s in rest if s not in suspects]
 
 
@@ -354,7 +409,8 @@ def run_sweep(ids: list[str], jobs: int = 1, determinism: str = "sample",
         for sid in ids:
             take(run_one(sid, determinism))
     else:
-        _run_pool(ids, jobs, determinism, take, frozenset(crash_ids))
+        import signal
+        _run_pool(ids, jobs, determinism, take, {sid: signal.SIGSEGV for sid in crash_ids})
     if progress:
         progress.close()
     order = {s: i for i, s in enumerate(ids)}

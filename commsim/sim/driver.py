@@ -19,7 +19,7 @@ import numpy as np
 
 from commsim.driver import FD, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
 from commsim.topology.model import GpuRef
-from commsim.sim import real_fds
+from commsim.sim import real_fds, unconfirmed
 from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, Refusal, _attr_int, api
 from commsim.sim.driver_ipc import LegacyIpcCalls
 from commsim.sim.driver_multicast import MulticastCalls
@@ -31,6 +31,8 @@ from commsim.sim.p2p_probe import probe_pair
 from commsim.sim.stream_capture import StreamCapture
 
 __all__ = ["SimDriver", "spawn_driver", "Fail", "Mapping", "api", "E", "R", "FD"]
+
+_MEMSET_CHUNK = 1 << 20      # bytes of pattern a cuMemsetD* builds at most, whatever its count
 
 
 # cuDeviceGetAttribute: attribute -> how the GPU's model answers it (built once: the enum
@@ -401,7 +403,34 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         try:
             return self.fabric.memory.read_copy(self.view(src, self._memcpy_check(nbytes)))
         except Fail:
-            raise Fail(E.cudaErrorInvalidValue)
+            raise Fail(unconfirmed.OUT_OF_RANGE_COPY)
+
+    @api(0, True)
+    def copy_range(self, ptr: int, nbytes: int) -> None:
+        """The check a copy makes before it moves a byte: `nbytes` bytes from `ptr` lie in one
+        mapping (cuMemcpyHtoD makes it before reading its host buffer, as DtoH and DtoD do)."""
+        try:
+            self.resolve(ptr, self._memcpy_check(nbytes))
+        except Fail:
+            raise Fail(unconfirmed.OUT_OF_RANGE_COPY)
+
+    @api(0, True)
+    def memset_d(self, dst: int, value: int, count: int, width: int) -> None:
+        """cuMemsetD8/16/32: `count` elements of `width` bytes set to `value`. The range is
+        checked before anything is built and the pattern written a chunk at a time, so a
+        huge count answers at once and any count costs bounded host memory."""
+        n = self._memcpy_check(count) * width
+        if n == 0:
+            return None
+        try:
+            view = self.view(dst, n)
+        except Fail:
+            raise Fail(unconfirmed.OUT_OF_RANGE_COPY)
+        chunk = np.full(min(count, _MEMSET_CHUNK // width), value,
+                        dtype=np.dtype(f"<u{width}")).view(np.uint8)
+        for lo in range(0, n, chunk.size):
+            part = view[lo:lo + chunk.size]
+            self.fabric.memory.copy_in(part, chunk[:part.size])
 
     # ---- stream capture (commsim/sim/stream_capture.py, rules CG1-CG4) ---------------------
     # The stream is the rank's one capturing stream: the argument is taken, not modelled.

@@ -23,6 +23,15 @@ def socket_path(pid: int) -> str:
     return f"/tmp/symm_mem-{pid}"      # PyTorch's IpcChannel names its socket so
 
 
+def _closed_if_exited(d: "SimDriver") -> None:
+    """A process that has exited has no fds and no socket left: whatever it would send,
+    receive or pull fails as a call on a closed descriptor does (EBADF), never with an
+    exception of the simulator's own."""
+    if not d.proc.alive:
+        raise FdTransportError(9, f"EBADF: pid {d.proc.pid} has exited: its fds and its socket "
+                                  f"are closed")
+
+
 class SimFdChannel:
     def __init__(self, driver: "SimDriver"):
         self.driver = driver
@@ -31,6 +40,7 @@ class SimFdChannel:
         """sendmsg(SCM_RIGHTS) to the socket of process `dst_pid` (PyTorch IpcChannel).
         The OS resolves the socket path on the sender's host: a peer elsewhere is unreachable."""
         src = self.driver
+        _closed_if_exited(src)
         target = src.fd_target(fd)
         if target is None:
             raise FdTransportError(9, f"EBADF: fd {fd} is not open in pid {src.proc.pid}")
@@ -51,8 +61,10 @@ class SimFdChannel:
         dst = self.driver
         box = dst.fabric.fd_mailbox
         key = (dst.proc.pid, src_pid)
+        _closed_if_exited(dst)
         wait_until(lambda: bool(box.get(key)), f"recvmsg on {socket_path(dst.proc.pid)} from pid {src_pid}",
                    timeout)
+        _closed_if_exited(dst)          # it may have exited while it waited
         return dst.receive_fd(box[key].pop(0))
 
 
@@ -63,6 +75,7 @@ class SimFdChannel:
         (PTRACE_MODE_ATTACH_REALCREDS): containers without CAP_SYS_PTRACE, or Yama
         ptrace_scope >= 1, answer EPERM (row W7; moby/moby#45622, man 2 pidfd_getfd)."""
         dst = self.driver
+        _closed_if_exited(dst)
         src = dst.fabric.processes.get(src_pid)
         if src is None or not src.alive or \
                 dst.cluster.host(src.host).process_namespace(src_pid) != dst.shm_namespace():

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from commsim.util.pids import pid_alive
+
 SHM_DIR = Path("/dev/shm")
 PREFIX_HEAD = "commsim-"
 _RUN_NAME = re.compile(rf"^{PREFIX_HEAD}(\d+)-[0-9a-f]+")
@@ -131,16 +133,6 @@ def sweep(prefix: str) -> list[str]:
     return names
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True       # exists, belongs to someone else
-    return True
-
-
 def sweep_stale() -> list[str]:
     """Remove what runs of this user left in /dev/shm when their launcher died without
     cleaning up (SIGKILL): every `commsim-<pid>-*` entry owned by this user whose pid is
@@ -152,7 +144,7 @@ def sweep_stale() -> list[str]:
             st = os.lstat(p)
         except FileNotFoundError:
             continue
-        if m is None or st.st_uid != os.getuid() or _pid_alive(int(m.group(1))):
+        if m is None or st.st_uid != os.getuid() or pid_alive(int(m.group(1))):
             continue
         if stat.S_ISDIR(st.st_mode):
             shutil.rmtree(p, ignore_errors=True)

@@ -50,6 +50,14 @@ UNCONFIRMED: dict[str, tuple[object, str]] = {
 }
 
 
+# A copy or memset whose device range runs past the allocation behind its pointer (or whose
+# pointer is no device memory): the CUDA driver API reference (group CUDA__MEM: cuMemcpyHtoD,
+# cuMemcpyDtoH, cuMemcpyDtoD, cuMemsetD8/16/32) lists CUDA_ERROR_INVALID_VALUE among their
+# codes without naming the case that answers it; that code is chosen for all of them alike,
+# checked before a byte moves. UNCONFIRMED.
+OUT_OF_RANGE_COPY = E.cudaErrorInvalidValue
+
+
 def code(row: str):
     return UNCONFIRMED[row][0]
 

@@ -1,1 +1,2 @@
-"""Small utilities with one job each: atomic output files, signals as exceptions."""
+"""Small utilities with one job each: atomic output files, signals as exceptions, os._exit
+that unwinds, pid liveness."""

@@ -1,5 +1,6 @@
-"""Output files: checked before the work that fills them, written atomically (a reader never
-sees half a file, and nothing is written on error).
+"""Input and output files. Inputs (`read_input`): a regular file of bounded size, checked
+before a byte is read. Outputs: checked before the work that fills them, written atomically
+(a reader never sees half a file, and nothing is written on error).
 
 Every verb that writes a file (`sweep --json/--html`, `explain --plot`, `topo import -o`,
 `scenario new -o`) calls `check_output` first, before any long work, and refuses a missing
@@ -9,13 +10,47 @@ existing file without --force.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from commsim.errors import UserError
+
+
+# A scenario, a topology capture or a sweep's shard report is far smaller than this.
+INPUT_LIMIT = 64 << 20
+
+
+def read_input(path: str | os.PathLike[str], limit: int = INPUT_LIMIT) -> bytes:
+    """The bytes of a file the user named. Opened without blocking (a FIFO would wait for a
+    writer for good) and refused, before a byte is read, unless it is a regular file of at
+    most `limit` bytes (/dev/zero never ends). A missing file or a directory raises the
+    OSError the caller already names."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if
+                    stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket"
+                    if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise UserError(f"{path}: is {kind}; give a regular file")
+        if st.st_size > limit:
+            raise UserError(f"{path}: {st.st_size:,} bytes, more than the {limit:,} an input "
+                            f"file may have")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:                        # it grew while being read
+        raise UserError(f"{path}: more than the {limit:,} bytes an input file may have")
+    return data
 
 
 def check_output(path: str | os.PathLike[str], flag: str, overwrite: bool = True,

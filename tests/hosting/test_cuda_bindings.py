@@ -267,6 +267,25 @@ def test_alloc_copy_memset_and_pointer_queries():
     assert "test_cuda_bindings.py" in r.events.first_error.site
 
 
+def test_copies_and_memsets_past_the_allocation_agree_and_build_nothing():
+    _, (r,) = ranks("hgx-h100-8", [(0, 0)])
+
+    def program():
+        from cuda.bindings import driver as cu
+        _check(cu.cuInit(0))
+        _check(cu.cuCtxSetCurrent(_check(cu.cuDevicePrimaryCtxRetain(_check(cu.cuDeviceGet(0))))))
+        p, q = _check(cu.cuMemAlloc(1 << 20)), _check(cu.cuMemAlloc(1 << 20))
+        big = 1 << 40
+        return ([cu.cuMemcpyHtoD(p, bytes(64), big)[0], cu.cuMemcpyDtoH(bytearray(64), p, big)[0],
+                 cu.cuMemcpyDtoD(q, p, big)[0]],
+                [f(p, 1, 1 << 32)[0] for f in (cu.cuMemsetD8, cu.cuMemsetD16, cu.cuMemsetD32)])
+    copies, memsets = solo(r, program)
+    R = REAL_CU.CUresult
+    assert copies == [R.CUDA_ERROR_INVALID_VALUE] * 3         # unconfirmed.OUT_OF_RANGE_COPY
+    assert memsets == [R.CUDA_ERROR_INVALID_VALUE] * 3
+    assert r.events.first_error.api == "cuMemcpyHtoD"
+
+
 # ---- legacy IPC: the seed's failure through cuda-python ------------------------------------------
 
 def share_ipc(g, size=1 << 20):

@@ -118,3 +118,54 @@ def test_pass_fd_to_an_exited_process_takes_no_reference():
     check("release", src.cuMemRelease(h))
     assert not fab.allocs, "the physical allocation leaked"
     assert fab.exit_process(src.proc.pid) == []
+
+
+def test_memset_checks_its_range_before_building_anything():
+    import tracemalloc
+    _, d, _ = pair()
+    p = check("malloc", d.cudaMalloc(1 << 20))
+    tracemalloc.start()
+    try:
+        for width in (1, 2, 4):
+            for n in (1 << 32, (1 << 64) - 1, (1 << 20) // width + 1):
+                assert d.memset_d(p, 0xAB, n, width) == (E.cudaErrorInvalidValue,)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"a refused memset built {peak} bytes"
+    assert d.memset_d(p + 8, 0xBEEF, 3, 2) == (E.cudaSuccess,)      # in range: written
+    assert d.memset_d(p + (1 << 20) - 4, 0x01020304, 1, 4) == (E.cudaSuccess,)
+    assert d.memset_d(p, 0x11, 0, 4) == (E.cudaSuccess,)              # nothing to do
+    out = check("dtoh", d.memcpy_dtoh(p, 1 << 20))
+    assert bytes(out[8:14]) == b"\xef\xbe" * 3 and bytes(out[-4:]) == b"\x04\x03\x02\x01"
+    assert not out[:8].any() and not out[14:-4].any()
+
+
+def test_a_copy_past_the_allocation_is_refused_alike_in_every_direction():
+    _, d, _ = pair()
+    p = check("malloc", d.cudaMalloc(1 << 20))
+    q = check("malloc", d.cudaMalloc(1 << 20))
+    big = 1 << 40
+    assert d.copy_range(p, big) == (E.cudaErrorInvalidValue,)         # what HtoD checks first
+    assert d.memcpy_dtoh(p, big)[0] == E.cudaErrorInvalidValue
+    assert d.cudaMemcpy(q, p, big, 3)[0] == E.cudaErrorInvalidValue
+    assert d.copy_range(p, 1 << 20) == (E.cudaSuccess,)
+    assert d.copy_range(p + 1, 1 << 20) == (E.cudaErrorInvalidValue,)
+
+
+def test_an_exited_process_fd_channel_fails_as_closed_not_with_a_runtime_error():
+    from commsim.sim.fd_channel import SimFdChannel
+    fab, src, dst = pair()
+    dev = check("dev", src.cudaGetDevice())
+    h = check("create", src.cuMemCreate(GRAN, alloc_prop(dev, FD), 0))
+    fd = check("export", src.cuMemExportToShareableHandle(h, FD, 0))
+    fab.exit_process(dst.proc.pid)
+    for call in (lambda: SimFdChannel(dst).pull(src.proc.pid, fd),
+                 lambda: SimFdChannel(dst).receive(src.proc.pid, 0),
+                 lambda: SimFdChannel(dst).send(fd, src.proc.pid)):
+        with pytest.raises(FdTransportError, match="EBADF.*has exited") as e:
+            call()
+        assert e.value.errno == 9
+    assert src.close_fd(fd) == 0
+    check("release", src.cuMemRelease(h))
+    assert not fab.allocs

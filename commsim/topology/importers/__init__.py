@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from commsim.errors import UserError
+from commsim.util.fileio import read_input
 from commsim.topology import presets
 from commsim.topology.model import Cluster
 
@@ -83,7 +84,7 @@ IMPORTERS: tuple[Importer, ...] = (
 
 def read_text(path: str) -> str:
     # Pastes come from browsers and editors: tolerate a BOM and stray bytes.
-    return Path(path).read_bytes().decode("utf-8-sig", errors="replace")
+    return read_input(path).decode("utf-8-sig", errors="replace")
 
 
 def sniff(spec: str, text: str | None = None) -> Importer | None:

@@ -21,6 +21,7 @@ import atexit
 import ctypes
 import mmap
 import os
+import posix
 import shutil
 import tempfile
 from typing import Any, Callable
@@ -145,7 +146,9 @@ class _Mapped:
     """The real file that makes libcudart visible in /proc/self/maps."""
 
     def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="commsim-rt-")          # 0700, unguessable
+        # 0700, unguessable; the real pid (os.getpid may be hosted) in the name lets the
+        # launcher's reaper or a later sweep remove it once this process is gone (procs/tree.py)
+        self.dir = tempfile.mkdtemp(prefix=f"commsim-rt-{posix.getpid()}-")
         self.path = os.path.join(self.dir, SONAME)
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
         try:

@@ -16,7 +16,7 @@ from typing import Any
 from cuda.bindings import driver as cu
 
 from commsim.driver import FABRIC_HANDLE_SIZE
-from commsim.hosting.surfaces.cuda.driver_api import FABRIC, FD, R, _drv, _host_read, _ok, driver_api
+from commsim.hosting.surfaces.cuda.driver_api import FABRIC, FD, R, _drv, _host_read, _host_source, _ok, driver_api
 from commsim.hosting.state.cuda_state import (ApiFail, buffer_address, c_int, check_struct, devptr, enum_attr_value,
                          enum_value, handle_value)
 
@@ -64,7 +64,7 @@ def cuMemImportFromShareableHandle(osHandle, shHandleType):
         elif osHandle is None:
             raise _Err(R.CUDA_ERROR_INVALID_VALUE)
         else:
-            key = _host_read(osHandle, FABRIC_HANDLE_SIZE)
+            key = _host_read(_host_source(osHandle), FABRIC_HANDLE_SIZE)
         os_handle: Any = key
     elif t == FD:
         # The fd travels in the pointer value itself, `(void*)(uintptr_t)fd` (cuda.h).

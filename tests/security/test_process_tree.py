@@ -1,0 +1,164 @@
+"""Finding: `commsim exec` left live processes. SIGKILL of the launcher (procs mode) left every
+rank running, with the run's /dev/shm directory, its run directory and a commsim-rt-* dir per
+rank; a rank that daemonized (setsid + double fork) outlived an rc-0 run; a child a rank
+started in a session of its own (a JIT compiler) outlived --timeout; `commsim clean` swept
+/dev/shm only. Closed (commsim/procs/tree.py): the launcher is the run's child subreaper and
+ends every process carrying the run's mark, a watchdog does so and removes the run's files
+if the launcher is killed, and a launch or `commsim clean` sweeps what is left in TMPDIR."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from commsim.cli import main
+from commsim.procs import tree
+from commsim.sim import shm
+
+from .helpers import ROOT, descendants, running
+
+PROGRAM = ROOT / "tests" / "security" / "programs" / "daemonize.py"
+LIMIT = 15.0       # seconds a loaded 2-core machine gets to end the processes (took < 1 s)
+
+
+class Exec:
+    """`commsim exec` of the daemonizing program in procs mode, with a TMPDIR of its own."""
+
+    def __init__(self, *args: str, hang: bool = True) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="cs-tree-", dir="/tmp"))
+        self.pids_file = self.tmp / "pids"
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "commsim.cli", "exec", "--machine", "hgx-h100-8",
+             "--nproc-per-host", "2", "--mode", "procs", *args, "--", "python", str(PROGRAM),
+             *(["--hang"] if hang else [])],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(self.tmp),
+                     PIDS_FILE=str(self.pids_file)))
+
+    def wait_ready(self) -> set[int]:
+        """Until both ranks run: the run's processes then (ranks, daemon, JIT child)."""
+        ready = 0
+        for line in self.p.stdout:
+            ready += line.endswith("ready\n")
+            if ready == 2:
+                break
+        assert ready == 2, self.p.communicate(timeout=60)
+        return self.run_pids() | descendants(self.p.pid)
+
+    def run_pids(self) -> set[int]:
+        return {int(x) for x in self.pids_file.read_text().split()}
+
+    def leftovers(self) -> list[str]:
+        mine = [p.name for p in self.tmp.iterdir() if p.name != "pids"]
+        return mine + [p.name for p in shm.SHM_DIR.glob(f"commsim-{self.p.pid}-*")]
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.communicate(timeout=60)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _gone(pids: set[int], limit: float = LIMIT) -> set[int]:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and any(running(p) for p in pids):
+        time.sleep(0.05)
+    return {p for p in pids if running(p)}
+
+
+def _until(cond, limit: float = LIMIT) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and not cond():
+        time.sleep(0.05)
+    return cond()
+
+
+def test_after_sigkill_of_the_launcher_nothing_of_the_run_lives_and_its_files_go():
+    run = Exec()
+    try:
+        pids = run.wait_ready()
+        assert len(run.run_pids()) == 3 and run.leftovers()
+        run.p.send_signal(signal.SIGKILL)
+        run.p.wait(30)
+        assert not _gone(pids), "processes of the run outlived its launcher"
+        assert _until(lambda: not run.leftovers()), f"left behind: {run.leftovers()}"
+    finally:
+        run.close()
+
+
+def test_a_daemon_and_a_session_leader_a_rank_left_go_with_an_rc0_run():
+    run = Exec(hang=False)
+    try:
+        out, err = run.p.communicate(timeout=300)
+        assert run.p.returncode == 0, err
+        assert "commsim exec: ok: 2 rank(s)" in err
+        pids = run.run_pids()
+        assert len(pids) == 3
+        assert not _gone(pids), "a daemonized process outlived the run"
+        assert not run.leftovers()
+    finally:
+        run.close()
+
+
+def test_children_of_a_rank_go_with_a_timeout():
+    run = Exec("--timeout", "30")
+    try:
+        out, err = run.p.communicate(timeout=300)
+        assert run.p.returncode == 1 and "still running after --timeout 30 s" in err, err
+        assert not _gone(run.run_pids()), "a rank's child outlived --timeout"
+        assert not run.leftovers()
+    finally:
+        run.close()
+
+
+def test_clean_and_a_launch_sweep_dead_runs_from_tmpdir(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = 2 ** 22 + 4321                            # above pid_max's default: never alive
+    stale = [tmp_path / f"commsim-exec-{dead}-abc", tmp_path / f"commsim-rt-{dead}-def"]
+    live = [tmp_path / f"commsim-exec-{os.getpid()}-ghi", tmp_path / f"commsim-rt-1-jkl",
+            tmp_path / f"commsim-other-{dead}-x"]
+    for d in stale + live:
+        d.mkdir()
+        (d / "f").write_text("x")
+    assert main(["clean"]) == 0
+    out = capsys.readouterr().out
+    assert all(not d.exists() and str(d) in out for d in stale), out
+    assert all(d.exists() for d in live)
+
+    stale[0].mkdir()
+    from commsim.launch.config import RunConfig
+    from commsim.launch.run import execute
+    cfg = RunConfig(machine="hgx-h100-8", nproc_per_host=1, mode="inproc",
+                    command=[str(ROOT / "tests" / "hosting" / "programs" / "identity.py")])
+    execute(cfg, echo=False)
+    assert not stale[0].exists(), "a launch did not sweep a dead run's directory"
+
+
+@pytest.mark.parametrize("clear_env", [False, True])
+def test_end_tree_finds_marked_processes_and_their_descendants(clear_env):
+    mark = f"COMMSIM_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"
+    key, value = mark.split("=")
+    # A marked parent in a session of its own whose child clears its environment: the mark
+    # finds the parent, the tree finds the child.
+    child = ("import subprocess,sys,time; subprocess.Popen([sys.executable,'-c',"
+             "'import time; time.sleep(600)'], env={} if %s else None); time.sleep(600)" % clear_env)
+    p = subprocess.Popen([sys.executable, "-c", child], env=dict(os.environ, **{key: value}),
+                         start_new_session=True)
+    try:
+        assert _until(lambda: len(descendants(p.pid)) == 1)
+        pids = {p.pid} | descendants(p.pid)
+        killed = tree.end_tree(mark)
+        assert killed == pids
+        p.wait(30)
+        assert not _gone(pids)
+    finally:
+        p.kill()
+        p.wait()
