@@ -9,7 +9,7 @@ import importlib
 import sys
 
 from commsim.errors import UserError
-from commsim.util.hard_exit import HardExit, exits_unwind
+from commsim.hosting.install.hard_exit import HardExit, exits_unwind
 from commsim.util.signals import Terminated, terminate_cleanly
 
 

@@ -43,7 +43,7 @@ from commsim.hosting.surfaces.mpi import mpi4py as mpi4py_surface
 from commsim.hosting.surfaces.sockets import NeedsProcesses
 from commsim.hosting.surfaces.table import MODULES as SURFACE_MODULES
 from commsim.launch.verdict import ProcResult, Verdict
-from commsim.util.hard_exit import HardExit, exits_unwind
+from commsim.hosting.install.hard_exit import HardExit, exits_unwind
 from commsim.util.signals import Terminated
 
 

@@ -24,6 +24,7 @@ from commsim.scenario.runner import (Inputs, RankError, collect, faults_for, par
 from commsim.sim import set_torch_threads, spawn_driver
 from commsim.sim.process_fabric import PID_BASE, ProcessFabric
 from commsim.procs.faults import ProcFaults
+from commsim.hosting.install.patches import Patches
 
 
 PR_SET_PDEATHSIG = 1     # linux/prctl.h
@@ -52,7 +53,8 @@ def die_with_parent() -> None:
             os.close(fd)
         except OSError:
             pass
-        forkserver._forkserver._forkserver_alive_fd = None
+        # for the process's life: a recorder that is never restored
+        Patches().attr(forkserver._forkserver, "_forkserver_alive_fd", None)
 
 
 @dataclass

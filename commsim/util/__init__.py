@@ -1,2 +1,2 @@
-"""Small utilities with one job each: atomic output files, signals as exceptions, os._exit
-that unwinds, pid liveness."""
+"""Small utilities with one job each: atomic output files and input checks, signals as
+exceptions, pid liveness."""

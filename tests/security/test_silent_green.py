@@ -1,7 +1,7 @@
 """Finding: silent green. Inproc, a rank's os._exit(0) ended the launcher itself: exit status
 0, no verdict, after the program had hit a CUDA error; a policy file whose import called
 os._exit(0) made `run` and `explain` exit 0 with no output. Closed: while commsim owes a
-verdict, os._exit in its own process unwinds (commsim/util/hard_exit.py): the inproc rank
+verdict, os._exit in its own process unwinds (commsim/hosting/install/hard_exit.py): the inproc rank
 exits with that status and the verdict lists it; a policy's os._exit is a named error. In
 procs mode a rank's os._exit writes its report first, so both modes give the same verdict."""
 
@@ -74,7 +74,7 @@ def test_a_policy_method_that_calls_os_exit_fails_the_command(tmp_path, verb):
 def test_forked_children_and_other_threads_keep_a_real_exit():
     code = textwrap.dedent("""
         import os, threading
-        from commsim.util.hard_exit import HardExit, exits_unwind
+        from commsim.hosting.install.hard_exit import HardExit, exits_unwind
         with exits_unwind():
             pid = os.fork()
             if pid == 0:

@@ -24,7 +24,10 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, NoReturn
 
+from commsim.hosting.install.patches import Patches
+
 _real_exit = posix._exit
+_active: Patches | None = None       # the recorder holding os._exit while a block runs
 
 
 class HardExit(SystemExit):
@@ -34,11 +37,14 @@ class HardExit(SystemExit):
         return f"os._exit({self.code})"
 
 
-def _restore() -> None:
-    os._exit = posix._exit = _real_exit
+def _real_in_child() -> None:
+    # no lock taken: another thread may have held the recorder's at the fork
+    if _active is not None:
+        for module in (os, posix):
+            _active.switch(module, "_exit", _real_exit)
 
 
-os.register_at_fork(after_in_child=_restore)
+os.register_at_fork(after_in_child=_real_in_child)
 
 
 def _exit(code: int) -> NoReturn:
@@ -57,11 +63,15 @@ def _exit(code: int) -> NoReturn:
 def exits_unwind() -> Iterator[None]:
     """While the block runs, os._exit (and posix._exit, the same function) raises HardExit in
     this process's main thread. Nested uses are harmless."""
+    global _active
     if os._exit is not _real_exit:
         yield
         return
-    os._exit = posix._exit = _exit
+    _active = Patches()
+    for module in (os, posix):
+        _active.attr(module, "_exit", _exit)
     try:
         yield
     finally:
-        _restore()
+        _active.restore()
+        _active = None
