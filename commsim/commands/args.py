@@ -44,3 +44,12 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text} is not accepted; give a finite number of "
                                          f"seconds > 0, e.g. 60")
     return s
+
+
+def check_host_count(n: int, flag: str = "--hosts") -> None:
+    """UserError naming `flag` unless `n` hosts is a cluster commsim builds (topology/limits)."""
+    from commsim.errors import UserError
+    from commsim.topology.limits import MAX_HOSTS
+    if not 1 <= n <= MAX_HOSTS:
+        raise UserError(f"{flag}: must be >= 1 and at most {MAX_HOSTS:,} (how many hosts of "
+                        f"this shape), got {n:,}")
