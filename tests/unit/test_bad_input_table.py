@@ -213,3 +213,33 @@ def test_path_argument(verb: str, action: argparse.Action, tmp_path: Path,
         assert rc == 2, f"{verb} {name(action)} {kind}: rc {rc}, expected 2: {err}"
         assert "error" in err and (path in err or Path(path).name in err), \
             f"{verb} {name(action)} {kind}: the error does not name {path}: {err}"
+
+
+# Calls that used to run, write a file `run` refuses, or fill memory: each a named error.
+WRONG_ANSWERS = [
+    (["exec", "--machine", "hgx-h100-8", "--scenario", str(SCENARIO), "--", "python", "p.py"],
+     "--machine hgx-h100-8 with --scenario"),
+    (["sweep", "--exec", ""], "--exec '': give the program"),
+    (["sweep", "--exec-mode", "procs", "--count", "0"], "--exec-mode applies to sweep --exec"),
+    (["sweep", "--count", "0", "--html", "x.txt"], "--html x.txt: give a .html file name"),
+    (["scenario", "new", "--topo", str(MATRIX), "--hosts", "1", "--tp", "2", "--policy",
+      "os:abort", "-o", "new.toml"], "policy 'os:abort'"),
+    (["scenario", "new", "--topo", str(MATRIX), "--hosts", str(10 ** 6), "--tp", "2", "-o",
+      "new.toml"], "--hosts: must be >= 1 and at most 4,096"),
+    (["topo", "import", str(MATRIX), "--hosts", str(10 ** 9)], "at most 4,096"),
+    (["topo", "import", "big.txt", "--hosts", "1"], "the header names 3,000 GPUs"),
+]
+
+
+@pytest.mark.parametrize("argv, words", WRONG_ANSWERS, ids=[" ".join(a[:2]) + f" {i}"
+                                                           for i, (a, _) in enumerate(WRONG_ANSWERS)])
+def test_wrong_answers_are_named(argv: list[str], words: str, tmp_path: Path,
+                                 monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # A one-host matrix of 3,000 GPUs: refused from its header, before its 9 M cells are read.
+    n = 3000
+    (tmp_path / "big.txt").write_text("\t" + "\t".join(f"GPU{j}" for j in range(n)) + "\n" +
+                                      "GPU0\t X \t" + "\t".join(["SYS"] * (n - 1)) + "\n")
+    rc, err = run_case(argv, tmp_path, monkeypatch, capsys)
+    assert rc == 2 and words in err, err
+    assert not (tmp_path / "new.toml").exists()
