@@ -34,13 +34,27 @@ SEED_MAX = 2 ** 64 - 1
 seed = bounded_int(0, SEED_MAX)
 
 
+# The longest wait a flag takes: a week is beyond any run or progress interval, and
+# larger values overflow the clocks that time a wait (threading's "timestamp too large").
+SECONDS_MAX = 7 * 24 * 3600
+
+
 def seconds(text: str) -> float:
-    """A positive, finite number of seconds."""
+    """A positive, finite number of seconds, at most SECONDS_MAX."""
     try:
         s = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(s) or s <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not accepted; give a finite number of "
-                                         f"seconds > 0, e.g. 60")
+    if not math.isfinite(s) or not 0 < s <= SECONDS_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is not accepted; give a number of seconds "
+                                         f"> 0 and at most {SECONDS_MAX:,} (a week), e.g. 60")
     return s
+
+
+def check_host_count(n: int, flag: str = "--hosts") -> None:
+    """UserError naming `flag` unless `n` hosts is a cluster commsim builds (topology/limits)."""
+    from commsim.errors import UserError
+    from commsim.topology.limits import MAX_HOSTS
+    if not 1 <= n <= MAX_HOSTS:
+        raise UserError(f"{flag}: must be >= 1 and at most {MAX_HOSTS:,} (how many hosts of "
+                        f"this shape), got {n:,}")

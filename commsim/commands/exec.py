@@ -76,6 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from commsim.launch.config import RunConfig
     from commsim.launch.run import execute, split_command
+    if args.machine and args.scenario:
+        raise UserError(f"--machine {args.machine} with --scenario {args.scenario}: the scenario "
+                        f"names its machine ([topology]); give one of the two")
     if args.nproc_per_host < 0:
         raise UserError(f"--nproc-per-host: must be >= 1, got {args.nproc_per_host}")
     machine = args.machine

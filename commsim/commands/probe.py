@@ -33,10 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_probe(args: argparse.Namespace) -> int:
     out: Path | None = args.output
     if out is not None:
-        if out.exists() and not args.force:
-            raise UserError(f"{out}: already exists; pass --force to overwrite it")
-        if not out.parent.is_dir():
-            raise UserError(f"{out}: directory {out.parent} does not exist; create it first")
+        from commsim.util.fileio import check_output
+        check_output(out, "--output", overwrite=args.force)
     try:
         from commsim.probe.machine import probe_machine
         from commsim.probe.scenario import scenario_text

@@ -128,6 +128,12 @@ def cmd_new(args: argparse.Namespace) -> int:
 
     from commsim.util.fileio import check_output
 
+    from commsim.commands.args import check_host_count
+    from commsim.topology.limits import MAX_GPUS
+    check_host_count(args.hosts)          # before the paste is read or a host built
+    if not (1 <= args.tp <= MAX_GPUS and 1 <= args.dp <= MAX_GPUS):
+        raise UserError(f"--tp and --dp must be >= 1 and at most {MAX_GPUS:,}, got "
+                        f"tp={args.tp} dp={args.dp}")
     out: Path = check_output(args.output, "--output", overwrite=args.force)
     from commsim.commands.topo import read_pasted
     text = read_pasted(args.topo, "the pasted `nvidia-smi topo -m`")
@@ -144,7 +150,10 @@ def cmd_new(args: argparse.Namespace) -> int:
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     sc = loads(body, str(out))       # validate before anything is written
-    code_note(sc)                    # a policy file that does not exist is refused too
+    # The policy as `run` will take it (a preset, or an importable Policy; `os:abort` is
+    # neither): a file that `run` refuses is not written.
+    from commsim.policy import resolve
+    resolve(sc.policy, out.resolve().parent)
     write_scenario(out, body)
     print(f"wrote {out}", file=sys.stderr)
     how = " --expect-failure" if args.expect_error else ""

@@ -23,6 +23,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from commsim.scenario.executors import shard
     from commsim.scenario.sweep import Progress, run_sweep, select_ids, settle_heap
 
+    _exec_flags(args)
     _positionals(args)
     if args.ray_address and args.executor != "ray":
         raise UserError("--ray-address needs --executor ray")
@@ -30,12 +31,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         check_output(args.json, "--json")
     if args.html:
-        check_output(args.html, "--html")
+        check_output(args.html, "--html", suffix=".html")
     if args.junit_xml:
         check_output(args.junit_xml, "--junit-xml")
     if args.action == "merge":
         return _merge(args)
-    if args.exec:
+    if args.exec is not None:
         if args.executor != "local":
             raise UserError("--exec runs the program in local worker processes; drop "
                             "--executor ray (it applies to scenario sweeps only)")
@@ -55,6 +56,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return _emit(rep, args)
 
 
+# The --exec-* flags and their defaults: None in the parser, so that one given without
+# --exec is seen (and refused) rather than ignored by the plain sweep.
+_EXEC_DEFAULTS = {"exec_mode": "inproc", "exec_timeout": 60.0, "exec_residue": "report",
+                  "exec_launcher": "torchrun"}
+
+
+def _exec_flags(args: argparse.Namespace) -> None:
+    """Refuse an empty --exec and --exec-* without --exec; fill in the --exec-* defaults."""
+    from commsim.errors import UserError
+    given = [k for k in _EXEC_DEFAULTS if getattr(args, k) is not None]
+    if args.exec is None and given:
+        flag = "--" + given[0].replace("_", "-")
+        raise UserError(f"{flag} applies to sweep --exec PROG only; add --exec PROG or drop {flag}")
+    if args.exec is not None and not args.exec.strip():
+        raise UserError("--exec '': give the program to run, e.g. --exec prog.py or "
+                        "--exec '-m mypkg.worker'")
+    for key, default in _EXEC_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+
+
 def _positionals(args: argparse.Namespace) -> None:
     """Sort the positional words: the --exec program's arguments, or `merge REPORT.json ...`;
     anything else is refused with both uses named."""
@@ -62,7 +84,7 @@ def _positionals(args: argparse.Namespace) -> None:
 
     words = list(args.words or ())
     args.action, args.reports, args.exec_args = None, [], []
-    if args.exec:
+    if args.exec is not None:
         args.exec_args = words
     elif words[:1] == ["merge"]:
         args.action, args.reports = "merge", words[1:]
@@ -241,14 +263,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run this Python program (\"prog.py ARGS\", or \"-m module ARGS\") hosted on "
                         "each generated machine instead of the scenario workload, and report "
                         "the machine shapes that break it (see `commsim exec`)")
-    p.add_argument("--exec-mode", default="inproc", choices=MODES,
+    p.add_argument("--exec-mode", default=None, choices=MODES,
                    help="how --exec runs the ranks (default inproc: fast, replayable)")
-    p.add_argument("--exec-timeout", type=seconds, default=60.0, metavar="S",
+    p.add_argument("--exec-timeout", type=seconds, default=None, metavar="S",
                    help="seconds before an --exec run counts as hung (default 60)")
-    p.add_argument("--exec-residue", default="report", choices=RESIDUE,
+    p.add_argument("--exec-residue", default=None, choices=RESIDUE,
                    help="what an --exec process holding memory, mappings or fds at exit is: "
                         "reported (default; the exit releases them) or a defect (`leak`)")
-    p.add_argument("--exec-launcher", default="torchrun", choices=LAUNCHERS,
+    p.add_argument("--exec-launcher", default=None, choices=LAUNCHERS,
                    help="whose environment each --exec rank gets: torchrun's (default) or Open "
                         "MPI mpirun's, with mpi4py's COMM_WORLD spanning the ranks (see "
                         "`commsim exec --launcher`)")

@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from commsim.commands.args import check_host_count
 from commsim.errors import UserError
 from commsim.util.fileio import check_output, read_input, write_atomic
 from commsim.topology import presets, render
@@ -205,6 +206,8 @@ def _scenario_name(args: argparse.Namespace) -> str:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    if args.hosts is not None:
+        check_host_count(args.hosts)      # before the file is read or a host built
     text = read_pasted(args.file, "`nvidia-smi topo -m` output or an NCCL topology XML")
     fmt = importers.sniff(args.file, text)
     source = "<stdin>" if args.file == "-" else args.file
@@ -216,8 +219,6 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.hosts is None:
         args.usage_error("the following arguments are required for `nvidia-smi topo -m` text: "
                          "--hosts N (how many hosts of this shape the cluster has)")
-    if args.hosts < 1:
-        raise UserError(f"--hosts: must be >= 1 (how many hosts of this shape), got {args.hosts}")
     name = _scenario_name(args)
     out: Path | None = args.output
     if out is not None and args.fabric_info:

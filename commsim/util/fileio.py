@@ -25,6 +25,15 @@ from commsim.errors import UserError
 INPUT_LIMIT = 64 << 20
 
 
+def _kind(mode: int) -> str:
+    """What a path that is not a regular file is, in words."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+
+
 def read_input(path: str | os.PathLike[str], limit: int = INPUT_LIMIT) -> bytes:
     """The bytes of a file the user named. Opened without blocking (a FIFO would wait for a
     writer for good) and refused, before a byte is read, unless it is a regular file of at
@@ -36,10 +45,7 @@ def read_input(path: str | os.PathLike[str], limit: int = INPUT_LIMIT) -> bytes:
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if
-                    stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket"
-                    if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-            raise UserError(f"{path}: is {kind}; give a regular file")
+            raise UserError(f"{path}: is {_kind(st.st_mode)}; give a regular file")
         if st.st_size > limit:
             raise UserError(f"{path}: {st.st_size:,} bytes, more than the {limit:,} an input "
                             f"file may have")
@@ -61,6 +67,15 @@ def check_output(path: str | os.PathLike[str], flag: str, overwrite: bool = True
         raise UserError(f"{flag} {out}: give a {suffix} file name")
     if out.is_dir():
         raise UserError(f"{flag} {out}: is a directory; give a file name inside it")
+    try:
+        st = os.stat(out)         # follows a symlink: what the write would replace
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        # Writing moves a new file over the path: a FIFO, a socket or a device (as root,
+        # /dev/zero itself) would be replaced, not written to.
+        raise UserError(f"{flag} {out}: exists and is {_kind(st.st_mode)}; give the path of a "
+                        f"regular file")
     parent = out.parent
     if not parent.is_dir():
         raise UserError(f"{flag} {out}: directory {parent} does not exist; create it first")

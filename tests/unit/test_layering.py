@@ -1,9 +1,11 @@
-"""DESIGN.md §2: a backend sees the driver protocol only. No module under commsim/backends/,
+"""A backend sees the driver protocol only (the pluggable device layer: the same backend runs on
+the simulator and on real CUDA). No module under commsim/backends/,
 nor the communicator, policy or discovery, imports the simulator or the device binding, even
 indirectly (the static walk follows every import statement, also those inside functions);
 importing commsim changes nothing global. Hosting imports nothing above it (launch, scenario,
 procs, commands), and its layers import one way: surfaces -> state -> install (that no
-import circle is left anywhere in commsim is tests/unit/test_import_cycles.py's)."""
+import circle is left anywhere in commsim is tests/unit/test_import_cycles.py's). Every
+package has a place in one order of layers (LAYERS) and imports nothing above it."""
 
 from __future__ import annotations
 
@@ -143,3 +145,59 @@ def test_hosting_layers_import_one_way():
         seen = _closure(_modules(layer))
         bad += [_chain(seen, m) for m in seen if _under(m, forbidden)]
     assert not bad, "\n".join(bad)
+
+
+# ---- the whole package: one order of layers ------------------------------------------------
+
+# Lowest first. A module may import its own layer and those below it, never one above (imports
+# inside functions count). hosting sits below scenario: a hosted rank is answered from the
+# simulator alone; launch, procs and the commands are the applications on top.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("commsim", "commsim.errors", "commsim.util"),    # commsim/__init__.py holds a docstring
+    ("commsim.topology",),
+    ("commsim.driver", "commsim.runtime"),
+    ("commsim.kernels",),
+    ("commsim.sim",),
+    ("commsim.group",),
+    ("commsim.discovery",),
+    ("commsim.libmodels",),     # other libraries' behaviour, over what discovery learns
+    ("commsim.backends",),
+    ("commsim.cost_model", "commsim.policy", "commsim.communicator"),
+    ("commsim.hosting",),
+    ("commsim.scenario",),
+    ("commsim.probe", "commsim.devicecheck", "commsim.procs", "commsim.report"),
+    ("commsim.launch",),
+    ("commsim.commands", "commsim.cli"),
+)
+
+
+def _layer_of(name: str) -> int | None:
+    best = None
+    for i, layer in enumerate(LAYERS):
+        for p in layer:
+            if name == p or (p != "commsim" and name.startswith(p + ".")):
+                best = i
+    return best
+
+
+def test_every_module_has_a_layer_and_imports_none_above_it():
+    unplaced, bad = [], []
+    for name in _modules("commsim"):
+        mine = _layer_of(name)
+        if mine is None:
+            unplaced.append(name)
+            continue
+        path = _module_file(name)
+        for dep in _imports(name, path):
+            while dep and _module_file(dep) is None:
+                dep = dep.rpartition(".")[0]
+            theirs = _layer_of(dep) if dep.startswith("commsim") else None
+            if theirs is not None and theirs > mine:
+                bad.append(f"{name} (layer {mine}) imports {dep} (layer {theirs})")
+    assert not unplaced, "give these a layer in LAYERS: " + ", ".join(unplaced)
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert _layer_of("commsim.sim.driver") < _layer_of("commsim.scenario.runner")
+    assert _layer_of("commsim.hosting.surfaces.nvml") < _layer_of("commsim.launch.run")

@@ -18,10 +18,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import xml.etree.ElementTree as ET
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from commsim.topology import gpu_models
+from commsim.topology.limits import check_size
 from commsim.topology.model import (
     Cluster, FabricInfo, FabricState, Gpu, GpuRef, Host, Link, NvlinkDomain, TopologyError,
 )
@@ -378,6 +380,8 @@ def build_cluster(topo: XmlTopology, gpu_model: str | None = None, *, nvswitch: 
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", host_prefix or ""):
         raise TopologyError(f"host prefix {host_prefix!r} is not a hostname start; use letters, "
                             f"digits, '.', '_', '-'")
+    per_host = Counter(g.host for g in topo.gpus)
+    check_size(len(topo.hosts), max(per_host.values(), default=0), topo.source)
     warnings: list[str] = []
     warn: dict[str, str] = {}
     given = gpu_models.resolve(gpu_model) if gpu_model else None

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from commsim.topology import gpu_models
 from commsim.topology.gpu_models import GpuSpec
+from commsim.topology.limits import check_size
 from commsim.topology.model import (
     Cluster, FabricInfo, FabricState, Gpu, GpuRef, Host, Link, NvlinkDomain, TopologyError,
     ZERO_UUID, matrix_from,
@@ -152,6 +153,7 @@ def build_cluster(parsed: ParsedHost, hosts: int, domain: str | None = None,
     if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
         raise TopologyError(f"host count must be an integer >= 1 (how many hosts of this shape), "
                             f"got {hosts!r}")
+    check_size(hosts, parsed.gpu_count, parsed.source)
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", host_prefix or ""):
         raise TopologyError(f"host prefix {host_prefix!r} is not a hostname start; use letters, "
                             f"digits, '.', '_', '-'")

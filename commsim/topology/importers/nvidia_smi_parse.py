@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from commsim.topology.limits import MAX_GPUS_PER_HOST
 from commsim.topology.model import Link, TopologyError
 
 P2P_OK = "OK"
@@ -103,6 +104,10 @@ def _find_block(lines: list[str], start: int, source: str) -> _Block | None:
 def _read_rows(lines: list[str], idx: int, head: tuple[int, tuple[str, ...]],
                source: str) -> _Block:
     n, devices = head
+    if n > MAX_GPUS_PER_HOST:        # before its n^2 cells are read
+        raise _err(source, idx + 1, f"the header names {n:,} GPUs, more than the "
+                                    f"{MAX_GPUS_PER_HOST} one host may have; give one host's "
+                                    f"`nvidia-smi topo -m`")
     dev_names = {d.upper() for d in devices}
     width = n + len(devices)
     rows: dict[int, tuple[int, list[str]]] = {}

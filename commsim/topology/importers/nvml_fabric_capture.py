@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from commsim.util.fileio import read_input
 from commsim.topology.model import FabricInfo, FabricState, NVML_ERROR_UNKNOWN, NVML_SUCCESS, TopologyError, ZERO_UUID
 
 FIELDS = ("state", "status", "clique_id", "cluster_uuid")
@@ -257,12 +258,15 @@ def load_fabric_file(path: str | Path) -> dict[str | None, list[FabricRecord]]:
     """One file: JSON or XML (by content) or `nvidia-smi -q` text. Host key None = not named."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8-sig", errors="replace")
+        # read_input: a FIFO or /dev/zero is refused instead of read for good.
+        text = read_input(p).decode("utf-8-sig", errors="replace")
     except FileNotFoundError:
         raise FabricInfoError(f"{p}: no such file; give `nvidia-smi -q` (or -q -x) output or a "
                               f"JSON fabric-info file") from None
     except IsADirectoryError:
         raise FabricInfoError(f"{p}: is a directory; give a file") from None
+    except OSError as e:
+        raise FabricInfoError(f"{p}: cannot read: {e.strerror}") from None
     head = text.lstrip()
     if head.startswith(("{", "[")):
         return parse_fabric_json(text, str(p))
