@@ -186,11 +186,25 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if rows:
             print(_table(rows, ("group", "op", "bytes", "dtype", "backend")))
         print(f"ledger after close: {'zero' if not res.leaks else f'{len(res.leaks)} item(s) leaked'}; "
-              f"numerics: {'ok' if not res.mismatches else f'{len(res.mismatches)} mismatch(es)'}")
+              f"numerics: {_numerics(res)}")
         _explain_nccl(sc)
         if sizes is not None:
             _explain_sizes(sc, args, sizes)
     return 0
+
+
+def _numerics(res) -> str:
+    """The numerics verdict of one run. Results are compared only for the steps a rank
+    completed, so a run with errors is never 'ok': it names what stopped the comparison."""
+    found = f"{len(res.mismatches)} mismatch(es)" if res.mismatches else ""
+    if not res.errors:
+        return found or "ok"
+    stops: dict[tuple[str, str], list[int]] = {}
+    for e in res.errors:
+        stops.setdefault((e.step, e.name), []).append(e.rank)
+    what = "; ".join(f"{rank_word(ranks)} failed at step {step} ({name})"
+                     for (step, name), ranks in stops.items())
+    return f"{found + ' before ' if found else ''}not checked past the errors: {what}"
 
 
 def _explain_nccl(sc) -> None:

@@ -240,7 +240,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(pip install 'commsim[ray]'). Ray's own servers listen on every "
                         "interface, with Ray's token authentication")
     p.add_argument("--ray-address", metavar="ADDR",
-                   help="an existing Ray cluster for --executor ray ('auto' or host:port)")
+                   help="an existing Ray cluster for --executor ray ('auto' or host:port; default: "
+                        "Ray's RAY_ADDRESS when set)")
     p.add_argument("--shard", metavar="K/N",
                    help="run only the K-th of N interleaved slices of the sweep (CI matrices); "
                         "combine the --json reports with `commsim sweep merge`")

@@ -134,9 +134,10 @@ def run_exec_sweep(program: list[str], ids: list[str], *, mode: str = "inproc",
     return rep
 
 
-def progress_printer(total: int, stream: TextIO = sys.stderr, every: int = 25) -> Callable[[int, int], None]:
+def progress_printer(total: int, stream: TextIO | None = None, every: int = 25) -> Callable[[int, int], None]:
     """Progress of an --exec sweep: a bar on a TTY, else a line every `every` machines (a run
-    takes seconds, not milliseconds), each with its ETA."""
+    takes seconds, not milliseconds), each with its ETA. On `stream`, else the sys.stderr of
+    the time of the call (not of the import: a caller may have replaced it since)."""
     from commsim.scenario.sweep import Progress
     p = Progress(total, stream, every_n=every, what="sweep --exec", unit="machines",
                  failed="with a defect")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from typing import Any, Callable
 
 from commsim.errors import UserError
@@ -57,6 +58,31 @@ def id_order(sid: str) -> tuple:
 
 
 # -- Ray ---------------------------------------------------------------------------------------------
+RAY_ADDRESS = "RAY_ADDRESS"
+# How long the driver waits for a TCP connection to a named cluster before saying it is not
+# there: Ray itself retries an unreachable GCS without end (Ray 2.60, gcs_client.cc).
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: str, named_by: str) -> None:
+    """A UserError unless `address` (host:port, optionally ray://) accepts a TCP connection
+    within RAY_CONNECT_TIMEOUT_S. 'auto' is left to Ray, which finds the local cluster's
+    address in its own files and says so when there is none."""
+    hostport = address.split("://", 1)[-1]
+    if hostport == "auto":
+        return
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UserError(f"{named_by} {address!r}: expected host:port of a Ray cluster's head "
+                        f"(e.g. 10.0.0.5:6379) or 'auto'")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise UserError(f"--executor ray: no Ray cluster at {address} ({named_by}): "
+                        f"{e.strerror or e}; start one with `ray start --head` or fix the "
+                        f"address") from None
+
+
 def ray_missing() -> str | None:
     """Why Ray cannot be used here, or None when it can."""
     try:
@@ -74,7 +100,8 @@ def run_ray(ids: list[str], jobs: int, determinism: str, run: RunOne, take: Call
             address: str | None = None, chunk: int = 25) -> None:
     """Run `ids` as Ray tasks of up to `chunk` ids, each id by `run` (the sweep's run_one,
     which Ray pickles by reference); `take` gets every record as it lands.
-    `address`: an existing cluster ('auto' or host:port); otherwise a local Ray with `jobs`
+    `address`: an existing cluster ('auto' or host:port; Ray's RAY_ADDRESS when not given),
+    checked to answer within RAY_CONNECT_TIMEOUT_S; otherwise a local Ray with `jobs`
     CPUs is started here and shut down at the end. The workers must be able to import this
     commsim (the same checkout, or the same version installed on every node)."""
     why = ray_missing()
@@ -86,23 +113,32 @@ def run_ray(ids: list[str], jobs: int, determinism: str, run: RunOne, take: Call
     if not ray.is_initialized():
         kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                               "configure_logging": False}
-        if address:
-            kw["address"] = address
+        # Ray's own convention (ray/_private/worker.py, Ray 2.60: init): RAY_ADDRESS names the
+        # cluster when no address is given. Joining one, Ray refuses num_cpus ("num_cpus and
+        # num_gpus must not be provided"): the cluster's size is its own.
+        joined = address or os.environ.get(RAY_ADDRESS) or None
+        if joined:
+            kw["address"] = joined
+            _check_reachable(joined, "--ray-address" if address else RAY_ADDRESS)
         else:
             # Loopback as the node address: Ray binds some of its servers to it. Ray 2.60's
             # GCS and raylet still listen on every interface (with Ray's token auth on):
             # the trust cost of asking for --executor ray, stated in its --help.
             kw["num_cpus"] = jobs
             kw["_node_ip_address"] = "127.0.0.1"
-        # Workers import commsim from the source tree the driver runs from.
+        # Workers import commsim from the source tree the driver runs from, and run at the
+        # driver's priority: Ray starts task workers at nice RAY_worker_niceness, 15 unless
+        # set, and reads it from the worker's environment (Ray's job manager sets it to 0 the
+        # same way: ray/dashboard/modules/job/job_manager.py, Ray 2.60).
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        kw["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
-            p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}}
+        kw["runtime_env"] = {"env_vars": {
+            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
+            "RAY_worker_niceness": "0"}}
         try:
             ray.init(**kw)
         except Exception as e:      # unreachable cluster, bad address: say so, no traceback
-            raise UserError(f"--executor ray: could not start or reach Ray"
-                            f"{f' at --ray-address {address}' if address else ''}: {e}") from e
+            where = f" at {joined} ({'--ray-address' if address else RAY_ADDRESS})" if joined else ""
+            raise UserError(f"--executor ray: could not start or reach Ray{where}: {e}") from e
         started = True
     try:
         task = ray.remote(num_cpus=1)(_ray_chunk)

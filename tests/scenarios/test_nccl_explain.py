@@ -79,3 +79,16 @@ def test_duplicate_gpu_fails_nccl_init_on_every_rank():
     res = run_scenario(sc, Policy(order=("nccl",), fallback_on_setup_error=False))
     assert {e.name for e in res.errors} == {"ncclInvalidUsage"} and len(res.errors) == 4
     assert "Duplicate GPU detected : rank 2 and rank 1 both on CUDA device" in res.errors[0].message
+
+
+def test_explain_never_says_numerics_ok_under_an_error(capsys):
+    # Results are compared only for the steps a rank completed: an errored run names what
+    # stopped the comparison instead of vouching for numerics it never checked.
+    old_driver = NCCL.parent / "fidelity" / "ipc-graph-segment-old-driver.toml"
+    assert main(["explain", str(old_driver)]) == 0
+    out = capsys.readouterr().out
+    assert "error: ranks 0,1" in out and "numerics: ok" not in out
+    assert ("numerics: not checked past the errors: ranks 0,1 failed at step register "
+            "(cudaErrorAlreadyMapped)") in out
+    assert main(["explain", str(NCCL / "pcie-box-nccl.toml")]) == 0
+    assert "numerics: ok" in capsys.readouterr().out

@@ -4,16 +4,21 @@ executor and job count aside), and shard reports merge back into it."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from commsim.cli import main
 from commsim.errors import UserError
-from commsim.scenario.executors import merge, parse_shard, ray_missing, shard
+from commsim.scenario.executors import merge, parse_shard, ray_missing, run_ray, shard
 from commsim.scenario.sweep import run_sweep, select_ids
 
 # The default mix (faults included), small enough to run four times in seconds.
 IDS = select_ids(16, seed=21)
+needs_ray = pytest.mark.skipif(ray_missing() is not None,
+                               reason=f"{ray_missing()} (CI installs the extra)")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +50,7 @@ def test_worker_processes_equal_in_process(baseline: dict) -> None:
     assert run_sweep(IDS, jobs=2).canonical() == baseline
 
 
-@pytest.mark.skipif(ray_missing() is not None, reason=f"{ray_missing()} (CI installs the extra)")
+@needs_ray
 def test_ray_executor_equals_in_process(baseline: dict) -> None:
     rep = run_sweep(IDS, jobs=2, executor="ray")     # a local 2-CPU Ray, started and stopped here
     assert rep.executor == "ray"
@@ -94,3 +99,56 @@ def test_cli_shard_then_merge(capsys, tmp_path) -> None:
     assert "--shard '5/2'" in capsys.readouterr().err
     assert main(["sweep", "--ray-address", "auto", "--count", "1"]) == 2
     assert "--ray-address needs --executor ray" in capsys.readouterr().err
+
+
+# A Ray head in a process of its own, as a user's `ray start --head` would be; it prints its
+# GCS address and lives until its stdin closes (its cluster goes with it: no `ray stop`, which
+# would end every Ray of this user).
+_HEAD = """
+import sys, ray
+ctx = ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+               configure_logging=False, log_to_driver=False)
+print(ctx.address_info["gcs_address"], flush=True)
+sys.stdin.read()
+"""
+
+
+@needs_ray
+@pytest.mark.parametrize("cluster", ["local", "RAY_ADDRESS"])
+def test_ray_joins_ray_address_and_runs_workers_at_normal_priority(monkeypatch, cluster: str) -> None:
+    import ray
+
+    def probe(sid: str, determinism: str) -> dict:      # local: pickled by value to the worker
+        import os as _os
+        import ray as _ray
+        return {"id": sid, "nice": _os.nice(0), "gcs": _ray.get_runtime_context().gcs_address}
+
+    head = None
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if cluster == "RAY_ADDRESS":
+        head = subprocess.Popen([sys.executable, "-c", _HEAD], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        monkeypatch.setenv("RAY_ADDRESS", head.stdout.readline().strip())
+    try:
+        got: list[dict] = []
+        run_ray(["s0", "s1", "s2"], 2, "off", probe, got.append, chunk=1)
+    finally:
+        if head is not None:
+            head.stdin.close()
+            head.wait(timeout=60)
+    assert not ray.is_initialized()
+    assert sorted(r["id"] for r in got) == ["s0", "s1", "s2"]
+    # Ray's default is nice 15 for task workers; ours run at this process's own priority.
+    assert {r["nice"] for r in got} == {os.nice(0)}
+    if cluster == "RAY_ADDRESS":
+        assert {r["gcs"] for r in got} == {os.environ["RAY_ADDRESS"]}
+
+
+@needs_ray
+def test_ray_unreachable_address_is_a_named_error(capsys) -> None:
+    # Ray itself retries an address where nothing listens without end.
+    assert main(["sweep", "--executor", "ray", "--ray-address", "127.0.0.1:1", "--count", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "no Ray cluster at 127.0.0.1:1 (--ray-address)" in err and "Traceback" not in err
+    assert main(["sweep", "--executor", "ray", "--ray-address", "nohost", "--count", "1"]) == 2
+    assert "expected host:port" in capsys.readouterr().err
