@@ -72,9 +72,10 @@ def _exec_flags(args: argparse.Namespace) -> None:
     if args.exec is not None and not args.exec.strip():
         raise UserError("--exec '': give the program to run, e.g. --exec prog.py or "
                         "--exec '-m mypkg.worker'")
+    parsed = vars(args)
     for key, default in _EXEC_DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, default)
+        if parsed[key] is None:
+            parsed[key] = default
 
 
 def _positionals(args: argparse.Namespace) -> None:
