@@ -68,8 +68,8 @@ PARAMS: dict[str, Param] = {
     "nic.ndr": Param(50.0, "GB/s", "InfiniBand NDR / 400 GbE: 400 Gb/s per port (NVIDIA "
                                    "ConnectX-7 and Quantum-2 product pages)"),
     "nics_per_gpu": Param(1.0, "", "one 400G NIC per GPU, the rail-optimised HGX layout (e.g. "
-                                   "Azure NDv5: 8 NDR NICs for 8 GPUs, shared/data/"
-                                   "nccl-topologies/azure_ndv5-topo.xml.md)", estimate=True),
+                                   "Azure NDv5: 8 NDR NICs for 8 GPUs, its published NCCL "
+                                   "topology file)", estimate=True),
     # -- achieved fraction of link bandwidth ---------------------------------------------------
     "eff.peer": Param(0.8, "", f"one-shot slopes in {_VLLM_24111}: ca_1stage 8 us/MiB at TP4 "
                                f"(0.87 of 450 GB/s), 16 us/MiB at TP6 (0.73); nccl-tests 230-250 "

@@ -138,7 +138,7 @@ def dgx1_v100(name: str) -> Cluster:
     return pcie_box(name, "dgx1-0", 8,
                     lambda i, j: Link.parse(_DGX1[i][j], p2p=_DGX1[i][j].startswith("NV")),
                     "DGX-1 V100 hybrid cube-mesh (NVIDIA DGX-1 whitepaper; Azure NDv2 uses "
-                    "the same mesh, shared/data/nccl-topologies/azure_ndv2-topo.xml)",
+                    "the same mesh in its published NCCL topology file)",
                     model="Tesla V100-SXM2-32GB", compute_capability=(7, 0), memory_bytes=32 * GiB)
 
 

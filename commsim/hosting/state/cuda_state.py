@@ -124,8 +124,8 @@ def report(r: HostedRank, api: str, err: Any, runtime: bool) -> None:
 
 
 def as_cu(err: Any) -> Any:
-    """A runtime code as the driver's CUresult of the same number (reference §1.5: the two
-    enums share numbers for every code the simulator gives)."""
+    """A runtime code as the driver's CUresult of the same number (cuda-python 13's
+    cudaError_t and CUresult share numbers for every code the simulator gives)."""
     try:
         return R(int(err))
     except ValueError:

@@ -1,4 +1,4 @@
-"""The hosted rank: who the running code is on the simulated machine (DESIGN.md section 9).
+"""The hosted rank: who the running code is on the simulated machine.
 
 Every hosting surface (identity, torch.distributed, cuda.bindings, libcudart, pynvml,
 torch.cuda) answers from `current()`, so one rank's view is consistent across all of them.

@@ -103,7 +103,7 @@ def _product_id(model: str) -> int:
 def _links(r: Any, host: Any, index: int) -> list[tuple[str, Any]]:
     """The NVLinks of one GPU, in link order: ("switch", link) or ("gpu", peer index).
     On an NVSwitch board every link goes to a switch and `topo -m` shows the per-GPU count
-    (NV18 on HGX H100 / GB200 trays: 18 links, reference §5); without switches a GPU's
+    (NV18 on HGX H100 / GB200 trays: 18 links, NVIDIA HGX H100 and GB200 NVL72 data sheets); without switches a GPU's
     links go to its peers, NV<k> meaning k links (DGX-1 cube mesh, NVLink bridges)."""
     ref = GpuRef(host.name, index)
     counts = {j: host.link(index, j).nvlinks for j in range(len(host.gpus))

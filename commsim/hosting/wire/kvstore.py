@@ -6,7 +6,7 @@ TCPStore (set, get, multi_get, check, wait, add, delete_key, set_timeout), so th
 run launched by `--launcher mpirun` use commsim's sealed round protocol without importing
 torch (an mpi4py program need not load it).
 
-Trust (DESIGN.md section 10): the server listens on loopback only, and any local user can
+Trust (docs/processes.md): the server listens on loopback only, and any local user can
 still connect to it, so nothing on the wire is ever unpickled by the store: the protocol is
 length-prefixed byte strings, and the values are the ranks' sealed blobs (HMAC with the run's
 secret, commsim.group.seal), checked by each reader before it unpickles. Request sizes are

@@ -5,7 +5,7 @@ The file is a `<system version="1">` root with one `<cpu>` per NUMA node; under 
 count tclass>` and `<c2c>`) and `<nic>/<net>` leaves. A dump NCCL fuses over several hosts of
 one NVLink domain (MNNVL) tags every `<cpu>` with `host_hash`. Hand-written files for VMs are
 often *flattened*: bare `<pci class="0x030200">` devices, no `<gpu>`, no `<nvlink>` (NCCL asks
-the driver for those at run time, see the .md files beside shared/data/nccl-topologies/).
+the driver for those at run time).
 
 `parse_nccl_xml` reads the text; `build_cluster` turns it into a Cluster and returns, as
 warnings, everything the file does not say and the import had to assume. Parsing uses the

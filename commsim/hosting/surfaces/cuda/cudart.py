@@ -3,7 +3,7 @@
 vLLM's `cuda_wrapper.CudaRTLibrary` and FlashInfer's `comm/cuda_ipc.CudaRTLibrary` find
 libcudart by scanning /proc/self/maps for a line containing "libcudart", take the path, open
 it with `ctypes.CDLL(path)`, give functions restype/argtypes, and call them with byref()
-out-parameters and a 128-byte `cudaIpcMemHandle_t` declared by the wrapper (reference §1.1:
+out-parameters and a 128-byte `cudaIpcMemHandle_t` declared by the wrapper (cuda_runtime_api.h:
 the CUDA struct is 64 bytes; the C function reads and writes those 64).
 
 Installing this surface creates a real file named `libcudart.so.13` in a private directory
@@ -12,7 +12,7 @@ Installing this surface creates a real file named `libcudart.so.13` in a private
 library (fakelib.py). Its functions are the C ABI over the same per-rank runtime as
 `cuda.bindings.runtime` (surfaces/cuda/runtime_api.py): return codes are `cudaError_t` numbers,
 `cudaGetErrorString` returns the real runtime's texts (cuda-python's table, which needs no
-GPU, reference §1.5), so a wrapper's `RuntimeError(f"CUDART error: {text}")` is the real one.
+GPU), so a wrapper's `RuntimeError(f"CUDART error: {text}")` is the real one.
 """
 
 from __future__ import annotations

@@ -377,7 +377,7 @@ def cuStreamSynchronize(hStream):
 # ---- error texts (no GPU needed) -----------------------------------------------------------------
 
 def cuGetErrorString(error):
-    # Driver texts are UNCONFIRMED (reference §1.5): the runtime string of the same number.
+    # Driver texts are UNCONFIRMED (no GPU here to read them from): the runtime string of the same number.
     code = enum_value(error)
     try:
         R(code)

@@ -262,7 +262,7 @@ def cudaPointerGetAttributes(ptr):
 
 def ipc_handle_bytes(handle: Any) -> bytes:
     """The 64 bytes of a cudaIpcMemHandle_t (cuda-python 13 exposes them only through
-    getPtr(): CUDA_IPC_HANDLE_SIZE bytes at that address, reference §1.1)."""
+    getPtr(): CUDA_IPC_HANDLE_SIZE bytes at that address; cuda_runtime_api.h)."""
     return ctypes.string_at(handle.getPtr(), IPC_HANDLE_SIZE)
 
 

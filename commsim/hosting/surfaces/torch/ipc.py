@@ -13,7 +13,7 @@ cudaIpcMemLazyEnablePeerAccess)` once per handle and process (torch/csrc/CudaIPC
 caches the opened pointer by handle) and builds a tensor over the mapping.
 
 In a hosted rank both ends go through the rank's simulated driver, so every rule of legacy
-IPC applies (domain.md §9): a handle from another host of a GB200 NVLink domain fails the
+IPC applies (docs/fidelity-rules.md): a handle from another host of a GB200 NVLink domain fails the
 open with `invalid resource handle` (row L8), raised as torch raises a failed C10_CUDA_CHECK.
 The receiver's tensor is a hosted CUDA tensor over the mapped bytes: writes on either side
 are seen by the other. The mapping is closed (`cudaIpcCloseMemHandle`) when the receiver's
