@@ -167,9 +167,10 @@ def _start(cfg: RunConfig, slot: int) -> None:
     vis = os.environ.get("COMMSIM_HOSTING_VISIBLE", "")
     visible = tuple(int(x) for x in vis.split(",") if x) or (cfg.placement[rank][1],)
     _state.update(cfg=cfg, slot=slot, rank=rank, host=host, exception=None)
+    # The stacks file first: it fails (run directory gone) before anything is bound.
+    f = open(os.path.join(cfg.run_dir, "stacks", f"{slot}.txt"), "w")
     set_process_run(ProcessRun(cfg.run_dir, float(cfg.timeout)))
     session.set_process_rank(build_rank(cfg, rank, slot, host, visible))
-    f = open(os.path.join(cfg.run_dir, "stacks", f"{slot}.txt"), "w")
     _state["stacks"] = f
     faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
 
@@ -190,17 +191,22 @@ def bootstrap() -> None:
     path = os.environ.get("COMMSIM_HOSTING")
     if not path or "cfg" in _state:
         return
-    if not os.path.exists(path):
-        # The run is over and its private directory gone: this process started after its
-        # run ended (multiprocessing's resource tracker, spawned by a rank just before the
-        # end, can start that late on a loaded machine). Nothing of the run is left to host
-        # it in, and it is not part of the verdict; it runs as a plain process.
+    # A process that starts while its run ends finds the run's private directory gone, at
+    # any of the steps below (multiprocessing's resource tracker, spawned by an inproc rank
+    # just before the end, can start that late on a loaded machine). Nothing of the run is
+    # left to host it in, and it is not part of the verdict: it runs as a plain process.
+    cfg = None
+    try:
+        cfg = RunConfig.load(path)
+        given = os.environ.get("COMMSIM_HOSTING_SLOT", "")
+        slot = int(given) if given else _new_slot(cfg)
+        _start(cfg, slot)
+    except FileNotFoundError:
+        if cfg is not None and os.path.isdir(cfg.run_dir):
+            raise
+        _state.clear()
         return
-    cfg = RunConfig.load(path)
-    given = os.environ.get("COMMSIM_HOSTING_SLOT", "")
-    slot = int(given) if given else _new_slot(cfg)
     os.environ["COMMSIM_HOSTING_SLOT"] = ""      # processes it spawns take slots of their own
-    _start(cfg, slot)
     _state["prev_hook"] = _process.attr(sys, "excepthook", _excepthook)
     atexit.register(_write_report)
     for module in (os, posix):

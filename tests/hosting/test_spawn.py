@@ -41,6 +41,26 @@ def test_a_process_started_after_its_run_ended_runs_plain_and_says_nothing(tmp_p
     assert r.stdout.strip() == socket_hostname()
 
 
+def test_a_process_whose_run_directory_goes_while_it_starts_runs_plain(tmp_path):
+    """The same race one step later: the config was read, then the run's directory went before
+    the process took its slot (seen in CI as a FileNotFoundError for stacks/<slot>.txt)."""
+    import os
+    import subprocess
+    import sys
+
+    from commsim.launch.bootstrap import write_sitecustomize
+    from commsim.launch.config import RunConfig
+    boot = write_sitecustomize(str(tmp_path))
+    cfg = RunConfig(machine="hgx-h100-8", run_dir=str(tmp_path / "gone"), placement=[("h0", 0)])
+    cfg.dump(str(tmp_path / "config.json"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([boot, os.environ.get("PYTHONPATH", "")]),
+               COMMSIM_HOSTING=str(tmp_path / "config.json"), COMMSIM_HOSTING_SLOT="")
+    r = subprocess.run([sys.executable, "-c", "import os; print(os.environ['COMMSIM_HOSTING_SLOT'] == '')"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.strip() == "True"
+
+
 def socket_hostname() -> str:
     import socket
     return socket.gethostname()
