@@ -113,6 +113,7 @@ def test_children_of_a_rank_go_with_a_timeout():
     try:
         out, err = run.p.communicate(timeout=300)
         assert run.p.returncode == 1 and "still running after --timeout 12 s" in err, err
+        assert "--timeout 12 " in err.splitlines()[-1], "the replay must hang the same way"
         assert not _gone(run.run_pids()), "a rank's child outlived --timeout"
         assert not run.leftovers()
     finally:
