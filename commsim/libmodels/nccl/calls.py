@@ -16,6 +16,11 @@ class DriverCalls:
     driver: Any
     log: NcclLog
     trace: list[tuple[str, int]] = field(default_factory=list)    # (api, result code)
+    fds: Any = None     # how fds travel between processes: the driver's fd channel, or a
+                        # proxy socket when ranks are OS processes (proxy.py)
+
+    def _channel(self) -> Any:
+        return self.fds if self.fds is not None else self.driver.fd_channel()
 
     def call(self, api: str, *args: Any) -> Any:
         """The call's result (cuda-python's `(err, value...)`), recorded, not checked."""
@@ -36,7 +41,7 @@ class DriverCalls:
         a peer the socket cannot reach is ncclSystemError with the UDS WARN."""
         self.trace.append(("sendmsg(SCM_RIGHTS)", 0))
         try:
-            self.driver.fd_channel().send(fd, pid)
+            self._channel().send(fd, pid)
         except FdTransportError as e:
             self.trace[-1] = ("sendmsg(SCM_RIGHTS)", e.errno or -1)
             warn = f"UDS: Sending data over socket nccl-socket-{pid} failed : {e.strerror or e} ({e.errno})"
@@ -45,4 +50,9 @@ class DriverCalls:
 
     def receive_fd(self, pid: int) -> int:
         self.trace.append(("recvmsg(SCM_RIGHTS)", 0))
-        return self.driver.fd_channel().receive(pid)
+        try:
+            return self._channel().receive(pid)
+        except OSError as e:
+            warn = f"UDS: Receiving data over socket failed : {e.errno}"
+            self.log.warn(warn)
+            raise NcclError(SYSTEM, warn, "recvmsg") from None

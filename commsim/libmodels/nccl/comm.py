@@ -64,6 +64,9 @@ class NcclComm:
         if self.alive:
             self.alive = False
             self.connector.res.release()
+            close = getattr(self.calls.fds, "close", None)
+            if close is not None:
+                close()
 
 
 def _modelled(env: Mapping[str, str]) -> dict[str, str]:
@@ -96,12 +99,13 @@ def _mnnvl_check(c: DriverCalls, conn: Connector, clique: int) -> None:
 
 
 def init(driver: Any, group: Any, rank: int, nranks: int, env: Mapping[str, str],
-         shm: ShmStore, version: int = DEFAULT_VERSION, debug: str = "") -> NcclComm:
+         shm: ShmStore, version: int = DEFAULT_VERSION, debug: str = "",
+         fds: Any = None) -> NcclComm:
     """Every rank of `group` calls it together; NcclError where NCCL's init fails (the
-    rank's log holds the WARN lines)."""
+    rank's log holds the WARN lines). `fds`: how fds travel between ranks (calls.py)."""
     _, dev = driver.cudaGetDevice()
     log = NcclLog(driver.gethostname(), driver.getpid(), int(dev), debug)
-    calls = DriverCalls(driver, log)
+    calls = DriverCalls(driver, log, fds=fds)
     infos = group.all_gather_object(topo.local_info(driver, rank),
                                     tag="ncclCommInitRank: bootstrap all-gather of peer info")
     machine = topo.machine(infos)
@@ -131,6 +135,8 @@ def init(driver: Any, group: Any, rank: int, nranks: int, env: Mapping[str, str]
             next((n for n in d.notes if n.startswith("NVLS")), "NVLS off")
     except NcclError:
         conn.res.release()
+        if fds is not None:
+            fds.close()
         raise
     log.info(f"comm rank {rank} nRanks {nranks} - Init COMPLETE")
     return NcclComm(rank, nranks, group, d, conns, note, calls, conn, version)
