@@ -339,7 +339,7 @@ def init_nccl(r: HostedRank, group: Any, rank: int, nranks: int) -> NcclComm:
                          fds=fds)
     except NcclError as e:
         _print_debug(level, e.warn, r)
-        raise NcclFailure(e.code, f"ncclCommInitRank: {e.warn}") from None
+        raise NcclFailure(e.code, e.warn) from None      # ncclGetLastError: the WARN text
     for line in comm.log.shown():
         print(line, flush=True)
     return comm
