@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from commsim.util.peercred import same_user
+
 
 def _name(tag: str, pid: int) -> bytes:
     return f"\0commsim-nccl-{os.getuid()}-{tag}-{pid}".encode()
@@ -50,6 +52,8 @@ class ProxySocket:
             except (socket.timeout, OSError):
                 continue
             with conn:
+                if not same_user(conn):
+                    continue       # another user's process: it gets nothing, not even a reply
                 conn.settimeout(self.timeout)
                 pid = struct.unpack("<q", conn.recv(8))[0]
                 with self.lock:
@@ -89,6 +93,10 @@ def fetch(tag: str, owner: int, me: int, timeout: float) -> int:
                 raise OSError(111, f"proxy of pid {owner} not listening") from None
             time.sleep(0.01)
     with s:
+        if not same_user(s):
+            # The name is public (abstract names are listed in /proc/net/unix): another user
+            # may have bound it first to hand this rank an fd of its choosing.
+            raise OSError(13, f"proxy socket of pid {owner} is held by another user (SO_PEERCRED)")
         s.settimeout(timeout)
         s.sendall(struct.pack("<q", me))
         _, fds, _, _ = socket.recv_fds(s, 1, 1)
