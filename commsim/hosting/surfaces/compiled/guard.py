@@ -7,9 +7,11 @@ Two ways in:
   finder's spec of the module and, in a hosted rank, gives it a loader that raises. So
   `importlib.util.find_spec` still answers as installed; only the load is refused.
 - FlashInfer's JIT modules: once `flashinfer.jit.core` is imported, `JitSpec.build_and_load`
-  and every spec class's `build` and `load` refuse in a hosted rank before anything runs
-  (no ninja, nvcc or CuTe-DSL process; no AOT `.so` loaded). Outside a hosted rank both
-  are the library's own.
+  and every spec class's `build` and `load` are answered in a hosted rank before anything
+  runs (no ninja, nvcc or CuTe-DSL process; no AOT `.so` loaded): loading a module with
+  served ops gives its `ServedModule` (served.py), which is what FlashInfer's
+  `get_*_module()` wraps; loading any other module, or building one that is not served,
+  is the named error. Outside a hosted rank both are the library's own.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
-from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, not_served_error
+from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, declared, not_served_error
+from commsim.hosting.surfaces.compiled.served import ServedModule
 
 _IMPORTED = frozenset(e.module for e in EXTENSIONS if e.kind == "import")
 _active = [False]
@@ -54,11 +57,20 @@ class _ExtensionFinder(importlib.abc.MetaPathFinder):
 _finder = _ExtensionFinder()
 
 
-def _refusing(real: Any) -> Any:
+def _served_or_refused(attr: str, name: str) -> Any:
+    """What `spec.<attr>()` gives in a hosted rank for the JIT module `name`."""
+    ext, _, _ = declared("flashinfer-jit", name)
+    if ext is None or not ext.served:
+        raise not_served_error("flashinfer-jit", name)
+    # A served module has nothing to build: `build` is done, the loads give the stand-in.
+    return None if attr == "build" else ServedModule(ext, "flashinfer-jit")
+
+
+def _refusing(real: Any, attr: str) -> Any:
     @functools.wraps(real)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _active[0] and hosted() is not None:
-            raise not_served_error("flashinfer-jit", getattr(self, "name", type(self).__name__))
+            return _served_or_refused(attr, getattr(self, "name", type(self).__name__))
         return real(self, *args, **kwargs)
     call.__commsim_compiled__ = True                  # type: ignore[attr-defined]
     return call
@@ -78,7 +90,7 @@ def _patch_jit(patches: Patches, core: Any) -> None:
         for attr in ("build_and_load", "build", "load", "_build_and_load_jit_fallback"):
             real = cls.__dict__.get(attr)
             if real is not None and not getattr(real, "__commsim_compiled__", False):
-                patches.attr(cls, attr, _refusing(real))
+                patches.attr(cls, attr, _refusing(real, attr))
 
 
 def _deactivate() -> None:
