@@ -1,17 +1,18 @@
 """FlashInfer's communication set-up as a serving stack calls it, unmodified (needs the
 installed flashinfer-python): `import flashinfer.comm`, then one step named by argv[1]:
 - `import`: nothing more;
-- `jit`: load the trtllm_comm kernels as `trtllm_ar.py` does (`gen_trtllm_comm_module()
-  .build_and_load()`);
+- `jit GEN...`: load each named JIT module as `trtllm_ar.py` loads trtllm_comm
+  (`flashinfer.jit.comm.<GEN>().build_and_load()`), one outcome per module joined by " | ";
 - `workspace BACKEND [COMM]`: `create_allreduce_fusion_workspace(backend=BACKEND, ...)` over
   the default process group, then destroy it; COMM `torch` passes FlashInfer's own
   `TorchDistBackend()` as the handle-exchange backend (as vLLM's FlashInfer all-reduce does),
   else FlashInfer's default (mpi4py's COMM_WORLD);
-- `fusion BACKEND`: that workspace (TorchDistBackend), then `allreduce_fusion` as SGLang
+- `fusion BACKEND [skipN]`: that workspace (TorchDistBackend), then `allreduce_fusion` as SGLang
   and vLLM call it, three rounds of kAllReduce (the Lamport buffers rotate through all
   three) and one of kARResidualRMSNorm, each checked here against a torch reference of
   every rank's input; the outcome names the backend the workspace got and the first
-  mismatch, then destroy;
+  mismatch, then destroy; with `skipN`, rank N creates the workspace but never calls
+  allreduce_fusion;
 - `direct`: `trtllm_create_ipc_workspace_for_all_reduce_fusion` as older callers use it.
 One RESULT line per rank: the step's outcome (ok, or the exception's type and text), and the
 compiler or build processes (nvcc, ninja, cicc, ptxas) left among this process's children.
@@ -55,7 +56,7 @@ def rank_input(rank: int, rnd: int) -> torch.Tensor:
     return ((i * (rank + 3) + 5 * rnd) % 13 - 6).to(torch.bfloat16)
 
 
-def fusion(backend: str) -> str:
+def fusion(backend: str, skip: str = "") -> str:
     from flashinfer.comm import AllReduceFusionPattern as P
     from flashinfer.comm.mnnvl import TorchDistBackend
     ws_size, me = dist.get_world_size(), dist.get_rank()
@@ -64,6 +65,8 @@ def fusion(backend: str) -> str:
         dtype=torch.bfloat16, comm_backend=TorchDistBackend())
     got = ws.backend
     try:
+        if skip == f"skip{me}":
+            return f"{got}: skipped allreduce_fusion"
         for rnd in range(3):
             x = rank_input(me, rnd).cuda()
             out = comm.allreduce_fusion(input=x, workspace=ws, pattern=P.kAllReduce,
@@ -94,8 +97,15 @@ def fusion(backend: str) -> str:
 
 def step(what: str, args: list[str]) -> str:
     if what == "jit":
-        from flashinfer.jit.comm import gen_trtllm_comm_module
-        gen_trtllm_comm_module().build_and_load()
+        import flashinfer.jit.comm as jit_comm
+        outcomes = []
+        for gen in args:
+            try:
+                getattr(jit_comm, gen)().build_and_load()
+                outcomes.append("ok")
+            except Exception as e:          # reported, judged by the test
+                outcomes.append(f"{type(e).__name__}: {e}")
+        return " | ".join(outcomes)
     elif what == "workspace":
         backend = None
         if args[1:] == ["torch"]:
@@ -106,7 +116,7 @@ def step(what: str, args: list[str]) -> str:
             max_token_num=128, hidden_dim=1024, dtype=torch.bfloat16, comm_backend=backend)
         ws.destroy()
     elif what == "fusion":
-        return fusion(args[0])
+        return fusion(*args)
     elif what == "direct":
         from flashinfer.comm.trtllm_ar import (trtllm_create_ipc_workspace_for_all_reduce_fusion,
                                                trtllm_destroy_ipc_workspace_for_all_reduce_fusion)

@@ -12,13 +12,21 @@ Two ways in:
   served ops gives its `ServedModule` (served.py), which is what FlashInfer's
   `get_*_module()` wraps; loading any other module, or building one that is not served,
   is the named error. Outside a hosted rank both are the library's own.
+- Compiler processes: FlashInfer asks `nvcc --list-gpu-arch` while it generates a JIT spec
+  (`compilation_context._nvcc_supports_sm107`), before any load; Triton runs ptxas. In a
+  hosted rank `subprocess` does not start a CUDA compiler or build tool (`COMPILERS`): the
+  start raises `CompilerNotStarted`, a FileNotFoundError naming the program, which is what
+  a caller that probes for a toolchain handles when there is none.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib.abc
 import importlib.machinery
+import os
+import subprocess
 from typing import Any
 
 from commsim.hosting.install.patches import Patches
@@ -28,7 +36,33 @@ from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, declared, n
 from commsim.hosting.surfaces.compiled.served import ServedModule
 
 _IMPORTED = frozenset(e.module for e in EXTENSIONS if e.kind == "import")
+# Programs that compile or build device code, by file name.
+COMPILERS = frozenset({"nvcc", "ptxas", "cicc", "cudafe++", "fatbinary", "nvlink", "ninja"})
 _active = [False]
+
+
+class CompilerNotStarted(FileNotFoundError):
+    """A hosted rank tried to start a CUDA compiler or build tool."""
+
+
+def _program(args: Any, executable: Any) -> str:
+    first = executable or (args if isinstance(args, (str, bytes, os.PathLike)) else
+                           next(iter(args), ""))
+    name = os.fsdecode(first)
+    return os.path.basename(name.split()[0] if isinstance(args, str) and not executable
+                            else name)
+
+
+def _no_compiler(real: Any) -> Any:
+    @functools.wraps(real)
+    def execute_child(self: Any, args: Any, executable: Any, *rest: Any) -> Any:
+        prog = _program(args, executable)
+        if prog in COMPILERS and _active[0] and hosted() is not None:
+            raise CompilerNotStarted(
+                errno.ENOENT, f"commsim hosting: {prog} is not started in a hosted rank (no "
+                f"JIT build or compiler process runs there; served compiled ops need none)", prog)
+        return real(self, args, executable, *rest)
+    return execute_child
 
 
 class _RefusingLoader(importlib.abc.Loader):
@@ -101,6 +135,7 @@ def _install(patches: Patches) -> None:
     _active[0] = True
     patches.on_restore(_deactivate)
     patches.finder(_finder, first=True)
+    patches.attr(subprocess.Popen, "_execute_child", _no_compiler(subprocess.Popen._execute_child))
     patches.on_import("flashinfer.jit.core", lambda core: _patch_jit(patches, core))
 
 
