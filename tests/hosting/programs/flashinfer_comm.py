@@ -9,7 +9,7 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
   else FlashInfer's default (mpi4py's COMM_WORLD);
 - `fusion BACKEND [skipN]`: that workspace (TorchDistBackend), then `allreduce_fusion` as SGLang
   and vLLM call it, three rounds of kAllReduce (the Lamport buffers rotate through all
-  three) and one of kARResidualRMSNorm, each checked here against a torch reference of
+  three; with trtllm a fourth, two-shot) and one of kARResidualRMSNorm, each checked here against a torch reference of
   every rank's input; the outcome names the backend the workspace got and the first
   mismatch, then destroy; with `skipN`, rank N creates the workspace but never calls
   allreduce_fusion;
@@ -67,21 +67,23 @@ def fusion(backend: str, skip: str = "") -> str:
     try:
         if skip == f"skip{me}":
             return f"{got}: skipped allreduce_fusion"
-        for rnd in range(3):
+        for rnd in range(4 if got == "trtllm" else 3):
             x = rank_input(me, rnd).cuda()
+            # trtllm's fourth round takes the two-shot kernel (comm buffers, flag barrier).
             out = comm.allreduce_fusion(input=x, workspace=ws, pattern=P.kAllReduce,
-                                        output=torch.empty_like(x))
+                                        output=torch.empty_like(x),
+                                        use_oneshot=False if rnd == 3 else None)
             want = sum(rank_input(r, rnd).float() for r in range(ws_size)).to(torch.bfloat16)
             if not torch.equal(out.cpu(), want):
                 return f"{got}: kAllReduce round {rnd} differs from the reference"
-        x = rank_input(me, 3).cuda()
+        x = rank_input(me, 5).cuda()
         residual = (rank_input(0, 7) / 4).cuda()
         gamma = torch.linspace(0.5, 1.5, HIDDEN).to(torch.bfloat16).cuda()
         res_out, norm_out = torch.empty_like(x), torch.empty_like(x)
         comm.allreduce_fusion(input=x, workspace=ws, pattern=P.kARResidualRMSNorm,
                               residual_in=residual, residual_out=res_out, norm_out=norm_out,
                               rms_gamma=gamma, rms_eps=1e-6)
-        total = sum(rank_input(r, 3).float() for r in range(ws_size)).to(torch.bfloat16)
+        total = sum(rank_input(r, 5).float() for r in range(ws_size)).to(torch.bfloat16)
         want_res = (total.float() + residual.cpu().float()).to(torch.bfloat16)
         v = want_res.float()
         want_norm = (v * torch.rsqrt((v * v).mean(-1, keepdim=True) + 1e-6)
