@@ -216,6 +216,10 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
             if not hasattr(e, "commsim_step"):   # Communicator.__init__ tags its own
                 e.commsim_step = state["step"] if state["step"] in ("capture", "register") \
                     else (comm.step if comm is not None else "init")
+            if comm is not None and not getattr(e, "commsim_trace", ""):
+                # A failure after set-up (capture, graph registration, an op): the decisions
+                # that admitted the path are its explanation.
+                e.commsim_trace = comm.trace()
             if comm is not None:
                 try:
                     comm.close()
