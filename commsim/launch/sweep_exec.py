@@ -29,6 +29,7 @@ from typing import Any, Callable, TextIO
 from commsim.launch.config import RunConfig, load_scenario
 from commsim.launch.run import execute
 from commsim.launch.cause import DEFECTS, root_cause, run_kind
+from commsim.launch.torch_build import torch_build
 from commsim.launch.verdict import Verdict
 
 
@@ -43,7 +44,7 @@ class ExecSweep:
 
     def to_json(self) -> dict:
         """The --json report; `sweep merge` reads the shards' back (read_report)."""
-        return {"sweep": "exec", "program": self.program, "seed": self.seed,
+        return {"sweep": "exec", "program": self.program, "torch": torch_build(), "seed": self.seed,
                 "filters": self.filters, "shard": self.shard, "count": len(self.records),
                 "wall_s": round(self.wall_s, 3), "defects": len(self.defects),
                 "records": self.records}
@@ -61,7 +62,7 @@ class ExecSweep:
     def summary(self, max_lines: int = 20) -> str:
         n, d = len(self.records), len(self.defects)
         kinds = Counter(r["kind"] for r in self.records)
-        lines = [f"sweep --exec {' '.join(self.program)}: {n} machine(s), {d} with a defect "
+        lines = [f"sweep --exec {' '.join(self.program)} on {torch_build()}: {n} machine(s), {d} with a defect "
                  f"({', '.join(f'{k} {c}' for k, c in sorted(kinds.items()))}), {self.wall_s:.1f} s"]
         lines.append("machine shapes that break it:" if d else "no machine shape breaks it")
         for shape, c in sorted(self.by_shape().items()):

@@ -19,6 +19,7 @@ from typing import Any
 
 from commsim.launch.cause import root_cause_lines
 from commsim.launch.config import RunConfig
+from commsim.launch.torch_build import torch_build
 
 
 @dataclass
@@ -111,7 +112,7 @@ class Verdict:
         hosts = c.num_hosts
         head = (f"commsim exec: {'ok' if self.ok else 'FAIL'}: {c.world_size} rank(s) on {machine} "
                 f"({hosts} host(s) x {c.nproc_per_host}), mode {c.mode}, seed {c.seed}, "
-                f"visible {c.visible}, {self.wall_s:.1f} s")
+                f"visible {c.visible}, {torch_build()}, {self.wall_s:.1f} s")
         lines = [head]
         if self.needs_procs:
             lines.append(f"  {SWITCHED if c.mode == 'procs' else ENDED}: {self.needs_procs}")

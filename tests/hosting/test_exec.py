@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from commsim.launch.torch_build import torch_build
 from hosting_helpers import EXAMPLES, PROGRAMS, hosted
 
 FLASHINFER = EXAMPLES / "flashinfer_style_ipc_workspace.py"
@@ -106,6 +107,7 @@ def test_cli_exit_status_and_verdict():
     assert r.returncode == 1
     assert "[rank0]: " in r.stderr and r.stderr.rstrip().splitlines()[-1].startswith("replay: ")
     verdict = r.stderr[r.stderr.index("commsim exec: FAIL"):].splitlines()
+    assert f", {torch_build()}, " in verdict[0], verdict[0]     # which torch the ranks ran on
     assert verdict[1] == "Root Cause (first observed failure):", verdict
     assert "cudaIpcOpenMemHandle -> cudaErrorInvalidResourceHandle (400)" in verdict[3]
     assert "first CUDA error:" not in r.stderr      # the per-rank listing is -v's
