@@ -82,6 +82,10 @@ TABLE: tuple[Entry, ...] = (
           lambda m: {"torch.cuda": sorted(m.SIMULATED)},
           lambda m: {"torch.cuda": sorted(m._UNSIMULATED_CLASSES)},
           others="any other public torch.cuda function: not simulated, in a hosted rank"),
+    Entry(f"{_PKG}.torch.compiled", "torch._C's CUDA and NCCL calls of a CUDA build (none in a CPU build)",
+          lambda m: {"torch._C": _keys(m.SERVED)},
+          lambda m: {"torch._C": sorted(m.NOT_SIMULATED)},
+          others="the build's own (host-side settings)"),
     Entry(f"{_PKG}.torch.factories", "CUDA tensors: factories and ops with device='cuda'",
           lambda m: {"aten (CUDA key)": sorted(m._CUDA_FACTORIES)},
           others="every PyTorch op on a hosted CUDA tensor runs on its CPU bytes; an op of "
