@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv clean peers
+.PHONY: run test venv clean peers cuda-torch
 
 venv: $(STAMP)
 
@@ -38,5 +38,22 @@ peers: $(STAMP)
 	$(BIN)/pip install --quiet --no-deps $(PEERS)
 	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py
 
+# Hosting over a CUDA build of torch on a machine without a driver (a vLLM developer's laptop
+# or CI image; vLLM 0.33 pins torch 2.14.0): a second venv with the CUDA wheel, then the
+# hosting tests in it. Not part of `make test`: the wheel is 555 MB plus ~3 GB of nvidia-*
+# wheels (about 7 min to install; docs/hosting.md, "CPU and CUDA builds of torch").
+CUDA_VENV  := .venv-cuda
+CUDA_TORCH := torch==2.14.0
+
+$(CUDA_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/pip install --quiet $(CUDA_TORCH)
+	# commsim's own dependencies as pyproject.toml declares them; the CUDA build satisfies torch>=2.13.
+	$(CUDA_VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+cuda-torch: $(CUDA_VENV)/.installed
+	$(CUDA_VENV)/bin/python -m pytest -q -n 2 tests/hosting
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(CUDA_VENV) .pytest_cache build *.egg-info
