@@ -9,7 +9,7 @@ from typing import Any
 from commsim.errors import UserError
 from commsim.launch.config import MODES, RESIDUE, VISIBLE
 from commsim.launch.torchrun_flags import add_aliases, with_nnodes
-from commsim.commands.args import seconds, seed
+from commsim.commands.args import add_version_flags, seconds, seed, version_flags
 
 EPILOG = """\
 examples:
@@ -69,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "root cause and the replay command in each failure) for CI")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- python prog.py ARGS  (or -- python -m module ARGS)")
+    add_version_flags(p, "over the scenario's [versions]")
     add_aliases(p)
     p.set_defaults(func=run)
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = RunConfig(machine=machine, scenario=args.scenario,
                     nproc_per_host=args.nproc_per_host, mode=args.mode,
                     seed=args.seed or 0, visible=args.visible, timeout=args.timeout,
-                    residue=args.residue, launcher=args.launcher,
+                    residue=args.residue, launcher=args.launcher, versions=version_flags(args),
                     command=split_command(list(args.command), prefix=f"commsim exec {where}"))
     if args.junit_xml:
         from commsim.util.fileio import check_output

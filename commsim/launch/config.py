@@ -51,13 +51,21 @@ class RunConfig:
     run_dir: str = ""
     shm_prefix: str = ""
     placement: list[tuple[str, int]] = field(default_factory=list)   # filled by resolve()
+    # --driver-version, --cuda-version, --torch-version, --nccl-version: field -> text, over
+    # the scenario's [versions] and the installed defaults (commsim/versions.py).
+    versions: dict[str, str] = field(default_factory=dict)
 
     # -- the machine -----------------------------------------------------------------------
     def cluster(self) -> Any:
         if self.scenario:
-            return self._scenario().cluster
-        from commsim.topology.presets import build
-        return build(self.machine)
+            cluster = self._scenario().cluster
+        else:
+            from commsim.topology.presets import build
+            cluster = build(self.machine)
+        if not self.versions:
+            return cluster
+        import dataclasses
+        return dataclasses.replace(cluster, versions=cluster.versions.with_fields(self.versions))
 
     def _scenario(self) -> Any:
         return load_scenario(self.scenario)
@@ -167,4 +175,6 @@ class RunConfig:
             parts += ["--residue", self.residue]
         if self.launcher != "torchrun":
             parts += ["--launcher", self.launcher]
+        for k, v in self.versions.items():
+            parts += [f"--{k}-version", v]
         return shlex.join(parts + ["--", "python"] + list(self.command))

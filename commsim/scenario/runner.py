@@ -84,6 +84,7 @@ class RunResult:
         cmd = f"commsim run {p if p else self.scenario.name} --seed {self.scenario.seed}"
         if self.policy != self.scenario.policy:
             cmd += f" --policy {self.policy}"
+        cmd += "".join(f" {x}" for x in self.scenario.extra.get("version_flags", ()))
         return cmd + (" --expect-failure" if self.expects_failure else "")
 
 

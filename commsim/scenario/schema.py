@@ -9,6 +9,7 @@ checked against both.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -31,7 +32,7 @@ __all__ = ["ScenarioError", "load", "loads", "write_scenario", "SECTIONS"]
 # Top-level tables; True marks an array of tables ([[group]]), False a plain table.
 SECTIONS: dict[str, bool] = {
     "scenario": False, "topology": False, "placement": False, "group": True,
-    "fault": True, "workload": False, "expect": True,
+    "fault": True, "workload": False, "expect": True, "versions": False,
 }
 SCENARIO_KEYS = ("name", "description", "seed", "policy")
 GROUP_KEYS = ("name", "ranks")
@@ -88,6 +89,7 @@ def _build(text: str, source: str, path: Path | None) -> Scenario:
     cluster, spec, notes = machine.topology(source, doc["topology"])
     placement = machine.placement(source, doc.get("placement"), cluster)
     world = len(placement)
+    cluster = _versions(source, doc.get("versions", {}), cluster)
     faults, cluster = machine.faults(source, doc.get("fault", []), cluster, world)
     groups = _groups(source, doc.get("group", []), world)
     workload = _workload(source, doc.get("workload", {}))
@@ -161,6 +163,21 @@ def _owner_of(key: str) -> str:
         if key in keys:
             return table
     return ""
+
+
+# -- versions, groups, workload, expectations ----------------------------------------------
+def _versions(source: str, data: Mapping[str, Any], cluster: Any) -> Any:
+    """`[versions]`: driver, cuda, torch, nccl as strings ("2.10.0"); the fields left out keep
+    the installed defaults (commsim/versions.py)."""
+    from commsim.versions import FIELDS
+    if not data:
+        return cluster
+    t = Table(source, "[versions]", data, tuple(FIELDS))
+    try:
+        versions = cluster.versions.with_fields(dict(data), where=f"{source}: [versions]")
+    except UserError as e:
+        raise ScenarioError(str(e)) from None
+    return dataclasses.replace(cluster, versions=versions) if t else cluster
 
 
 # -- groups, workload, expectations --------------------------------------------------------
