@@ -52,7 +52,7 @@ def test_the_deprecation_warning_comes_with_2_11(torch: str, warned: list, monke
 
 
 def test_a_scenario_driver_version_decides_graph_registration() -> None:
-    sc = load(ROOT / "scenarios/fidelity/ipc-graph-segment-old-driver.toml")
+    sc = load(ROOT / "scenarios/fidelity/ipc-graph-segment-driver-version.toml")
     assert sc.cluster.versions.driver_major == 450 and not sc.faults
     old = run_scenario(sc)
     assert [e.name for e in old.errors][:1] == ["cudaErrorAlreadyMapped"] and not old.failures
