@@ -60,6 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "WORLD_SIZE, MASTER_ADDR/PORT ...; default) or Open MPI mpirun's "
                         "(OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK), "
                         "with mpi4py's COMM_WORLD spanning the ranks")
+    p.add_argument("--allow-undefined", action="store_true",
+                   help="pass a run that hit undefined behaviour (a plain load or store through "
+                        "a multicast address, memory used after its exporter freed it); by "
+                        "default such a run fails and the verdict says where it happened")
     p.add_argument("--quiet", action="store_true", help="do not echo the ranks' output")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="a failing run's verdict lists every process (its error, notes, hang "
@@ -90,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
                     nproc_per_host=args.nproc_per_host, mode=args.mode,
                     seed=args.seed or 0, visible=args.visible, timeout=args.timeout,
                     residue=args.residue, launcher=args.launcher, versions=version_flags(args),
+                    allow_undefined=args.allow_undefined,
                     command=split_command(list(args.command), prefix=f"commsim exec {where}"))
     if args.junit_xml:
         from commsim.util.fileio import check_output

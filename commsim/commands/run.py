@@ -154,6 +154,8 @@ def _report(res, args, to) -> None:
         print(f"  decision trace ({rank_word(ranks)}):\n{trace}", file=to)
     for f in res.failures:
         print(f"  FAIL: {f}", file=to)
+    for o in res.outcomes:
+        print(f"  expected: {o}", file=to)
     for l in res.leaks[:10]:
         print(f"  leak: {l}", file=to)
     for fl in res.flags[:10]:

@@ -54,6 +54,9 @@ class RunConfig:
     # --driver-version, --cuda-version, --torch-version, --nccl-version: field -> text, over
     # the scenario's [versions] and the installed defaults (commsim/versions.py).
     versions: dict[str, str] = field(default_factory=dict)
+    # --allow-undefined: a run that hit undefined behaviour (a plain load or store through a
+    # multicast address, memory used after its exporter freed it: fabric flags) still passes.
+    allow_undefined: bool = False
 
     # -- the machine -----------------------------------------------------------------------
     def cluster(self) -> Any:
@@ -180,4 +183,6 @@ class RunConfig:
             parts += ["--launcher", self.launcher]
         for k, v in self.versions.items():
             parts += [f"--{k}-version", v]
+        if self.allow_undefined:
+            parts += ["--allow-undefined"]
         return shlex.join(parts + ["--", "python"] + list(self.command))

@@ -120,7 +120,7 @@ def run_exec_sweep(program: list[str], ids: list[str], *, mode: str = "inproc",
         v = execute(cfg, out=sink, err=sink, echo=False)
         kind = run_kind(v)
         rc = root_cause(v)
-        what = "ok"
+        what = "ok" if not v.undefined else f"undefined behaviour: {v.undefined[0]}"
         if rc is not None:
             worst, e = rc.proc, rc.proc.first_cuda_error
             what = (f"rank {worst.rank}: {worst.exception or worst.headline()}"
