@@ -47,9 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed, default=None, help="seed of the run (default 0, or the scenario's)")
     p.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
                    help="seconds before ranks still running count as hung (default 120)")
-    p.add_argument("--visible", default="all", choices=VISIBLE,
-                   help="GPUs a rank sees: all of its host's (torchrun) or only its own "
-                        "(CUDA_VISIBLE_DEVICES=<gpu>, as Ray places ranks)")
+    p.add_argument("--visible", default="all", type=_visible, metavar="all|one|LIST",
+                   help="GPUs a rank sees: all of its host's (torchrun), only its own "
+                        "(CUDA_VISIBLE_DEVICES=<gpu>, as Ray places ranks), or a "
+                        "CUDA_VISIBLE_DEVICES list for every rank, any length and order "
+                        "(3,1: local rank 0 drives GPU 3, local rank 1 GPU 1; more ranks than "
+                        "GPUs share them; CUDA hides every index from the first invalid one)")
     p.add_argument("--residue", default="report", choices=RESIDUE,
                    help="allocations, mappings and fds a process still holds at exit: report "
                         "them (default: the process's exit releases them, as on real hardware) "
@@ -76,6 +79,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_version_flags(p, "over the scenario's [versions]")
     add_aliases(p)
     p.set_defaults(func=run)
+
+
+def _visible(text: str) -> str:
+    from commsim.launch.visible_devices import is_list
+    if text in VISIBLE or is_list(text):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: give all, one, or a CUDA_VISIBLE_DEVICES "
+                                     f"list of host GPU indices such as 3,1")
 
 
 def run(args: argparse.Namespace) -> int:
