@@ -288,9 +288,9 @@ def _has_fabric(obj: Any) -> bool:
 def _nested_gpus(data: Any) -> list | None:
     """Per-GPU fabric objects a tool's document holds somewhere other than at the top (a
     `fabric_states` list; a string field carrying JSON, as log lines do), or None."""
-    if isinstance(data, (list, dict)) and not isinstance(data, str) and (
-            isinstance(data, list) or set(data) <= {"gpus", "hosts"}):
-        return None           # the shapes parse_fabric_json reads itself
+    if isinstance(data, list) or (isinstance(data, dict) and (
+            set(data) <= {"gpus", "hosts"} or all(isinstance(v, list) for v in data.values()))):
+        return None           # the shapes parse_fabric_json reads itself (host name -> list too)
     todo, seen = [data], 0
     while todo and seen < 10000:
         x = todo.pop(0)
