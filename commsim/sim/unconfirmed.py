@@ -76,7 +76,7 @@ MAX_PEER_MAPPINGS = 4096
 # cudaErrorAlreadyMapped; later ones return the same pointer (the refcount sentence of the
 # current cuIpcOpenMemHandle docs). The branch where it changed is UNCONFIRMED.
 IPC_REOPEN_REFCOUNT_SINCE = 470
-# Row H5O: an open of a legacy handle whose memory is gone (freed, or its exporter exited)
+# Row H6: an open of a legacy handle whose memory is gone (freed, or its exporter exited)
 # is answered by the checks its device alone decides first (L8 host, W6 namespace, L10/P1/P2
 # peer access), then by H5's code. The CUDA docs (cudaIpcOpenMemHandle, CUDA 12/13 runtime
 # API) list the codes, not the order the driver checks in: UNCONFIRMED. Answered this way,
