@@ -84,3 +84,125 @@ def test_the_check_tells_a_gone_module_from_a_present_one() -> None:
     assert not dotted_name_resolves("commsim.caching_allocator")
     assert path_resolves("commsim/scenario/fault_keys.py") and path_resolves("device/kernels/*.cu")
     assert not path_resolves("commsim/hosting/run.py")
+
+
+# -- behaviour rows ------------------------------------------------------------------------------
+# Code, docs, scenarios and tests cite the rules they follow by row id ("row L8", "rows V2-V8",
+# a conformance case "L3/H3", a fault kind's "L10, N1"). Each id must be a row of exactly one
+# table in docs/*.md, so a reader can look it up; the rows live nowhere else.
+ROW_PREFIXES = ("LC", "CG", "FX", "AL", "RN", "FH", "AW", "NC", "MC", "GM",
+                "P", "N", "T", "I", "S", "H", "W", "L", "V", "M", "F", "X", "B", "G")
+_ID = r"(?<![\w.])(?:" + "|".join(ROW_PREFIXES) + r")\d{1,2}(?!\w)"
+_ID_RE = re.compile(_ID)
+# Between the ids of one citation: a list ("rows I1, W5", "L3/H3", "B15 and B19") or a range
+# ("P1-P4"), possibly wrapped onto a comment's next line.
+_SEP = r"[\s#]*(?:,[\s#]*(?:and|or)\s+|,|/|-|–|\band\b|\bor\b)[\s#]*"
+_LIST = _ID + r"(?:" + _SEP + _ID + r")*"
+_CITED = re.compile(r"\brows?\s+(" + _LIST + r")")
+_QUOTED = re.compile(r"""["'](""" + _LIST + r""")(?:/[\w-]+)?["']""")
+_TABLE_ROW = re.compile(r"^\|\s*(" + _ID + r")\s*\|", re.M)
+_RANGE = re.compile(r"^([A-Z]+)(\d+)-\1(\d+)$")
+_CODE_SUFFIXES = (".py", ".md", ".toml", ".cu", ".cuh", ".h", ".c", ".sh", ".txt")
+_CODE_TOPS = ("commsim", "device", "docs", "scenarios", "examples", "tests", "scripts", "benchmarks")
+
+
+def repository_texts() -> list[Path]:
+    files = [ROOT / "README.md"]
+    for top in _CODE_TOPS:
+        files += sorted(p for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix in _CODE_SUFFIXES)
+    return files
+
+
+def expand(citation: str) -> list[str]:
+    """The ids one citation names: "P1-P4" -> P1..P4, "L3/H3" -> L3, H3."""
+    out: list[str] = []
+    for part in re.split(r"[\s#]*(?:,|/|\band\b|\bor\b)[\s#]*", citation):
+        part = re.sub(r"[\s#]", "", part).replace("–", "-")
+        m = _RANGE.match(part)
+        if m:
+            out += [f"{m[1]}{n}" for n in range(int(m[2]), int(m[3]) + 1)]
+        elif part:
+            out += _ID_RE.findall(part)
+    return out
+
+
+def cited_rows(path: Path, text: str) -> set[str]:
+    ids: set[str] = set()
+    for m in _CITED.finditer(text):
+        ids.update(expand(m.group(1)))
+    if path.suffix == ".py":
+        for m in _QUOTED.finditer(text):
+            ids.update(expand(m.group(1)))
+    if path.suffix == ".md":      # a docs table names rows bare: "(= L6)", "V3 by analogy"
+        for line in text.splitlines():
+            if line.startswith("|"):
+                ids.update(_ID_RE.findall(line))
+    return ids
+
+
+def row_definitions() -> dict[str, list[str]]:
+    """Row id -> the docs that define it (the first cell of a table row)."""
+    defs: dict[str, list[str]] = {}
+    for doc in DOCS:
+        for m in _TABLE_ROW.finditer(doc.read_text()):
+            defs.setdefault(m.group(1), []).append(str(doc.relative_to(ROOT)))
+    return defs
+
+
+def undefined_rows() -> list[str]:
+    defs = row_definitions()
+    out = [f"{row} defined in {len(where)} tables: {', '.join(where)}"
+           for row, where in sorted(defs.items()) if len(where) > 1]
+    for path in repository_texts():
+        for row in sorted(cited_rows(path, path.read_text(errors="replace"))):
+            if row not in defs:
+                out.append(f"{path.relative_to(ROOT)}: row {row} is defined in no docs table")
+    return out
+
+
+def test_every_cited_row_is_defined_in_exactly_one_docs_table() -> None:
+    bad = undefined_rows()
+    assert not bad, "define these rows in docs/*.md (or fix the citation):\n" + "\n".join(bad)
+
+
+def test_the_row_scan_reads_each_citation_form() -> None:
+    text = ('# rows P1-P3, L3/H3 and B15\n# (rows L5-L10,\n#  V2-V8)\nx = "L10, N1"\n'
+            'case("L4/freed", ...)\n# a T4 card, an H100, P2P, F16\n| x | (= L6) |\n')
+    assert cited_rows(Path("a.py"), text) == {"P1", "P2", "P3", "L3", "H3", "B15", "L4", "L10", "N1",
+                                               *[f"L{n}" for n in range(5, 11)],
+                                               *[f"V{n}" for n in range(2, 9)]}
+    assert cited_rows(Path("a.md"), text) >= {"L6"}
+    assert "T4" not in cited_rows(Path("a.py"), text)
+
+
+# -- pointers out of the repository --------------------------------------------------------------
+# A citation names a public source or a file of this repository. Section marks ("§3") are
+# allowed only after the in-repository document they number ("docs/fidelity-rules.md §9").
+_OUTSIDE = re.compile(r"reference §|reference row|design rule|DESIGN(?:\.md| rule)|domain\.md|"
+                      r"/work/|shared/(?:reference|data)\b", re.I)
+_SECTION = re.compile(r"§\s*\d")
+_SECTION_OF_A_DOC = re.compile(r"\.md,?\s+(?:§\s*[\d.]+(?:,\s*)?)+$")
+
+
+def outside_pointers() -> list[str]:
+    here = Path(__file__).resolve()
+    out = []
+    for path in repository_texts():
+        if path.resolve() == here:
+            continue
+        for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            where = f"{path.relative_to(ROOT)}:{i}"
+            if _OUTSIDE.search(line):
+                out.append(f"{where}: {line.strip()}")
+                continue
+            for m in _SECTION.finditer(line):
+                if not _SECTION_OF_A_DOC.search(line[:m.end()]):
+                    out.append(f"{where}: {line.strip()}")
+                    break
+    return out
+
+
+def test_no_file_points_outside_the_repository() -> None:
+    bad = outside_pointers()
+    assert not bad, ("cite the public source or the in-repository row instead of these "
+                     "pointers:\n" + "\n".join(bad))
