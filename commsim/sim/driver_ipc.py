@@ -79,7 +79,7 @@ class LegacyIpcCalls:
             raise Fail(E.cudaErrorDeviceUninitialized, "L9", a.gpu)      # row L9 (ucx#11603)
         self._ipc_device_rules(a.gpu, exporter)
         me = self.device
-        if aid in self._ipc_open and self.cluster.host(me.host).driver_major < unconfirmed.IPC_REOPEN_REFCOUNT_SINCE:
+        if aid in self._ipc_open and self.cluster.driver_major(me.host) < unconfirmed.IPC_REOPEN_REFCOUNT_SINCE:
             raise Fail(E.cudaErrorAlreadyMapped)             # row H2 (older drivers)
         if aid in self._ipc_open:                            # rows L6/H1: same pointer, refcount
             base = self._ipc_open[aid]
