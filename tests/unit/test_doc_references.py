@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,20 +91,33 @@ def test_the_check_tells_a_gone_module_from_a_present_one() -> None:
 # Code, docs, scenarios and tests cite the rules they follow by row id ("row L8", "rows V2-V8",
 # a conformance case "L3/H3", a fault kind's "L10, N1"). Each id must be a row of exactly one
 # table in docs/*.md, so a reader can look it up; the rows live nowhere else.
-ROW_PREFIXES = ("LC", "CG", "FX", "AL", "RN", "FH", "AW", "NC", "MC", "GM",
+# The prefixes in use; a table may add one (its ids then count as citations too).
+ROW_PREFIXES = ("LC", "CG", "FX", "AL", "RN", "FH", "AW", "NC", "MC", "GM", "TV", "TN",
                 "P", "N", "T", "I", "S", "H", "W", "L", "V", "M", "F", "X", "B", "G")
-_ID = r"(?<![\w.])(?:" + "|".join(ROW_PREFIXES) + r")\d{1,2}(?!\w)"
-_ID_RE = re.compile(_ID)
-# Between the ids of one citation: a list ("rows I1, W5", "L3/H3", "B15 and B19") or a range
-# ("P1-P4"), possibly wrapped onto a comment's next line.
-_SEP = r"[\s#]*(?:,[\s#]*(?:and|or)\s+|,|/|-|–|\band\b|\bor\b)[\s#]*"
-_LIST = _ID + r"(?:" + _SEP + _ID + r")*"
-_CITED = re.compile(r"\brows?\s+(" + _LIST + r")")
-_QUOTED = re.compile(r"""["'](""" + _LIST + r""")(?:/[\w-]+)?["']""")
-_TABLE_ROW = re.compile(r"^\|\s*(" + _ID + r")\s*\|", re.M)
+_TABLE_ROW = re.compile(r"^\|\s*([A-Z]{1,3})(\d{1,2})\s*\|", re.M)
 _RANGE = re.compile(r"^([A-Z]+)(\d+)-\1(\d+)$")
 _CODE_SUFFIXES = (".py", ".md", ".toml", ".cu", ".cuh", ".h", ".c", ".sh", ".txt")
 _CODE_TOPS = ("commsim", "device", "docs", "scenarios", "examples", "tests", "scripts", "benchmarks")
+
+
+@dataclass(frozen=True)
+class RowSyntax:
+    """What a row id and a citation of ids look like, for a set of prefixes."""
+
+    id: re.Pattern[str]
+    cited: re.Pattern[str]     # "row L8", "rows P1-P4, L3/H3 and B15" (wrapping onto a "# " line)
+    quoted: re.Pattern[str]    # "L10, N1" or "L4/freed" in code
+
+
+def row_syntax(prefixes: frozenset[str]) -> RowSyntax:
+    one = r"(?<![\w.])(?:" + "|".join(sorted(prefixes, key=len, reverse=True)) + r")\d{1,2}(?!\w)"
+    sep = r"[\s#]*(?:,[\s#]*(?:and|or)\s+|,|/|-|–|\band\b|\bor\b)[\s#]*"
+    many = one + r"(?:" + sep + one + r")*"
+    return RowSyntax(re.compile(one), re.compile(r"\brows?\s+(" + many + r")"),
+                     re.compile(r"""["'](""" + many + r""")(?:/[\w-]+)?["']"""))
+
+
+SYNTAX = row_syntax(frozenset(ROW_PREFIXES))
 
 
 def repository_texts() -> list[Path]:
@@ -113,7 +127,7 @@ def repository_texts() -> list[Path]:
     return files
 
 
-def expand(citation: str) -> list[str]:
+def expand(citation: str, syntax: RowSyntax = SYNTAX) -> list[str]:
     """The ids one citation names: "P1-P4" -> P1..P4, "L3/H3" -> L3, H3."""
     out: list[str] = []
     for part in re.split(r"[\s#]*(?:,|/|\band\b|\bor\b)[\s#]*", citation):
@@ -122,21 +136,21 @@ def expand(citation: str) -> list[str]:
         if m:
             out += [f"{m[1]}{n}" for n in range(int(m[2]), int(m[3]) + 1)]
         elif part:
-            out += _ID_RE.findall(part)
+            out += syntax.id.findall(part)
     return out
 
 
-def cited_rows(path: Path, text: str) -> set[str]:
+def cited_rows(path: Path, text: str, syntax: RowSyntax = SYNTAX) -> set[str]:
     ids: set[str] = set()
-    for m in _CITED.finditer(text):
-        ids.update(expand(m.group(1)))
+    for m in syntax.cited.finditer(text):
+        ids.update(expand(m.group(1), syntax))
     if path.suffix == ".py":
-        for m in _QUOTED.finditer(text):
-            ids.update(expand(m.group(1)))
+        for m in syntax.quoted.finditer(text):
+            ids.update(expand(m.group(1), syntax))
     if path.suffix == ".md":      # a docs table names rows bare: "(= L6)", "V3 by analogy"
         for line in text.splitlines():
             if line.startswith("|"):
-                ids.update(_ID_RE.findall(line))
+                ids.update(syntax.id.findall(line))
     return ids
 
 
@@ -145,16 +159,17 @@ def row_definitions() -> dict[str, list[str]]:
     defs: dict[str, list[str]] = {}
     for doc in DOCS:
         for m in _TABLE_ROW.finditer(doc.read_text()):
-            defs.setdefault(m.group(1), []).append(str(doc.relative_to(ROOT)))
+            defs.setdefault(m.group(1) + m.group(2), []).append(str(doc.relative_to(ROOT)))
     return defs
 
 
 def undefined_rows() -> list[str]:
     defs = row_definitions()
+    syntax = row_syntax(frozenset(ROW_PREFIXES) | {re.match(r"[A-Z]+", row)[0] for row in defs})
     out = [f"{row} defined in {len(where)} tables: {', '.join(where)}"
            for row, where in sorted(defs.items()) if len(where) > 1]
     for path in repository_texts():
-        for row in sorted(cited_rows(path, path.read_text(errors="replace"))):
+        for row in sorted(cited_rows(path, path.read_text(errors="replace"), syntax)):
             if row not in defs:
                 out.append(f"{path.relative_to(ROOT)}: row {row} is defined in no docs table")
     return out
