@@ -67,7 +67,7 @@ class LegacyIpcCalls:
         if entry is None:
             gone = self.fabric.ipc_handle_origin(key) if key is not None else None
             if gone is not None and unconfirmed.IPC_DEVICE_RULES_BEFORE_GONE:
-                # The exporter freed the memory or exited: row H5O (unconfirmed.py).
+                # The exporter freed the memory or exited: row H6 (unconfirmed.py).
                 self._ipc_device_rules(gone[0], gone[1])
             raise Fail(unconfirmed.code("H5"), "H5", gone[0] if gone else None)
         aid, exporter = entry

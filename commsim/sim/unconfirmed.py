@@ -80,7 +80,7 @@ MAX_PEER_MAPPINGS = 4096
 # meeting "resource already mapped" (whether in one context is not said). Kept at 470 until a
 # release note or a GPU run pins it; the run's driver version decides (commsim/versions.py).
 IPC_REOPEN_REFCOUNT_SINCE = 470
-# Row H5O: an open of a legacy handle whose memory is gone (freed, or its exporter exited)
+# Row H6: an open of a legacy handle whose memory is gone (freed, or its exporter exited)
 # is answered by the checks its device alone decides first (L8 host, W6 namespace, L10/P1/P2
 # peer access), then by H5's code. The CUDA docs (cudaIpcOpenMemHandle, CUDA 12/13 runtime
 # API) list the codes, not the order the driver checks in: UNCONFIRMED. Answered this way,
