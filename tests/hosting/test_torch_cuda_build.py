@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from commsim.hosting.surfaces.torch import compiled
+from hosting_helpers import PROGRAMS, hosted
 from sim_ranks import module_surfaces, ranks, run  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("module_surfaces")
@@ -57,3 +58,13 @@ def test_outside_a_rank_the_compiled_calls_are_the_builds():
             torch.zeros(1, device="cuda")
     else:
         pytest.skip("this machine has a CUDA device")
+
+
+@cuda_build_only
+def test_no_backend_on_a_cuda_build_is_served_by_gloo_in_procs_mode():
+    # torch's default binds NCCL to the CUDA device; ProcessGroupNCCL finds no GPU here.
+    v, res, _ = hosted(PROGRAMS / "default_backend.py", "hgx-h100-8", mode="procs", nproc_per_host=2)
+    assert v.ok, v.format(verbose=True)
+    assert {r: (d["backend"], d["sum"]) for r, d in res.items()} == {
+        r: ("gloo", [3.0] * 4) for r in (0, 1)}
+    assert all("served by gloo" in " ".join(p.notes) for p in v.ranks)

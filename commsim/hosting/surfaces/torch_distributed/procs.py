@@ -1,7 +1,8 @@
 """torch.distributed in procs mode: the real thing (gloo) in real processes.
 
 The CPU build of torch has no NCCL, so a hosted program that asks for backend "nccl" (or
-"cpu:gloo,cuda:nccl") gets gloo, which serves its CPU tensors and object collectives; the
+"cpu:gloo,cuda:nccl") gets gloo (and so does one that names no backend on a CUDA build, whose
+default for a CUDA device is NCCL), which serves its CPU tensors and object collectives; the
 substitution is noted in the rank's verdict. A `device_id` naming a CUDA device is dropped.
 The rank's CUDA tensors (torch/tensors.py) reach gloo as the CPU tensors over their
 simulated device memory, so a collective reads and writes the device's bytes in place.
@@ -28,6 +29,17 @@ def _gloo(backend: Any) -> Any:
     return "gloo" if "nccl" in text.lower() else backend
 
 
+def _default_picks_nccl() -> bool:
+    """Whether torch, given no backend, would bind NCCL to the rank's CUDA device: a CUDA
+    build does (its BackendConfig maps the current accelerator through
+    `Backend.default_device_backend_map`, cuda -> nccl, torch/distributed/distributed_c10d.py
+    in torch 2.14.0), and the hosted rank's accelerator is CUDA; ProcessGroupNCCL then
+    fails on a machine without a driver ("no GPUs found"). The CPU build has no NCCL and
+    takes gloo by itself."""
+    import torch.distributed as dist
+    return dist.is_nccl_available()
+
+
 def _wrap_init(real: Any) -> Any:
     @functools.wraps(real)
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -35,6 +47,9 @@ def _wrap_init(real: Any) -> Any:
         if r is not None and r.mode == "procs":
             if backend is not None and _gloo(backend) != backend:
                 r.events.note(f"backend {backend!r} served by gloo")
+                backend = "gloo"
+            elif backend is None and _default_picks_nccl():
+                r.events.note("backend None (torch's default for a CUDA device: nccl) served by gloo")
                 backend = "gloo"
             kwargs.pop("device_id", None)
         return real(backend, *args, **kwargs)
