@@ -17,7 +17,7 @@ import functools
 import importlib.util
 import os
 
-__all__ = ["torch_build", "describe"]
+__all__ = ["torch_build", "describe", "version_fields"]
 
 
 def describe(fields: dict[str, object]) -> str:
@@ -33,7 +33,8 @@ def describe(fields: dict[str, object]) -> str:
     return f"torch {version} ({kind})"
 
 
-def _literals(path: str) -> dict[str, object]:
+def version_fields(path: str) -> dict[str, object]:
+    """The names a torch/version.py assigns literals to (`__version__`, `cuda`, `hip` ...)."""
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
     out: dict[str, object] = {}
@@ -55,7 +56,7 @@ def torch_build() -> str:
     for where in spec.submodule_search_locations:
         path = os.path.join(where, "version.py")
         try:
-            return describe(_literals(path))
+            return describe(version_fields(path))
         except (OSError, SyntaxError, ValueError):
             continue
     return "torch (build unknown)"

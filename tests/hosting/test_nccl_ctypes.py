@@ -5,6 +5,7 @@ reduction against a numpy reference, groups, send/recv, windows, and collectives
 a CUDA graph capture and run by its replays."""
 
 import ctypes
+import os
 import functools
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import sim_ranks as S
+from commsim.launch.torch_build import version_fields
 from hosting_helpers import PROGRAMS, hosted
 from sim_ranks import module_surfaces  # noqa: F401  (fixture)
 
@@ -144,7 +146,8 @@ def test_library_facts(module_surfaces):
         assert lib.ncclGroupEnd() == 5                          # not in a group
         return torch.version.cuda
     assert S.solo(r, body) == "13.0"
-    assert torch.version.cuda is None                           # outside a rank: the CPU build
+    # outside a rank: the build's own (None for the CPU build), as its version.py says
+    assert torch.version.cuda == version_fields(os.path.join(os.path.dirname(torch.__file__), "version.py"))["cuda"]
     from commsim.hosting.install import fakelib
     assert fakelib.lookup("libnccl.so.2") is None               # and the machine's libraries
 

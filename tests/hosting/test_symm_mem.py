@@ -112,7 +112,8 @@ def test_outside_a_rank_the_module_is_torchs():
     try:
         with pytest.raises(RuntimeError, match="SymmetricMemory does not support device type cpu"):
             symm_mem.empty(4, device="cpu")                   # the CPU build's own answer
-        assert symm_mem.is_nvshmem_available() is False
+        if torch.version.cuda is None:                         # a CUDA wheel ships NVSHMEM
+            assert symm_mem.is_nvshmem_available() is False
         assert symm_mem.is_symm_mem_tensor(torch.zeros(2)) is False
     finally:
         torch_symm_mem.uninstall()

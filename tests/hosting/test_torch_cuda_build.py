@@ -1,12 +1,16 @@
-"""torch._C's compiled CUDA and NCCL calls in a hosted rank (torch/compiled.py): in a CUDA
-build on a machine without a driver they answer for the simulated machine, not the real
-one; in the CPU build they do not exist and stay absent."""
+"""A CUDA build of torch on a machine without a driver, hosted: torch._C's compiled CUDA and
+NCCL calls answer for the simulated machine (torch/compiled.py), the wheel's own libcudart is
+served through ctypes, and procs mode's default backend is gloo. In the CPU build the
+compiled calls do not exist and stay absent; the CUDA-build tests skip there."""
 
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 import torch
 
+from commsim.hosting.install import fakelib
 from commsim.hosting.surfaces.torch import compiled
 from hosting_helpers import PROGRAMS, hosted
 from sim_ranks import module_surfaces, ranks, run  # noqa: F401  (fixture)
@@ -68,3 +72,19 @@ def test_no_backend_on_a_cuda_build_is_served_by_gloo_in_procs_mode():
     assert {r: (d["backend"], d["sum"]) for r, d in res.items()} == {
         r: ("gloo", [3.0] * 4) for r in (0, 1)}
     assert all("served by gloo" in " ".join(p.notes) for p in v.ranks)
+
+
+@cuda_build_only
+def test_the_libcudart_torch_loaded_is_served_in_a_rank():
+    # What vLLM's and FlashInfer's CudaRTLibrary open: the first libcudart in the maps, here
+    # the wheel's real one (torch loads it at import), which would say "no driver".
+    with open("/proc/self/maps") as maps:
+        first = next(line for line in maps if "libcudart" in line)
+    path = first[first.index("/"):].strip()
+    _, rs = ranks("hgx-h100-8", [(0, 0)])
+
+    def program(g):
+        lib = ctypes.CDLL(path)
+        n = ctypes.c_int()
+        return isinstance(lib, fakelib.FakeLibrary), lib.cudaGetDeviceCount(ctypes.byref(n)), n.value
+    assert run(rs, program)[0].unwrap() == (True, 0, 8)

@@ -194,7 +194,7 @@ def test_out_of_memory_is_torchs_error():
 
 
 def test_outside_a_rank_nothing_changes():
-    with pytest.raises((AssertionError, RuntimeError), match="not compiled with CUDA|CUDA"):
+    with pytest.raises((AssertionError, RuntimeError), match="not compiled with CUDA|CUDA|no NVIDIA driver"):
         torch.zeros(2, device="cuda")
     t = torch.zeros(2)
     assert type(t) is torch.Tensor and t.device.type == "cpu"

@@ -19,7 +19,7 @@ from commsim.launch import torch_build as tb
 def test_version_file_literals_name_the_build(tmp_path, text, words):
     f = tmp_path / "version.py"
     f.write_text("from typing import Optional\n" + text)
-    assert tb.describe(tb._literals(str(f))) == words
+    assert tb.describe(tb.version_fields(str(f))) == words
 
 
 def test_installed_torch_is_named_as_torch_itself_reports_it():
