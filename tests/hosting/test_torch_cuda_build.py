@@ -48,6 +48,10 @@ def test_compiled_calls_answer_for_the_simulated_machine():
             torch.cuda.nccl.all_reduce([t])
         with pytest.raises(NotImplementedError, match=r"torch\._C\._cuda_getCurrentRawStream"):
             c._cuda_getCurrentRawStream(0)
+        g_ = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g_):
+            capturing = c._cuda_isCurrentStreamCapturing()
+        assert capturing and not c._cuda_isCurrentStreamCapturing()
         return (c._cuda_getDeviceCount(), c._cuda_getDevice(), torch.cuda.nccl.version(),
                 c._cuda_canDeviceAccessPeer(0, 1), stats["allocated_bytes"]["all"]["current"] >= 1 << 20)
     for i, o in enumerate(run(rs, program)):

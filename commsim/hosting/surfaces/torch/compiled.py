@@ -28,6 +28,7 @@ from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
 from commsim.hosting.surfaces.nccl.libnccl import VERSION as NCCL_VERSION
 from commsim.hosting.surfaces.torch import cuda_memory
+from commsim.hosting.surfaces.torch import graphs as torch_graphs
 from commsim.hosting.surfaces.torch.cuda import can_device_access_peer
 from commsim.hosting.surfaces.torch.device import (current_device, device_count, empty_cache,
                                                    set_device, synchronize)
@@ -47,6 +48,7 @@ SERVED: dict[str, Callable[..., Any]] = {
     "_cuda_synchronize": synchronize,
     "_cuda_canDeviceAccessPeer": can_device_access_peer,
     "_cuda_emptyCache": empty_cache,
+    "_cuda_isCurrentStreamCapturing": torch_graphs.is_current_stream_capturing,
     "_cuda_memoryStats": cuda_memory.HOSTED["memory_stats_as_nested_dict"],
     "_nccl_version": nccl_version_packed,
     "_nccl_version_suffix": lambda: b"",
@@ -58,7 +60,7 @@ SERVED: dict[str, Callable[..., Any]] = {
 NOT_SIMULATED = (
     "_cuda_init", "_cuda_exchangeDevice", "_cuda_maybeExchangeDevice", "_cuda_hasPrimaryContext",
     "_cuda_getCurrentStream", "_cuda_getDefaultStream", "_cuda_setStream",
-    "_cuda_getCurrentRawStream", "_cuda_getStreamFromExternal", "_cuda_isCurrentStreamCapturing",
+    "_cuda_getCurrentRawStream", "_cuda_getStreamFromExternal",
     "_cuda_getCurrentBlasHandle", "_cuda_getCurrentSolverHandle", "_cuda_sleep",
     "_cuda_cudaCachingAllocator_raw_alloc", "_cuda_cudaCachingAllocator_raw_delete",
     "_cuda_memorySnapshot", "_cuda_resetPeakMemoryStats", "_cuda_resetAccumulatedMemoryStats",
