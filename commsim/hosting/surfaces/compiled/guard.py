@@ -3,9 +3,11 @@ declared in `extensions.py` gets the named error (or, once ops are served, the s
 instead of an unnamed loader error, and no JIT build starts.
 
 Two ways in:
-- Python extension modules (`import vllm._C`): a finder ahead of the others takes the path
-  finder's spec of the module and, in a hosted rank, gives it a loader that raises. So
-  `importlib.util.find_spec` still answers as installed; only the load is refused.
+- Python extension modules (`import vllm._C_stable_libtorch`): a finder ahead of the others
+  takes the path finder's spec of the module and, in a hosted rank, gives it a loader that
+  raises, or, where the declaration serves ops, one that makes a module in place of the
+  extension and registers its served ops with torch.library (served.py). So
+  `importlib.util.find_spec` still answers as installed; only the load differs.
 - FlashInfer's JIT modules: once `flashinfer.jit.core` is imported, `JitSpec.build_and_load`
   and every spec class's `build` and `load` refuse in a hosted rank before anything runs
   (no ninja, nvcc or CuTe-DSL process; no AOT `.so` loaded). Outside a hosted rank both
@@ -19,13 +21,15 @@ import importlib.abc
 import importlib.machinery
 from typing import Any
 
-from commsim.hosting.install.patches import Patches
+from commsim.hosting.install.patches import Patches, forget_module
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
-from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, not_served_error
+from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, REFUSED_SCHEMAS, declared, \
+    not_served_error
 
 _IMPORTED = frozenset(e.module for e in EXTENSIONS if e.kind == "import")
 _active = [False]
+_patches: list[Patches] = []          # the installed surface's recorder (served ops go through it)
 
 
 class _RefusingLoader(importlib.abc.Loader):
@@ -39,6 +43,31 @@ class _RefusingLoader(importlib.abc.Loader):
         raise not_served_error("import", self.name)
 
 
+class _ServingLoader(importlib.abc.Loader):
+    """A module in place of the extension (an extension module holds no Python attributes
+    of its own); executing it registers the declared ops, as loading the library does."""
+
+    def __init__(self, name: str, ext: Any) -> None:
+        self.name = name
+        self.ext = ext
+
+    def create_module(self, spec: Any) -> Any:
+        return None                                   # a plain module, with spec's attributes
+
+    def exec_module(self, module: Any) -> None:
+        from commsim.hosting.surfaces.compiled import served
+        patches = _patches[-1]
+        served.register(patches, self.ext.served,
+                        {n: REFUSED_SCHEMAS[n] for n in self.ext.not_served if n in REFUSED_SCHEMAS},
+                        lambda: not_served_error("import", self.name))
+        patches.on_restore(lambda: forget_module(self.name, module))
+
+
+def _loader(name: str) -> importlib.abc.Loader:
+    ext, _, _ = declared("import", name)
+    return _ServingLoader(name, ext) if ext is not None and ext.served else _RefusingLoader(name)
+
+
 class _ExtensionFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name not in _IMPORTED or not _active[0] or hosted() is None:
@@ -47,7 +76,7 @@ class _ExtensionFinder(importlib.abc.MetaPathFinder):
         # loader that refuses.
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None:
-            spec.loader = _RefusingLoader(name)
+            spec.loader = _loader(name)
         return spec
 
 
@@ -83,10 +112,12 @@ def _patch_jit(patches: Patches, core: Any) -> None:
 
 def _deactivate() -> None:
     _active[0] = False
+    _patches.clear()
 
 
 def _install(patches: Patches) -> None:
     _active[0] = True
+    _patches.append(patches)
     patches.on_restore(_deactivate)
     patches.finder(_finder, first=True)
     patches.on_import("flashinfer.jit.core", lambda core: _patch_jit(patches, core))
