@@ -8,13 +8,15 @@ cudaStreamSynchronize then fails with cudaErrorInvalidResourceHandle: a stream o
 process). So while hosting is installed, `threading.local` is `RankLocal`: the attributes
 of one instance are kept per (rank, thread), and a subclass's `__init__` runs again with
 the constructor's arguments for each new (rank, thread), as `threading.local` runs it for
-each new thread (Lib/_threading_local.py). Outside a rank the key is (None, thread): the
+each new thread (Lib/_threading_local.py). A rank's values live in its state, so a later
+run in the same interpreter starts without them; outside a rank they are per thread: the
 real semantics. Instances made before the install stay real `threading.local` objects.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from commsim.hosting.install.patches import Patches
@@ -26,9 +28,13 @@ _ARGS = "_commsim_rank_args"
 _OWN = frozenset({_DICTS, _ARGS, "__class__", "__dict__"})
 
 
-def _key() -> tuple[int, int]:
+def _dicts(local: "RankLocal") -> dict:
+    """thread -> attributes of `local`, for the running rank (kept in the rank's state, so a
+    later run in this interpreter starts empty) or for the interpreter outside a rank."""
     r = hosted()
-    return (-1 if r is None else r.slot, threading.get_ident())
+    if r is None:
+        return object.__getattribute__(local, _DICTS)
+    return r.state.setdefault("threading.local", weakref.WeakKeyDictionary()).setdefault(local, {})
 
 
 class RankLocal:
@@ -40,13 +46,14 @@ class RankLocal:
         if (args or kwargs) and cls.__init__ is object.__init__:
             raise TypeError("Initialization arguments are not supported")
         self = object.__new__(cls)
-        object.__setattr__(self, _DICTS, {_key(): {}})       # the constructing call's own
+        object.__setattr__(self, _DICTS, {})
         object.__setattr__(self, _ARGS, (args, kwargs))
+        _dicts(self)[threading.get_ident()] = {}         # the constructing call's own
         return self
 
     def _ns(self) -> dict:
-        dicts = object.__getattribute__(self, _DICTS)
-        key = _key()
+        dicts = _dicts(self)
+        key = threading.get_ident()
         ns = dicts.get(key)
         if ns is None:
             ns = dicts[key] = {}

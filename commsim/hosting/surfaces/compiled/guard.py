@@ -19,9 +19,10 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
+import sys
 from typing import Any
 
-from commsim.hosting.install.patches import Patches, forget_module
+from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
 from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, REFUSED_SCHEMAS, declared, \
@@ -55,12 +56,26 @@ class _ServingLoader(importlib.abc.Loader):
         return None                                   # a plain module, with spec's attributes
 
     def exec_module(self, module: Any) -> None:
-        from commsim.hosting.surfaces.compiled import served
-        patches = _patches[-1]
-        served.register(patches, self.ext.served,
-                        {n: REFUSED_SCHEMAS[n] for n in self.ext.not_served if n in REFUSED_SCHEMAS},
-                        lambda: not_served_error("import", self.name))
-        patches.on_restore(lambda: forget_module(self.name, module))
+        module.__commsim_served__ = True
+        _serve(_patches[-1], self.name, self.ext)
+
+
+def _serve(patches: Patches, name: str, ext: Any) -> None:
+    from commsim.hosting.surfaces.compiled import served
+    served.register(patches, ext.served,
+                    {n: REFUSED_SCHEMAS[n] for n in ext.not_served if n in REFUSED_SCHEMAS},
+                    lambda: not_served_error("import", name))
+
+
+def _serve_loaded(patches: Patches) -> None:
+    """In-process runs share sys.modules: a library imported by an earlier run keeps the
+    served module and does not import it again, so its ops are registered for this run too
+    (restore() removed them at the end of the last)."""
+    for name in _IMPORTED:
+        if getattr(sys.modules.get(name), "__commsim_served__", False):
+            ext, _, _ = declared("import", name)
+            if ext is not None and ext.served:
+                _serve(patches, name, ext)
 
 
 def _loader(name: str) -> importlib.abc.Loader:
@@ -118,6 +133,7 @@ def _deactivate() -> None:
 def _install(patches: Patches) -> None:
     _active[0] = True
     _patches.append(patches)
+    _serve_loaded(patches)
     patches.on_restore(_deactivate)
     patches.finder(_finder, first=True)
     patches.on_import("flashinfer.jit.core", lambda core: _patch_jit(patches, core))
