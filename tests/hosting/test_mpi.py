@@ -155,9 +155,11 @@ def test_a_collective_a_peer_never_enters_is_a_diagnosed_hang_inproc():
 
 def test_a_collective_a_peer_never_enters_times_out_naming_it_procs():
     t0 = time.monotonic()
+    # The ranks' own group timeouts end this in about a second; the launcher's is only the
+    # backstop, generous because a loaded 2-core machine can stall a rank process for seconds.
     v, res, out = hosted(PROGRAMS / "mpi_mismatch.py", "gb200-nvl72:1", "hang", mode="procs",
-                         nproc_per_host=2, launcher="mpirun", timeout=12)
-    assert v.exit_code == 1 and time.monotonic() - t0 < 30
+                         nproc_per_host=2, launcher="mpirun", timeout=45)
+    assert v.exit_code == 1 and time.monotonic() - t0 < 60
     r0, r1 = v.ranks
     assert r0.status == r1.status == "failed", v.format()
     # each rank says whom it waited for, before the launcher's timeout would kill it
