@@ -47,6 +47,8 @@ class RunConfig:
     residue: str = "report"           # "report": listed, the run passes; "fail": a process exiting holding any fails the run
     launcher: str = "torchrun"        # "torchrun" | "mpirun": the launcher whose environment each rank gets
     command: list[str] = field(default_factory=list)   # the program: ["prog.py", args] or ["-m", "mod", args]
+    zygote: bool = True               # procs: fork ranks from a warm zygote (False: a fresh interpreter each)
+    preload: list[str] = field(default_factory=list)   # procs: the program's modules the zygote imports (opt-in)
     replay: str = ""                  # the command that replays the run when it is not `commsim exec` (a pytest node)
     run_dir: str = ""
     shm_prefix: str = ""
