@@ -60,6 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "WORLD_SIZE, MASTER_ADDR/PORT ...; default) or Open MPI mpirun's "
                         "(OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK), "
                         "with mpi4py's COMM_WORLD spanning the ranks")
+    p.add_argument("--fresh-interpreters", action="store_true",
+                   help="procs mode: start every rank as a fresh interpreter instead of forking "
+                        "it from the warm zygote (which imported torch and commsim's hosting once)")
+    p.add_argument("--preload", action="append", default=[], metavar="MODULE",
+                   help="procs mode: a module of the program the zygote imports before it forks "
+                        "(repeatable; opt-in: such a module sees the zygote's environment, not "
+                        "its rank's, so never one that reads RANK, LOCAL_RANK, "
+                        "CUDA_VISIBLE_DEVICES or the hostname at import)")
     p.add_argument("--quiet", action="store_true", help="do not echo the ranks' output")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="a failing run's verdict lists every process (its error, notes, hang "
@@ -89,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
                     nproc_per_host=args.nproc_per_host, mode=args.mode,
                     seed=args.seed or 0, visible=args.visible, timeout=args.timeout,
                     residue=args.residue, launcher=args.launcher,
+                    zygote=not args.fresh_interpreters, preload=list(args.preload),
                     command=split_command(list(args.command), prefix=f"commsim exec {where}"))
     if args.junit_xml:
         from commsim.util.fileio import check_output

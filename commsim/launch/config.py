@@ -90,6 +90,10 @@ class RunConfig:
                             f"use one of {', '.join(LAUNCHERS)}")
         if not self.command:
             raise UserError("no program: add `-- python prog.py ARGS` (or `-- python -m module`)")
+        for name in self.preload:
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise UserError(f"--preload: {name!r} is not a module name; give a dotted "
+                                f"name the program imports (mypkg.model)")
         cluster = self.cluster()
         if self.scenario and not self.placement:
             sc = self._scenario()
@@ -169,4 +173,8 @@ class RunConfig:
             parts += ["--residue", self.residue]
         if self.launcher != "torchrun":
             parts += ["--launcher", self.launcher]
+        if self.mode == "procs" and not self.zygote:
+            parts += ["--fresh-interpreters"]
+        for name in self.preload if self.mode == "procs" else ():
+            parts += ["--preload", name]
         return shlex.join(parts + ["--", "python"] + list(self.command))

@@ -62,8 +62,10 @@ def _procs_owned(cfg: RunConfig, boot: str, *, out: TextIO, err: TextIO, echo: b
     """run_procs inside the run's owned tree, its ranks forked by this process's warm zygote
     unless the run asks for fresh interpreters; the zygote's descendants are the run's."""
     paths = [cfg.run_dir, str(shm.SHM_DIR / cfg.shm_prefix)]
+    prog = cfg.command[0]
+    where = os.getcwd() if prog == "-m" else os.path.dirname(os.path.abspath(prog))
     held = (zygote.lease(rank_env(cfg, 0, cfg.cluster(), dict(os.environ), boot, 0), boot,
-                         tuple(cfg.preload))
+                         tuple(cfg.preload), where)
             if cfg.zygote else nullcontext((None, "")))
     with held as (z, why):
         with tree.owned_tree(run_mark(cfg), paths, below=[z.pid] if z else [],

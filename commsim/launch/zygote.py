@@ -41,6 +41,9 @@ START_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_",
                   "TORCH_", "PYTORCH_", "LC_", "MALLOC_")
 START_NAMES = ("LANG", "LANGUAGE", "GLIBC_TUNABLES", "TZ")
 MARK = "COMMSIM_ZYGOTE"
+# Set to 1 in a launcher's environment: every procs run of it uses fresh interpreters (what
+# RunConfig.zygote=False asks for one run), e.g. to time the suite without the zygote.
+FRESH = "COMMSIM_FRESH_INTERPRETERS"
 READY_S = 300.0        # the zygote's imports (torch) on a loaded machine
 
 
@@ -83,9 +86,11 @@ class ForkedRank:
 
 class Zygote:
     """One zygote process: started with `env` (zygote_env, its mark added), importing the
-    opted-in modules `preload` after commsim's own; `key`: the start-up it stands for."""
+    opted-in modules `preload` (found first in the directory `where`) after commsim's own;
+    `key`: the start-up it stands for."""
 
-    def __init__(self, env: dict[str, str], key: tuple, preload: tuple[str, ...]) -> None:
+    def __init__(self, env: dict[str, str], key: tuple, preload: tuple[str, ...],
+                 where: str = "") -> None:
         self.key = key
         self.mark = f"{MARK}={os.getpid()}-{secrets.token_hex(8)}"
         self.exits: dict[int, int] = {}
@@ -96,7 +101,7 @@ class Zygote:
         full[MARK] = self.mark.split("=", 1)[1]
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from commsim.launch.zygote_main import main; main()",
-             str(theirs.fileno()), str(os.getpid()), ",".join(preload)],
+             str(theirs.fileno()), str(os.getpid()), ",".join(preload), where],
             pass_fds=[theirs.fileno()], env=full, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
@@ -189,6 +194,11 @@ def _close_current() -> None:
 atexit.register(_close_current)
 
 
+def current_pid() -> int | None:
+    """The pid of this process's zygote (None while it has none)."""
+    return _current.pid if _current is not None else None
+
+
 def zygote_env(rank_env: dict[str, str], boot_dir: str) -> dict[str, str]:
     """The zygote's environment: this process's, less what marks a run, with a rank's
     start-up part (start_env) in place of this process's."""
@@ -198,23 +208,29 @@ def zygote_env(rank_env: dict[str, str], boot_dir: str) -> dict[str, str]:
 
 
 @contextmanager
-def lease(rank_env: dict[str, str], boot_dir: str,
-          preload: tuple[str, ...]) -> Iterator[tuple[Zygote | None, str]]:
+def lease(rank_env: dict[str, str], boot_dir: str, preload: tuple[str, ...] = (),
+          where: str = "") -> Iterator[tuple[Zygote | None, str]]:
     """This process's zygote for one run whose ranks start with `rank_env`, or (None, why
-    not). Started on first use, replaced when a run needs another start-up or it failed."""
+    not); `preload`: the program's modules it imports, from `where` (the program's
+    directory). Started on first use, replaced when a run needs another start-up or it
+    failed."""
     global _current
+    if os.environ.get(FRESH) == "1":
+        yield None, ""
+        return
     if not _lock.acquire(blocking=False):
         yield None, "another run of this process holds the zygote"
         return
     try:
-        key = (tuple(sorted(start_env(rank_env, boot_dir).items())), preload)
+        key = (tuple(sorted(start_env(rank_env, boot_dir).items())), preload,
+               where if preload else "")
         if key in _refused:
             yield None, _refused[key]
             return
         if _current is not None and (_current.key != key or not _current.alive or _current.why):
             _close_current()
         if _current is None:
-            z = Zygote(zygote_env(rank_env, boot_dir), key, preload)
+            z = Zygote(zygote_env(rank_env, boot_dir), key, preload, key[2])
             if z.why:
                 _refused[key] = z.why
                 z.close()

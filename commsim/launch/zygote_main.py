@@ -64,8 +64,9 @@ def _die_with(launcher: int) -> None:
         os._exit(0)
 
 
-def preload(opt_in: list[str]) -> str:
-    """Import PRELOAD and the opted-in modules; why the zygote must not fork ('' when it may)."""
+def preload(opt_in: list[str], where: str) -> str:
+    """Import PRELOAD and the opted-in modules (`where` first on sys.path: the program's
+    directory); why the zygote must not fork ('' when it may)."""
     for name in PRELOAD:
         importlib.import_module(name)
     from commsim.hosting.install.registry import surfaces
@@ -83,6 +84,8 @@ def preload(opt_in: list[str]) -> str:
                 ran.append(getattr(func, "__name__", repr(func)))
                 return func(*args, **(kwargs or {}))
 
+        if where:
+            sys.path.insert(0, where)
         try:
             with _Watch():
                 for name in opt_in:
@@ -274,13 +277,13 @@ def run_program(argv: list[str]) -> NoReturn:
 
 def main() -> None:
     fd, launcher = int(sys.argv[1]), int(sys.argv[2])
-    opt_in = [m for m in sys.argv[3].split(",") if m] if len(sys.argv) > 3 else []
+    opt_in = [m for m in sys.argv[3].split(",") if m]
     _die_with(launcher)
     sock = socket.socket(fileno=fd)
     site_path = [p for p in sys.path[1:]
                  if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     try:
-        why = preload(opt_in)
+        why = preload(opt_in, sys.argv[4])
     except Exception as e:
         why = f"the zygote's imports failed: {type(e).__name__}: {e}"
     from commsim.procs.tree import set_subreaper
