@@ -15,6 +15,7 @@ import time
 from commsim.launch import zygote
 from commsim.launch.agreement import STARTS, compare
 from commsim.procs import tree
+from commsim.util.pids import pid_running
 
 from hosting_helpers import PROGRAMS, hosted
 
@@ -28,14 +29,6 @@ def _until(cond, limit: float = LIMIT) -> bool:
     while time.monotonic() < deadline and not cond():
         time.sleep(0.05)
     return cond()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_module_read_at_import_sees_its_rank_and_the_zygote_agrees_with_fresh_interpreters():
@@ -86,7 +79,7 @@ def test_end_tree_takes_what_lies_below_a_root_but_not_the_root():
         child = tree.members((), below=[parent.pid])
         assert len(child) == 1 and parent.pid not in child
         assert tree.end_tree((), below=[parent.pid]) == child
-        assert _until(lambda: not any(_alive(p) for p in child))
+        assert _until(lambda: not any(pid_running(p) for p in child))
         assert parent.poll() is None
     finally:
         parent.kill()
@@ -111,10 +104,10 @@ def test_an_idle_zygote_dies_with_its_launcher_killed():
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
         ok, pid = p.stdout.readline().split()
-        assert ok == "True" and _alive(int(pid))
+        assert ok == "True" and pid_running(int(pid))
         p.send_signal(signal.SIGKILL)
         p.wait(30)
-        assert _until(lambda: not _alive(int(pid))), "the zygote outlived its launcher"
+        assert _until(lambda: not pid_running(int(pid))), "the zygote outlived its launcher"
     finally:
         p.kill()
         p.wait()
