@@ -106,12 +106,19 @@ class Zygote:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self.pid = self.proc.pid
-        msg = self._recv(READY_S)
-        if msg is None or "ready" not in msg:
-            self.why = "the zygote did not start" + (
-                f" (exit {self.proc.poll()})" if self.proc.poll() is not None else "")
-        else:
-            self.why = msg["why"]
+        self.ready = False
+
+    def wait_ready(self) -> str:
+        """Wait for the zygote's imports (once); why it cannot fork ('' when it can)."""
+        if not self.ready:
+            self.ready = True
+            msg = self._recv(READY_S)
+            if msg is None or "ready" not in msg:
+                self.why = "the zygote did not start" + (
+                    f" (exit {self.proc.poll()})" if self.proc.poll() is not None else "")
+            else:
+                self.why = msg["why"]
+        return self.why
 
     @property
     def alive(self) -> bool:
@@ -214,7 +221,6 @@ def lease(rank_env: dict[str, str], boot_dir: str, preload: tuple[str, ...] = ()
     not); `preload`: the program's modules it imports, from `where` (the program's
     directory). Started on first use, replaced when a run needs another start-up or it
     failed."""
-    global _current
     if os.environ.get(FRESH) == "1":
         yield None, ""
         return
@@ -222,21 +228,49 @@ def lease(rank_env: dict[str, str], boot_dir: str, preload: tuple[str, ...] = ()
         yield None, "another run of this process holds the zygote"
         return
     try:
-        key = (tuple(sorted(start_env(rank_env, boot_dir).items())), preload,
-               where if preload else "")
+        key = _key(rank_env, boot_dir, preload, where)
         if key in _refused:
             yield None, _refused[key]
             return
-        if _current is not None and (_current.key != key or not _current.alive or _current.why):
+        _start(rank_env, boot_dir, key)
+        why = _current.wait_ready()
+        if why:
+            _refused[key] = why
             _close_current()
-        if _current is None:
-            z = Zygote(zygote_env(rank_env, boot_dir), key, preload, key[2])
-            if z.why:
-                _refused[key] = z.why
-                z.close()
-                yield None, z.why
-                return
-            _current = z
+            yield None, why
+            return
         yield _current, ""
+    finally:
+        _lock.release()
+
+
+def _key(rank_env: dict[str, str], boot_dir: str, preload: tuple[str, ...], where: str) -> tuple:
+    return (tuple(sorted(start_env(rank_env, boot_dir).items())), preload,
+            where if preload else "")
+
+
+def _start(rank_env: dict[str, str], boot_dir: str, key: tuple) -> None:
+    """Make `_current` a zygote for `key` (the lock held), reusing the one there if it fits."""
+    global _current
+    if _current is not None and (_current.key != key or not _current.alive or _current.why):
+        _close_current()
+    if _current is None:
+        _current = Zygote(zygote_env(rank_env, boot_dir), key, key[1], key[2])
+
+
+def prestart(program: list[str]) -> None:
+    """Start this process's zygote for procs runs of `program` now, without waiting for its
+    imports: they overlap the launcher's own work (a sweep's first scenario). Runs whose
+    start-up differs replace it, as without this call."""
+    from commsim.launch.config import RunConfig
+    from commsim.launch.rank_env import rank_env
+    if os.environ.get(FRESH) == "1" or not _lock.acquire(blocking=False):
+        return
+    try:
+        cfg = RunConfig(machine="hgx-h100-8", nproc_per_host=1, command=list(program)).resolve()
+        env = rank_env(cfg, 0, cfg.cluster(), dict(os.environ), "", 0)
+        key = _key(env, "", (), "")
+        if key not in _refused:
+            _start(env, "", key)
     finally:
         _lock.release()

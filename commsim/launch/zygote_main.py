@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import gc
 import ctypes
 import importlib
 import importlib.machinery
@@ -35,12 +36,19 @@ import signal
 import socket
 import sys
 import threading
+import weakref
 from typing import Any, NoReturn
 
 from commsim.hosting.install.patches import Patches
 
-PRELOAD = ("torch", "torch.distributed", "commsim.launch.bootstrap",
-           "commsim.hosting.surfaces.table")
+# What every rank imports before or while its program starts: torch, and commsim's hosting
+# with what a rank's bootstrap and first CUDA call load (a generated scenario's machine and
+# faults, the process fabric, the communicator). numpy.random is reseeded in each child.
+PRELOAD = ("torch", "torch.distributed", "numpy.random", "commsim.launch.bootstrap",
+           "commsim.hosting.surfaces.table", "commsim.scenario.generate",
+           "commsim.scenario.runner", "commsim.hosting.state.fabric",
+           "commsim.hosting.state.process_wait", "commsim.sim.process_fabric",
+           "commsim.communicator")
 PR_SET_PDEATHSIG = 1            # linux/prctl.h
 MAX_MESSAGE = 1 << 20           # a spawn request: argv, environment, cwd
 _process = Patches()            # what a child changes for its life (never restored)
@@ -193,6 +201,12 @@ def become_rank(req: dict, fds: list[int]) -> None:
     _process.attr(sys, "orig_argv", [sys.executable] + list(argv))
     import tempfile
     _process.attr(tempfile, "tempdir", None)   # computed from TMPDIR on first use
+    # weakref.finalize callbacks registered in the zygote (torch.library's 134, which take
+    # 0.14 s to deregister operators from the dispatcher of a process that is ending) are
+    # the zygote's: at a rank's exit they would undo, or delete, what belongs to the zygote
+    # and every later rank (a temporary directory made at import); none runs at its exit.
+    for fin in list(weakref.finalize._registry):
+        fin.atexit = False
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:
         np_random.seed()              # numpy seeds its global state from the OS at import
@@ -288,6 +302,11 @@ def main() -> None:
         why = f"the zygote's imports failed: {type(e).__name__}: {e}"
     from commsim.procs.tree import set_subreaper
     set_subreaper(True)
+    # What the imports left goes to the permanent generation: a rank's collections then
+    # never walk it, each walk a copy-on-write fault per page of the zygote's heap (gc.freeze,
+    # Python 3.11 docs: "If a process will fork() without exec() ...").
+    gc.collect()
+    gc.freeze()
     req, fds = serve(sock, why)
     req["site_path"] = site_path
     become_rank(req, fds)
