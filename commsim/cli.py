@@ -47,11 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)    # a bad flag: usage, the flag named, SystemExit(2)
-    from commsim.hosting.install.hooks import when_imported
-    from commsim.sim import set_torch_threads
-    # Once torch is imported, not before: a launcher whose ranks are processes of their own
-    # (exec, sweep --exec in procs mode) never needs it (2 s of CPU to import).
-    when_imported("torch", lambda _torch: set_torch_threads())
     try:
         with terminate_cleanly(), exits_unwind():
             rc = args.func(args)
