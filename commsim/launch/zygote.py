@@ -72,6 +72,15 @@ class ForkedRank:
         if self.returncode is None:
             self.zygote.drain(0)
             self.returncode = self.zygote.exits.pop(self.pid, None)
+        if self.returncode is None and not self.zygote.alive:
+            # The zygote died first: its ranks became children of this process (the run's
+            # subreaper, procs/tree.py), which reaps them itself.
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
