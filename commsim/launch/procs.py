@@ -1,6 +1,7 @@
 """procs mode: every rank a real OS process, torchrun-style.
 
-Each rank is `python <program>` with torchrun's environment and the hosting start-up hook;
+Each rank is `python <program>` with torchrun's environment and the hosting start-up hook
+(forked from the launcher's warm zygote, commsim/launch/zygote.py, or a fresh interpreter);
 its output comes back line by line prefixed `[rankN]: `. The launcher waits: when the run
 outlives --timeout, every rank still running dumps its Python stacks (SIGUSR1, registered by
 the bootstrap) and is killed: a hang, diagnosed by where each rank waits. When a rank fails,
