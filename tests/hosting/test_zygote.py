@@ -46,6 +46,7 @@ def test_a_module_read_at_import_sees_its_rank_and_the_zygote_agrees_with_fresh_
     vz, rz, _ = hosted(PROG, **kw)
     vf, rf, _ = hosted(PROG, zygote=False, **kw)
     assert zygote.current_pid() == first, "a second run started another zygote"
+    assert vz.ok and vf.ok, vz.format() + "\n" + vf.format()
     assert vz.fresh is None and vf.fresh is None
     assert rz == rf and len(rz) == 2
     a = compare(vz, vf, STARTS)

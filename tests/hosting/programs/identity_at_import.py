@@ -14,4 +14,5 @@ print("RESULT " + json.dumps({
     "at_import": [early.LOCAL_RANK, early.CUDA_VISIBLE_DEVICES, early.HOSTNAME],
     "now": [os.environ.get("LOCAL_RANK"), os.environ.get("CUDA_VISIBLE_DEVICES"),
             socket.gethostname()]}))
+dist.barrier()          # no rank leaves while a slower one still connects (gloo's full mesh)
 dist.destroy_process_group()
