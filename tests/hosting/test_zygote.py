@@ -12,12 +12,17 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from commsim.launch import zygote
 from commsim.launch.agreement import STARTS, compare
 from commsim.procs import tree
 from commsim.util.pids import pid_running
 
 from hosting_helpers import PROGRAMS, hosted
+
+pytestmark = pytest.mark.skipif(os.environ.get(zygote.FRESH) == "1",
+                                reason="COMMSIM_FRESH_INTERPRETERS=1: this launcher forks no rank")
 
 PROG = PROGRAMS / "identity_at_import.py"
 ROOT = PROGRAMS.parents[2]
