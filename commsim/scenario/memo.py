@@ -4,11 +4,12 @@ A sweep worker regenerates and judges thousands of scenarios, and many share a m
 preset shapes; 2,000 ids of the default mix hold 728 distinct machines, most without a
 machine fault). What is kept here is a pure function of its key, and the key is a canonical
 form of every input the value depends on:
-- `machine(shape, faults, make)`: the Cluster of preset shape `shape` with its machine faults
-  applied in order. A Fault is a frozen dataclass of every parameter of the fault (kind,
-  host, GPU, pair, state ...), so (shape, faults) names the machine; the preset table and the
-  fault rules are code, fixed in a process. One Cluster object per distinct machine, so the
-  caches keyed by a cluster object (GroupFacts.of, P2P probe verdicts) hit across scenarios.
+- `machine((shape, versions, faults), make)`: the Cluster of preset shape `shape` with the
+  plan's component versions (driver, CUDA, torch, NCCL) and its machine faults applied in
+  order. A Fault is a frozen dataclass of every parameter of the fault (kind, host, GPU,
+  pair, state ...), so the triple names the machine; the preset table and the fault rules
+  are code, fixed in a process. One Cluster object per distinct machine, so the caches keyed
+  by a cluster object (GroupFacts.of, P2P probe verdicts) hit across scenarios.
 - `group_truth(cluster, gpus, order, make)`: a group's legal backends on a machine this memo
   built: a function of the machine's key, the group's GPUs and the policy order (the backend
   registry and each backend's rule are code). A machine it did not build (a scenario file's)
@@ -68,11 +69,10 @@ def _lookup(table: "OrderedDict[Hashable, Any]", key: Hashable, what: str) -> An
     return got
 
 
-def machine(shape: str, faults: tuple, make: Callable[[], T]) -> T:
-    """The machine of `shape` with the machine faults `faults` (in the order applied)."""
+def machine(key: tuple, make: Callable[[], T]) -> T:
+    """The machine `key` names: (shape, versions, machine faults in the order applied)."""
     if not _on:
         return make()
-    key = (shape, faults)
     got = _lookup(_machines, key, "machine")
     if got is not _lookup:
         return got
