@@ -9,8 +9,8 @@ order: a rank whose failure followed a peer's exit (a knock-on, cause.py) in one
 have made the same call before that peer exited in the other: which comes first is a race
 between real processes, and a fixed order under the scheduler.
 
-The same harness holds procs mode's two ways of starting ranks to one verdict
-(`interpreters_agree`): forked from the warm zygote, and fresh interpreters.
+The same comparison holds procs mode's two ways of starting ranks to one verdict
+(`compare(..., STARTS)`): forked from the warm zygote, and fresh interpreters.
 """
 
 from __future__ import annotations
@@ -116,10 +116,3 @@ def _run(cfg: RunConfig, **change: object) -> Verdict:
 def modes_agree(cfg: RunConfig) -> Agreement:
     """Run cfg's program in both modes (cfg.mode is ignored) and compare the verdicts."""
     return compare(*(_run(cfg, mode=m) for m in MODES))
-
-
-def interpreters_agree(cfg: RunConfig) -> Agreement:
-    """Run cfg's program in procs mode with its ranks forked from the warm zygote and as
-    fresh interpreters, and compare the verdicts (the zygote's must be the fresh one's)."""
-    return compare(_run(cfg, mode="procs", zygote=True), _run(cfg, mode="procs", zygote=False),
-                   STARTS)
