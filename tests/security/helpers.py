@@ -114,3 +114,25 @@ class InFlight:
         while time.monotonic() < deadline and any(running(x) for x in pids):
             time.sleep(0.1)
         return {x for x in pids if running(x)}
+
+
+FORKED: list[int] = []     # children of fork_child not reaped yet (a fixture kills leftovers)
+
+
+def fork_child(child) -> tuple[int, int]:
+    """Run child(write_fd) in a forked process; returns (pid, read end of its report pipe).
+    The child exits 0 when `child` returns, 1 when it raises."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            child(w)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    FORKED.append(pid)
+    return pid, r
+
