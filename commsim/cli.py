@@ -47,8 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)    # a bad flag: usage, the flag named, SystemExit(2)
-    from commsim.sim import set_torch_threads
-    set_torch_threads()
     try:
         with terminate_cleanly(), exits_unwind():
             rc = args.func(args)

@@ -33,10 +33,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from commsim.driver import FdTransportError
+from commsim.util.peercred import peer_credentials
 
 DEFAULT_TIMEOUT = 30.0      # FlashInfer's fd_exchange gives a peer 30 s to connect
 _HEADER = struct.Struct("<q")   # the sender's pid
-_CRED = struct.Struct("3i")     # struct ucred: pid, uid, gid (man 7 unix, SO_PEERCRED)
 _KEY_BYTES = 32
 
 
@@ -70,14 +70,6 @@ def recv_fd(listener: socket.socket, timeout: float = 30.0) -> int:
         raise OSError("recvmsg: no fd came with the message (SCM_RIGHTS)")
     return fds[0]
 
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the other end as the kernel recorded them: for a connecting socket those
-    of the process that called listen(), for an accepted one those of the connecting process
-    (man 7 unix, SO_PEERCRED)."""
-    pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-    return pid, uid
 
 
 def key_path() -> Path:

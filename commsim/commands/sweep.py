@@ -130,7 +130,8 @@ def _emit(rep, args: argparse.Namespace) -> int:
         rep.write_json(args.json)
         print(f"JSON report: {args.json}")
     if args.html:
-        rep.write_html(args.html)
+        from commsim.report.sweep_map import write_html
+        write_html(rep, args.html)
         print(f"HTML backend map: {args.html}")
     if args.junit_xml:
         from commsim.report.junit import Case, write_junit

@@ -85,10 +85,11 @@ def compare(procs: Verdict, inproc: Verdict) -> Agreement:
             out.differences.append(f"rank {r}: procs {ra.get(r)}, inproc {rb.get(r)}")
             if "knock-on" in (ra.get(r), rb.get(r)):
                 order.append(r)
-    # A root cause that moved to another rank with the same failure, each of the two ranks a
-    # knock-on in the other mode, is the same race: which peer exited first.
+    # A root cause that moved to another rank with the same failure is the same race when the
+    # lower of the two (the root in one mode) is a knock-on in the other: which peer exited
+    # first decided which rank met the failure first.
     moved = (a.root != b.root and a.root is not None and b.root is not None
-             and a.root[1:] == b.root[1:] and {a.root[0], b.root[0]} <= set(order))
+             and a.root[1:] == b.root[1:] and min(a.root[0], b.root[0]) in order)
     rank_differences = len(out.differences) - (a.root != b.root)
     if order and len(order) == rank_differences and (a.root == b.root or moved):
         out.why = (f"exit order: rank(s) {', '.join(map(str, order))} failed after a peer "

@@ -163,6 +163,9 @@ class RunConfig:
         parts += ["--mode", self.mode, "--seed", str(self.seed)]
         if self.visible != "all":
             parts += ["--visible", self.visible]
+        if self.timeout != RunConfig.timeout:
+            # A hang's verdict depends on it (and, inproc, a program's virtual sleeps).
+            parts += ["--timeout", f"{self.timeout:g}"]
         if self.residue != "report":
             parts += ["--residue", self.residue]
         if self.launcher != "torchrun":

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, TextIO
 
 from commsim.runtime.diagnosis import HangDetected
 from commsim.group.local import LocalWorld
-from commsim.sim import SimDriver, SimFabric
+from commsim.sim import SimDriver, SimFabric, set_torch_threads
 from commsim.topology.model import GpuRef
 from commsim.hosting.state import rankview
 from commsim.launch.bootstrap import shm_dir
@@ -164,6 +164,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
                target: Callable[[], Any] | None = None) -> Verdict:
     """Run cfg's program (or `target()`, a callable: the pytest plugin's test function) as
     every rank."""
+    set_torch_threads()       # the ranks' simulated kernels run here, one at a time
     cluster = cfg.cluster()
     fabric = SimFabric(cluster, cfg.seed)
     world = LocalWorld(cfg.world_size, cfg.seed)

@@ -2,7 +2,7 @@
 
     ids = select_ids(count=1000, seed=0)                   # sampler ids s0-0 ... s0-999
     rep = run_sweep(ids, jobs=2)                          # worker processes (`_context`)
-    print(rep.summary()); rep.write_json("out.json"); rep.write_html("out.html")
+    print(rep.summary()); rep.write_json("out.json")   # HTML: commsim.report.sweep_map
 
 A scenario's record carries its id; `commsim replay <id>` rebuilds it from the id alone.
 Worker processes may or may not see monkeypatches of the parent (they are forked from it or

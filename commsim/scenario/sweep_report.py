@@ -1,18 +1,15 @@
 """A sweep's report: every scenario's record, the table and failure list `commsim sweep`
-prints, its JSON (what `sweep merge` reads back and scripts/sweep_digest.py digests) and the
-HTML backend map. Built by commsim.scenario.sweep from a run, or by
+prints, its JSON (what `sweep merge` reads back and scripts/sweep_digest.py digests) (the HTML
+backend map is commsim.report.sweep_map's). Built by commsim.scenario.sweep from a run, or by
 commsim.scenario.executors from the JSON reports of a sweep's shards."""
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from commsim.backends import backends
-from commsim.scenario import generate as G
 from commsim.scenario.oracle import KINDS
 
 
@@ -106,86 +103,9 @@ class Report:
         from commsim.util.fileio import write_atomic
         write_atomic(path, json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n", overwrite=True)
 
-    def write_html(self, path: str) -> None:
-        from commsim.util.fileio import write_atomic
-        write_atomic(path, render_html(self), overwrite=True)
-
 
 def _table(rows: list[tuple[str, ...]], head: tuple[str, ...]) -> str:
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths))] +
                      [fmt.format(*r) for r in rows])
-
-
-# -- HTML ----------------------------------------------------------------------------------------------
-def render_html(rep: Report) -> str:
-    """The backend map: machine shape (rows) x group shape (columns), each cell coloured by
-    the majority backend over its ops, with scenario and failure counts."""
-    colours = {n: c.colour for n, c in backends().items()}    # each backend declares its own
-    cells = rep.cells()
-    shapes = sorted({s for s, _ in cells}, key=_shape_key)
-    layouts = sorted({l for _, l in cells}, key=_layout_key)
-    esc = html.escape
-    parts = ['<div class="h corner">machine \\ groups</div>']
-    parts += [f'<div class="h col">{esc(l)}</div>' for l in layouts]
-    for s in shapes:
-        parts.append(f'<div class="h row">{esc(s)}</div>')
-        for l in layouts:
-            c = cells.get((s, l))
-            if c is None:
-                parts.append('<div class="cell empty"></div>')
-                continue
-            bk = c["backends"]
-            top, n = (bk.most_common(1)[0] if bk else ("none", 0))
-            share = n / max(sum(bk.values()), 1)
-            colour = colours.get(top, "#dddddd")
-            title = (f"{s} / {l}: {c['scenarios']} scenario(s); ops by backend: "
-                     + ", ".join(f"{b} {k}" for b, k in bk.most_common())
-                     + (f"; {c['failures']} failed" if c["failures"] else ""))
-            fail = f'<span class="fail">&#x2716;{c["failures"]}</span>' if c["failures"] else ""
-            parts.append(f'<div class="cell{" bad" if c["failures"] else ""}" title="{esc(title)}" '
-                         f'style="background:{colour};opacity:{0.45 + 0.55 * share:.2f}">'
-                         f'<b>{esc(top)}</b><br>{c["scenarios"]}{fail}</div>')
-    legend = "".join(f'<span class="key" style="background:{c}">{b}</span>'
-                     for b, c in colours.items())
-    kc = rep.kind_counts()
-    fl = "".join(f"<li><code>{esc(r['id'])}</code> {esc(', '.join(r['kinds']))}: "
-                 f"{esc(r['description'])}<br><code>{esc(r['replay'])}</code></li>" for r in rep.failed[:200])
-    n = len(rep.records)
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>commsim sweep: backend map</title>
-<style>
-body {{ font: 13px/1.35 system-ui, sans-serif; margin: 1.5em; color: #222; }}
-.grid {{ display: grid; grid-template-columns: 13em repeat({len(layouts)}, minmax(5.2em, 1fr)); gap: 2px; }}
-.h {{ font-weight: 600; padding: 3px; background: #f3f3f3; }}
-.col {{ text-align: center; }}
-.cell {{ color: #fff; text-align: center; padding: 3px; border-radius: 3px; font-size: 12px; }}
-.cell.empty {{ background: #fafafa; }}
-.cell.bad {{ outline: 3px solid #d62728; outline-offset: -3px; }}
-.fail {{ display: inline-block; margin-left: .4em; background: #d62728; color: #fff; padding: 0 .3em; border-radius: 2px; }}
-.key {{ color: #fff; padding: 2px 8px; margin-right: 6px; border-radius: 3px; }}
-</style></head><body>
-<h1>commsim sweep: backend map</h1>
-<p>{n} scenario(s), {n - len(rep.failed)} clean, {len(rep.failed)} failed, {rep.wall_s:.1f} s
-with {rep.jobs} job(s). Each cell: the backend chosen for most ops of that machine shape and group
-layout (opacity = its share), the scenario count, and failures marked in red.</p>
-<p>{legend}</p>
-<p>failures by kind: {esc(', '.join(f'{k} {v}' for k, v in kc.items()))}</p>
-<div class="grid">
-{chr(10).join(parts)}
-</div>
-<h2>Failures</h2>
-<ul>{fl or '<li>none</li>'}</ul>
-</body></html>
-"""
-
-
-def _shape_key(s: str) -> tuple:
-    nums = [int(x) for x in re.findall(r"[:*](\d+)", s)]
-    return (G.shape_family(s), "*" in s, nums)
-
-
-def _layout_key(l: str) -> tuple:
-    m = re.match(r"tp(\d+)(?:xdp(\d+))?(\+dp)?", l)
-    return (int(m.group(1)), int(m.group(2) or 1), bool(m.group(3))) if m else (999, 0, False)

@@ -8,7 +8,10 @@ from commsim.sim.faults import ProcessFaults
 
 
 def set_torch_threads() -> None:
-    """Called where a run starts (the CLI, the runner, a rank process), never at import.
+    """Called where simulated kernels are about to run in this process (the scenario runner,
+    the in-process launcher of hosted ranks, a rank process), never at import, and not by the
+    CLI itself: a verb that runs nothing here (a procs-mode launch, `topo`, `--help`) does not
+    pay torch's import.
     Simulated kernels run one rank at a time on one OS thread; torch's intra-op thread pool
     only adds hand-off cost there (measured on the 2-core machine: a 1 MiB bf16->f32 cast took
     7.3 ms with 2 threads, 0.15 ms with 1). COMMSIM_TORCH_THREADS overrides."""

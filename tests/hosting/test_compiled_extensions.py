@@ -36,10 +36,17 @@ def test_every_declaration_has_a_version_range_and_one_entry_per_module():
 
 def test_the_message_names_the_module_what_is_served_and_what_is_not(monkeypatch):
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.7.2.post1")
-    text = str(extensions.not_served_error("flashinfer-jit", "trtllm_comm"))
-    assert text.startswith("commsim hosting: flashinfer JIT module 'trtllm_comm' is a compiled "
-                           "CUDA extension; served: none; not served: trtllm_lamport_initialize")
+    text = str(extensions.not_served_error("flashinfer-jit", "vllm_comm"))
+    assert text.startswith("commsim hosting: flashinfer JIT module 'vllm_comm' is a compiled "
+                           "CUDA extension; served: none; not served: meta_size")
     assert "(flashinfer-python 0.7.2.post1;" in text
+    text = str(extensions.not_served_error("flashinfer-jit", "trtllm_comm",
+                                           op="trtllm_moe_allreduce_fusion"))
+    assert text.startswith("commsim hosting: flashinfer JIT module 'trtllm_comm' is a compiled "
+                           "CUDA extension; served: trtllm_allreduce_fusion, "
+                           "trtllm_lamport_initialize, trtllm_lamport_initialize_all; not "
+                           "served: trtllm_custom_all_reduce, "), text
+    assert "(flashinfer-python 0.7.2.post1; trtllm_moe_allreduce_fusion called; " in text
     other = str(extensions.not_served_error("flashinfer-jit", "gemm_sm100"))
     assert "not served: every op (not declared for flashinfer-python 0.7.2.post1)" in other
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.4.1")
@@ -62,3 +69,27 @@ def test_a_declared_extension_module_is_found_but_not_loaded_in_a_rank(monkeypat
         solo(r, lambda: importlib.import_module(name))
     assert name not in sys.modules
     assert importlib.import_module(name).__file__ == spec.origin      # not a hosted rank
+
+
+def test_a_served_module_gives_its_ops_and_the_named_error_for_the_others(monkeypatch):
+    from commsim.hosting.surfaces.compiled.served import ServedModule
+    monkeypatch.setattr(extensions, "_installed", lambda lib: "0.7.2.post1")
+    ext, _, _ = extensions.declared("flashinfer-jit", "trtllm_comm")
+    m = ServedModule(ext, "flashinfer-jit")
+    assert m.trtllm_allreduce_fusion is ext.served["trtllm_allreduce_fusion"]
+    with pytest.raises(CompiledExtensionNotServed, match="trtllm_custom_all_reduce called"):
+        m.trtllm_custom_all_reduce
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_op'"):
+        m.no_such_op
+
+
+def test_every_served_op_cites_the_kernel_source_it_follows():
+    """Each served FlashInfer op's module names the repository, the commit and the kernel
+    files."""
+    for e in extensions.EXTENSIONS:
+        if e.library != "flashinfer-python":
+            continue
+        for name, op in e.served.items():
+            doc = sys.modules[op.__module__].__doc__
+            assert "flashinfer-ai/flashinfer at " in doc and ".cuh" in doc and ".cu" in doc, name
+            assert op.__doc__, name

@@ -56,6 +56,7 @@ def test_leaked_mapping_is_listed_and_fails_the_run_only_under_residue_fail():
     assert v.exit_code == 1 and all(p.exit_code == 0 for p in v.ranks)
     assert [len(p.residue) for p in v.ranks] == [1, 1], v.format()
     assert "--residue fail" in v.cfg.replay_command()
+    assert "--timeout" not in v.cfg.replay_command()       # the default is not repeated
 
 
 @pytest.mark.parametrize("mode", ["inproc", "procs"])

@@ -55,17 +55,32 @@ def test_a_peer_that_gives_up_is_the_root_cause_and_the_waiters_are_knock_ons():
     assert "  knock-on failures (after a peer failed or exited): rank(s) 1-3" in _root_lines(v)
 
 
-@pytest.mark.parametrize("machine, per, prog", [
-    ("rtx4090-8", 8, VLLM),           # every rank 217 in both modes (an open after the
+@pytest.mark.parametrize("machine, per, visible, prog", [
+    ("rtx4090-8", 8, "all", VLLM),    # every rank 217 in both modes (an open after the
                                       # exporter exited answers the device check first, H5O)
-    ("hgx-h100-8", 4, GIVES_UP),
-    ("gb200-nvl72:2", 1, VLLM),
+    ("hgx-h100-8", 4, "all", GIVES_UP),
+    ("gb200-nvl72:2", 1, "one", VLLM),
+    ("dgx-spark-2", 1, "one", VLLM),  # two hosts, no NVLink between them: row L8
+    ("l40s-8-pcie", 4, "all", VLLM),  # one PCIe host without peer access: row L10
 ])
-def test_procs_and_inproc_agree(machine, per, prog):
+def test_procs_and_inproc_agree(machine, per, visible, prog):
     a = modes_agree(RunConfig(machine=machine, nproc_per_host=per, seed=1, timeout=60,
-                              visible="one" if machine.startswith("gb200") else "all",
-                              command=[prog]))
+                              visible=visible, command=[prog]))
     assert a.agree, a.text()
+
+
+@pytest.mark.parametrize("machine, per, visible, why", [
+    ("dgx-spark-2", 1, "one", "    why: this rank is on spark-0, the handle's memory on rank 1 "
+                              "(spark-1/gpu0); legacy IPC handles are host-local (row L8: "
+                              "cudaIpcOpenMemHandle -> invalid resource handle)"),
+    ("l40s-8-pcie", 4, "all", "    why: l40s-0/gpu0 -> rank 1 (l40s-0/gpu1): the two GPUs have no "
+                              "peer access (row L10: cudaDeviceCanAccessPeer is 0)"),
+])
+def test_the_first_lines_name_the_root_cause_and_the_reason(machine, per, visible, why):
+    v, _, _ = hosted(VLLM, machine, nproc_per_host=per, visible=visible, seed=1)
+    lines = _root_lines(v)
+    assert lines[2].startswith("  rank 0 ("), lines
+    assert lines[4] == why, lines
 
 
 def test_where_the_modes_cannot_agree_the_harness_says_why():

@@ -18,7 +18,7 @@ from commsim.topology.importers.nccl_xml import (
 )
 from commsim.topology.model import Cluster, FabricState, ZERO_UUID
 
-DATA = Path("/work/shared/data/nccl-topologies")
+DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 KiB = 1 << 10
 
 # file -> (GPUs, hosts, NVLink domain, legal backends for a group of every GPU). Domain:

@@ -15,7 +15,6 @@ from commsim.topology.importers.nvidia_smi import (
 from commsim.topology.model import Cluster, FabricState, TopologyError, ZERO_UUID
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "topo"
-SEED = Path("/work/shared/seeds/000_5b71d9806e5712c4.txt")
 
 
 def parse(name: str, p2p: str | None = None) -> ParsedHost:
@@ -64,10 +63,10 @@ def test_gb200_tray_parses_gpus_and_skips_nics_affinity_legend() -> None:
     assert p.cells[0] == (None, "NV18", "NV18", "NV18")
 
 
-@pytest.mark.skipif(not SEED.exists(), reason="shared seeds not present")
-def test_whole_seed_bug_report_parses() -> None:
-    # The matrix sits in the middle of a bug report: prose before, legend and prose after.
-    p = parse_topo_matrix(SEED.read_text(), SEED.name)
+def test_matrix_inside_a_pasted_environment_report_parses() -> None:
+    # SGLang's `python3 -m sglang.check_env` output as pasted, verbatim, into a public bug
+    # report from two GB200 trays: package versions before the matrix, legends and limits after.
+    p = parse("sglang_check_env_gb200_tray.txt")
     assert p.gpu_count == 4 and p.nic_count == 8 and p.nvlink_counts() == {18}
 
 

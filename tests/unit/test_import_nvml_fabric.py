@@ -19,7 +19,7 @@ from commsim.topology.model import FabricState, NVML_ERROR_UNKNOWN, ZERO_UUID
 
 FABRIC = Path(__file__).resolve().parents[1] / "data" / "fabric"
 TOPO = Path(__file__).resolve().parents[1] / "data" / "topo"
-XML = Path("/work/shared/data/nccl-topologies")
+XML = Path(__file__).resolve().parents[1] / "data" / "nccl"
 RACK_UUID = bytes.fromhex("8b7e3c1a5d2f4e6b9a0c1f2e3d4c5b6a")
 
 TRAY = (FABRIC / "gb200_tray_completed.txt").read_text()

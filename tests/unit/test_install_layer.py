@@ -209,3 +209,26 @@ def test_the_dispatcher_and_the_stand_in():
         assert str(e) == "commsim hosting: torch.cuda.MemPool is not simulated (use the caching allocator)"
     else:
         raise AssertionError("the stand-in did not raise")
+
+
+def test_a_surface_declared_again_while_installed_is_still_restored():
+    """A surface module imported a second time (a reload, a purged sys.modules entry)
+    declares its surface again while the first declaration is installed: uninstall_all must
+    still restore what the first one patched."""
+    import subprocess
+    import sys
+    code = (
+        "import types, sys\n"
+        "from commsim.hosting.install import registry\n"
+        "m = types.ModuleType('m'); m.x = 'real'; sys.modules['m'] = m\n"
+        "def patch(p): p.attr(m, 'x', 'fake')\n"
+        "registry.register_surface('probe', patch)\n"
+        "registry.install_all()\n"
+        "registry.register_surface('probe', patch)\n"
+        "registry.install_all()\n"
+        "assert m.x == 'fake', m.x\n"
+        "registry.uninstall_all()\n"
+        "print(m.x)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "real"

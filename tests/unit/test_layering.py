@@ -201,3 +201,13 @@ def test_every_module_has_a_layer_and_imports_none_above_it():
 def test_the_layer_check_sees_an_upward_import():
     assert _layer_of("commsim.sim.driver") < _layer_of("commsim.scenario.runner")
     assert _layer_of("commsim.hosting.surfaces.nvml") < _layer_of("commsim.launch.run")
+
+
+def test_a_verb_that_runs_no_kernel_here_does_not_import_torch():
+    """torch's import is seconds of CPU: a procs-mode launcher or `topo show` pays none."""
+    code = ("import sys\nfrom commsim.cli import main\n"
+            "assert main(['topo', 'show', 'hgx-h100-8']) == 0\n"
+            "print('torch' in sys.modules, file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={"PATH": "", "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and p.stderr.strip() == "False", p.stderr

@@ -14,7 +14,7 @@ from commsim.topology.presets import build
 
 ROOT = Path(__file__).resolve().parents[2]
 SMI = ROOT / "tests" / "data" / "topo" / "a100_pcie_bridge_pairs.txt"
-XML = Path("/work/shared/data/nccl-topologies/azure_ncv4-topo.xml")
+XML = ROOT / "tests" / "data" / "nccl" / "azure_ncv4-topo.xml"
 
 
 def test_preset_spec_is_a_preset_and_slices():
@@ -33,7 +33,6 @@ def test_topo_matrix_text_is_sniffed_and_needs_hosts(tmp_path):
     assert importers.sniff(str(renamed), renamed.read_text()).name == "nvidia_smi"
 
 
-@pytest.mark.skipif(not XML.exists(), reason="shared NCCL topology data not present")
 def test_nccl_xml_is_sniffed_by_content(tmp_path):
     assert importers.load(str(XML)).format == "nccl_xml"
     pasted = tmp_path / "dump.txt"

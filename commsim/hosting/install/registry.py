@@ -56,12 +56,14 @@ _surfaces: dict[str, Surface] = {}
 
 def register_surface(name: str, patch: Callable[[Patches], None]) -> Surface:
     """Declare a surface. Registering a name again replaces the declaration (not installed
-    twice: an installed surface keeps running until uninstall_all)."""
+    twice: an installed surface keeps running, and the new declaration takes over its
+    recorder and nesting depth, so uninstall_all restores what the first one patched)."""
     with _lock:
         old = _surfaces.get(name)
         s = Surface(name, patch)
         if old is not None and old.installed:
-            s.installed = True
+            with old._lock:
+                s.installed, s.patches, s._depth = True, old.patches, old._depth
         _surfaces[name] = s
         return s
 

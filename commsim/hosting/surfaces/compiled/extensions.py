@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable
 
+from commsim.hosting.surfaces.compiled import flashinfer_mnnvl as fi_mnnvl
+from commsim.hosting.surfaces.compiled import flashinfer_trtllm as fi_trtllm
+
 __all__ = ["CompiledExtension", "CompiledExtensionNotServed", "EXTENSIONS", "declared",
            "not_served_error", "version_in"]
 
@@ -53,10 +56,12 @@ def _ops(text: str) -> tuple[str, ...]:
 
 EXTENSIONS: tuple[CompiledExtension, ...] = (
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_comm", "flashinfer-jit", _ops(
-        "trtllm_lamport_initialize trtllm_lamport_initialize_all trtllm_custom_all_reduce "
-        "trtllm_allreduce_fusion trtllm_moe_allreduce_fusion trtllm_moe_finalize_allreduce_fusion")),
-    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_mnnvl_comm", "flashinfer-jit",
-                      _ops("trtllm_mnnvl_allreduce_fusion")),
+        "trtllm_custom_all_reduce trtllm_moe_allreduce_fusion trtllm_moe_finalize_allreduce_fusion"),
+        served={"trtllm_lamport_initialize": fi_trtllm.trtllm_lamport_initialize,
+                "trtllm_lamport_initialize_all": fi_trtllm.trtllm_lamport_initialize_all,
+                "trtllm_allreduce_fusion": fi_trtllm.trtllm_allreduce_fusion}),
+    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_mnnvl_comm", "flashinfer-jit", (),
+                      served={"trtllm_mnnvl_allreduce_fusion": fi_mnnvl.trtllm_mnnvl_allreduce_fusion}),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "vllm_comm", "flashinfer-jit", _ops(
         "meta_size init_custom_ar register_buffer get_graph_buffer_ipc_meta "
         "register_graph_buffers all_reduce dispose")),
@@ -108,8 +113,9 @@ def declared(kind: str, module: str) -> tuple[CompiledExtension | None, str, str
     return None, "", None
 
 
-def not_served_error(kind: str, module: str) -> CompiledExtensionNotServed:
-    """The named error for loading `module` in a hosted rank."""
+def not_served_error(kind: str, module: str, op: str | None = None) -> CompiledExtensionNotServed:
+    """The named error for loading `module` in a hosted rank, or for calling its op `op` that
+    is declared but not served."""
     ext, library, version = declared(kind, module)
     what = f"flashinfer JIT module {module!r}" if kind == "flashinfer-jit" else module
     at = f"{library} {version}" if version else library
@@ -117,8 +123,9 @@ def not_served_error(kind: str, module: str) -> CompiledExtensionNotServed:
         served, not_served = "none", f"every op (not declared for {at})"
     else:
         served = ", ".join(sorted(ext.served)) or "none"
-        not_served = ", ".join(ext.not_served) or "every op"
+        not_served = ", ".join(ext.not_served) or ("none" if ext.served else "every op")
+    called = f"{op} called; " if op else ""
     return CompiledExtensionNotServed(
         f"commsim hosting: {what} is a compiled CUDA extension; served: {served}; not served: "
-        f"{not_served} ({at}; no JIT build or extension load runs in a hosted rank)",
+        f"{not_served} ({at}; {called}no JIT build or extension load runs in a hosted rank)",
         name=module)

@@ -7,25 +7,62 @@ Two ways in:
   finder's spec of the module and, in a hosted rank, gives it a loader that raises. So
   `importlib.util.find_spec` still answers as installed; only the load is refused.
 - FlashInfer's JIT modules: once `flashinfer.jit.core` is imported, `JitSpec.build_and_load`
-  and every spec class's `build` and `load` refuse in a hosted rank before anything runs
-  (no ninja, nvcc or CuTe-DSL process; no AOT `.so` loaded). Outside a hosted rank both
-  are the library's own.
+  and every spec class's `build` and `load` are answered in a hosted rank before anything
+  runs (no ninja, nvcc or CuTe-DSL process; no AOT `.so` loaded): loading a module with
+  served ops gives its `ServedModule` (served.py), which is what FlashInfer's
+  `get_*_module()` wraps; loading any other module, or building one that is not served,
+  is the named error. Outside a hosted rank both are the library's own.
+- Compiler processes: FlashInfer asks `nvcc --list-gpu-arch` while it generates a JIT spec
+  (`compilation_context._nvcc_supports_sm107`), before any load; Triton runs ptxas. In a
+  hosted rank `subprocess` does not start a CUDA compiler or build tool (`COMPILERS`): the
+  start raises `CompilerNotStarted`, a FileNotFoundError naming the program, which is what
+  a caller that probes for a toolchain handles when there is none.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib.abc
 import importlib.machinery
+import os
+import subprocess
 from typing import Any
 
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
-from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, not_served_error
+from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, declared, not_served_error
+from commsim.hosting.surfaces.compiled.served import ServedModule
 
 _IMPORTED = frozenset(e.module for e in EXTENSIONS if e.kind == "import")
+# Programs that compile or build device code, by file name.
+COMPILERS = frozenset({"nvcc", "ptxas", "cicc", "cudafe++", "fatbinary", "nvlink", "ninja"})
 _active = [False]
+
+
+class CompilerNotStarted(FileNotFoundError):
+    """A hosted rank tried to start a CUDA compiler or build tool."""
+
+
+def _program(args: Any, executable: Any) -> str:
+    first = executable or (args if isinstance(args, (str, bytes, os.PathLike)) else
+                           next(iter(args), ""))
+    name = os.fsdecode(first)
+    return os.path.basename(name.split()[0] if isinstance(args, str) and not executable
+                            else name)
+
+
+def _no_compiler(real: Any) -> Any:
+    @functools.wraps(real)
+    def execute_child(self: Any, args: Any, executable: Any, *rest: Any) -> Any:
+        prog = _program(args, executable)
+        if prog in COMPILERS and _active[0] and hosted() is not None:
+            raise CompilerNotStarted(
+                errno.ENOENT, f"commsim hosting: {prog} is not started in a hosted rank (no "
+                f"JIT build or compiler process runs there; served compiled ops need none)", prog)
+        return real(self, args, executable, *rest)
+    return execute_child
 
 
 class _RefusingLoader(importlib.abc.Loader):
@@ -54,11 +91,20 @@ class _ExtensionFinder(importlib.abc.MetaPathFinder):
 _finder = _ExtensionFinder()
 
 
-def _refusing(real: Any) -> Any:
+def _served_or_refused(attr: str, name: str) -> Any:
+    """What `spec.<attr>()` gives in a hosted rank for the JIT module `name`."""
+    ext, _, _ = declared("flashinfer-jit", name)
+    if ext is None or not ext.served:
+        raise not_served_error("flashinfer-jit", name)
+    # A served module has nothing to build: `build` is done, the loads give the stand-in.
+    return None if attr == "build" else ServedModule(ext, "flashinfer-jit")
+
+
+def _refusing(real: Any, attr: str) -> Any:
     @functools.wraps(real)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _active[0] and hosted() is not None:
-            raise not_served_error("flashinfer-jit", getattr(self, "name", type(self).__name__))
+            return _served_or_refused(attr, getattr(self, "name", type(self).__name__))
         return real(self, *args, **kwargs)
     call.__commsim_compiled__ = True                  # type: ignore[attr-defined]
     return call
@@ -78,7 +124,7 @@ def _patch_jit(patches: Patches, core: Any) -> None:
         for attr in ("build_and_load", "build", "load", "_build_and_load_jit_fallback"):
             real = cls.__dict__.get(attr)
             if real is not None and not getattr(real, "__commsim_compiled__", False):
-                patches.attr(cls, attr, _refusing(real))
+                patches.attr(cls, attr, _refusing(real, attr))
 
 
 def _deactivate() -> None:
@@ -89,6 +135,7 @@ def _install(patches: Patches) -> None:
     _active[0] = True
     patches.on_restore(_deactivate)
     patches.finder(_finder, first=True)
+    patches.attr(subprocess.Popen, "_execute_child", _no_compiler(subprocess.Popen._execute_child))
     patches.on_import("flashinfer.jit.core", lambda core: _patch_jit(patches, core))
 
 

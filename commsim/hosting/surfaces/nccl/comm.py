@@ -22,15 +22,18 @@ torch.distributed CPU group). Here:
   that never arrived. A peer that dies is not announced on this store (nobody marks it dead):
   its peers wait until the timeout.
 
-Init rules. Once every rank has checked in, each learns every rank's GPU and decides NCCL's
-init outcome with the project's model (commsim/libmodels/nccl_rules.py, docs/lifecycle-rules.md
-NC1-NC12) from the machine's ground truth and the rank's own NCCL_* variables: two ranks on
-one GPU are ncclInvalidUsage (NC10), MNNVL that looks available without IMEX is
-ncclSystemError (NC8), as the `nccl` backend fails its set-up. No automatic
+Init. Once every rank has checked in, the simulated NCCL (commsim/libmodels/nccl/) runs
+ncclCommInitRank's work through the rank's own driver: peer info and topology detection
+over NVML and the driver, NCCL's search (the decision model of nccl_rules.py), the MNNVL
+check, and connection set-up per peer with the driver calls NCCL makes for the pair's
+transport (cuMem POSIX fd over the proxy socket, FABRIC, legacy IPC, /dev/shm segments),
+then NVLS. A failing call is NCCL's code and WARN (ncclGetLastError). No automatic
 NCCL_MNNVL_ENABLE=0 is applied (that is commsim's policy, not NCCL's): the program sees the
 error a real NCCL gives it.
 
-Data. A collective reads and writes the ranks' simulated device memory at the addresses the
+Data. ncclAllReduce moves every peer's bytes over the connection set-up made for the pair
+(commsim/libmodels/nccl/datapath.py), so peer writes a machine loses hang it and garbled
+ones give a wrong result. The other collectives read and write the ranks' simulated device memory at the addresses the
 program passes (the data_ptr() of hosted CUDA tensors, cudaMalloc/ncclMemAlloc pointers),
 through the rank's driver (`driver.view`), and completes at the call, as every simulated
 stream operation does. Reductions run once over all ranks' inputs in rank order: float16 and
@@ -43,6 +46,7 @@ NCCL's ring or tree orders the additions differently: low bits of a float sum ma
 from __future__ import annotations
 
 import atexit
+import hashlib
 import functools
 import os
 import time
@@ -53,7 +57,10 @@ from typing import Any, Callable
 import numpy as np
 
 from commsim.kernels.collectives import store_rounded
-from commsim.libmodels.nccl_rules import ENV_VARS, decide, machine_from_cluster, parse_env
+from commsim.libmodels.nccl.comm import NcclComm, init as nccl_init
+from commsim.libmodels.nccl.errors import NcclError
+from commsim.libmodels.nccl.proxy import process_transport
+from commsim.libmodels.nccl.shm import DirShm, NamespaceShm
 from commsim.runtime.scheduler import wait_until
 from commsim.hosting.state.process_run import process_run
 from commsim.hosting.state.session import HostedRank
@@ -62,7 +69,6 @@ from commsim.hosting.wire.ranks import InprocTransport
 from commsim.group.torch_dist import ProcessWorld
 from commsim.hosting.wire.kvstore import StoreClient
 from commsim.hosting.wire.ranks import ProcsTransport
-from commsim.topology.model import GpuRef
 from commsim.hosting.wire.kvstore import StoreServer
 
 # ncclResult_t (nccl.h)
@@ -114,6 +120,7 @@ class Comm:
     windows: dict[int, tuple[int, int]] = field(default_factory=dict)   # window -> (ptr, size)
     registered: dict[int, tuple[int, int]] = field(default_factory=dict)
     alive: bool = True
+    nccl: NcclComm | None = None  # the simulated NCCL behind it: connections, log, data path
 
 
 @dataclass
@@ -317,19 +324,34 @@ def _procs(blob: bytes, gen: int, name: str, nranks: int, rank: int) -> Membersh
     return Membership(group, ProcsTransport(pw, deadline), ctx, tuple(range(nranks)))
 
 
-def init_decision(r: HostedRank, group: Any, device: int, site: str) -> None:
-    """Every rank's GPU, then NCCL's init outcome from the project's rules (module doc)."""
-    ref = r.visible[device]
-    placement = [GpuRef(h, i) for h, i in group.all_gather_object(
-        (ref.host, ref.index), tag=f"ncclCommInitRank at {site}")]
-    # os.environ is the rank's own view while it runs (rankview.py swaps it per inproc rank).
-    # NCCL reads many more variables (NCCL_DEBUG, NCCL_SOCKET_IFNAME ...); the ones the model
-    # knows change the outcome, the others are ignored as they change nothing here.
-    modelled = {k: v for k, v in os.environ.items() if k in ENV_VARS}
-    d = decide(machine_from_cluster(r.cluster, placement), parse_env(modelled))
-    if d.init_error is not None:
-        name, message = d.init_error
-        raise NcclFailure(RESULT_CODES[name], f"ncclCommInitRank: {message}")
+def init_nccl(r: HostedRank, group: Any, rank: int, nranks: int) -> NcclComm:
+    """ncclCommInitRank's work after the rendezvous: the simulated NCCL's init through this
+    rank's driver (commsim/libmodels/nccl/comm.py). os.environ is the rank's own view while
+    it runs (rankview.py swaps it per inproc rank). Its debug lines go to stdout under
+    NCCL_DEBUG, as NCCL prints them (src/debug.cc: stdout unless NCCL_DEBUG_FILE)."""
+    store = DirShm(r.shm_dir) if r.shm_dir else NamespaceShm(getattr(r.driver, "fabric", r.world),
+                                                            r.driver.shm_namespace())
+    level = os.environ.get("NCCL_DEBUG", "")
+    # OS processes pass fds over the proxy's Unix socket; in-process ranks over the driver's
+    # fd channel (the scheduler waits on it).
+    tag = hashlib.sha256(f"{r.shm_dir}\0{group.name}".encode()).hexdigest()[:16]
+    fds = None if r.world is not None else process_transport(tag, r.driver)
+    try:
+        comm = nccl_init(r.driver, group, rank, nranks, dict(os.environ), store, debug=level,
+                         fds=fds)
+    except NcclError as e:
+        _print_debug(level, e.warn, r)
+        raise NcclFailure(e.code, e.warn) from None      # ncclGetLastError: the WARN text
+    for line in comm.log.shown():
+        print(line, flush=True)
+    return comm
+
+
+def _print_debug(level: str, warn: str, r: HostedRank) -> None:
+    if level.upper() in ("WARN", "INFO", "TRACE"):
+        _, dev = r.driver.cudaGetDevice()
+        print(f"\n{r.driver.gethostname()}:{r.driver.getpid()}:{r.driver.getpid()} [{int(dev)}] "
+              f"NCCL WARN {warn}", flush=True)
 
 
 # ---- element types and reductions ------------------------------------------------------------

@@ -58,6 +58,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from commsim.libmodels.nccl.datapath import exchange
 from commsim.sim.driver_calls import Fail
 from commsim.hosting.install import fakelib
 from commsim.hosting.surfaces.nccl import comm as nc
@@ -244,7 +245,12 @@ def _reduce_op(api: str, send: int, recv: int, count: int, dt: int, op: int, com
 
     def run() -> None:
         src = _typed(_view(r, send, nbytes, api, "sendbuff"), dt)
-        out = c.group.combine_arrays(src, nc.reduce_parts, (op, dt, count), tag=_tag(api, c))
+        if root is None and c.nccl is not None:
+            # Every peer's bytes over the pair's connection (datapath.py).
+            parts = exchange(c.nccl, src.view(np.uint8), api)
+            out = nc.reduce_parts([_typed(p, dt) for p in parts], op, dt, count)
+        else:
+            out = c.group.combine_arrays(src, nc.reduce_parts, (op, dt, count), tag=_tag(api, c))
         if root is None or c.rank == root:
             _view(r, recv, nbytes, api, "recvbuff")[...] = np.asarray(out).view(np.uint8)
     _issue(api, c, stream, run)
@@ -377,10 +383,10 @@ def _comm_init_rank(out: int, nranks: int, unique: Any, rank: int) -> None:
     if int(err) != 0:
         raise NcclFailure(UNHANDLED_CUDA, f"{api} : cudaGetDevice failed ({int(err)})")
     m = nc.rendezvous(r, st, blob[:nc.ID_BYTES], nranks, rank, site)
-    nc.init_decision(r, m.group, int(device), site)
+    nccl = nc.init_nccl(r, m.group, rank, nranks)
     handle = nc.new_handle(st)
     st.comms[handle] = Comm(handle, nranks, rank, int(device), m.group, m.transport, m.ctx,
-                            m.members)
+                            m.members, nccl=nccl)
     _put(out, _P, handle)
 
 
@@ -390,6 +396,8 @@ def _comm_destroy(comm: int) -> None:
     _, st = _rank_state()
     c = nc.comm_of(st, comm, "ncclCommDestroy")
     c.alive = False
+    if c.nccl is not None:
+        c.nccl.close()
     del st.comms[comm]
 
 

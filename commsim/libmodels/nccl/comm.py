@@ -1,0 +1,146 @@
+"""ncclCommInitRank on the simulated machine, as a client of the process's driver
+(src/init.cc initTransportsRank, NVIDIA/nccl v2.27.3-1), and the communicator it makes:
+
+1. fillInfo + bootstrap all-gather + topology detection (topo.py);
+2. duplicate-GPU check, cuMem / MNNVL / NVLS eligibility and each pair's transport: the
+   decision model's search (commsim/libmodels/nccl_rules.py `decide`, fed by topo.py);
+3. the MNNVL check where the model turns MNNVL on: allocate a FABRIC buffer, export and
+   import it (src/mnnvl.cc ncclMnnvlCheck); a failure is ncclSystemError with its WARN;
+4. connection set-up per peer (transports.py) and NVLS (nvls.py).
+A failing step fails init on the rank it failed on (its code and WARN); its peers see
+ncclRemoteError (transports.raise_voted). What was set up is released on failure, and by
+`close` (ncclCommDestroy), so the process's ledger returns to zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from commsim.driver import FABRIC
+from commsim.libmodels.nccl import nvls, topo
+from commsim.libmodels.nccl.calls import DriverCalls
+from commsim.libmodels.nccl.errors import (RESULT_CODES, SYSTEM, NcclError, NcclLog)
+from commsim.libmodels.nccl.shm import ShmStore
+from commsim.libmodels.nccl.transports import Conn, Connector, raise_voted
+from commsim.libmodels.nccl_rules import ENV_VARS, NcclDecision, decide, parse_env
+
+DEFAULT_VERSION = 22703         # NCCL_VERSION(2,27,3); the run's NCCL version plugs in here
+CUDA_IPC_MIN = 2 << 20          # src/include/alloc.h: the MNNVL check's buffer size
+
+_MNNVL_WARN = ("MNNVL (cliqueSize {n}) is available but not working on this system. Check the "
+               "IMEX configuration (nvidia-imex-ctl -N). Set NCCL_MNNVL_ENABLE=0 to ignore this issue.")
+_MNNVL_ALLOC_WARN = ("MNNVL (cliqueSize {n}) is available but not working on this system. Check "
+                     "the IMEX channel configuration (/dev/nvidia-caps-imex-channels). Set "
+                     "NCCL_MNNVL_ENABLE=0 to ignore this issue.")
+
+
+@dataclass
+class NcclComm:
+    """One rank's communicator: what NCCL decided, what set-up made, its debug log."""
+
+    rank: int
+    nranks: int
+    group: Any
+    decision: NcclDecision
+    conns: dict[int, Conn]
+    nvls_note: str
+    calls: DriverCalls
+    connector: Connector
+    version: int
+    step: int = 0                       # collectives run (the flag value of the data path)
+    alive: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def log(self) -> NcclLog:
+        return self.calls.log
+
+    def transports(self) -> dict[int, str]:
+        return {p: c.via for p, c in self.conns.items()}
+
+    def close(self) -> None:
+        """ncclCommDestroy: unmap, free and release what set-up made (reverse order)."""
+        if self.alive:
+            self.alive = False
+            self.connector.res.release()
+            close = getattr(self.calls.fds, "close", None)
+            if close is not None:
+                close()
+
+
+def _modelled(env: Mapping[str, str]) -> dict[str, str]:
+    # NCCL reads many more variables (NCCL_DEBUG, NCCL_SOCKET_IFNAME ...); the model's
+    # variables change its search, the others change nothing here.
+    return {k: v for k, v in env.items() if k in ENV_VARS}
+
+
+def _mnnvl_check(c: DriverCalls, conn: Connector, clique: int) -> None:
+    """src/mnnvl.cc ncclMnnvlCheck: FABRIC memory allocated, exported and imported again."""
+    try:
+        h, _, _ = conn.cumem_alloc(CUDA_IPC_MIN, FABRIC)
+    except NcclError:
+        warn = _MNNVL_ALLOC_WARN.format(n=clique)
+        c.log.warn(warn)
+        conn.res.release()
+        raise NcclError(SYSTEM, warn, "cuMemCreate") from None
+    out = c.call("cuMemExportToShareableHandle", h, FABRIC, 0)
+    ok = int(out[0]) == 0
+    if ok:
+        back = c.call("cuMemImportFromShareableHandle", bytes(getattr(out[1], "data", out[1])), FABRIC)
+        ok = int(back[0]) == 0
+        if ok:
+            c.call("cuMemRelease", back[1])
+    conn.res.release()
+    if not ok:
+        warn = _MNNVL_WARN.format(n=clique)
+        c.log.warn(warn)
+        raise NcclError(SYSTEM, warn, "cuMemImportFromShareableHandle")
+
+
+def init(driver: Any, group: Any, rank: int, nranks: int, env: Mapping[str, str],
+         shm: ShmStore, version: int = DEFAULT_VERSION, debug: str = "",
+         fds: Any = None) -> NcclComm:
+    """Every rank of `group` calls it together; NcclError where NCCL's init fails (the
+    rank's log holds the WARN lines). `fds`: how fds travel between ranks (calls.py)."""
+    _, dev = driver.cudaGetDevice()
+    log = NcclLog(driver.gethostname(), driver.getpid(), int(dev), debug)
+    calls = DriverCalls(driver, log, fds=fds)
+    infos = group.all_gather_object(topo.local_info(driver, rank),
+                                    tag="ncclCommInitRank: bootstrap all-gather of peer info")
+    machine = topo.machine(infos)
+    envd = _modelled(env)
+    d = decide(machine, parse_env(envd))
+    if d.init_error is not None and d.init_error[0] == "ncclSystemError":
+        # The model's MNNVL verdict says the FABRIC self-test fails; here the self-test is
+        # run through the driver instead, so the search goes on as if it passed.
+        d = decide(topo.machine([_with_imex(p) for p in infos]), parse_env(envd))
+    if d.init_error is not None:
+        name, message = d.init_error
+        log.warn(message)
+        raise NcclError(RESULT_CODES[name], message)
+    conn = Connector(calls, group, rank, infos, d, shm)
+    err = None
+    if d.mnnvl:
+        try:
+            _mnnvl_check(calls, conn, sum(1 for p in infos if p.node == infos[rank].node))
+        except NcclError as e:
+            err = e
+        raise_voted(err, group.all_gather_object(None if err is None else (err.code, err.warn),
+                                                 tag="ncclCommInitRank: MNNVL check"))
+        log.info(f"MNNVL 1 cliqueId {infos[rank].node[1]:x}")
+    try:
+        conns = conn.run()
+        note = nvls.setup(conn, version, d.env.nvls == 1) if d.nvls else \
+            next((n for n in d.notes if n.startswith("NVLS")), "NVLS off")
+    except NcclError:
+        conn.res.release()
+        if fds is not None:
+            fds.close()
+        raise
+    log.info(f"comm rank {rank} nRanks {nranks} - Init COMPLETE")
+    return NcclComm(rank, nranks, group, d, conns, note, calls, conn, version)
+
+
+def _with_imex(p: topo.PeerInfo) -> topo.PeerInfo:
+    return replace(p, facts=replace(p.facts, imex=True))

@@ -1,0 +1,119 @@
+"""What NCCL learns of the machine at init, through the process's own driver and NVML, and
+the bootstrap all-gather that shares it (src/init.cc fillInfo + bootstrapAllGather, then
+ncclTopoGetSystem over NVML / sysfs; NVIDIA/nccl v2.27.3-1). The result is the decision
+model's `NcclMachine` (commsim/libmodels/nccl_rules.py), so NCCL's search is that model, fed
+by what this process's driver answers rather than by the topology file.
+
+Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
+- hostHash: the hostname (plus /proc/sys/kernel/random/boot_id, which one simulated host
+  shares: UNCONFIRMED that containers of a host share it; NCCL_HOSTID overrides both).
+- shmDev: `stat("/dev/shm").st_dev`, here the driver's shm namespace.
+- busId / nvmlDev: the NVML index of the current device (`driver.nvml_index`).
+- cuMem support: CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+  (src/misc/cudawrap.cc ncclIsCuMemSupported); multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED
+  (src/transport/nvls.cc ncclNvlsInit); FABRIC handles: ..._HANDLE_TYPE_FABRIC_SUPPORTED and
+  NVML's fabric info (src/init.cc ncclMnnvlCheck); IMEX channels: the channel device nodes
+  the process can open (the FABRIC self-test needs one).
+- per same-host peer: NVLink from nvmlDeviceGetP2PStatus (NCCL reads NVLinks from NVML), and
+  whether `cudaDeviceCanAccessPeer` allows it; a peer not visible to this process is not
+  asked (src/transport/p2p.cc: "CUDA 10.1 and later can use P2P with invisible devices").
+  The PCIe distance NCCL reads from sysfs is not asked of the driver: a same-host pair
+  without NVLink is SYS (UNCONFIRMED, as nccl_rules.machine_from_view).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cuda.bindings import driver as cu
+
+from commsim.driver import NVML_P2P_STATUS_OK
+from commsim.libmodels.nccl_rules import NcclMachine, NcclRank
+
+_A = cu.CUdevice_attribute
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """One rank's ncclPeerInfo as the bootstrap all-gather carries it: the decision model's
+    facts of the rank (`facts`: hostHash as the host, shmDev as the shm namespace, the GPU's
+    cuMem / multicast / FABRIC / IMEX support and fabric info), and what only set-up needs."""
+
+    facts: NcclRank
+    pid: int                            # pidHash
+    nvml: int                           # busId / nvmlDev
+    cuda_dev: int
+    nvlink: tuple[bool, ...]            # per NVML index of this host
+    access: tuple[bool | None, ...]     # cudaDeviceCanAccessPeer per NVML index (None: invisible)
+
+    @property
+    def rank(self) -> int:
+        return self.facts.rank
+
+    @property
+    def host(self) -> str:
+        return self.facts.host
+
+    @property
+    def node(self) -> tuple[bytes, int]:
+        """The NVLink clique (cluster UUID, clique id): an MNNVL node."""
+        return (self.facts.uuid, self.facts.clique)
+
+
+def _attr(driver: Any, attr: Any, dev: int) -> bool:
+    err, v = driver.cuDeviceGetAttribute(attr, dev)
+    return int(err) == 0 and bool(v)
+
+
+def _nvml_index(driver: Any, ordinal: int) -> int:
+    """The NVML index of a CUDA ordinal (NCCL matches them by PCI bus id); a driver that
+    cannot tell numbers them alike."""
+    index = getattr(driver, "nvml_index", None)
+    return ordinal if index is None else int(index(ordinal))
+
+
+def local_info(driver: Any, rank: int) -> PeerInfo:
+    """What this rank learns of itself through its driver (fillInfo + topology detection)."""
+    _, dev = driver.cudaGetDevice()
+    dev = int(dev)
+    nvml = _nvml_index(driver, dev)
+    _, count = driver.nvmlDeviceGetCount()
+    _, ordinals = driver.cudaGetDeviceCount()
+    by_nvml = {_nvml_index(driver, o): o for o in range(int(ordinals))}
+    nvlink, access = [], []
+    for j in range(int(count)):
+        err, status = driver.nvmlDeviceGetP2PStatus(nvml, j)
+        nvlink.append(j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK)
+        o = by_nvml.get(j)
+        if o is None or j == nvml:
+            access.append(None if o is None else True)
+        else:
+            err, ok = driver.cudaDeviceCanAccessPeer(dev, o)
+            access.append(int(err) == 0 and bool(ok))
+    err, fab = driver.nvmlDeviceGetGpuFabricInfo(nvml)
+    uuid, clique, state = (fab.cluster_uuid, fab.clique_id, fab.state) if int(err) == 0 \
+        else (bytes(16), 0, 0)
+    fabric_handle = _attr(driver, _A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev)
+    arch = "aarch64" if fabric_handle and any(uuid) else "x86_64"   # as machine_from_view
+    host = driver.gethostname()
+    facts = NcclRank(rank, host, driver.shm_namespace(), (host, nvml), arch,
+                     _attr(driver, _A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+                     True, _attr(driver, _A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, dev),
+                     fabric_handle, bool(driver.imex_channels()), bytes(uuid), int(clique),
+                     int(state))
+    return PeerInfo(facts, driver.getpid(), nvml, dev, tuple(nvlink), tuple(access))
+
+
+def machine(infos: list[PeerInfo]) -> NcclMachine:
+    """The decision model's view of the communicator, from every rank's PeerInfo."""
+    ranks, paths, access = [p.facts for p in infos], {}, set()
+    for a in infos:
+        for b in infos:
+            if a.rank == b.rank or a.host != b.host or a.nvml == b.nvml:
+                continue
+            paths[(a.rank, b.rank)] = "NVL" if b.nvml < len(a.nvlink) and a.nvlink[b.nvml] else "SYS"
+            seen = a.access[b.nvml] if b.nvml < len(a.access) else None
+            if seen is None or seen:
+                access.add((a.rank, b.rank))
+    return NcclMachine(tuple(ranks), paths, frozenset(access), "driver")

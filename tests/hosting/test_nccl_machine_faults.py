@@ -1,0 +1,149 @@
+"""The simulated NCCL (commsim/libmodels/nccl/) through the ctypes libnccl surface, in-process
+ranks on small machines: the driver calls its init makes, and each machine fault class's
+outcome with the NCCL v2.27.3-1 rule it follows (file cited per row). The faults are edits of
+the machine (the scenario fault registry); the NCCL code never names them: they reach it
+through the driver's answers."""
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+
+import sim_ranks as S
+from sim_ranks import module_surfaces  # noqa: F401  (fixture)
+from test_nccl_ctypes import P, UniqueId, _init, _lib
+
+from commsim.hosting.surfaces.nccl import comm as nc
+from commsim.runtime.diagnosis import HangDetected
+import commsim.scenario.faults  # noqa: F401  (registers the fault kinds)
+from commsim.scenario.fault_registry import apply_machine_fault
+from commsim.scenario.model import Fault
+
+H100 = "hgx-h100-8"
+
+
+def _mutate(*faults: Fault):
+    def edit(c):
+        for f in faults:
+            c = apply_machine_fault(c, f)
+        return c
+    return edit
+
+
+def _body(g):
+    """Init, one float32 all-reduce of rank-dependent values; what NCCL did."""
+    lib = _lib()
+    code, comm = _init(lib, g)
+    lib.ncclGetLastError.restype = ctypes.c_char_p
+    if code:
+        return {"init": code, "last": lib.ncclGetLastError(None).decode()}
+    st = nc.state(S.session.hosted())
+    nccl = st.comms[comm.value].nccl
+    x = torch.arange(1024, dtype=torch.float32, device="cuda") + g.rank
+    ar = lib.ncclAllReduce(x.data_ptr(), x.data_ptr(), 1024, 7, 0, comm, None)
+    want = sum(np.arange(1024, dtype=np.float32) + r for r in range(g.size))
+    out = {"init": 0, "via": sorted(set(nccl.transports().values())), "nvls": nccl.nvls_note,
+           "ar": ar, "exact": bool(np.array_equal(x.cpu().numpy(), want)),
+           "trace": [a for a, _ in nccl.calls.trace]}
+    assert lib.ncclCommDestroy(comm) == 0
+    return out
+
+
+def _run(spec, placement, *faults, env=None, monkeypatch=None):
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    fabric, ranks = S.ranks(spec, placement, mutate=_mutate(*faults))
+    outs = S.run(ranks, _body)
+    return fabric, ranks, outs
+
+
+def _values(outs):
+    for o in outs:
+        if o.error is not None:
+            raise o.error
+    return [o.value for o in outs]
+
+
+def test_init_trace_lists_the_cuMem_and_multicast_calls(module_surfaces):
+    """cuMem on (auto, src/misc/cudawrap.cc): P2P buffers are cuMemCreate'd, exported as POSIX
+    fds through the proxy and imported by the peer (src/transport/p2p.cc); NVLS creates,
+    joins, binds and maps a multicast object (src/transport/nvls.cc)."""
+    fabric, ranks, outs = _run(H100, [(0, 0), (0, 1), (0, 2)])
+    a, b, _ = _values(outs)
+    assert a["via"] == ["P2P/CUMEM"] and a["exact"] and a["ar"] == 0
+    for api in ("cuMemCreate", "cuMemExportToShareableHandle", "sendmsg(SCM_RIGHTS)",
+                "cuMemImportFromShareableHandle", "cuMemMap", "cuMemSetAccess",
+                "cuMulticastCreate", "cuMulticastAddDevice", "cuMulticastBindMem"):
+        assert api in a["trace"], api
+    assert "cuMulticastCreate" not in b["trace"] and "cuMulticastAddDevice" in b["trace"]
+    assert a["nvls"].startswith("NVLS on")
+    # ncclCommDestroy released what set-up made: every process's ledger is zero
+    # what is left is the program's own tensors: set-up's cuMem, fds and multicast are gone
+    assert {it.kind for r in ranks for it in r.driver.ledger} == {"allocation"}
+
+
+def test_cumem_off_uses_legacy_ipc(module_surfaces, monkeypatch):
+    """NCCL_CUMEM_ENABLE=0: cudaIpcGetMemHandle / cudaIpcOpenMemHandle (src/transport/p2p.cc)."""
+    _, _, outs = _run(H100, [(0, 0), (0, 1)], env={"NCCL_CUMEM_ENABLE": "0"}, monkeypatch=monkeypatch)
+    a, _ = _values(outs)
+    assert a["via"] == ["P2P/IPC"] and a["exact"]
+    assert "cudaIpcGetMemHandle" in a["trace"] and "cudaIpcOpenMemHandle" in a["trace"]
+    assert "cuMemCreate" not in a["trace"]
+
+
+PAIR = dict(host="hgx-h100-0", gpus=(0, 1))
+
+# (id, machine fault(s), env, expected per rank 0) -- rule and source in the comment.
+CASES = [
+    # P2P disabled: cudaDeviceCanAccessPeer = 0, p2pCanConnect refuses (src/transport/p2p.cc),
+    # SHM carries the pair (src/transport/shm.cc), exact.
+    ("p2p_disabled", [Fault("p2p_disabled", **PAIR)], {},
+     {"via": ["P2P/CUMEM", "SHM/direct/direct"], "exact": True}),
+    # One container per process: own /dev/shm (shmDev differs, src/transport/shm.cc) and the
+    # model's NET (NVIDIA/nccl#1647): exact over the network.
+    ("container_per_process", [Fault("container_per_process", host="hgx-h100-0")], {},
+     {"via": ["NET/Socket/0"], "exact": True}),
+    # P2P reported but the legacy IPC open refused (ACS): NCCL keeps P2P and its
+    # cudaIpcOpenMemHandle fails: CUDACHECK, ncclUnhandledCudaError (src/transport/p2p.cc).
+    ("p2p_ipc_refused", [Fault("p2p_ipc_refused", cause="acs", **PAIR)], {"NCCL_CUMEM_ENABLE": "0"},
+     {"init": 1, "last": "Cuda failure 'peer access is not supported between these two devices'"}),
+    # Corrupted peer writes: every call succeeds, the flag lands, the data does not: a wrong
+    # result (row P3 of the driver; NCCL has no check of its own).
+    ("p2p_writes_corrupt", [Fault("p2p_writes_lost", cause="corrupt", **PAIR)], {},
+     {"via": ["P2P/CUMEM"], "ar": 0, "exact": False}),
+    # No /dev/nvidia-caps: cuMulticastCreate answers CUDA_ERROR_INVALID_VALUE (row MC3);
+    # nvlsGroupCreate's CUCHECK fails init (src/transport/nvls.cc): ncclUnhandledCudaError.
+    ("no_nvidia_caps", [Fault("no_nvidia_caps", host="hgx-h100-0")], {},
+     {"init": 1, "last": "Cuda failure 1 'invalid argument'"}),
+    # No NVSwitch multicast: the attribute is 0, ncclNvlsInit leaves NVLS off; P2P exact.
+    ("no_multicast", [Fault("no_multicast", gpu=S.GpuRef("hgx-h100-0", 0))], {},
+     {"via": ["P2P/CUMEM"], "exact": True}),
+]
+
+
+@pytest.mark.parametrize("name, faults, env, want", CASES, ids=[c[0] for c in CASES])
+def test_machine_fault_reaches_nccl(module_surfaces, monkeypatch, name, faults, env, want):
+    _, _, outs = _run(H100, [(0, 0), (0, 1), (0, 2)], *faults, env=env, monkeypatch=monkeypatch)
+    got = _values(outs)[0]
+    assert {k: got.get(k) for k in want} == want, got
+
+
+def test_lost_peer_writes_hang_the_all_reduce(module_surfaces):
+    """Dropped peer writes: the flag never lands, the receiver waits: a diagnosed hang naming
+    NCCL, the collective and the pair's transport (as NCCL's watchdog would see it)."""
+    _, _, outs = _run(H100, [(0, 0), (0, 1)], Fault("p2p_writes_lost", cause="dropped", **PAIR))
+    errs = [o.error for o in outs]
+    assert any(isinstance(e, HangDetected) for e in errs), errs
+    text = " ".join(str(e) for e in errs)
+    assert "NCCL ncclAllReduce" in text and "over P2P/CUMEM" in text
+
+
+def test_imex_split_fails_the_fabric_import(module_surfaces):
+    """Two GB200 trays in different IMEX domains: MNNVL's own check passes on each tray
+    (src/mnnvl.cc imports its own handle) but the peer's FABRIC import is refused
+    (CUDA_ERROR_NOT_PERMITTED, row I3): ncclUnhandledCudaError on both."""
+    _, _, outs = _run("gb200-nvl72:2", [(0, 0), (1, 0)], Fault("imex_split", hosts=("gb200-nvl72-tray01",)))
+    a, b = _values(outs)
+    assert a["init"] == b["init"] == 1
+    assert a["last"] == "Cuda failure 800 'operation not permitted'"
