@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from commsim.util import signals
 from commsim.util.pids import pid_alive
 
 PR_SET_CHILD_SUBREAPER = 36      # linux/prctl.h
@@ -251,12 +252,13 @@ def owned_tree(mark: str, paths: list[str]) -> Iterator[None]:
     try:
         yield
     finally:
-        try:
-            end_tree(mark)
-            sweep_stale_tmp()
-        finally:
-            dog.done()
-            set_subreaper(was)
+        with signals.deferred():       # a Ctrl-C now must not leave half the tree running
+            try:
+                end_tree(mark)
+                sweep_stale_tmp()
+            finally:
+                dog.done()
+                set_subreaper(was)
 
 
 def watch(mark: str, tmp: str, paths: list[str]) -> int:
