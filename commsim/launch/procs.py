@@ -28,6 +28,7 @@ from commsim.launch.rank_env import free_port, rank_env, run_mark
 from commsim.launch.reports import from_report, read_reports, stacks, user_stack, worker_results
 from commsim.launch.verdict import ProcResult, Verdict
 from commsim.launch.zygote import ForkedRank, Zygote
+from commsim.util import signals
 
 GRACE = 20.0       # seconds the survivors of a failed rank get before they are killed
 
@@ -118,13 +119,14 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
     finally:
         # Every rank's session, also of ranks that exited: workers a rank left behind go too,
         # and what left its session (a daemon, a JIT compiler in a session of its own) before
-        # the output pumps wait for the pipes it may hold.
-        reap([Session(p) for p in procs.values()], 10)
-        tree.end_tree(run_mark(cfg), below=[zygote.pid] if zygote is not None else [])
-        for t in pumps:
-            t.join(5)
-        if mpi is not None:
-            mpi.close()
+        # the output pumps wait for the pipes it may hold. A Ctrl-C now waits for the end.
+        with signals.deferred():
+            reap([Session(p) for p in procs.values()], 10)
+            tree.end_tree(run_mark(cfg), below=[zygote.pid] if zygote is not None else [])
+            for t in pumps:
+                t.join(5)
+            if mpi is not None:
+                mpi.close()
     reports = read_reports(cfg.run_dir)
     results = []
     for r in range(cfg.world_size):

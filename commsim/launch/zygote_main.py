@@ -40,6 +40,7 @@ import weakref
 from typing import Any, NoReturn
 
 from commsim.hosting.install.patches import Patches
+from commsim.procs import tree
 
 # What every rank imports before or while its program starts: torch, and commsim's hosting
 # with what a rank's bootstrap and first CUDA call load (a generated scenario's machine and
@@ -186,7 +187,11 @@ def become_rank(req: dict, fds: list[int]) -> None:
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))     # subprocess's close_fds
-    env = req["env"]
+    env = dict(req["env"])
+    if tree.PARENT_ENV in env:
+        # A forked rank's parent is this zygote, not the launcher: the bootstrap's
+        # PR_SET_PDEATHSIG ties it to the zygote, which dies with the launcher.
+        env[tree.PARENT_ENV] = str(os.getppid())
     os.environ.clear()
     os.environ.update(env)
     os.chdir(req["cwd"])

@@ -14,7 +14,9 @@ scan), found again until nothing new appears, then killed. Each signal goes thro
 opened before the process is checked (man 2 pidfd_open), so a pid that was reused in between
 is never signalled.
 
-If the launcher itself dies (SIGKILL), a watchdog process it started does the same and
+Each rank also dies with the launcher by itself (die_with_parent: PR_SET_PDEATHSIG, set by
+the rank's bootstrap), the moment the launcher is gone. If the launcher dies (SIGKILL), a
+watchdog process it started also ends the rest of the tree (what the ranks started) and
 removes the run's files: it waits on a pidfd of the launcher and, unless the launcher said
 `done` first, ends the tree, then deletes the paths it was given and each killed process's
 `commsim-rt-<pid>-*` directory. `sweep_stale_tmp` removes what a run left in the temp
@@ -38,10 +40,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from commsim.util import signals
 from commsim.util.pids import pid_alive
 
-PR_SET_CHILD_SUBREAPER = 36      # linux/prctl.h
+PR_SET_PDEATHSIG = 1             # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
+PARENT_ENV = "COMMSIM_HOSTING_PARENT"   # the launcher's pid, in its ranks' environment
 # Temp-dir entries that name the pid of the process that made them: a launcher's run
 # directory (commsim-exec-<pid>-...) and a hosted process's libcudart file (commsim-rt-<pid>-...).
 STALE_NAME = re.compile(r"^commsim-(?:exec|rt)-(\d+)-")
@@ -59,6 +64,22 @@ def set_subreaper(on: bool) -> bool:
         return bool(was.value)
     except (OSError, AttributeError):
         return False
+
+
+def die_with_parent(parent: int) -> bool:
+    """SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG, man 2
+    prctl: a rank goes with a SIGKILLed launcher at once, before the watchdog's scan). A
+    parent that died before the call is seen by the pid this process was reparented to:
+    then this process ends now. False where prctl is unavailable (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -195,6 +216,15 @@ def remove_leftovers(paths: list[str], pids: set[int], tmp: str | None = None) -
             shutil.rmtree(d, ignore_errors=True)
 
 
+def _ended(pid: int) -> bool:
+    """The process is gone, or a zombie (a rank the kernel killed with its launcher, not
+    reaped yet by whoever adopted it)."""
+    if not pid_alive(pid):
+        return True
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] == "Z"
+
+
 def sweep_stale_tmp(tmp: str | None = None) -> list[str]:
     """Remove this user's commsim-exec-<pid>-* and commsim-rt-<pid>-* entries of the temp dir
     whose process is gone (its launcher or rank was killed). Returns the paths removed."""
@@ -206,7 +236,7 @@ def sweep_stale_tmp(tmp: str | None = None) -> list[str]:
         return removed
     for p in entries:
         m = STALE_NAME.match(p.name)
-        if m is None or pid_alive(int(m.group(1))):
+        if m is None or not _ended(int(m.group(1))):
             continue
         try:
             st = os.lstat(p)
@@ -267,12 +297,13 @@ def owned_tree(mark: str, paths: list[str], *, below: Iterable[int] = (),
     try:
         yield
     finally:
-        try:
-            end_tree(mark, below)
-            sweep_stale_tmp()
-        finally:
-            dog.done()
-            set_subreaper(was)
+        with signals.deferred():       # a Ctrl-C now must not leave half the tree running
+            try:
+                end_tree(mark, below)
+                sweep_stale_tmp()
+            finally:
+                dog.done()
+                set_subreaper(was)
 
 
 def watch(marks: list[str], tmp: str, paths: list[str]) -> int:
@@ -304,6 +335,7 @@ def watch(marks: list[str], tmp: str, paths: list[str]) -> int:
             break
     killed = end_tree(marks)
     remove_leftovers(paths, killed, tmp)
+    sweep_stale_tmp(tmp)         # ranks that died with the launcher (die_with_parent)
     return 0
 
 
