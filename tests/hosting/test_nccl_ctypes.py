@@ -404,3 +404,15 @@ def test_without_torch_over_mpi_and_cudart():
     assert v.ok, v.format() + out
     want = [float(2 + i) for i in range(16)]          # max over ranks of rank + 1 + i
     assert res == {r: {"rank": r, "codes": [0, 0], "max": want} for r in (0, 1)}
+
+
+def test_pynccl_program_agrees_across_modes():
+    """The vLLM-style program in procs mode (cuMem fds through the proxy's Unix socket between
+    OS processes) and in-process: the same verdict, every rank's numbers checked by the
+    program itself (--check)."""
+    from commsim.launch.agreement import modes_agree
+    from commsim.launch.config import RunConfig
+    a = modes_agree(RunConfig(machine="hgx-h100-8", nproc_per_host=2, seed=1, timeout=60,
+                              command=[str(PROG), "--check"]))
+    assert a.agree, a.text()
+    assert all(v.ok for v in a.verdicts.values()), {m: v.format() for m, v in a.verdicts.items()}
