@@ -46,6 +46,8 @@ def _body(g):
     out = {"init": 0, "via": sorted(set(nccl.transports().values())), "nvls": nccl.nvls_note,
            "ar": ar, "exact": bool(np.array_equal(x.cpu().numpy(), want)),
            "trace": [a for a, _ in nccl.calls.trace]}
+    if ar:
+        out["last"] = lib.ncclGetLastError(None).decode()
     assert lib.ncclCommDestroy(comm) == 0
     return out
 
@@ -105,8 +107,13 @@ CASES = [
     ("container_per_process", [Fault("container_per_process", host="hgx-h100-0")], {},
      {"via": ["NET/Socket/0"], "exact": True}),
     # P2P reported but the legacy IPC open refused (ACS): NCCL keeps P2P and its
-    # cudaIpcOpenMemHandle fails: CUDACHECK, ncclUnhandledCudaError (src/transport/p2p.cc).
+    # cudaIpcOpenMemHandle fails: CUDACHECK, ncclUnhandledCudaError (src/transport/p2p.cc),
+    # at the first collective, where 2.22+ connects (NCCL_RUNTIME_CONNECT, comm.py) ...
     ("p2p_ipc_refused", [Fault("p2p_ipc_refused", cause="acs", **PAIR)], {"NCCL_CUMEM_ENABLE": "0"},
+     {"init": 0, "ar": 1, "last": "Cuda failure 'peer access is not supported between these two devices'"}),
+    # ... and at init under NCCL_RUNTIME_CONNECT=0 (every connection made by ncclCommInitRank).
+    ("p2p_ipc_refused_eager", [Fault("p2p_ipc_refused", cause="acs", **PAIR)],
+     {"NCCL_CUMEM_ENABLE": "0", "NCCL_RUNTIME_CONNECT": "0"},
      {"init": 1, "last": "Cuda failure 'peer access is not supported between these two devices'"}),
     # Corrupted peer writes: every call succeeds, the flag lands, the data does not: a wrong
     # result (row P3 of the driver; NCCL has no check of its own).
@@ -139,11 +146,18 @@ def test_lost_peer_writes_hang_the_all_reduce(module_surfaces):
     assert "NCCL ncclAllReduce" in text and "over P2P/CUMEM" in text
 
 
-def test_imex_split_fails_the_fabric_import(module_surfaces):
+def test_imex_split_fails_the_fabric_import(module_surfaces, monkeypatch):
     """Two GB200 trays in different IMEX domains: MNNVL's own check passes on each tray
-    (src/mnnvl.cc imports its own handle) but the peer's FABRIC import is refused
-    (CUDA_ERROR_NOT_PERMITTED, row I3): ncclUnhandledCudaError on both."""
-    _, _, outs = _run("gb200-nvl72:2", [(0, 0), (1, 0)], Fault("imex_split", hosts=("gb200-nvl72-tray01",)))
-    a, b = _values(outs)
-    assert a["init"] == b["init"] == 1
+    (src/mnnvl.cc imports its own handle), but a FABRIC handle from the other tray is
+    refused (CUDA_ERROR_NOT_PERMITTED, row I3): NVLS's multicast import at init on the
+    tray that imports it (ncclUnhandledCudaError; its peer ncclRemoteError), and without
+    NVLS the P2P buffer's import at the first collective, on both."""
+    split = Fault("imex_split", hosts=("gb200-nvl72-tray01",))
+    a, b = _values(_run("gb200-nvl72:2", [(0, 0), (1, 0)], split)[2])
+    assert (a["init"], b["init"]) == (6, 1)
+    assert b["last"] == "Cuda failure 800 'operation not permitted'"
+    assert a["last"].startswith("socketProgress: Connection closed by remote peer (rank 1 failed")
+    a, b = _values(_run("gb200-nvl72:2", [(0, 0), (1, 0)], split, env={"NCCL_NVLS_ENABLE": "0"},
+                        monkeypatch=monkeypatch)[2])
+    assert a["init"] == b["init"] == 0 and a["ar"] == b["ar"] == 1
     assert a["last"] == "Cuda failure 800 'operation not permitted'"

@@ -59,6 +59,7 @@ from typing import Any, Callable
 import numpy as np
 
 from commsim.libmodels.nccl.datapath import exchange
+from commsim.libmodels.nccl.errors import NcclError
 from commsim.sim.driver_calls import Fail
 from commsim.hosting.install import fakelib
 from commsim.hosting.surfaces.nccl import comm as nc
@@ -193,8 +194,23 @@ def _tag(api: str, c: Comm) -> str:
 Op = tuple[Comm, int, str, Callable[[], None]]     # (comm, stream, "send"|"recv"|"coll", run)
 
 
+def _connected(c: Comm, run: Callable[[], None]) -> Callable[[], None]:
+    """A collective that first sets up the communicator's connections where init left them
+    to the first collective (NCCL_RUNTIME_CONNECT, libmodels/nccl/comm.py): a set-up
+    failure is the collective's result, with NCCL's code and WARN."""
+    def connected() -> None:
+        try:
+            c.nccl.connect()
+            run()
+        except NcclError as e:
+            raise NcclFailure(e.code, e.warn) from None
+    return connected
+
+
 def _issue(api: str, c: Comm, stream: int, run: Callable[[], None], kind: str = "coll") -> None:
     """Run an operation now, defer it to the group's end, or record it in a graph capture."""
+    if kind == "coll" and c.nccl is not None:
+        run = _connected(c, run)
     _, st = _rank_state()
     if st.depth > 0:
         st.pending.append((c, stream, kind, run))
