@@ -36,7 +36,7 @@ PEERS = $(shell $(BIN)/python -c 'import tomllib; print(" ".join(repr(p) for p i
 
 peers: $(STAMP)
 	$(BIN)/pip install --quiet --no-deps $(PEERS)
-	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py
+	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py tests/hosting/test_vllm.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

