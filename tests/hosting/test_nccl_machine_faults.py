@@ -161,3 +161,26 @@ def test_imex_split_fails_the_fabric_import(module_surfaces, monkeypatch):
                         monkeypatch=monkeypatch)[2])
     assert a["init"] == b["init"] == 0 and a["ar"] == b["ar"] == 1
     assert a["last"] == "Cuda failure 800 'operation not permitted'"
+
+
+def test_the_runs_nccl_version_decides_when_a_refused_ipc_open_fails(module_surfaces, monkeypatch):
+    """The run's NCCL version (commsim/versions.py) reaches NCCL's rules: before 2.22 every
+    connection is made at init (NVIDIA/nccl#1034), so the refused legacy IPC open fails
+    ncclCommInitRank; from 2.22 it fails the first collective (runtime connect, rule NC14).
+    ncclGetVersion answers the same version."""
+    import dataclasses
+    refused = Fault("p2p_ipc_refused", cause="acs", **PAIR)
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "0")
+    got = {}
+    for nccl in ((2, 21, 5), (2, 27, 3)):
+        def edit(c, nccl=nccl):
+            c = apply_machine_fault(c, refused)
+            return dataclasses.replace(c, versions=dataclasses.replace(c.versions, nccl=nccl))
+
+        def body(g):
+            v = ctypes.c_int()
+            _lib().ncclGetVersion(ctypes.byref(v))
+            return v.value, _body(g)
+        (v, a), _ = _values(S.run(S.ranks(H100, [(0, 0), (0, 1)], mutate=edit)[1], body))
+        got[v] = (a["init"], a.get("ar"))
+    assert got == {22105: (1, None), 22703: (0, 1)}

@@ -39,7 +39,7 @@ from commsim.libmodels.nccl.shm import ShmStore
 from commsim.libmodels.nccl.transports import Conn, Connector, raise_voted
 from commsim.libmodels.nccl_rules import ENV_VARS, NcclDecision, decide, parse_env
 
-DEFAULT_VERSION = 22703         # NCCL_VERSION(2,27,3); the run's NCCL version plugs in here
+DEFAULT_VERSION = 22703         # NCCL_VERSION(2,27,3), where a caller names no version
 RUNTIME_CONNECT_SINCE = 22200   # NCCL_VERSION(2,22,0): connections at the first collective
 CUDA_IPC_MIN = 2 << 20          # src/include/alloc.h: the MNNVL check's buffer size
 
@@ -105,6 +105,14 @@ class NcclComm:
             close = getattr(self.calls.fds, "close", None)
             if close is not None:
                 close()
+
+
+def version_code(version: tuple[int, ...]) -> int:
+    """NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z (nccl.h, NCCL 2.9 and later): the
+    number ncclGetVersion gives and the rules compare, from the run's NCCL version
+    (commsim/versions.py `Versions.nccl`)."""
+    x, y, z = (tuple(version) + (0, 0, 0))[:3]
+    return x * 10000 + y * 100 + z
 
 
 def _modelled(env: Mapping[str, str]) -> dict[str, str]:

@@ -74,7 +74,7 @@ from commsim.hosting.surfaces.torch.graphs import capture_on
 from commsim.hosting.surfaces.cuda import runtime_api as rt
 
 SONAME = "libnccl.so.2"
-# ncclGetVersion: 2.29.7 (NCCL_VERSION(2,29,7) = 2*10000 + 29*100 + 7, nccl.h): vLLM 0.33.0's
+# ncclGetVersion: the run's NCCL (commsim/versions.py), by default 2.29.7 (NCCL_VERSION(2,29,7) = 2*10000 + 29*100 + 7, nccl.h): vLLM 0.33.0's
 # pynccl requires ncclCommSuspend / ncclCommResume on CUDA ("NCCL >= 2.29.7 does",
 # vllm/distributed/device_communicators/pynccl_wrapper.py) and disables itself without them;
 # 2.27 is the first with ncclCommWindowRegister. Which NCCL a given wheel ships: UNCONFIRMED.
@@ -381,7 +381,8 @@ def _group_end() -> None:
 
 def _get_version(out: int) -> None:
     _ptr_check(out, "ncclGetVersion", "version")
-    _put(out, _I, VERSION)
+    r = hosted()
+    _put(out, _I, VERSION if r is None else nc.run_version(r))
 
 
 def _get_unique_id(out: int) -> None:
