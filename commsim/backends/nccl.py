@@ -107,7 +107,10 @@ class NcclBackend(Backend):
         if self.adjusted:
             envd["NCCL_MNNVL_ENABLE"] = "0"
         drv = self.driver
-        shm = NamespaceShm(getattr(drv, "fabric", self.group), drv.shm_namespace())
+        # The /dev/shm's size where a simulated host's container sets one.
+        cluster = getattr(drv, "cluster", None)
+        limit = cluster.host(drv.gethostname()).container.shm_bytes or None if cluster else None
+        shm = NamespaceShm(getattr(drv, "fabric", self.group), drv.shm_namespace(), limit)
         try:
             self.comm = nccl_comm.init(drv, self.group, self.rank, self.ws, envd, shm)
         except NcclFailure as e:

@@ -184,3 +184,20 @@ def test_the_runs_nccl_version_decides_when_a_refused_ipc_open_fails(module_surf
         (v, a), _ = _values(S.run(S.ranks(H100, [(0, 0), (0, 1)], mutate=edit)[1], body))
         got[v] = (a["init"], a.get("ar"))
     assert got == {22105: (1, None), 22703: (0, 1)}
+
+
+def test_a_small_dev_shm_fails_the_shm_segments(module_surfaces, monkeypatch):
+    """NCCL_P2P_DISABLE=1 puts every pair of four ranks on SHM: one segment per connection,
+    each 9637888 bytes as NCCL sizes it. The host's own /dev/shm holds them, exact; a
+    container's 64 MiB one (small_dev_shm) has room for six, and the next ncclShmOpen fails
+    with ENOSPC: ncclSystemError and its WARN, at the first all-reduce
+    (src/misc/shmutils.cc; NVIDIA/nccl#342: "the shm size is limited to 64MB under docker")."""
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    four = [(0, 0), (0, 1), (0, 2), (0, 3)]
+    a = _values(_run(H100, four)[2])[0]
+    assert a["via"] == ["SHM/direct/direct"] and a["exact"], a
+    outs = _run(H100, four, Fault("small_dev_shm", host="hgx-h100-0"))[2]
+    got = [o.value for o in outs]
+    assert all(g["init"] == 0 and g["ar"] in (2, 6) for g in got), got
+    assert any(g["last"] == "Error while creating shared memory segment /dev/shm/nccl-XXXXXX (size "
+               "9637888), error: No space left on device (28)" for g in got), got

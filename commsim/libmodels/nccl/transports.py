@@ -32,7 +32,7 @@ from typing import Any, Callable
 from commsim.driver import FABRIC, FD, LAZY_ENABLE_PEER_ACCESS, access_desc, alloc_prop, error_string
 from commsim.libmodels.nccl.calls import DriverCalls
 from commsim.libmodels.nccl.errors import NcclError, REMOTE, shm_failure
-from commsim.libmodels.nccl.shm import ShmStore
+from commsim.libmodels.nccl.shm import SEGMENT_BYTES, ShmStore
 from commsim.libmodels.nccl.topo import PeerInfo
 from commsim.libmodels.nccl_rules import NcclDecision
 
@@ -191,9 +191,9 @@ class Connector:
                     out[peer] = ("ipc", bytes(out_[1]), FLAG + CAP)
             elif conn.kind == "SHM":
                 try:
-                    path, buf = self.shm.create(FLAG + CAP)
+                    path, buf = self.shm.create(FLAG + CAP, SEGMENT_BYTES)
                 except OSError as e:
-                    raise shm_failure(c.log, True, "/dev/shm/nccl-XXXXXX", FLAG + CAP, e.errno) from None
+                    raise shm_failure(c.log, True, "/dev/shm/nccl-XXXXXX", SEGMENT_BYTES, e.errno) from None
                 c.trace.append(("open(/dev/shm)", 0))
                 conn.recv = buf
                 self.res.undo.append(lambda path=path: self.shm.unlink(path))

@@ -333,8 +333,10 @@ def init_nccl(r: HostedRank, group: Any, rank: int, nranks: int) -> NcclComm:
     rank's driver (commsim/libmodels/nccl/comm.py). os.environ is the rank's own view while
     it runs (rankview.py swaps it per inproc rank). Its debug lines go to stdout under
     NCCL_DEBUG, as NCCL prints them (src/debug.cc: stdout unless NCCL_DEBUG_FILE)."""
-    store = DirShm(r.shm_dir) if r.shm_dir else NamespaceShm(getattr(r.driver, "fabric", r.world),
-                                                            r.driver.shm_namespace())
+    # The /dev/shm's size where the host's container sets one (ContainerCaps.shm_bytes).
+    limit = r.driver.cluster.host(r.driver.gethostname()).container.shm_bytes or None
+    store = DirShm(r.shm_dir, limit) if r.shm_dir else NamespaceShm(
+        getattr(r.driver, "fabric", r.world), r.driver.shm_namespace(), limit)
     level = os.environ.get("NCCL_DEBUG", "")
     # OS processes pass fds over the proxy's Unix socket; in-process ranks over the driver's
     # fd channel (the scheduler waits on it).
