@@ -36,7 +36,7 @@ PEERS = $(shell $(BIN)/python -c 'import tomllib; print(" ".join(repr(p) for p i
 
 peers: $(STAMP)
 	$(BIN)/pip install --quiet --no-deps $(PEERS)
-	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py
+	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py tests/hosting/test_vllm.py
 
 # Hosting over a CUDA build of torch on a machine without a driver (a vLLM developer's laptop
 # or CI image; vLLM 0.33 pins torch 2.14.0): a second venv with the CUDA wheel, then the

@@ -63,6 +63,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "WORLD_SIZE, MASTER_ADDR/PORT ...; default) or Open MPI mpirun's "
                         "(OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK), "
                         "with mpi4py's COMM_WORLD spanning the ranks")
+    p.add_argument("--fresh-interpreters", action="store_true",
+                   help="procs mode: start every rank as a fresh interpreter instead of forking "
+                        "it from the warm zygote (which imported torch and commsim's hosting once)")
+    p.add_argument("--preload", action="append", default=[], metavar="MODULE",
+                   help="procs mode: a module of the program the zygote imports before it forks "
+                        "(repeatable; opt-in: such a module sees the zygote's environment, not "
+                        "its rank's, so never one that reads RANK, LOCAL_RANK, "
+                        "CUDA_VISIBLE_DEVICES or the hostname at import)")
     p.add_argument("--allow-undefined", action="store_true",
                    help="pass a run that hit undefined behaviour (a plain load or store through "
                         "a multicast address, memory used after its exporter freed it); by "
@@ -106,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
                     seed=args.seed or 0, visible=args.visible, timeout=args.timeout,
                     residue=args.residue, launcher=args.launcher, versions=version_flags(args),
                     allow_undefined=args.allow_undefined,
+                    zygote=not args.fresh_interpreters, preload=list(args.preload),
                     command=split_command(list(args.command), prefix=f"commsim exec {where}"))
     if args.junit_xml:
         from commsim.util.fileio import check_output

@@ -158,14 +158,18 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
     from commsim.util.fileio import check_output
     from commsim.launch.run import split_command
     from commsim.launch.sweep_exec import progress_printer, run_exec_sweep
-    from commsim.scenario.executors import shard
-    from commsim.scenario.sweep import select_ids
 
     _refuse_plain_only(args)
     if args.junit_xml:
         check_output(args.junit_xml, "--junit-xml")
     program = split_command(shlex.split(args.exec) + list(args.exec_args or ()),
                             prefix="commsim sweep --exec", placement=False)
+    if args.exec_mode == "procs":
+        # the zygote imports torch while this process does (the generator below loads it)
+        from commsim.launch import zygote
+        zygote.prestart(program)
+    from commsim.scenario.executors import shard
+    from commsim.scenario.sweep import select_ids
     ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),
                            enumerate_=args.enumerate, start=args.start, knobs=False), args.shard)
     say = None if args.quiet else progress_printer(len(ids))

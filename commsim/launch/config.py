@@ -49,6 +49,8 @@ class RunConfig:
     residue: str = "report"           # "report": listed, the run passes; "fail": a process exiting holding any fails the run
     launcher: str = "torchrun"        # "torchrun" | "mpirun": the launcher whose environment each rank gets
     command: list[str] = field(default_factory=list)   # the program: ["prog.py", args] or ["-m", "mod", args]
+    zygote: bool = True               # procs: fork ranks from a warm zygote (False: a fresh interpreter each)
+    preload: list[str] = field(default_factory=list)   # procs: the program's modules the zygote imports (opt-in)
     replay: str = ""                  # the command that replays the run when it is not `commsim exec` (a pytest node)
     run_dir: str = ""
     shm_prefix: str = ""
@@ -103,6 +105,10 @@ class RunConfig:
                             f"use one of {', '.join(LAUNCHERS)}")
         if not self.command:
             raise UserError("no program: add `-- python prog.py ARGS` (or `-- python -m module`)")
+        for name in self.preload:
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise UserError(f"--preload: {name!r} is not a module name; give a dotted "
+                                f"name the program imports (mypkg.model)")
         cluster = self.cluster()
         if self.scenario and not self.placement:
             sc = self._scenario()
@@ -192,6 +198,10 @@ class RunConfig:
             parts += ["--residue", self.residue]
         if self.launcher != "torchrun":
             parts += ["--launcher", self.launcher]
+        if self.mode == "procs" and not self.zygote:
+            parts += ["--fresh-interpreters"]
+        for name in self.preload if self.mode == "procs" else ():
+            parts += ["--preload", name]
         for k, v in self.versions.items():
             parts += [f"--{k}-version", v]
         if self.allow_undefined:

@@ -11,6 +11,7 @@ from typing import Any
 
 from commsim.launch.config import RunConfig
 from commsim.launch import visible_devices
+from commsim.procs import tree
 
 _COMMSIM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -86,6 +87,7 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
         OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
         COMMSIM_HOSTING=run_mark(cfg).split("=", 1)[1],
         COMMSIM_HOSTING_RANK=str(rank), COMMSIM_HOSTING_SLOT=str(rank),
+        **{tree.PARENT_ENV: str(os.getpid())},
         COMMSIM_HOSTING_HOST=host,
         COMMSIM_HOSTING_VISIBLE=",".join(str(i) for i in visible_of(cfg, rank, cluster)),
         PYTHONPATH=os.pathsep.join([boot_dir, _COMMSIM_ROOT] +

@@ -76,6 +76,9 @@ class Verdict:
     # inproc: the call that needs real processes (its run was ended there); a procs run
     # started for that reason carries it too, and says so
     needs_procs: str | None = None
+    # procs: why its ranks are fresh interpreters, not forked from the warm zygote (when the
+    # run did not ask for fresh ones itself)
+    fresh: str | None = None
 
     def __post_init__(self) -> None:
         for p in self.procs:
@@ -123,6 +126,8 @@ class Verdict:
         lines = [head]
         if self.needs_procs:
             lines.append(f"  {SWITCHED if c.mode == 'procs' else ENDED}: {self.needs_procs}")
+        if self.fresh:
+            lines.append(f"  fresh interpreters, not forked from the warm zygote: {self.fresh}")
         if not self.ok:
             lines += root_cause_lines(self)
         if self.undefined:

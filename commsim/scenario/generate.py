@@ -36,6 +36,7 @@ from commsim.topology.presets import PRESETS, build as build_preset
 from commsim.scenario import faults as F
 from commsim.scenario import fidelity_faults as FF
 from commsim.scenario import knobs as K
+from commsim.scenario import memo
 from commsim.scenario.seeds import seed_of
 from commsim.scenario.model import DTYPES, OPS, Fault, Group, Scenario, Workload
 
@@ -224,17 +225,25 @@ def _resolve_fault(kind: F.FaultKind, cluster: Cluster, placement: tuple[GpuRef,
     return kind.make(cluster, placement, rng, gpu)
 
 
+def _machine(shape: str, versions: tuple, faults: tuple[Fault, ...]) -> Cluster:
+    """Preset shape `shape` with the plan's component versions, then its machine faults."""
+    cluster = build_shape(shape)
+    if versions:
+        cluster = dataclasses.replace(
+            cluster, versions=cluster.versions.with_fields(dict(versions)))
+    for f in faults:
+        cluster = F.apply_machine_fault(cluster, f)
+    return cluster
+
+
 def build(plan: Plan) -> Scenario:
     """The Scenario a plan describes (topology faults applied to the cluster)."""
-    cluster = build_shape(plan.shape)
-    if plan.versions:
-        cluster = dataclasses.replace(
-            cluster, versions=cluster.versions.with_fields(dict(plan.versions)))
     placement = placement_of(plan.shape, plan.world, plan.placement, plan.id)
     faults = plan.faults
-    for f in faults:
-        if not F.is_driver_fault(f):          # driver faults act on calls, not on the machine
-            cluster = F.apply_machine_fault(cluster, f)
+    # driver faults act on calls, not on the machine
+    on_machine = tuple(f for f in faults if not F.is_driver_fault(f))
+    cluster = memo.machine((plan.shape, plan.versions, on_machine),
+                           lambda: _machine(plan.shape, plan.versions, on_machine))
     groups = _groups(plan.tp, plan.dp, plan.dp_groups)
     wl = Workload(ops=plan.ops, sizes=plan.sizes, dtypes=plan.dtypes,
                   graph_capture=plan.graph_capture, discard_capture=plan.graph_capture and plan.discard,

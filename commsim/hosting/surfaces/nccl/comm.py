@@ -14,7 +14,8 @@ torch.distributed CPU group). Here:
   through the same mailboxes as the mpi4py surface (wire.ranks.InprocTransport).
 - procs (real processes): the process that calls ncclGetUniqueId hosts a key-value store on
   127.0.0.1 (kvstore.StoreServer, as NCCL's bootstrap root listens on a socket) and writes its
-  port and a fresh 32-byte secret into the id; every rank connects, and the communicator is
+  port, a fresh 32-byte secret and the store's own secret (a connection proves it before the
+  store serves it) into the id; every rank connects, and the communicator is
   commsim's sealed round protocol over that store (ProcessWorld / TorchDistGroup: values are
   HMAC-sealed with the id's secret, so a local stranger who does not hold the id can neither
   read a forged value into a rank nor join). Waits end at the run's timeout naming the ranks
@@ -56,7 +57,7 @@ from typing import Any, Callable
 import numpy as np
 
 from commsim.kernels.collectives import store_rounded
-from commsim.libmodels.nccl.comm import NcclComm, init as nccl_init
+from commsim.libmodels.nccl.comm import NcclComm, init as nccl_init, version_code
 from commsim.libmodels.nccl.errors import NcclError
 from commsim.libmodels.nccl.proxy import process_transport
 from commsim.libmodels.nccl.shm import DirShm, NamespaceShm
@@ -174,7 +175,8 @@ class _Root:
     first must not take the values its peers are still reading with it."""
 
     def __init__(self) -> None:
-        self.server = StoreServer()
+        self.secret = os.urandom(32)      # a client proves it to the store (kvstore.py)
+        self.server = StoreServer(self.secret)
         self.port = self.server.port
         self.made = 0
         self.own: list[Any] = []          # this process's own clients of the store
@@ -205,7 +207,7 @@ def unique_id(r: HostedRank) -> bytes:
             _root = _Root()
         _root.made += 1
         body = (b"procs!" + _root.port.to_bytes(2, "little") + _root.made.to_bytes(4, "little")
-                + os.urandom(32))
+                + os.urandom(32) + _root.secret)
     return (_MAGIC + body).ljust(ID_BYTES, b"\0")
 
 
@@ -308,7 +310,7 @@ def _procs(blob: bytes, gen: int, name: str, nranks: int, rank: int) -> Membersh
     timeout = _timeout()
     deadline = time.time() + timeout
     try:
-        client = StoreClient("127.0.0.1", port, timeout=timeout)
+        client = StoreClient("127.0.0.1", port, timeout=timeout, secret=body[44:76])
     except OSError as e:
         # the bootstrap root is gone (its process exited) or never was
         raise NcclFailure(SYSTEM, f"ncclCommInitRank: bootstrap connection to 127.0.0.1:{port} "
@@ -322,20 +324,29 @@ def _procs(blob: bytes, gen: int, name: str, nranks: int, rank: int) -> Membersh
     return Membership(group, ProcsTransport(pw, deadline), ctx, tuple(range(nranks)))
 
 
+def run_version(r: HostedRank) -> int:
+    """The run's NCCL version (the cluster's `versions.nccl`, commsim/versions.py) as
+    NCCL_VERSION's number: what ncclGetVersion answers and what NCCL's rules compare."""
+    return version_code(r.driver.cluster.versions.nccl)
+
+
 def init_nccl(r: HostedRank, group: Any, rank: int, nranks: int) -> NcclComm:
     """ncclCommInitRank's work after the rendezvous: the simulated NCCL's init through this
     rank's driver (commsim/libmodels/nccl/comm.py). os.environ is the rank's own view while
     it runs (rankview.py swaps it per inproc rank). Its debug lines go to stdout under
     NCCL_DEBUG, as NCCL prints them (src/debug.cc: stdout unless NCCL_DEBUG_FILE)."""
-    store = DirShm(r.shm_dir) if r.shm_dir else NamespaceShm(getattr(r.driver, "fabric", r.world),
-                                                            r.driver.shm_namespace())
+    # The /dev/shm's size where the host's container sets one (ContainerCaps.shm_bytes).
+    limit = r.driver.cluster.host(r.driver.gethostname()).container.shm_bytes or None
+    store = DirShm(r.shm_dir, limit) if r.shm_dir else NamespaceShm(
+        getattr(r.driver, "fabric", r.world), r.driver.shm_namespace(), limit)
     level = os.environ.get("NCCL_DEBUG", "")
     # OS processes pass fds over the proxy's Unix socket; in-process ranks over the driver's
     # fd channel (the scheduler waits on it).
     tag = hashlib.sha256(f"{r.shm_dir}\0{group.name}".encode()).hexdigest()[:16]
     fds = None if r.world is not None else process_transport(tag, r.driver)
     try:
-        comm = nccl_init(r.driver, group, rank, nranks, dict(os.environ), store, debug=level,
+        comm = nccl_init(r.driver, group, rank, nranks, dict(os.environ), store,
+                         version=run_version(r), debug=level,
                          fds=fds)
     except NcclError as e:
         _print_debug(level, e.warn, r)

@@ -59,6 +59,7 @@ from typing import Any, Callable
 import numpy as np
 
 from commsim.libmodels.nccl.datapath import exchange
+from commsim.libmodels.nccl.errors import NcclError
 from commsim.sim.driver_calls import Fail
 from commsim.hosting.install import fakelib
 from commsim.hosting.surfaces.nccl import comm as nc
@@ -73,9 +74,11 @@ from commsim.hosting.surfaces.torch.graphs import capture_on
 from commsim.hosting.surfaces.cuda import runtime_api as rt
 
 SONAME = "libnccl.so.2"
-# ncclGetVersion: 2.27.3 (NCCL_VERSION(2,27,3) = 2*10000 + 27*100 + 3, nccl.h); 2.27 is the
-# first with ncclCommWindowRegister. Which NCCL a given vLLM wheel pins: UNCONFIRMED.
-VERSION = 22703
+# ncclGetVersion: the run's NCCL (commsim/versions.py), by default 2.29.7 (NCCL_VERSION(2,29,7) = 2*10000 + 29*100 + 7, nccl.h): vLLM 0.33.0's
+# pynccl requires ncclCommSuspend / ncclCommResume on CUDA ("NCCL >= 2.29.7 does",
+# vllm/distributed/device_communicators/pynccl_wrapper.py) and disables itself without them;
+# 2.27 is the first with ncclCommWindowRegister. Which NCCL a given wheel ships: UNCONFIRMED.
+VERSION = 22907
 
 ERROR_STRINGS = {
     0: b"no error",
@@ -88,8 +91,9 @@ ERROR_STRINGS = {
     7: b"NCCL operation in progress",
 }
 
-# Every function NCCL 2.27 exports (nccl.h); the ones below without an implementation exist
-# and fail loudly when called, naming themselves.
+# The functions NCCL 2.29 exports (nccl.h) that callers look up; the ones below without an
+# implementation exist and fail loudly when called, naming themselves. Not exported here:
+# ncclCommQueryProperties (2.29; vLLM treats it as optional), UNCONFIRMED which others.
 _SYMBOLS = frozenset("""
     ncclMemAlloc ncclMemFree ncclGetVersion ncclGetUniqueId ncclCommInitRankConfig
     ncclCommInitRank ncclCommInitAll ncclCommInitRankScalable ncclCommFinalize
@@ -98,7 +102,7 @@ _SYMBOLS = frozenset("""
     ncclCommRegister ncclCommDeregister ncclCommWindowRegister ncclCommWindowDeregister
     ncclRedOpCreatePreMulSum ncclRedOpDestroy ncclReduce ncclBcast ncclBroadcast
     ncclAllReduce ncclReduceScatter ncclAllGather ncclSend ncclRecv ncclGroupStart
-    ncclGroupEnd ncclGroupSimulateEnd""".split())
+    ncclGroupEnd ncclGroupSimulateEnd ncclCommSuspend ncclCommResume""".split())
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
 
@@ -193,8 +197,23 @@ def _tag(api: str, c: Comm) -> str:
 Op = tuple[Comm, int, str, Callable[[], None]]     # (comm, stream, "send"|"recv"|"coll", run)
 
 
+def _connected(c: Comm, run: Callable[[], None]) -> Callable[[], None]:
+    """A collective that first sets up the communicator's connections where init left them
+    to the first collective (NCCL_RUNTIME_CONNECT, libmodels/nccl/comm.py): a set-up
+    failure is the collective's result, with NCCL's code and WARN."""
+    def connected() -> None:
+        try:
+            c.nccl.connect()
+            run()
+        except NcclError as e:
+            raise NcclFailure(e.code, e.warn) from None
+    return connected
+
+
 def _issue(api: str, c: Comm, stream: int, run: Callable[[], None], kind: str = "coll") -> None:
     """Run an operation now, defer it to the group's end, or record it in a graph capture."""
+    if kind == "coll" and c.nccl is not None:
+        run = _connected(c, run)
     _, st = _rank_state()
     if st.depth > 0:
         st.pending.append((c, stream, kind, run))
@@ -362,7 +381,8 @@ def _group_end() -> None:
 
 def _get_version(out: int) -> None:
     _ptr_check(out, "ncclGetVersion", "version")
-    _put(out, _I, VERSION)
+    r = hosted()
+    _put(out, _I, VERSION if r is None else nc.run_version(r))
 
 
 def _get_unique_id(out: int) -> None:

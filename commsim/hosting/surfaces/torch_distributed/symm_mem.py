@@ -961,8 +961,21 @@ def _patch(patches: Patches, mod: Any) -> None:
             patches.attr(mod, name, per_rank(name, impl, real, hosted, with_rank=True))
 
 
+def has_multicast_support(r: HostedRank, device_type: Any, device_idx: int) -> bool:
+    """`_SymmetricMemory.has_multicast_support(DeviceType.CUDA, i)`, what vLLM's MNNVL probe
+    (custom_all_reduce.py `_has_local_multicast_support`) asks: the CUDA backend's answer for
+    the rank's device i (the CPU build answers False for every device)."""
+    if str(device_type) not in ("DeviceType.CUDA", "CUDA"):
+        return False
+    return _multicast_supported(r, cuda_index(int(device_idx)))
+
+
 def _on_torch(patches: Patches) -> None:
     torch_tensors.register_op_namespace("symm_mem", run_op)
+    cls = torch._C._distributed_c10d._SymmetricMemory
+    patches.attr(cls, "has_multicast_support", staticmethod(per_rank(
+        "has_multicast_support", has_multicast_support, cls.has_multicast_support, hosted,
+        with_rank=True)))
     _wrap_packets(patches)
     patches.on_import(MODULE, lambda mod: _patch(patches, mod))
 
