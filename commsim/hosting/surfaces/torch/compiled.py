@@ -8,8 +8,8 @@ own Python reaches `_cuda_memoryStats`, `_nccl_version` ...), they would answer 
 machine running commsim, not the simulated one: 0 devices, "Found no NVIDIA driver on your
 system", the wheel's own NCCL version. Installed, each call below is answered per rank:
 - SERVED: from the same hosted functions torch.cuda's surface answers with (cuda.py,
-  device.py, cuda_memory.py), and the NCCL version of the served libnccl.so.2
-  (nccl/libnccl.py), packed as torch's binding packs it (major << 32 | minor << 16 | patch:
+  device.py, cuda_memory.py), and the run's NCCL version, which the served libnccl.so.2
+  answers too (nccl/comm.py `run_version`), packed as torch's binding packs it (major << 32 | minor << 16 | patch:
   torch/cuda/nccl.py `version()` unpacks it so, torch 2.14.0);
 - NOT_SIMULATED: every other call that reaches the device, its streams, its allocator or
   NCCL fails naming itself (torch.cuda.nccl's single-process multi-GPU collectives included).
@@ -25,8 +25,8 @@ from typing import Any, Callable
 from commsim.hosting.install.dispatch import not_simulated, per_rank
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
-from commsim.hosting.state.session import hosted
-from commsim.hosting.surfaces.nccl.libnccl import VERSION as NCCL_VERSION
+from commsim.hosting.state.session import current, hosted
+from commsim.hosting.surfaces.nccl.comm import run_version
 from commsim.hosting.surfaces.torch import cuda_memory
 from commsim.hosting.surfaces.torch import graphs as torch_graphs
 from commsim.hosting.surfaces.torch.cuda import can_device_access_peer
@@ -34,11 +34,16 @@ from commsim.hosting.surfaces.torch.device import (current_device, device_count,
                                                    set_device, synchronize)
 
 
-def nccl_version_packed(version: int = NCCL_VERSION) -> int:
+def nccl_version_packed(version: int) -> int:
     """NCCL_VERSION(major, minor, patch) = major*10000 + minor*100 + patch (nccl.h) as
     torch._C._nccl_version() gives it: major << 32 | minor << 16 | patch."""
     major, minor, patch = version // 10000, version // 100 % 100, version % 100
     return major << 32 | minor << 16 | patch
+
+
+def _nccl_version() -> int:
+    """The run's NCCL, as the served libnccl.so.2's ncclGetVersion answers it."""
+    return nccl_version_packed(run_version(current()))
 
 
 SERVED: dict[str, Callable[..., Any]] = {
@@ -50,7 +55,7 @@ SERVED: dict[str, Callable[..., Any]] = {
     "_cuda_emptyCache": empty_cache,
     "_cuda_isCurrentStreamCapturing": torch_graphs.is_current_stream_capturing,
     "_cuda_memoryStats": cuda_memory.HOSTED["memory_stats_as_nested_dict"],
-    "_nccl_version": nccl_version_packed,
+    "_nccl_version": _nccl_version,
     "_nccl_version_suffix": lambda: b"",
 }
 
