@@ -41,6 +41,21 @@ def test_open_peers(commsim_rank):
     open_peers()
 '''
 
+import pytest
+
+from commsim.hosting.install.registry import install_all
+from commsim.hosting.surfaces.table import MODULES
+
+
+@pytest.fixture(autouse=True)
+def hosting_installed_before_the_snapshot():
+    """pytester's in-process run snapshots sys.modules and sys.meta_path and puts them back
+    afterwards. Hosting installed for the first time inside it would be reverted behind the
+    registry's back (its stand-ins and finders gone, its flags still saying installed), and
+    every later hosted test in this worker would meet the real cuda.bindings and no mpi4py.
+    Installed first, the snapshot holds the stand-ins and the inner install is a no-op."""
+    install_all(MODULES)
+
 
 def _file(pytester, ranks=4):
     pytester.makepyfile(test_downstream=DOWNSTREAM.replace("RANKS", str(ranks)))
