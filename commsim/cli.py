@@ -108,9 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
-if __name__ == "__main__":
+def entry() -> NoReturn:
+    """The `commsim` console script and `python -m commsim.cli`. An interrupted command ends
+    with os._exit(130) once its exit handlers ran: a Ctrl-C that landed inside a compiled
+    module's initialization (torch, cuda.bindings, imported lazily by the verbs) leaves
+    CPython ending the process by SIGINT after "commsim: interrupted" was printed."""
     try:
         code = main()
     except KeyboardInterrupt:        # in the instant between the verdict and the return
         code = interrupted()
+    if code == 130:
+        end_now(130)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    entry()

@@ -66,7 +66,10 @@ def test_a_peer_that_gives_up_is_the_root_cause_and_the_waiters_are_knock_ons():
 def test_procs_and_inproc_agree(machine, per, visible, prog):
     a = modes_agree(RunConfig(machine=machine, nproc_per_host=per, seed=1, timeout=60,
                               visible=visible, command=[prog]))
-    assert a.agree, a.text()
+    # Real processes exit in an order the scheduler does not fix: a waiter may fail before
+    # or after it sees its peer gone. The harness names that race only when the root cause
+    # is the same in both modes, and that much must hold.
+    assert a.agree or a.why.startswith("exit order:"), a.text()
 
 
 @pytest.mark.parametrize("machine, per, visible, why", [
