@@ -61,8 +61,12 @@ class ProcResult:
                 err.get("api"), err.get("name"), bool(self.residue))
 
 
-SWITCHED = "run in procs mode, not inproc: blocking sockets between ranks need real processes"
-ENDED = "ended in inproc mode: blocking sockets between ranks need real processes (--mode procs)"
+# Why an inproc run went to procs mode (or ended): each cause's words, said once.
+SOCKETS = "blocking sockets between ranks need real processes"
+STALE_MODULES = ("modules imported before hosting was installed hold real hosted modules "
+                 "(a module-level import at test collection); fresh processes import them hosted")
+SWITCHED = "run in procs mode, not inproc: {}"
+ENDED = "ended in inproc mode: {} (--mode procs)"
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Verdict:
     # inproc: the call that needs real processes (its run was ended there); a procs run
     # started for that reason carries it too, and says so
     needs_procs: str | None = None
+    procs_reason: str = SOCKETS       # what about `needs_procs` needs processes
 
     def __post_init__(self) -> None:
         for p in self.procs:
@@ -114,7 +119,8 @@ class Verdict:
                 f"visible {c.visible}, {self.wall_s:.1f} s")
         lines = [head]
         if self.needs_procs:
-            lines.append(f"  {SWITCHED if c.mode == 'procs' else ENDED}: {self.needs_procs}")
+            said = (SWITCHED if c.mode == "procs" else ENDED).format(self.procs_reason)
+            lines.append(f"  {said}: {self.needs_procs}")
         if not self.ok:
             lines += root_cause_lines(self)
         if self.ok or verbose:
