@@ -14,7 +14,14 @@ is served and what is not; serving an op later is one entry in `served`.
 
 Op lists follow each library's Python callers at the named version (the attribute calls on
 the loaded module): FlashInfer 0.7.2.post1 `flashinfer/comm/trtllm_ar.py`,
-`trtllm_mnnvl_ar.py`, `vllm_ar.py`, `pcie_ipc_ar.py`. vLLM 0.33.0's list is the
+`trtllm_mnnvl_ar.py`, `vllm_ar.py`, `pcie_ipc_ar.py`; FlashInfer 0.4.1 (its sdist)
+`flashinfer/comm/trtllm_ar.py`, whose `trtllm_create_ipc_workspace_for_all_reduce_fusion`
+needs `trtllm_lamport_initialize`: its csrc/trtllm_allreduce.cu and
+include/flashinfer/comm/trtllm_allreduce.cuh fill the buffer with negative zero as 0.7.2.post1's
+do (`lamport_initialize_kernel`, `lamportInitializeAll` dividing by sizeof(T) again), so the same
+reference serves both; its `trtllm_allreduce_fusion` takes 21 arguments (no
+`block_quant_group_size`, `weight_bias`) and its fusion kernels differ, so it is not served
+there. vLLM 0.33.0's list is the
 `torch.ops._C_custom_ar.*` ops its custom all-reduce
 (`vllm/distributed/device_communicators/custom_all_reduce.py`) is reported to call:
 UNCONFIRMED against the 0.33.0 sources (not installed here).
@@ -55,6 +62,11 @@ def _ops(text: str) -> tuple[str, ...]:
 
 
 EXTENSIONS: tuple[CompiledExtension, ...] = (
+    CompiledExtension("flashinfer-python", ("0.4.1", "0.4.2"), "trtllm_comm", "flashinfer-jit", _ops(
+        "trtllm_custom_all_reduce trtllm_allreduce_fusion trtllm_moe_allreduce_fusion "
+        "trtllm_moe_finalize_allreduce_fusion"),
+        served={"trtllm_lamport_initialize": fi_trtllm.trtllm_lamport_initialize,
+                "trtllm_lamport_initialize_all": fi_trtllm.trtllm_lamport_initialize_all}),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_comm", "flashinfer-jit", _ops(
         "trtllm_custom_all_reduce trtllm_moe_allreduce_fusion trtllm_moe_finalize_allreduce_fusion"),
         served={"trtllm_lamport_initialize": fi_trtllm.trtllm_lamport_initialize,
