@@ -52,8 +52,8 @@ $(FI041)/.installed: $(STAMP)
 
 peers: $(STAMP) $(FI041)/.installed
 	$(BIN)/pip install --quiet --no-deps $(PEERS)
-	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py tests/hosting/test_flashinfer_041.py \
-	    tests/hosting/test_plugin.py
+	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py tests/hosting/test_vllm.py \
+	    tests/hosting/test_flashinfer_041.py tests/hosting/test_plugin.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -85,7 +85,7 @@ class Communicator:
                 self._init_backends()
         except BaseException as e:
             e.commsim_step = self.step
-            e.commsim_trace = "\n".join(f"  {d.what}: {d.detail}" for d in self.decisions)
+            e.commsim_trace = self.trace()
             self.close()
             raise
 
@@ -126,12 +126,28 @@ class Communicator:
                 raise
             self.backends[name] = b
             desc = b.describe()
-            self.decisions.append(Decision(name, "admitted: every requirement holds for every rank"
-                                                 + (f" ({desc})" if desc else "")))
+            self.decisions.append(Decision(name, self._admitted(cls, verdict) + (f" ({desc})" if desc else "")))
         if failed:
             # The simulator's audit, not the communicator's report: what a silent fallback hid.
             to = next(iter(self.backends), "nothing")
             self.silent_fallbacks.append((self.step, f"silently fell back to {to} ({'; '.join(failed)})"))
+
+    def _admitted(self, cls: Any, verdict: Any) -> str:
+        """Why a backend was admitted. A policy with a gate of its own (a serving stack's
+        shortcut such as "world size 2 is always eligible") says so, and where the machine's
+        rules would have declined the backend, says that too: the reason a failure after
+        set-up happened at all."""
+        if not verdict.reasons:
+            return "admitted: every requirement holds for every rank"
+        text = f"admitted by policy {self.policy.name}: {'; '.join(verdict.reasons)}"
+        own = cls.admitted(self.view, self.policy.params)
+        if not own.ok:
+            text += f"; the machine's rules would decline it: {'; '.join(own.reasons)}"
+        return text
+
+    def trace(self) -> str:
+        """The decisions so far, one per line (what a failure's report carries)."""
+        return "\n".join(f"  {d.what}: {d.detail}" for d in self.decisions)
 
     # -- dispatch --------------------------------------------------------------------------
     def _pick(self, op: str, x: torch.Tensor) -> Backend:
@@ -182,7 +198,7 @@ class Communicator:
             self._init_backends()
         except BaseException as e:
             e.commsim_step = self.step
-            e.commsim_trace = "\n".join(f"  {d.what}: {d.detail}" for d in self.decisions)
+            e.commsim_trace = self.trace()
             raise
         i = next(i for i, d in enumerate(self.decisions) if d.what == "set-up")
         self.decisions[i] = Decision("set-up", f"deferred to {when}")

@@ -3,9 +3,11 @@
 cuda-python's `cuda.bindings.runtime` / `driver` for CUDA, nvidia-ml-py for NVML, the OS for
 host identity. Names, argument order and the `(err, value...)` convention are SimDriver's,
 and so are the value conventions: IPC and fabric handles as 64-byte `bytes`, VMM and
-multicast handles as `int`, POSIX fds as `int` (device/handles.py converts). Like SimDriver
-it never raises for misuse: arguments cuda-python cannot even convert (a negative size, a
-65-bit pointer, an unknown enum value) answer `*_INVALID_VALUE`.
+multicast handles as `int`, POSIX fds as `int` (device/handles.py converts). Arguments are
+converted as SimDriver converts them (commsim.sim.binding_args, the binding's own rules): what
+cuda-python cannot convert (a negative size, a 65-bit pointer, a str) raises the binding's
+TypeError / ValueError / OverflowError, and 4096.7 is 4096; what converts but CUDA would not
+take (an unknown enum value) answers `*_INVALID_VALUE`.
 
 Importing this module needs no GPU; `CudaDriver.create(device)` raises NoGpuError with what is
 missing (`unavailable_reason()` says it without raising).
@@ -29,6 +31,7 @@ from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
 from commsim.driver import FABRIC, FD
+from commsim.sim import binding_args
 
 from . import handles, launch
 from . import host as hostinfo
@@ -83,13 +86,17 @@ def _rt(code: Any) -> Any:
 
 
 def _guard(nvals: int, runtime: bool) -> Callable:
-    """cuda-python raises TypeError / ValueError / OverflowError for values it cannot convert;
-    the Driver answers the invalid-value code of its API family instead."""
+    """The arguments converted as SimDriver converts them (binding_args: what the binding
+    cannot convert raises here, as there); a converted value that this module's own enum
+    lookups refuse answers the invalid-value code of its API family."""
     bad = E.cudaErrorInvalidValue if runtime else R.CUDA_ERROR_INVALID_VALUE
 
     def deco(fn: Callable) -> Callable:
+        name = fn.__name__
+
         @functools.wraps(fn)
         def wrapper(self: "CudaDriver", *args: Any) -> tuple:
+            args = binding_args.convert(name, args)
             try:
                 return fn(self, *args)
             except (TypeError, ValueError, OverflowError):

@@ -1,4 +1,4 @@
-"""POSIX fds between processes: AF_UNIX stream sockets with SCM_RIGHTS (reference §2.5).
+"""POSIX fds between processes: AF_UNIX stream sockets with SCM_RIGHTS (row V9 of docs/driver-rules.md).
 
 The fd travels as ancillary data; the receiver gets a new fd number for the same open file
 (here: the same cuMem allocation). A socket reaches only processes of one host (row V9).

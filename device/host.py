@@ -1,6 +1,6 @@
 """Host identity as a real process learns it: hostname, shm namespace, IMEX channels.
 
-These are the non-CUDA facts discovery exchanges (DESIGN.md §3 rule 1); the simulator
+These are the non-CUDA facts discovery exchanges (a process learns nothing else); the simulator
 answers the same questions from the topology (SimDriver.gethostname / shm_namespace /
 imex_channels).
 """
@@ -37,7 +37,7 @@ def _inode(path: str) -> str:
 
 def shm_namespace() -> str:
     """Equal for exactly the processes that share POSIX shared memory (what vLLM's
-    `in_the_same_node_as` tests, reference §4.3): same kernel (boot id; a hostname is not
+    `in_the_same_node_as` tests, row F7): same kernel (boot id; a hostname is not
     enough, containers rename it), same IPC namespace, same /dev/shm mount."""
     boot = _read("/proc/sys/kernel/random/boot_id") or gethostname()
     try:
@@ -49,7 +49,7 @@ def shm_namespace() -> str:
 
 def imex_channels(directory: str = IMEX_DIR) -> tuple[int, ...]:
     """Numbers of the IMEX channel files this user can open for reading (the cuMemCreate
-    FABRIC prerequisite, reference §2.3). The device files are checked with access(2), not
+    FABRIC prerequisite, row V2). The device files are checked with access(2), not
     opened: opening is what CUDA does, and a probe should not hold one."""
     out = []
     for path in glob.glob(os.path.join(directory, "channel*")):

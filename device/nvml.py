@@ -86,7 +86,7 @@ class Nvml:
     # ---- the Driver protocol's NVML calls ------------------------------------------------
     def fabric_info(self, h: Any) -> tuple[int, GpuFabricInfo | None]:
         """nvmlDeviceGetGpuFabricInfoV (v2 struct), falling back to the v1 call on drivers
-        that lack it; the v1 fields either way (reference §4.1)."""
+        that lack it; the v1 fields either way (nvml.h `nvmlGpuFabricInfo_t`)."""
         def v2(m):
             info = m.c_nvmlGpuFabricInfo_v2_t()
             m.nvmlDeviceGetGpuFabricInfoV(h, m.byref(info))
@@ -122,7 +122,7 @@ class Nvml:
         return out
 
     def nvlinks_up(self, h: Any) -> tuple[int, bool | None]:
-        """Every P2P-capable NVLink active (FlashInfer `supports_mnnvl`, TRT-LLM, §4.2); a GPU
+        """Every P2P-capable NVLink active (FlashInfer `supports_mnnvl`, TRT-LLM, row B22); a GPU
         without NVLink has none inactive."""
         return self.call(lambda m: all(active for _, active in self._links(m, h)))
 

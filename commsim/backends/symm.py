@@ -417,8 +417,9 @@ class SymmBackend(VmmPeerBackend):
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
         # Row S2: code that needs multimem must check the multicast address; a policy with
         # `symm_multimem_unchecked` reproduces one that does not, and its kernel then runs over
-        # address 0 (row MC6: illegal address, sticky).
-        unchecked = self.params.get("symm_multimem_unchecked") and self.mc_note
+        # address 0 (row MC6: illegal address, sticky), whether the multicast set-up failed
+        # (S1) or the GPUs never had multicast (attr 132 = 0: no set-up at all, MC6b).
+        unchecked = self.params.get("symm_multimem_unchecked") and not self.mc
         if op in ("all_reduce", "all_reduce_rmsnorm") and (self.mc or unchecked):
             dtype = str(x.dtype).removeprefix("torch.")
             nbytes = x.numel() * x.element_size()

@@ -58,3 +58,39 @@ def check_host_count(n: int, flag: str = "--hosts") -> None:
     if not 1 <= n <= MAX_HOSTS:
         raise UserError(f"{flag}: must be >= 1 and at most {MAX_HOSTS:,} (how many hosts of "
                         f"this shape), got {n:,}")
+
+
+def add_version_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """--driver-version, --cuda-version, --torch-version, --nccl-version: the run's versions
+    (commsim/versions.py), each a flag of its own as a report names them. `what` says what
+    they override, for the help."""
+    from commsim.versions import FIELDS, installed
+    g = p.add_argument_group(
+        "versions", f"the driver, CUDA runtime, PyTorch and NCCL the run simulates ({what}; "
+                    f"default: {installed().text()}). They change the rules commsim serves; "
+                    f"the hosted program still imports the installed torch")
+    for name, (desc, example, _, _) in FIELDS.items():
+        g.add_argument(f"--{name}-version", dest=f"{name}_version", type=_version_of(name),
+                       default=None, metavar="X.Y[.Z]", help=f"{desc}, e.g. {example}"
+                       + (" (alone, the NCCL becomes the one that PyTorch release ships)"
+                          if name == "torch" else ""))
+
+
+def _version_of(name: str):
+    def parse(text: str) -> str:
+        from commsim.errors import UserError
+        from commsim.versions import parse_field
+        try:
+            parse_field(name, text)
+        except UserError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+        return text.strip()
+    parse.__name__ = "version"
+    return parse
+
+
+def version_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The version fields the command line gives (field -> text), for Versions.with_fields."""
+    from commsim.versions import FIELDS
+    return {k: getattr(args, f"{k}_version") for k in FIELDS
+            if getattr(args, f"{k}_version", None) is not None}

@@ -9,7 +9,7 @@ from typing import Any
 from commsim.errors import UserError
 from commsim.launch.config import MODES, RESIDUE, VISIBLE
 from commsim.launch.torchrun_flags import add_aliases, with_nnodes
-from commsim.commands.args import seconds, seed
+from commsim.commands.args import add_version_flags, seconds, seed, version_flags
 
 EPILOG = """\
 examples:
@@ -47,9 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed, default=None, help="seed of the run (default 0, or the scenario's)")
     p.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
                    help="seconds before ranks still running count as hung (default 120)")
-    p.add_argument("--visible", default="all", choices=VISIBLE,
-                   help="GPUs a rank sees: all of its host's (torchrun) or only its own "
-                        "(CUDA_VISIBLE_DEVICES=<gpu>, as Ray places ranks)")
+    p.add_argument("--visible", default="all", type=_visible, metavar="all|one|LIST",
+                   help="GPUs a rank sees: all of its host's (torchrun), only its own "
+                        "(CUDA_VISIBLE_DEVICES=<gpu>, as Ray places ranks), or a "
+                        "CUDA_VISIBLE_DEVICES list for every rank, any length and order "
+                        "(3,1: local rank 0 drives GPU 3, local rank 1 GPU 1; more ranks than "
+                        "GPUs share them; CUDA hides every index from the first invalid one)")
     p.add_argument("--residue", default="report", choices=RESIDUE,
                    help="allocations, mappings and fds a process still holds at exit: report "
                         "them (default: the process's exit releases them, as on real hardware) "
@@ -60,6 +63,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "WORLD_SIZE, MASTER_ADDR/PORT ...; default) or Open MPI mpirun's "
                         "(OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK), "
                         "with mpi4py's COMM_WORLD spanning the ranks")
+    p.add_argument("--fresh-interpreters", action="store_true",
+                   help="procs mode: start every rank as a fresh interpreter instead of forking "
+                        "it from the warm zygote (which imported torch and commsim's hosting once)")
+    p.add_argument("--preload", action="append", default=[], metavar="MODULE",
+                   help="procs mode: a module of the program the zygote imports before it forks "
+                        "(repeatable; opt-in: such a module sees the zygote's environment, not "
+                        "its rank's, so never one that reads RANK, LOCAL_RANK, "
+                        "CUDA_VISIBLE_DEVICES or the hostname at import)")
+    p.add_argument("--allow-undefined", action="store_true",
+                   help="pass a run that hit undefined behaviour (a plain load or store through "
+                        "a multicast address, memory used after its exporter freed it); by "
+                        "default such a run fails and the verdict says where it happened")
     p.add_argument("--quiet", action="store_true", help="do not echo the ranks' output")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="a failing run's verdict lists every process (its error, notes, hang "
@@ -69,8 +84,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "root cause and the replay command in each failure) for CI")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- python prog.py ARGS  (or -- python -m module ARGS)")
+    add_version_flags(p, "over the scenario's [versions]")
     add_aliases(p)
     p.set_defaults(func=run)
+
+
+def _visible(text: str) -> str:
+    from commsim.launch.visible_devices import is_list
+    if text in VISIBLE or is_list(text):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: give all, one, or a CUDA_VISIBLE_DEVICES "
+                                     f"list of host GPU indices such as 3,1")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = RunConfig(machine=machine, scenario=args.scenario,
                     nproc_per_host=args.nproc_per_host, mode=args.mode,
                     seed=args.seed or 0, visible=args.visible, timeout=args.timeout,
-                    residue=args.residue, launcher=args.launcher,
+                    residue=args.residue, launcher=args.launcher, versions=version_flags(args),
+                    allow_undefined=args.allow_undefined,
+                    zygote=not args.fresh_interpreters, preload=list(args.preload),
                     command=split_command(list(args.command), prefix=f"commsim exec {where}"))
     if args.junit_xml:
         from commsim.util.fileio import check_output

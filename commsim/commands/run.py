@@ -11,7 +11,7 @@ from typing import Any
 
 from commsim.errors import UserError
 from commsim.runtime.diagnosis import rank_word
-from commsim.commands.args import seconds, seed
+from commsim.commands.args import add_version_flags, seconds, seed, version_flags
 
 
 def _files(paths: list[str]) -> list[Path]:
@@ -83,6 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             if args.seed is not None:
                 sc = dataclasses.replace(sc, seed=args.seed)
+            sc = with_versions(sc, args)
             try:
                 res = _run_one(sc, args)
             except UserError as e:
@@ -153,12 +154,25 @@ def _report(res, args, to) -> None:
         print(f"  decision trace ({rank_word(ranks)}):\n{trace}", file=to)
     for f in res.failures:
         print(f"  FAIL: {f}", file=to)
+    for o in res.outcomes:
+        print(f"  expected: {o}", file=to)
     for l in res.leaks[:10]:
         print(f"  leak: {l}", file=to)
     for fl in res.flags[:10]:
         print(f"  flag: {fl}", file=to)
     if res.failures or res.errors or res.leaks:
         print(f"  replay: {res.replay_command()}", file=to)
+
+
+def with_versions(sc: Any, args: argparse.Namespace) -> Any:
+    """The scenario under the --*-version flags (over its [versions] table)."""
+    given = version_flags(args)
+    if not given:
+        return sc
+    versions = sc.cluster.versions.with_fields(given)
+    flags = [x for k, v in given.items() for x in (f"--{k}-version", v)]
+    return dataclasses.replace(sc, cluster=dataclasses.replace(sc.cluster, versions=versions),
+                               extra={**sc.extra, "version_flags": flags})
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -176,7 +190,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from commsim.util.fileio import check_output
         check_output(args.plot, "--plot", suffix=".png")
     for f in files:
-        sc = load(f)
+        sc = with_versions(load(f), args)
         if not args.no_memory_check:
             from commsim.scenario.resources import check_fits
             check_fits(sc)
@@ -257,6 +271,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--no-memory-check", action="store_true",
                        help="run even when the host-memory estimate (shown by `commsim scenario "
                             "check`) exceeds the memory available now")
+        add_version_flags(p, "over each scenario's [versions]")
         if name == "explain":
             p.add_argument("--sizes", default=None, metavar="LO..HI",
                            help="also print, per group, the predicted all-reduce time of each "

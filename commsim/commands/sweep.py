@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from commsim.launch.config import LAUNCHERS, MODES, RESIDUE
-from commsim.commands.args import bounded_int, non_negative_int, seconds, seed
+from commsim.commands.args import add_version_flags, bounded_int, non_negative_int, seconds, seed, version_flags
 
 # A sweep keeps one record per scenario (about 1 KB) for its report; a million is hours of work
 # and about a GB of records, which is where a mistyped count should stop.
@@ -36,6 +36,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_output(args.junit_xml, "--junit-xml")
     if args.action == "merge":
         return _merge(args)
+    if version_flags(args) and args.exec is None:
+        raise UserError("--driver-version, --cuda-version, --torch-version and --nccl-version "
+                        "apply to sweep --exec PROG; a scenario sweep draws its versions per "
+                        "scenario (docs/scenario-format.md, Versions); to pin them for one, run "
+                        "`commsim exec --scenario ID --torch-version ... -- python PROG`")
     if args.exec is not None:
         if args.executor != "local":
             raise UserError("--exec runs the program in local worker processes; drop "
@@ -153,20 +158,24 @@ def cmd_sweep_exec(args: argparse.Namespace) -> int:
     from commsim.util.fileio import check_output
     from commsim.launch.run import split_command
     from commsim.launch.sweep_exec import progress_printer, run_exec_sweep
-    from commsim.scenario.executors import shard
-    from commsim.scenario.sweep import select_ids
 
     _refuse_plain_only(args)
     if args.junit_xml:
         check_output(args.junit_xml, "--junit-xml")
     program = split_command(shlex.split(args.exec) + list(args.exec_args or ()),
                             prefix="commsim sweep --exec", placement=False)
+    if args.exec_mode == "procs":
+        # the zygote imports torch while this process does (the generator below loads it)
+        from commsim.launch import zygote
+        zygote.prestart(program)
+    from commsim.scenario.executors import shard
+    from commsim.scenario.sweep import select_ids
     ids = shard(select_ids(args.count, seed=args.seed, filters=args.filter or (),
                            enumerate_=args.enumerate, start=args.start, knobs=False), args.shard)
     say = None if args.quiet else progress_printer(len(ids))
     rep = run_exec_sweep(program, ids, mode=args.exec_mode, timeout=args.exec_timeout,
                          residue=args.exec_residue, launcher=args.exec_launcher,
-                         progress=say)
+                         progress=say, versions=version_flags(args))
     rep.seed = None if args.enumerate else args.seed
     rep.filters, rep.shard = list(args.filter or ()), args.shard
     return _emit_exec(rep, args)
@@ -276,4 +285,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="whose environment each --exec rank gets: torchrun's (default) or Open "
                         "MPI mpirun's, with mpi4py's COMM_WORLD spanning the ranks (see "
                         "`commsim exec --launcher`)")
+    add_version_flags(p, "sweep --exec only, over each generated machine's; a scenario sweep "
+                         "draws them per scenario")
     p.set_defaults(func=cmd_sweep)

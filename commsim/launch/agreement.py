@@ -8,6 +8,9 @@ Where the two modes cannot agree, the difference says why. The one known reason 
 order: a rank whose failure followed a peer's exit (a knock-on, cause.py) in one mode may
 have made the same call before that peer exited in the other: which comes first is a race
 between real processes, and a fixed order under the scheduler.
+
+The same comparison holds procs mode's two ways of starting ranks to one verdict
+(`compare(..., STARTS)`): forked from the warm zygote, and fresh interpreters.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from commsim.launch.run import execute
 from commsim.launch.verdict import ProcResult, Verdict
 
 MODES = ("procs", "inproc")
+STARTS = ("zygote", "fresh")        # procs mode: ranks forked from the zygote, or fresh ones
 
 
 def rank_outcome(p: ProcResult, knock_on: bool) -> str:
@@ -67,22 +71,25 @@ class Agreement:
         return not self.differences
 
     def text(self) -> str:
+        a, b = self.verdicts
         if self.agree:
-            return "procs and inproc agree"
-        return "\n".join(["procs and inproc disagree:"] + [f"  {d}" for d in self.differences]
+            return f"{a} and {b} agree"
+        return "\n".join([f"{a} and {b} disagree:"] + [f"  {d}" for d in self.differences]
                          + ([f"  why: {self.why}"] if self.why else []))
 
 
-def compare(procs: Verdict, inproc: Verdict) -> Agreement:
+def compare(procs: Verdict, inproc: Verdict, names: tuple[str, str] = MODES) -> Agreement:
+    """The two verdicts' agreement; `names`: what ran each (procs/inproc, zygote/fresh)."""
     a, b = Outcome.of(procs), Outcome.of(inproc)
-    out = Agreement({"procs": procs, "inproc": inproc})
+    na, nb = names
+    out = Agreement({na: procs, nb: inproc})
     if a.root != b.root:
-        out.differences.append(f"root cause: procs {a.root}, inproc {b.root}")
+        out.differences.append(f"root cause: {na} {a.root}, {nb} {b.root}")
     ra, rb = dict(a.ranks), dict(b.ranks)
     order = []
     for r in sorted(set(ra) | set(rb)):
         if ra.get(r) != rb.get(r):
-            out.differences.append(f"rank {r}: procs {ra.get(r)}, inproc {rb.get(r)}")
+            out.differences.append(f"rank {r}: {na} {ra.get(r)}, {nb} {rb.get(r)}")
             if "knock-on" in (ra.get(r), rb.get(r)):
                 order.append(r)
     # A root cause that moved to another rank with the same failure is the same race when the
@@ -95,16 +102,17 @@ def compare(procs: Verdict, inproc: Verdict) -> Agreement:
         out.why = (f"exit order: rank(s) {', '.join(map(str, order))} failed after a peer "
                    f"exited in one mode and before it in the other")
         if moved:
-            out.why += (f"; the first failure is rank {a.root[0]} in procs and rank "
-                        f"{b.root[0]} in inproc, the same error")
+            out.why += (f"; the first failure is rank {a.root[0]} in {na} and rank "
+                        f"{b.root[0]} in {nb}, the same error")
     return out
+
+
+def _run(cfg: RunConfig, **change: object) -> Verdict:
+    sink = io.StringIO()
+    return execute(replace(cfg, placement=[], run_dir="", shm_prefix="", **change),
+                   out=sink, err=sink, echo=False)
 
 
 def modes_agree(cfg: RunConfig) -> Agreement:
     """Run cfg's program in both modes (cfg.mode is ignored) and compare the verdicts."""
-    got = {}
-    for mode in MODES:
-        sink = io.StringIO()
-        got[mode] = execute(replace(cfg, mode=mode, placement=[], run_dir="", shm_prefix=""),
-                            out=sink, err=sink, echo=False)
-    return compare(got["procs"], got["inproc"])
+    return compare(*(_run(cfg, mode=m) for m in MODES))

@@ -5,6 +5,7 @@ run's config.json> in the environment; Python imports sitecustomize at interpret
 `bootstrap()` runs before the program's first line, in every process of the run (a worker
 from multiprocessing or torch.multiprocessing.spawn inherits both variables). It:
 
+- makes a rank the launcher started die with the launcher (procs/tree.py die_with_parent);
 - binds the process's rank, built on first use: a rank process is the rank the launcher
   numbered (COMMSIM_HOSTING_SLOT); a process it spawns is a new process on the same simulated
   host with the same visible GPUs and a slot of its own;
@@ -32,6 +33,7 @@ from commsim.hosting.surfaces.table import MODULES
 from commsim.hosting.state import session
 from commsim.hosting.state.process_run import ProcessRun, set_process_run
 from commsim.launch.config import RunConfig
+from commsim.procs import tree
 from commsim.hosting.state.session import HostedRank, RankEvents
 
 SITECUSTOMIZE = '''\
@@ -197,6 +199,11 @@ def bootstrap() -> None:
     path = os.environ.get("COMMSIM_HOSTING")
     if not path or "cfg" in _state:
         return
+    # A rank the launcher started dies with it (first: the launcher may be gone already);
+    # what the rank starts does not inherit that, the watchdog ends those.
+    parent = os.environ.pop(tree.PARENT_ENV, "")
+    if parent.isdigit():
+        tree.die_with_parent(int(parent))
     # A process that starts while its run ends finds the run's private directory gone, at
     # any of the steps below (multiprocessing's resource tracker, spawned by an inproc rank
     # just before the end, can start that late on a loaded machine). Nothing of the run is

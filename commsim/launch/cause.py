@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 # The kinds a failed process falls in, the most telling first (a run is named by its most
 # telling one). `injected` is not a defect: the scenario's fault, not the program's.
-DEFECTS = ("ipc-across-hosts", "fabric-outside-domain", "cuda-error", "hang", "leak", "crash")
+DEFECTS = ("ipc-across-hosts", "fabric-outside-domain", "cuda-error", "hang", "leak", "crash",
+           "undefined")
 
 # What the simulator's rule rows (docs/fidelity-rules.md, docs/lifecycle-rules.md) say, for
 # a refused call whose driver named its rule.
@@ -167,6 +168,8 @@ def run_kind(v: "Verdict") -> str:
     if v.ok:
         return "ok"
     kinds = [c.kind for _, c in causes(v)]
+    if not kinds and v.undefined:
+        return "undefined"        # every process exited well; the run hit undefined behaviour
     if "injected" in kinds:
         return "injected"         # a rank died of the scenario's fault; its peers' errors follow
     return next((k for k in DEFECTS if k in kinds), "crash")

@@ -42,22 +42,37 @@ class RunConfig:
     ranks: int = 0                    # total ranks (0: nproc_per_host on every host)
     mode: str = "procs"
     seed: int = 0
-    visible: str = "all"              # "all": every GPU of the host; "one": CUDA_VISIBLE_DEVICES=<its GPU>
+    # "all": every GPU of the host; "one": CUDA_VISIBLE_DEVICES=<its GPU>; "3,1": that list for
+    # every rank (launch/visible_devices.py)
+    visible: str = "all"
     timeout: float = 120.0
     residue: str = "report"           # "report": listed, the run passes; "fail": a process exiting holding any fails the run
     launcher: str = "torchrun"        # "torchrun" | "mpirun": the launcher whose environment each rank gets
     command: list[str] = field(default_factory=list)   # the program: ["prog.py", args] or ["-m", "mod", args]
+    zygote: bool = True               # procs: fork ranks from a warm zygote (False: a fresh interpreter each)
+    preload: list[str] = field(default_factory=list)   # procs: the program's modules the zygote imports (opt-in)
     replay: str = ""                  # the command that replays the run when it is not `commsim exec` (a pytest node)
     run_dir: str = ""
     shm_prefix: str = ""
     placement: list[tuple[str, int]] = field(default_factory=list)   # filled by resolve()
+    # --driver-version, --cuda-version, --torch-version, --nccl-version: field -> text, over
+    # the scenario's [versions] and the installed defaults (commsim/versions.py).
+    versions: dict[str, str] = field(default_factory=dict)
+    # --allow-undefined: a run that hit undefined behaviour (a plain load or store through a
+    # multicast address, memory used after its exporter freed it: fabric flags) still passes.
+    allow_undefined: bool = False
 
     # -- the machine -----------------------------------------------------------------------
     def cluster(self) -> Any:
         if self.scenario:
-            return self._scenario().cluster
-        from commsim.topology.presets import build
-        return build(self.machine)
+            cluster = self._scenario().cluster
+        else:
+            from commsim.topology.presets import build
+            cluster = build(self.machine)
+        if not self.versions:
+            return cluster
+        import dataclasses
+        return dataclasses.replace(cluster, versions=cluster.versions.with_fields(self.versions))
 
     def _scenario(self) -> Any:
         return load_scenario(self.scenario)
@@ -75,8 +90,10 @@ class RunConfig:
         on host r // nproc_per_host, GPU r % nproc_per_host, as torchrun numbers ranks)."""
         if self.mode not in MODES:
             raise UserError(f"--mode: {self.mode!r} is not a mode; use one of {', '.join(MODES)}")
-        if self.visible not in VISIBLE:
-            raise UserError(f"--visible: {self.visible!r}; use one of {', '.join(VISIBLE)}")
+        from commsim.launch import visible_devices
+        if self.visible not in VISIBLE and not visible_devices.is_list(self.visible):
+            raise UserError(f"--visible: {self.visible!r}; use one of {', '.join(VISIBLE)} or a "
+                            f"CUDA_VISIBLE_DEVICES list of host GPU indices such as 3,1")
         if not self.machine and not self.scenario:
             raise UserError("give --machine PRESET[:HOSTS] (e.g. gb200-nvl72:2) or --scenario FILE")
         if self.timeout <= 0:
@@ -88,6 +105,10 @@ class RunConfig:
                             f"use one of {', '.join(LAUNCHERS)}")
         if not self.command:
             raise UserError("no program: add `-- python prog.py ARGS` (or `-- python -m module`)")
+        for name in self.preload:
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise UserError(f"--preload: {name!r} is not a module name; give a dotted "
+                                f"name the program imports (mypkg.model)")
         cluster = self.cluster()
         if self.scenario and not self.placement:
             sc = self._scenario()
@@ -110,7 +131,14 @@ class RunConfig:
                     raise UserError(f"--nproc-per-host {per}: host {h.name} of {self.machine} has "
                                     f"only {len(h.gpus)} GPU(s); use at most {len(h.gpus)}")
             self.nproc_per_host = per
-            self.placement = [(h.name, i) for h in cluster.hosts for i in range(per)]
+            if visible_devices.is_list(self.visible):
+                # Local rank l drives the l-th visible GPU; more ranks than GPUs share them.
+                lists = {h.name: visible_devices.check(self.visible, h.name, len(h.gpus))
+                         for h in cluster.hosts}
+                self.placement = [(h.name, lists[h.name][i % len(lists[h.name])])
+                                  for h in cluster.hosts for i in range(per)]
+            else:
+                self.placement = [(h.name, i) for h in cluster.hosts for i in range(per)]
             if self.ranks:
                 if self.ranks > len(self.placement):
                     raise UserError(f"ranks={self.ranks}: {self.machine} with {per} per host "
@@ -170,4 +198,12 @@ class RunConfig:
             parts += ["--residue", self.residue]
         if self.launcher != "torchrun":
             parts += ["--launcher", self.launcher]
+        if self.mode == "procs" and not self.zygote:
+            parts += ["--fresh-interpreters"]
+        for name in self.preload if self.mode == "procs" else ():
+            parts += ["--preload", name]
+        for k, v in self.versions.items():
+            parts += [f"--{k}-version", v]
+        if self.allow_undefined:
+            parts += ["--allow-undefined"]
         return shlex.join(parts + ["--", "python"] + list(self.command))

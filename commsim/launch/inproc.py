@@ -36,7 +36,7 @@ from commsim.launch.config import RunConfig
 from commsim.hosting.state.driver_view import HostedDriver
 from commsim.launch.rank_env import free_port, rank_env, visible_of
 from commsim.launch.reports import read_reports, worker_results
-from commsim.hosting.state.session import HostedRank, RankEvents, bound, exception_line, hosted
+from commsim.hosting.state.session import HostedRank, RankEvents, bound, exception_line, hosted, program_site
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import install_all
 from commsim.hosting.surfaces.mpi import mpi4py as mpi4py_surface
@@ -167,6 +167,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
     set_torch_threads()       # the ranks' simulated kernels run here, one at a time
     cluster = cfg.cluster()
     fabric = SimFabric(cluster, cfg.seed)
+    fabric.where = program_site          # an undefined-behaviour flag names the program's line
     world = LocalWorld(cfg.world_size, cfg.seed)
     port = free_port()
     base = dict(os.environ)

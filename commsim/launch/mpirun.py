@@ -1,9 +1,9 @@
 """The exec launcher's part of a procs-mode run under `--launcher mpirun`: what mpirun's
 runtime gives the ranks of a real job, a way to find each other.
 
-It hosts the run's store (kvstore.StoreServer, 127.0.0.1 only), writes the run's secret into
-the private run directory (0600, created exclusively, never through a link; it never goes
-through the store), tells each rank where the store is, and marks a rank dead on the store
+It hosts the run's store (kvstore.StoreServer, 127.0.0.1 only, serving only clients that prove
+they hold the run's secret), writes the secret into the private run directory (0600, created
+exclusively, never through a link; it never goes through the store), tells each rank where the store is, and marks a rank dead on the store
 (sealed, like every value) as soon as its process ends, so a peer waiting for it in a
 collective or a receive learns it within commsim.group.torch_dist.POLL seconds instead of
 waiting out the timeout.
@@ -29,8 +29,8 @@ class MpiRendezvous:
         with os.fdopen(fd, "wb") as f:
             f.write(secret)
         self._seal = Seal(secret)
-        self._server = StoreServer()
-        self._client = StoreClient("127.0.0.1", self._server.port, timeout=10.0)
+        self._server = StoreServer(secret)
+        self._client = StoreClient("127.0.0.1", self._server.port, timeout=10.0, secret=secret)
         self._t0 = time.time()
         self._ended: set[int] = set()
 

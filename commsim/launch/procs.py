@@ -1,6 +1,7 @@
 """procs mode: every rank a real OS process, torchrun-style.
 
-Each rank is `python <program>` with torchrun's environment and the hosting start-up hook;
+Each rank is `python <program>` with torchrun's environment and the hosting start-up hook
+(forked from the launcher's warm zygote, commsim/launch/zygote.py, or a fresh interpreter);
 its output comes back line by line prefixed `[rankN]: `. The launcher waits: when the run
 outlives --timeout, every rank still running dumps its Python stacks (SIGUSR1, registered by
 the bootstrap) and is killed: a hang, diagnosed by where each rank waits. When a rank fails,
@@ -26,6 +27,8 @@ from commsim.launch.mpirun import MpiRendezvous
 from commsim.launch.rank_env import free_port, rank_env, run_mark
 from commsim.launch.reports import from_report, read_reports, stacks, user_stack, worker_results
 from commsim.launch.verdict import ProcResult, Verdict
+from commsim.launch.zygote import ForkedRank, Zygote
+from commsim.util import signals
 
 GRACE = 20.0       # seconds the survivors of a failed rank get before they are killed
 
@@ -41,7 +44,22 @@ def _pump(pipe: Any, sink: TextIO | None, prefix: str, tail: deque, lock: thread
     pipe.close()
 
 
-def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: bool) -> Verdict:
+def _start(cfg: RunConfig, env: dict[str, str], zygote: Zygote | None) -> tuple[Any, str]:
+    """A rank's process: forked by the zygote, else a fresh interpreter (and why)."""
+    why = ""
+    if zygote is not None:
+        got = zygote.spawn(list(cfg.command), env)
+        if isinstance(got, ForkedRank):
+            return got, ""
+        why = got
+    return subprocess.Popen([sys.executable] + list(cfg.command), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True), why
+
+
+def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: bool,
+              zygote: Zygote | None = None) -> Verdict:
+    """Run every rank as a process: forked by `zygote` when given, else fresh interpreters."""
     cluster = cfg.cluster()
     port = free_port()
     base = dict(os.environ)
@@ -51,6 +69,7 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
     pumps: list[threading.Thread] = []
     killed: dict[int, str] = {}
     mpi = None
+    fresh = ""                    # why ranks the zygote should have forked are fresh ones
     if cfg.launcher == "mpirun":
         mpi = MpiRendezvous(cfg)
     try:
@@ -58,9 +77,8 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
             env = rank_env(cfg, r, cluster, base, boot_dir, port)
             if mpi is not None:
                 env.update(mpi.env())
-            p = subprocess.Popen([sys.executable] + list(cfg.command), env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            p, why = _start(cfg, env, zygote)
+            fresh = fresh or why
             procs[r] = p
             tails[r] = deque(maxlen=40)
             for pipe, sink in ((p.stdout, out), (p.stderr, err)):
@@ -101,13 +119,14 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
     finally:
         # Every rank's session, also of ranks that exited: workers a rank left behind go too,
         # and what left its session (a daemon, a JIT compiler in a session of its own) before
-        # the output pumps wait for the pipes it may hold.
-        reap([Session(p) for p in procs.values()], 10)
-        tree.end_tree(run_mark(cfg))
-        for t in pumps:
-            t.join(5)
-        if mpi is not None:
-            mpi.close()
+        # the output pumps wait for the pipes it may hold. A Ctrl-C now waits for the end.
+        with signals.deferred():
+            reap([Session(p) for p in procs.values()], 10)
+            tree.end_tree(run_mark(cfg), below=[zygote.pid] if zygote is not None else [])
+            for t in pumps:
+                t.join(5)
+            if mpi is not None:
+                mpi.close()
     reports = read_reports(cfg.run_dir)
     results = []
     for r in range(cfg.world_size):
@@ -131,5 +150,5 @@ def run_procs(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo: 
         results.append(res)
     results += worker_results(cfg, reports)
     flags = sorted({f for res in results for f in res.flags})
-    return Verdict(cfg, results, flags=flags)
+    return Verdict(cfg, results, flags=flags, fresh=fresh or None)
 

@@ -10,6 +10,8 @@ import socket
 from typing import Any
 
 from commsim.launch.config import RunConfig
+from commsim.launch import visible_devices
+from commsim.procs import tree
 
 _COMMSIM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,6 +34,8 @@ def visible_of(cfg: RunConfig, rank: int, cluster: Any) -> tuple[int, ...]:
     host, gi = cfg.placement[rank]
     if cfg.visible == "one":
         return (gi,)
+    if visible_devices.is_list(cfg.visible):
+        return visible_devices.seen(cfg.visible, len(cluster.host(host).gpus))
     return tuple(g.index for g in cluster.host(host).gpus)
 
 
@@ -83,6 +87,7 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
         OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
         COMMSIM_HOSTING=run_mark(cfg).split("=", 1)[1],
         COMMSIM_HOSTING_RANK=str(rank), COMMSIM_HOSTING_SLOT=str(rank),
+        **{tree.PARENT_ENV: str(os.getpid())},
         COMMSIM_HOSTING_HOST=host,
         COMMSIM_HOSTING_VISIBLE=",".join(str(i) for i in visible_of(cfg, rank, cluster)),
         PYTHONPATH=os.pathsep.join([boot_dir, _COMMSIM_ROOT] +
@@ -94,6 +99,8 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
         env["GLOO_SOCKET_IFNAME"] = lo      # gloo listens on loopback only
     if cfg.visible == "one":
         env["CUDA_VISIBLE_DEVICES"] = str(gi)
+    elif visible_devices.is_list(cfg.visible):
+        env["CUDA_VISIBLE_DEVICES"] = cfg.visible
     else:
         env.pop("CUDA_VISIBLE_DEVICES", None)
     return env

@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from typing import Any, TextIO
 
 from commsim.errors import UserError
@@ -22,7 +23,8 @@ from commsim.procs import tree
 from commsim.sim import shm
 from commsim.launch.bootstrap import make_run_dirs, write_sitecustomize
 from commsim.launch.config import RunConfig
-from commsim.launch.rank_env import run_mark
+from commsim.launch.rank_env import rank_env, run_mark
+from commsim.launch import zygote
 from commsim.launch.inproc import run_inproc
 from commsim.launch.procs import run_procs
 from commsim.launch.torchrun_flags import advice, launcher_in
@@ -56,6 +58,23 @@ def split_command(argv: list[str], *, prefix: str = "commsim exec --machine PRES
     return argv
 
 
+def _procs_owned(cfg: RunConfig, boot: str, *, out: TextIO, err: TextIO, echo: bool) -> Verdict:
+    """run_procs inside the run's owned tree, its ranks forked by this process's warm zygote
+    unless the run asks for fresh interpreters; the zygote's descendants are the run's."""
+    paths = [cfg.run_dir, str(shm.SHM_DIR / cfg.shm_prefix)]
+    prog = cfg.command[0]
+    where = os.getcwd() if prog == "-m" else os.path.dirname(os.path.abspath(prog))
+    held = (zygote.lease(rank_env(cfg, 0, cfg.cluster(), dict(os.environ), boot, 0), boot,
+                         tuple(cfg.preload), where)
+            if cfg.zygote else nullcontext((None, "")))
+    with held as (z, why):
+        with tree.owned_tree(run_mark(cfg), paths, below=[z.pid] if z else [],
+                             also=[z.mark] if z else []):
+            v = run_procs(cfg, boot, out=out, err=err, echo=echo, zygote=z)
+    v.fresh = v.fresh or why or None
+    return v
+
+
 def _again_in_procs(cfg: RunConfig, why: str, *, out: TextIO, err: TextIO,
                     echo: bool) -> Verdict:
     """An inproc run that a blocking socket between ranks ended, run again as processes in a
@@ -69,8 +88,7 @@ def _again_in_procs(cfg: RunConfig, why: str, *, out: TextIO, err: TextIO,
     make_run_dirs(cfg.run_dir)
     boot = write_sitecustomize(cfg.run_dir)
     cfg.dump(os.path.join(cfg.run_dir, "config.json"))
-    with tree.owned_tree(run_mark(cfg), [cfg.run_dir, str(shm.SHM_DIR / cfg.shm_prefix)]):
-        v = run_procs(cfg, boot, out=out, err=err, echo=echo)
+    v = _procs_owned(cfg, boot, out=out, err=err, echo=echo)
     v.needs_procs = why
     return v
 
@@ -95,12 +113,12 @@ def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = N
         make_run_dirs(run_dir)
         boot = write_sitecustomize(run_dir)
         cfg.dump(os.path.join(run_dir, "config.json"))
-        with tree.owned_tree(run_mark(cfg), [run_dir, str(shm.SHM_DIR / cfg.shm_prefix)]):
-            if cfg.mode == "procs":
-                v = run_procs(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo)
-            else:
-                v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo,
-                               target=target)
+        if cfg.mode == "procs":
+            v = _procs_owned(cfg, boot, out=out or sys.stdout, err=err or sys.stderr, echo=echo)
+        else:
+            with tree.owned_tree(run_mark(cfg), [run_dir, str(shm.SHM_DIR / cfg.shm_prefix)]):
+                v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr,
+                               echo=echo, target=target)
         if v.needs_procs and (target is None or procs_command):
             if target is not None:
                 cfg.command = list(procs_command)

@@ -108,18 +108,19 @@ def merge_reports(paths: list[str]) -> ExecSweep:
 
 def run_exec_sweep(program: list[str], ids: list[str], *, mode: str = "inproc",
                    timeout: float = 60.0, residue: str = "report", launcher: str = "torchrun",
-                   progress: Callable[[int, int], None] | None = None) -> ExecSweep:
+                   progress: Callable[[int, int], None] | None = None,
+                   versions: dict[str, str] | None = None) -> ExecSweep:
     rep = ExecSweep(program)
     t0 = time.monotonic()
     for i, sid in enumerate(ids):
         sc = load_scenario(sid)
         cfg = RunConfig(scenario=sid, mode=mode, timeout=timeout, residue=residue,
-                        launcher=launcher, command=list(program))
+                        launcher=launcher, command=list(program), versions=dict(versions or {}))
         sink = io.StringIO()
         v = execute(cfg, out=sink, err=sink, echo=False)
         kind = run_kind(v)
         rc = root_cause(v)
-        what = "ok"
+        what = "ok" if not v.undefined else f"undefined behaviour: {v.undefined[0]}"
         if rc is not None:
             worst, e = rc.proc, rc.proc.first_cuda_error
             what = (f"rank {worst.rank}: {worst.exception or worst.headline()}"

@@ -80,6 +80,9 @@ class Verdict:
     # started for that reason carries it too, and says so
     needs_procs: str | None = None
     procs_reason: str = SOCKETS       # what about `needs_procs` needs processes
+    # procs: why its ranks are fresh interpreters, not forked from the warm zygote (when the
+    # run did not ask for fresh ones itself)
+    fresh: str | None = None
 
     def __post_init__(self) -> None:
         for p in self.procs:
@@ -95,7 +98,14 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        return all(p.ok for p in self.procs) and len(self.ranks) == self.cfg.world_size
+        return (all(p.ok for p in self.procs) and len(self.ranks) == self.cfg.world_size
+                and not self.undefined)
+
+    @property
+    def undefined(self) -> list[str]:
+        """The undefined behaviour that fails this run (none with --allow-undefined)."""
+        from commsim.sim.fabric import is_undefined
+        return [] if self.cfg.allow_undefined else [f for f in self.flags if is_undefined(f)]
 
     @property
     def exit_code(self) -> int:
@@ -121,8 +131,14 @@ class Verdict:
         if self.needs_procs:
             said = (SWITCHED if c.mode == "procs" else ENDED).format(self.procs_reason)
             lines.append(f"  {said}: {self.needs_procs}")
+        if self.fresh:
+            lines.append(f"  fresh interpreters, not forked from the warm zygote: {self.fresh}")
         if not self.ok:
             lines += root_cause_lines(self)
+        if self.undefined:
+            lines.append(f"Undefined behaviour ({len(self.undefined)} event(s); the run fails "
+                         f"on it unless --allow-undefined):")
+            lines += [f"  {f}" for f in self.undefined]
         if self.ok or verbose:
             lines += self._listing()
         elif self.residue:
@@ -133,8 +149,11 @@ class Verdict:
         missing = c.world_size - len(self.ranks)
         if missing:
             lines.append(f"  {missing} rank(s) left no result")
+        from commsim.sim.fabric import is_undefined
         for f in self.flags:
-            lines.append(f"  flagged: {f}")
+            if f not in self.undefined:
+                allowed = self.cfg.allow_undefined and is_undefined(f)
+                lines.append(f"  flagged{' (allowed)' if allowed else ''}: {f}")
         if self.trace_hash:
             lines.append(f"  schedule trace {self.trace_hash}")
         lines.append(f"replay: {c.replay_command()}")

@@ -14,7 +14,9 @@ scan), found again until nothing new appears, then killed. Each signal goes thro
 opened before the process is checked (man 2 pidfd_open), so a pid that was reused in between
 is never signalled.
 
-If the launcher itself dies (SIGKILL), a watchdog process it started does the same and
+Each rank also dies with the launcher by itself (die_with_parent: PR_SET_PDEATHSIG, set by
+the rank's bootstrap), the moment the launcher is gone. If the launcher dies (SIGKILL), a
+watchdog process it started also ends the rest of the tree (what the ranks started) and
 removes the run's files: it waits on a pidfd of the launcher and, unless the launcher said
 `done` first, ends the tree, then deletes the paths it was given and each killed process's
 `commsim-rt-<pid>-*` directory. `sweep_stale_tmp` removes what a run left in the temp
@@ -36,12 +38,15 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
+from commsim.util import signals
 from commsim.util.pids import pid_alive
 
-PR_SET_CHILD_SUBREAPER = 36      # linux/prctl.h
+PR_SET_PDEATHSIG = 1             # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
+PARENT_ENV = "COMMSIM_HOSTING_PARENT"   # the launcher's pid, in its ranks' environment
 # Temp-dir entries that name the pid of the process that made them: a launcher's run
 # directory (commsim-exec-<pid>-...) and a hosted process's libcudart file (commsim-rt-<pid>-...).
 STALE_NAME = re.compile(r"^commsim-(?:exec|rt)-(\d+)-")
@@ -59,6 +64,22 @@ def set_subreaper(on: bool) -> bool:
         return bool(was.value)
     except (OSError, AttributeError):
         return False
+
+
+def die_with_parent(parent: int) -> bool:
+    """SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG, man 2
+    prctl: a rank goes with a SIGKILLed launcher at once, before the watchdog's scan). A
+    parent that died before the call is seen by the pid this process was reparented to:
+    then this process ends now. False where prctl is unavailable (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -107,15 +128,19 @@ def _own_helpers() -> set[int]:
     return out
 
 
-def members(mark: str) -> set[int]:
-    """The live processes of the run `mark` names (and their descendants), this one and its
-    own multiprocessing helpers excluded."""
+def members(marks: str | Iterable[str], below: Iterable[int] = ()) -> set[int]:
+    """The live processes that carry any of `marks` and their descendants, and every
+    descendant of a pid in `below` (not that pid itself: a warm zygote forks a run's ranks
+    and outlives the run, its children carry the zygote's start-up environment, not the
+    run's mark); this process and its own multiprocessing helpers excluded."""
     procs = _processes()
-    m = mark.encode()
-    found = {p for p in procs if _marked(p, m)}
+    wanted = [m.encode() for m in ([marks] if isinstance(marks, str) else marks)]
+    found = {p for p in procs if any(_marked(p, m) for m in wanted)}
     children: dict[int, list[int]] = {}
     for p, pp in procs.items():
         children.setdefault(pp, []).append(p)
+    roots = set(below)
+    found |= {c for r in roots for c in children.get(r, [])} - roots
     todo = list(found)
     while todo:
         for c in children.get(todo.pop(), []):
@@ -133,21 +158,23 @@ def _signal(pidfd: int, sig: int) -> None:
         pass
 
 
-def end_tree(mark: str) -> set[int]:
-    """Stop, then kill, every process of the run `mark` names; reap those that became this
-    process's children. Returns the pids killed."""
+def end_tree(marks: str | Iterable[str], below: Iterable[int] = ()) -> set[int]:
+    """Stop, then kill, every process of the run `marks` name (members()); reap those that
+    became this process's children. Returns the pids killed."""
     held: dict[int, int] = {}                       # pid -> pidfd
+    marks = [marks] if isinstance(marks, str) else list(marks)
+    below = list(below)
     try:
         for _ in range(_ROUNDS):
             opened = {}
-            for pid in members(mark) - held.keys():
+            for pid in members(marks, below) - held.keys():
                 try:
                     opened[pid] = os.pidfd_open(pid)
                 except OSError:
                     continue                        # gone already
             if not opened:
                 break
-            still = members(mark)                   # a pid reused before its open is dropped
+            still = members(marks, below)           # a pid reused before its open is dropped
             for pid, fd in opened.items():
                 if pid in still:
                     held[pid] = fd
@@ -189,6 +216,15 @@ def remove_leftovers(paths: list[str], pids: set[int], tmp: str | None = None) -
             shutil.rmtree(d, ignore_errors=True)
 
 
+def _ended(pid: int) -> bool:
+    """The process is gone, or a zombie (a rank the kernel killed with its launcher, not
+    reaped yet by whoever adopted it)."""
+    if not pid_alive(pid):
+        return True
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] == "Z"
+
+
 def sweep_stale_tmp(tmp: str | None = None) -> list[str]:
     """Remove this user's commsim-exec-<pid>-* and commsim-rt-<pid>-* entries of the temp dir
     whose process is gone (its launcher or rank was killed). Returns the paths removed."""
@@ -200,7 +236,7 @@ def sweep_stale_tmp(tmp: str | None = None) -> list[str]:
         return removed
     for p in entries:
         m = STALE_NAME.match(p.name)
-        if m is None or pid_alive(int(m.group(1))):
+        if m is None or not _ended(int(m.group(1))):
             continue
         try:
             st = os.lstat(p)
@@ -216,9 +252,10 @@ def sweep_stale_tmp(tmp: str | None = None) -> list[str]:
 class Watchdog:
     """The process that ends the run's tree and removes its files should the launcher die."""
 
-    def __init__(self, mark: str, paths: list[str]) -> None:
+    def __init__(self, marks: list[str], paths: list[str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "commsim.procs.tree", mark, tempfile.gettempdir(), *paths],
+            [sys.executable, "-m", "commsim.procs.tree", tempfile.gettempdir(), *marks, "--",
+             *paths],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
             env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                 [_root()] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))))
@@ -230,11 +267,16 @@ class Watchdog:
             self.proc.stdin.close()
         except OSError:
             pass
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        wait_or_kill(self.proc, 10)
+
+
+def wait_or_kill(proc: subprocess.Popen, limit: float) -> None:
+    """Wait up to `limit` s for a helper process told to exit, then kill it."""
+    try:
+        proc.wait(limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _root() -> str:
@@ -242,24 +284,29 @@ def _root() -> str:
 
 
 @contextmanager
-def owned_tree(mark: str, paths: list[str]) -> Iterator[None]:
+def owned_tree(mark: str, paths: list[str], *, below: Iterable[int] = (),
+               also: Iterable[str] = ()) -> Iterator[None]:
     """While the block runs, this process is the run's subreaper and a watchdog stands by;
     on the way out (a normal end, an error, a timeout) every process of the run is ended and
-    the temp-dir files of the dead ones (ranks killed by the launcher included) removed."""
+    the temp-dir files of the dead ones (ranks killed by the launcher included) removed.
+    `below`: pids whose descendants are the run's too (a warm zygote's); `also`: marks the
+    watchdog ends as well should the launcher die (the zygote's own, the zygote with it)."""
     was = set_subreaper(True)
-    dog = Watchdog(mark, paths)
+    below = list(below)
+    dog = Watchdog([mark, *also], paths)
     try:
         yield
     finally:
-        try:
-            end_tree(mark)
-            sweep_stale_tmp()
-        finally:
-            dog.done()
-            set_subreaper(was)
+        with signals.deferred():       # a Ctrl-C now must not leave half the tree running
+            try:
+                end_tree(mark, below)
+                sweep_stale_tmp()
+            finally:
+                dog.done()
+                set_subreaper(was)
 
 
-def watch(mark: str, tmp: str, paths: list[str]) -> int:
+def watch(marks: list[str], tmp: str, paths: list[str]) -> int:
     """The watchdog's body: wait for the launcher (this process's parent) to say done or to
     die; in the second case end the run's tree and remove its files."""
     parent = os.getppid()
@@ -286,10 +333,12 @@ def watch(mark: str, tmp: str, paths: list[str]) -> int:
                 break
         if pidfd in ready:
             break
-    killed = end_tree(mark)
+    killed = end_tree(marks)
     remove_leftovers(paths, killed, tmp)
+    sweep_stale_tmp(tmp)         # ranks that died with the launcher (die_with_parent)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(watch(sys.argv[1], sys.argv[2], sys.argv[3:]))
+    _sep = sys.argv.index("--")           # TMP MARK... -- PATH...
+    sys.exit(watch(sys.argv[2:_sep], sys.argv[1], sys.argv[_sep + 1:]))

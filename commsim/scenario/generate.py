@@ -36,6 +36,7 @@ from commsim.topology.presets import PRESETS, build as build_preset
 from commsim.scenario import faults as F
 from commsim.scenario import fidelity_faults as FF
 from commsim.scenario import knobs as K
+from commsim.scenario import memo
 from commsim.scenario.seeds import seed_of
 from commsim.scenario.model import DTYPES, OPS, Fault, Group, Scenario, Workload
 
@@ -171,6 +172,9 @@ class Plan:
     # A knob scenario (commsim/scenario/knobs.py): (policy parameter, value) of the shortcut
     # policy it runs under; () = the default policy.
     knob: tuple = ()
+    # The run's versions (commsim/versions.py) as (field, text) pairs over the installed
+    # defaults, drawn from a stream of their own; () = the defaults.
+    versions: tuple[tuple[str, str], ...] = ()
 
     @property
     def world(self) -> int:
@@ -221,14 +225,25 @@ def _resolve_fault(kind: F.FaultKind, cluster: Cluster, placement: tuple[GpuRef,
     return kind.make(cluster, placement, rng, gpu)
 
 
+def _machine(shape: str, versions: tuple, faults: tuple[Fault, ...]) -> Cluster:
+    """Preset shape `shape` with the plan's component versions, then its machine faults."""
+    cluster = build_shape(shape)
+    if versions:
+        cluster = dataclasses.replace(
+            cluster, versions=cluster.versions.with_fields(dict(versions)))
+    for f in faults:
+        cluster = F.apply_machine_fault(cluster, f)
+    return cluster
+
+
 def build(plan: Plan) -> Scenario:
     """The Scenario a plan describes (topology faults applied to the cluster)."""
-    cluster = build_shape(plan.shape)
     placement = placement_of(plan.shape, plan.world, plan.placement, plan.id)
     faults = plan.faults
-    for f in faults:
-        if not F.is_driver_fault(f):          # driver faults act on calls, not on the machine
-            cluster = F.apply_machine_fault(cluster, f)
+    # driver faults act on calls, not on the machine
+    on_machine = tuple(f for f in faults if not F.is_driver_fault(f))
+    cluster = memo.machine((plan.shape, plan.versions, on_machine),
+                           lambda: _machine(plan.shape, plan.versions, on_machine))
     groups = _groups(plan.tp, plan.dp, plan.dp_groups)
     wl = Workload(ops=plan.ops, sizes=plan.sizes, dtypes=plan.dtypes,
                   graph_capture=plan.graph_capture, discard_capture=plan.graph_capture and plan.discard,
@@ -242,7 +257,8 @@ def build(plan: Plan) -> Scenario:
             f"{', expandable segments' if plan.allocator != 'caching' else ''}"
             f"{', ' + ' '.join(f'{k}={v}' for k, v in plan.nccl_env) if plan.nccl_env else ''}"
             f"{', fds by ' + plan.fd_transport if plan.fd_transport else ''}"
-            f"{f', shortcut policy {plan.knob[0]}={plan.knob[1]}' if plan.knob else ''}")
+            f"{f', shortcut policy {plan.knob[0]}={plan.knob[1]}' if plan.knob else ''}"
+            f"{', versions ' + ' '.join(f'{k}={v}' for k, v in plan.versions) if plan.versions else ''}")
     extra = {"knob": plan.knob} if plan.knob else {}
     return Scenario(name=plan.id, cluster=cluster, placement=placement, groups=groups, workload=wl,
                     faults=faults, policy=K.policy_of(plan.knob) if plan.knob else "default",
@@ -330,7 +346,31 @@ def sample_plan(seed: int, index: int) -> Plan:
     if left_out:
         faults = tuple(f for f in faults if f not in left_out)
     return Plan(pid, shape, tp, dp, dp_groups, placement, faults, ops, sizes, dtypes,
-                capture, discard, sc_seed, *_knobs(pid))
+                capture, discard, sc_seed, *_knobs(pid), versions=draw_versions(pid))
+
+
+# Drivers the generator pairs with a CUDA runtime: a release of a branch that runs it (CUDA
+# 13.0 release notes: R580 and later; CUDA 12.x toolkits' minor-version compatibility:
+# R525 and later, here the branches commsim answers by, rows of host_layout).
+DRIVERS_FOR_CUDA = {12: ("550.54.15", "570.86.10", "575.57.08", "580.82.07"),
+                    13: ("580.82.07", "580.95.05")}
+VERSIONS_FRACTION = 0.2
+
+
+def draw_versions(pid: str) -> tuple[tuple[str, str], ...]:
+    """One in five plans runs other versions than the installed ones: a PyTorch release of
+    the table, one of the CUDA builds it ships, the NCCL of that build, a driver that runs
+    that CUDA. From a stream seeded by the id, so the other draws stay as they were."""
+    from commsim.versions import TORCH_NCCL
+    rng = random.Random(seed_of("versions", pid))
+    if rng.random() >= VERSIONS_FRACTION:
+        return ()
+    torch = rng.choice(sorted(TORCH_NCCL))
+    cuda = rng.choice(sorted(TORCH_NCCL[torch]))
+    nccl = TORCH_NCCL[torch][cuda]
+    driver = rng.choice(DRIVERS_FOR_CUDA[cuda[0]])
+    return (("driver", driver), ("cuda", "%d.%d" % cuda), ("torch", "%d.%d.0" % torch),
+            ("nccl", "%d.%d.%d" % nccl))
 
 
 # NCCL settings the generator tries; none of them makes NCCL's init fail by itself.

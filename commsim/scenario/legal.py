@@ -13,6 +13,7 @@ from commsim.backends import backends, default_order, fallbacks, get_backend
 from commsim.policy import Policy, resolve
 from commsim.topology.model import GpuRef
 from commsim.topology.truth import GroupFacts
+from commsim.scenario import memo
 from commsim.scenario.model import Scenario
 from commsim.scenario.reference import ESIZE, message_numel
 
@@ -38,7 +39,16 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
     """Each registered backend's own oracle rule (`Backend.truth`) over the group's facts;
     the legal ones in `order` (default: the registry's), the fallbacks appended."""
     gpus = tuple(sc.placement[r] for r in ranks)
-    facts = GroupFacts.of(sc.cluster, gpus)
+    legal, why, fails = memo.group_truth(sc.cluster, gpus, order,
+                                         lambda: _truth(sc.cluster, gpus, order))
+    return GroupTruth(name, ranks, gpus, legal, dict(why), dict(fails))
+
+
+def _truth(cluster: Any, gpus: tuple[GpuRef, ...],
+           order: tuple[str, ...] | None) -> tuple[tuple[str, ...], dict[str, str], dict[str, str]]:
+    """(legal, why not, set-up fails) of a group's GPUs on a machine: a pure function of
+    them and of the policy order (the backend registry and rules are code)."""
+    facts = GroupFacts.of(cluster, gpus)
     registry = backends()
     why: dict[str, str] = {}
     for b, cls in registry.items():
@@ -48,7 +58,7 @@ def group_truth(sc: Scenario, ranks: tuple[int, ...], name: str = "",
     legal = tuple(b for b in (default_order() if order is None else order) if b not in why)
     legal += tuple(b for b in fallbacks() if b not in legal)
     fails = {b: r for b in legal if (r := registry[b].setup_fails(facts))}
-    return GroupTruth(name, ranks, gpus, legal, why, fails)
+    return legal, why, fails
 
 
 def op_nbytes(op: str, size: int, dtype: str, ws: int) -> int:

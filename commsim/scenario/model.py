@@ -83,9 +83,12 @@ SETUPS = ("init", "lazy")
 
 @dataclass(frozen=True)
 class Expectation:
-    """Either a backend (`backend` for `group`, optionally per `op` and `size`), or an error
-    (`error` by CUDA name or run outcome, at lifecycle `step`, optionally on `rank` and with
-    `message` text in its diagnosis)."""
+    """One expected outcome (docs/scenario-format.md, `[[expect]]`): a backend (`backend` for
+    `group`, optionally per `op` and `size`); an error (`error` by CUDA name or run outcome,
+    at lifecycle `step`, optionally on `rank` and with `message` text in its diagnosis); or an
+    outcome that is not an error (commsim/scenario/outcomes.py): wrong data (`wrong_data`,
+    with `max_error`), NCCL's transport between a `pair` of ranks (`transport`), a fallback
+    to a legal but slower backend (`fallback`), undefined behaviour (`undefined`)."""
 
     group: str | None = None
     op: str | None = None
@@ -96,6 +99,18 @@ class Expectation:
     rank: int | None = None
     leak: bool = False                        # a leak is expected (shortcut-policy regressions)
     message: str | None = None                # text the error's message / diagnosis contains
+    wrong_data: bool = False                  # the result check finds wrong data
+    max_error: float | None = None            # ... whose largest absolute error is this (1 %)
+    transport: str | None = None              # NCCL's transport for `pair`: "P2P", "SHM", "NET" ...
+    pair: tuple[int, int] | None = None       # two world ranks of one group
+    fallback: str | None = None               # the legal, slower backend the group runs
+    undefined: bool = False                   # the run hits undefined behaviour (a fabric flag)
+
+    @property
+    def failure(self) -> bool:
+        """Whether this expects the file's own policy to fail (an error, a leak, wrong data,
+        undefined behaviour): such a file runs with `--expect-failure`."""
+        return bool(self.error or self.leak or self.wrong_data or self.undefined)
 
 
 @dataclass(frozen=True)

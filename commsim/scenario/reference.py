@@ -26,6 +26,7 @@ within the tolerance (so it can never pass what the float64 comparison would fai
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -330,6 +331,16 @@ class Reference:
                 got = flat[off + s: off + min(s + CHUNK, len(v))].double().numpy()
                 err = max(err, float(np.abs(got - (v[s:s + CHUNK] + c)).max()))
         return None if err <= sp.tol else f"max error {err} > {sp.tol}"
+
+
+_MAX_ERROR = re.compile(r"max error (\S+) > ")
+
+
+def max_error_of(mismatch: str) -> float:
+    """The largest absolute error a mismatch line of `Reference.check` reports (inf for a
+    result of the wrong shape)."""
+    m = _MAX_ERROR.search(mismatch)
+    return float(m.group(1)) if m else float("inf")
 
 
 class Inputs:

@@ -9,6 +9,7 @@ checked against both.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -31,13 +32,16 @@ __all__ = ["ScenarioError", "load", "loads", "write_scenario", "SECTIONS"]
 # Top-level tables; True marks an array of tables ([[group]]), False a plain table.
 SECTIONS: dict[str, bool] = {
     "scenario": False, "topology": False, "placement": False, "group": True,
-    "fault": True, "workload": False, "expect": True,
+    "fault": True, "workload": False, "expect": True, "versions": False,
 }
 SCENARIO_KEYS = ("name", "description", "seed", "policy")
 GROUP_KEYS = ("name", "ranks")
 WORKLOAD_KEYS = ("ops", "sizes", "dtypes", "graph_capture", "discard_capture", "iterations",
                  "allocator", "setup", "nccl_env", "fd_transport")
-EXPECT_KEYS = ("group", "op", "size", "backend", "error", "step", "rank", "leak", "message")
+EXPECT_KEYS = ("group", "op", "size", "backend", "error", "step", "rank", "leak", "message",
+               "wrong_data", "max_error", "transport", "pair", "fallback", "undefined")
+# The forms of an expectation: one of these keys says what is expected (leak may join one).
+EXPECT_FORMS = ("backend", "error", "wrong_data", "transport", "fallback", "undefined")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _NAME_SHAPE = "a name of letters, digits, '.', '_' and '-' (starting with a letter or digit)"
 
@@ -88,6 +92,7 @@ def _build(text: str, source: str, path: Path | None) -> Scenario:
     cluster, spec, notes = machine.topology(source, doc["topology"])
     placement = machine.placement(source, doc.get("placement"), cluster)
     world = len(placement)
+    cluster = _versions(source, doc.get("versions", {}), cluster)
     faults, cluster = machine.faults(source, doc.get("fault", []), cluster, world)
     groups = _groups(source, doc.get("group", []), world)
     workload = _workload(source, doc.get("workload", {}))
@@ -161,6 +166,21 @@ def _owner_of(key: str) -> str:
         if key in keys:
             return table
     return ""
+
+
+# -- versions, groups, workload, expectations ----------------------------------------------
+def _versions(source: str, data: Mapping[str, Any], cluster: Any) -> Any:
+    """`[versions]`: driver, cuda, torch, nccl as strings ("2.10.0"); the fields left out keep
+    the installed defaults (commsim/versions.py)."""
+    from commsim.versions import FIELDS
+    if not data:
+        return cluster
+    t = Table(source, "[versions]", data, tuple(FIELDS))
+    try:
+        versions = cluster.versions.with_fields(dict(data), where=f"{source}: [versions]")
+    except UserError as e:
+        raise ScenarioError(str(e)) from None
+    return dataclasses.replace(cluster, versions=versions) if t else cluster
 
 
 # -- groups, workload, expectations --------------------------------------------------------
@@ -246,13 +266,17 @@ def _expectation(source: str, n: int, data: Mapping[str, Any], groups: Sequence[
                  workload: Workload, world: int) -> Expectation:
     t = Table(source, f"[[expect]] #{n}", data, EXPECT_KEYS)
     names = [g.name for g in groups]
-    if "backend" in data and "error" in data:
-        raise t.error("give either backend = ... (which backend a group picks) or error = ... "
-                      "(which CUDA error a step returns), not both", None)
-    if not any(k in data for k in ("backend", "error", "leak")):
+    forms = [k for k in EXPECT_FORMS if k in data]
+    if len(forms) > 1:
+        raise t.error(f"gives {' and '.join(forms)}; one expectation says one thing: backend "
+                      f"(which backend a group picks), error (which CUDA error a step returns), "
+                      f"wrong_data, transport, fallback or undefined; write one [[expect]] "
+                      f"each", None)
+    if not forms and "leak" not in data:
         raise t.error('says nothing; give backend = "fabric" (one of ' + ", ".join(backend_names())
                       + '), or error = "cudaErrorInvalidResourceHandle" with step = "init", '
-                      "or leak = true", None)
+                      "or leak = true, wrong_data = true, transport = \"P2P\" with pair = [0, 1], "
+                      "fallback = \"nccl\", undefined = true", None)
     group = t.string("group")
     if group is not None and group not in names:
         raise t.error(f"unknown group {group!r}{did_you_mean(group, names)}; groups in this "
@@ -284,9 +308,11 @@ def _expectation(source: str, n: int, data: Mapping[str, Any], groups: Sequence[
             raise t.error(f"missing; an error expectation says at which step, e.g. step = "
                           f"\"init\" (one of {', '.join(STEPS)})", "step")
     message = t.string("message")
-    if message is not None and error is None:
+    undefined = t.boolean("undefined", False)
+    if message is not None and error is None and not undefined:
         raise t.error("message applies only with error = \"...\" (text the error's message "
-                      "or diagnosis must contain)", "message")
+                      "or diagnosis must contain) or undefined = true (text of the event)",
+                      "message")
     if "step" in data:
         if error is None:
             raise t.error("step applies only with error = \"...\"", "step")
@@ -295,5 +321,53 @@ def _expectation(source: str, n: int, data: Mapping[str, Any], groups: Sequence[
     if rank is not None and rank >= world:
         raise t.error(f"rank {rank} is out of range; accepted: 0..{world - 1} "
                       f"(world size {world})", "rank")
-    return Expectation(group=group, op=op, size=size, backend=backend, error=error, step=step,
-                       rank=rank, leak=t.boolean("leak", False), message=message)
+    outcome = _outcome(t, data, names, groups, group, world)
+    return Expectation(group=outcome.pop("group", group), op=op, size=size, backend=backend,
+                       error=error, step=step, rank=rank, leak=t.boolean("leak", False),
+                       message=message, undefined=undefined, **outcome)
+
+
+def _outcome(t: Table, data: Mapping[str, Any], names: Sequence[str], groups: Sequence[Group],
+             group: str | None, world: int) -> dict[str, Any]:
+    """The keys of the outcomes that are not errors: wrong_data/max_error, transport/pair,
+    fallback (commsim/scenario/outcomes.py judges them)."""
+    out: dict[str, Any] = {}
+    if t.boolean("wrong_data", False):
+        out["wrong_data"] = True
+    if "max_error" in data:
+        v = data["max_error"]
+        if not out.get("wrong_data"):
+            raise t.error("max_error applies only with wrong_data = true", "max_error")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v or v == float("inf"):
+            raise t.error(f"expected a number > 0 (the largest absolute error of the result), got "
+                          f"{describe(v)}; e.g. max_error = 0.5", "max_error")
+        out["max_error"] = float(v)
+    if "transport" in data:
+        out["transport"] = t.string("transport")
+        raw = t.array("pair", "pair = [0, 1]")
+        if raw is None:
+            raise t.error("missing; a transport expectation names two ranks, e.g. pair = [0, 1]",
+                          "pair")
+        if len(raw) != 2 or raw[0] == raw[1]:
+            raise t.error(f"expected two different ranks, e.g. pair = [0, 1]; got {raw!r}", "pair")
+        pair = tuple(t.check_int(r, "pair", 0, world - 1, what="rank") for r in raw)
+        owners = [g.name for g in groups if set(pair) <= set(g.ranks)]
+        if group is None:
+            if not owners:
+                raise t.error(f"ranks {pair[0]} and {pair[1]} share no group; NCCL's transports "
+                              f"are per group", "pair")
+            out["group"] = owners[0]
+        elif group not in owners:
+            raise t.error(f"ranks {pair[0]} and {pair[1]} are not both in group {group!r}", "pair")
+        out["pair"] = pair
+    elif "pair" in data:
+        raise t.error("pair applies only with transport = \"...\"", "pair")
+    if "fallback" in data:
+        out["fallback"] = check_choice(t, "fallback", data["fallback"], backend_names(),
+                                       what="backend")
+        if group is None:
+            if len(names) != 1:
+                raise t.error(f"a fallback expectation needs group = \"...\" when the file has "
+                              f"several groups; groups: {', '.join(names)}", "group")
+            out["group"] = names[0]
+    return out

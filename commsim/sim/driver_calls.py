@@ -58,7 +58,7 @@ def api(nvals: int, runtime: bool):
         # Looked up once per method, not per call (a few hundred calls per generated scenario):
         # its parameters' converters, and whether a capture can refuse it at all (CG1-CG3).
         sig = binding_args.SIGNATURES.get(name)
-        conv = binding_args.converter(sig) if sig else None
+        conv = binding_args.converter(sig, name) if sig else None
         may_refuse = name in stream_capture.UNSAFE
 
         @functools.wraps(fn)

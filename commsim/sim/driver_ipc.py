@@ -67,7 +67,7 @@ class LegacyIpcCalls:
         if entry is None:
             gone = self.fabric.ipc_handle_origin(key) if key is not None else None
             if gone is not None and unconfirmed.IPC_DEVICE_RULES_BEFORE_GONE:
-                # The exporter freed the memory or exited: row H5O (unconfirmed.py).
+                # The exporter freed the memory or exited: row H6 (unconfirmed.py).
                 self._ipc_device_rules(gone[0], gone[1])
             raise Fail(unconfirmed.code("H5"), "H5", gone[0] if gone else None)
         aid, exporter = entry
@@ -79,7 +79,7 @@ class LegacyIpcCalls:
             raise Fail(E.cudaErrorDeviceUninitialized, "L9", a.gpu)      # row L9 (ucx#11603)
         self._ipc_device_rules(a.gpu, exporter)
         me = self.device
-        if aid in self._ipc_open and self.cluster.host(me.host).driver_major < unconfirmed.IPC_REOPEN_REFCOUNT_SINCE:
+        if aid in self._ipc_open and self.cluster.driver_major(me.host) < unconfirmed.IPC_REOPEN_REFCOUNT_SINCE:
             raise Fail(E.cudaErrorAlreadyMapped)             # row H2 (older drivers)
         if aid in self._ipc_open:                            # rows L6/H1: same pointer, refcount
             base = self._ipc_open[aid]

@@ -65,6 +65,11 @@ class SimProcess:
     sticky: object = None           # a sticky CUDA error (row MC6): every later call returns it
 
 
+def is_undefined(flag: str) -> bool:
+    """Whether a flagged event (SimFabric.flag) is undefined behaviour, not only a hazard."""
+    return "undefined" in flag
+
+
 class SimFabric:
     """Ground truth plus shared state for one simulated cluster."""
 
@@ -85,6 +90,9 @@ class SimFabric:
         self.fabric_handles: dict[bytes, tuple[str, int]] = {}  # handle -> ("mem"|"mc", id)
         self.fd_mailbox: dict[tuple[int, int], list[tuple[str, int]]] = {}  # (dst, src) -> fds in flight
         self.flags: list[str] = []   # undefined-behaviour events the run must report (L15, M6, V7)
+        # Where in the program a flagged event happened: hosting sets it to the call site of
+        # the hosted program (its frames outside commsim); the scenario runner leaves it unset.
+        self.where: Callable[[], str] | None = None
         # pid -> what the process's driver must drop when the OS ends it (its mappings)
         self.exit_hooks: dict[int, Callable[[], None]] = {}
         # pid -> its SimDriver (the per-process fd table pidfd_getfd reads, row W7)
@@ -247,7 +255,12 @@ class SimFabric:
         return row not in self.disabled_rules
 
     def flag(self, text: str) -> None:
-        self.flags.append(text)
+        """Record an event the run must report. An event whose result is undefined (a plain
+        access through a multicast address, MC7; an access to memory its exporter freed, L15;
+        an unbind other than the binding, M6) says "undefined" in its text (is_undefined);
+        the others are hazards (a free while peers map it, a FABRIC import outside its
+        domain, an fd on the wrong host)."""
+        self.flags.append(text if self.where is None else f"{text}, at {self.where()}")
 
     # -- ground truth queries used by the oracle (never by the communicator) -------------
     def live_bytes(self) -> int:

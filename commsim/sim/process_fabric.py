@@ -123,6 +123,12 @@ def open_marker(prefix: str, aid: Any, pid: int) -> Any:
     return shm.segment_path(prefix, f"a{aid}.open{pid}")
 
 
+def fabric_marker(prefix: str, kind: str, oid: int) -> Any:
+    """Present once the owner of allocation (kind "mem") or multicast object ("mc") `oid` has
+    exported it as a FABRIC handle."""
+    return shm.segment_path(prefix, f"{'a' if kind == 'mem' else 'm'}{oid}.fabric")
+
+
 class ProcessFabric(SimFabric):
     def __init__(self, cluster: Cluster, seed: int, rank: int, placement: Sequence[GpuRef],
                  prefix: str, mailbox: Mailbox | None = None,
@@ -196,6 +202,11 @@ class ProcessFabric(SimFabric):
         return h
 
     def fabric_handle_for(self, kind: str, oid: int) -> bytes:
+        # The driver hands out a FABRIC handle only for memory created exportable as FABRIC
+        # (cuMemExportToShareableHandle has checked that); the marker tells an importer in
+        # another process that this export happened, since the handle's bytes alone can be
+        # made by anyone who knows the run's seed.
+        shm.touch(fabric_marker(self.prefix, kind, oid))
         if kind == "mc":
             m = self.multicasts[oid]
             h = self._seal(b"CSFABMC_", oid, PID_BASE + rank_of_aid(oid), m.creator, m.size)
@@ -257,11 +268,16 @@ class ProcessFabric(SimFabric):
         own = self.fabric_handles.get(key)
         if own is not None:
             return own
+        # Bytes sealed like a handle for an object never exported as FABRIC (cudaMalloc memory,
+        # a VMM allocation without the FABRIC type) name nothing: the driver answers
+        # INVALID_VALUE as thread mode does for bytes it never made.
         got = self._open(key, b"CSFABMC_")
         if got is not None:
+            if not fabric_marker(self.prefix, "mc", got[0]).exists():
+                return None
             return None if self.attach_multicast(got[0]) is None else ("mc", got[0])
         got = self._open(key, b"CSFABRIC")
-        if got is None:
+        if got is None or not fabric_marker(self.prefix, "mem", got[0]).exists():
             return None
         aid, pid, gpu, size = got
         a = self._attach(aid, pid, gpu, size, legacy=False)
@@ -294,6 +310,7 @@ class ProcessFabric(SimFabric):
                 self._drop(a)
             return
         super().free_alloc(a)
+        fabric_marker(self.prefix, "mem", a.aid).unlink(missing_ok=True)
 
     def device_bytes_used(self, gpu: GpuRef) -> int:
         return sum(a.size for a in self.allocs.values() if a.gpu == gpu and a.aid not in self.remote)
@@ -344,6 +361,7 @@ class ProcessFabric(SimFabric):
         if isinstance(m, SharedMulticast):
             if rank_of_aid(m.mid) == self.rank:
                 shm.segment_path(self.prefix, f"m{m.mid}").unlink(missing_ok=True)
+                fabric_marker(self.prefix, "mc", m.mid).unlink(missing_ok=True)
             m.close()
 
 

@@ -74,9 +74,13 @@ HOST_PAGE = 4096
 MAX_PEER_MAPPINGS = 4096
 # Row H2: drivers before this branch answer a second open of one handle in one context with
 # cudaErrorAlreadyMapped; later ones return the same pointer (the refcount sentence of the
-# current cuIpcOpenMemHandle docs). The branch where it changed is UNCONFIRMED.
+# current cuIpcOpenMemHandle docs). The branch where it changed is UNCONFIRMED. Searched:
+# openucx/ucx#3192 (an NVIDIA engineer, 2020: "cuda 11.1 will allow opening a handle multiple
+# times", i.e. R455), against microsoft/mscclpp#165 (2023) and openucx/ucx#11216 (2026) still
+# meeting "resource already mapped" (whether in one context is not said). Kept at 470 until a
+# release note or a GPU run pins it; the run's driver version decides (commsim/versions.py).
 IPC_REOPEN_REFCOUNT_SINCE = 470
-# Row H5O: an open of a legacy handle whose memory is gone (freed, or its exporter exited)
+# Row H6: an open of a legacy handle whose memory is gone (freed, or its exporter exited)
 # is answered by the checks its device alone decides first (L8 host, W6 namespace, L10/P1/P2
 # peer access), then by H5's code. The CUDA docs (cudaIpcOpenMemHandle, CUDA 12/13 runtime
 # API) list the codes, not the order the driver checks in: UNCONFIRMED. Answered this way,

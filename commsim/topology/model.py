@@ -23,6 +23,7 @@ from typing import Iterator
 
 
 from commsim.errors import UserError
+from commsim.versions import Versions, installed as installed_versions
 
 
 class TopologyError(UserError, ValueError):
@@ -198,7 +199,9 @@ class Host:
     # links[i][j] for i != j; the diagonal is None ("X" in topo -m).
     links: tuple[tuple[Link | None, ...], ...]
     imex_channels: tuple[int, ...] = ()   # /dev/nvidia-caps-imex-channels/channel<N> usable here
-    driver_version: str = "580.82.07"
+    # The kernel driver of this host when it differs from the run's (a host left on an older
+    # driver: the driver_version fault); "" runs the run's (Cluster.versions.driver).
+    driver_version: str = ""
     shm_namespace: str = ""               # hosts sharing a namespace share /dev/shm
     arch: str = "x86_64"
     container: ContainerCaps = field(default_factory=ContainerCaps)
@@ -235,14 +238,9 @@ class Host:
             raise TopologyError(f"host {self.name}: arch must be x86_64 or aarch64, got {self.arch!r}")
         if not self.shm_namespace:
             object.__setattr__(self, "shm_namespace", self.name)
-        if not re.match(r"^\d+(\.\d+)*$", self.driver_version):
+        if self.driver_version and not re.match(r"^\d+(\.\d+)*$", self.driver_version):
             raise TopologyError(f"host {self.name}: driver_version {self.driver_version!r} is not "
                                 f"a version such as 580.82.07")
-
-    @property
-    def driver_major(self) -> int:
-        """The branch of the kernel driver (580 for 580.82.07): some answers changed by it (H2)."""
-        return int(self.driver_version.split(".")[0])
 
     def process_namespace(self, pid: int) -> str:
         """The /dev/shm, IPC and pid namespace process `pid` of this host is in: the host's,
@@ -328,6 +326,9 @@ class Cluster:
     domains: tuple[NvlinkDomain, ...] = ()
     source: str = ""
     imex_domains: tuple[ImexDomain, ...] = ()
+    # The run's driver, CUDA runtime, PyTorch and NCCL versions (commsim/versions.py): every
+    # layer reads them here.
+    versions: Versions = field(default_factory=installed_versions)
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -383,6 +384,14 @@ class Cluster:
         if h is not None:
             return h
         raise TopologyError(f"cluster {self.name}: no host {name!r}; hosts: {', '.join(h.name for h in self.hosts)}")
+
+    def driver_version(self, host: str) -> str:
+        """The kernel driver `host` runs: its own when a fault set one, else the run's."""
+        return self.host(host).driver_version or self.versions.driver
+
+    def driver_major(self, host: str) -> int:
+        """The branch of `host`'s driver (580 for 580.82.07): some answers changed by it (H2)."""
+        return int(self.driver_version(host).split(".")[0])
 
     def gpu(self, ref: GpuRef) -> Gpu:
         h = self._by_name.get(ref.host)  # type: ignore[attr-defined]

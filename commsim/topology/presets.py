@@ -78,7 +78,7 @@ def gb200_nvl36x2(name: str) -> Cluster:
 def gh200_nvl32(name: str) -> Cluster:
     # 16 nodes of 2 GH200 superchips (1 Hopper GPU each) on one NVLink switch system. The node
     # split (2 GPUs per OS instance) follows NVIDIA's GH200 NVL32 announcement; marked
-    # UNCONFIRMED here because the reference does not cover GH200.
+    # UNCONFIRMED because no other source at hand states it.
     return tray_rack(
         name, 16,
         "GH200 NVL32: 32 Grace Hopper superchips, 16 nodes, one NVLink domain "

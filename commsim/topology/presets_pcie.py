@@ -1,5 +1,5 @@
 """Presets of PCIe machines, with or without NVLink bridges, and the DGX Spark: the shapes
-of the workstation and PCIe-server bug reports (docs/fidelity-rules.md §9, rows G).
+of the workstation and PCIe-server bug reports (docs/fidelity-rules.md §9, GPU models).
 
 None of them has an NVSwitch, so none has multicast objects or fabric handles (rows T2, MC1);
 P2P over PCIe follows the part (GeForce never, stock driver) and the socket layout.

@@ -14,3 +14,13 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def pid_running(pid: int) -> bool:
+    """True while `pid` names a process that has not ended: a zombie (state Z in
+    /proc/<pid>/stat, man 5 proc) has ended, though its pid is still taken until reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

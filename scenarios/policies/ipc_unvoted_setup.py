@@ -1,5 +1,5 @@
 """Custom all-reduce set-up decided rank by rank, before sglang MAX-reduced its
-"unavailable" flag (reference §6.4, row G3): one rank whose IPC open fails disables the
+"unavailable" flag (sglang `flashinfer_comm_fusion.py`, row G3): one rank whose IPC open fails disables the
 backend locally; the others keep it, capture CUDA graphs with it and enter the collective
 graph-buffer registration without that rank."""
 

@@ -1,5 +1,5 @@
 """MNNVL admitted on a rank-local probe instead of a group-agreed one (FlashInfer
-SymmDeviceMemory without the AND-reduction, reference §4.2, §7.4, row V16): rank 0 sees a
+SymmDeviceMemory without the AND-reduction, rows V16, FH2): rank 0 sees a
 working fabric and every rank takes the FABRIC path, including ranks whose host has no IMEX
 channel."""
 

@@ -1,5 +1,5 @@
 """NCCL left to its defaults on a GB200 slice whose IMEX channel is missing on one tray
-(docs/lifecycle-rules.md NC8, reference row F5): MNNVL looks available (fabric attribute,
+(docs/lifecycle-rules.md NC8, row F5): MNNVL looks available (fabric attribute,
 state COMPLETED, one cluster UUID), so NCCL runs its FABRIC self-test, which fails, and
 init fails with ncclSystemError instead of falling back. NCCL's own message says to set
 NCCL_MNNVL_ENABLE=0; this policy does not."""

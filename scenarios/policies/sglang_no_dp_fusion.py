@@ -1,5 +1,5 @@
-"""Shortcut of sglang before sgl-project/sglang#12724 (flashinfer-ai/flashinfer#2006, reference
-§6.4, rows B15/B19): FlashInfer's all-reduce fusion is enabled whenever there is no data
+"""Shortcut of sglang before sgl-project/sglang#12724 (flashinfer-ai/flashinfer#2006,
+rows B15/B19): FlashInfer's all-reduce fusion is enabled whenever there is no data
 parallelism, and its trtllm workspace is built from legacy IPC (`create_shared_buffer`:
 cudaMalloc, cudaIpcGetMemHandle, all-gather, cudaIpcOpenMemHandle) — "no DP" taken to mean
 "single node"."""

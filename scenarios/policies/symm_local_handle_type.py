@@ -1,5 +1,5 @@
 """Handle type chosen from each rank's own probe, with no AND-reduction over the group
-(FlashInfer SymmDeviceMemory's handle exchanger, reference §4.2, §7.4, row V16): ranks whose
+(FlashInfer SymmDeviceMemory's handle exchanger, `flashinfer/comm/mnnvl.py`, row V16): ranks whose
 host has a working IMEX channel take FABRIC, the others POSIX fd, and the two halves wait in
 the store under different keys. Symmetric memory is assumed to work everywhere."""
 

@@ -1,6 +1,6 @@
 """POSIX-fd handles forced for symmetric memory on every machine (sglang on aarch64 + SM10x
-monkey-patches FlashInfer's fabric probe to False, reference §6.4, row B20): across GB200 trays
-the fd cannot reach the peer's socket (§2.5, row V9), and FlashInfer raises instead of falling
+monkey-patches FlashInfer's fabric probe to False, row B20): across GB200 trays
+the fd cannot reach the peer's socket (row V9), and FlashInfer raises instead of falling
 back."""
 
 from commsim.backends.base import Eligibility

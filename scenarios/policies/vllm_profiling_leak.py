@@ -1,4 +1,4 @@
-"""The pattern of vllm-project/vllm#46515 (reference §7.2, row G5): CUDA-graph memory
+"""The pattern of vllm-project/vllm#46515 (row G5): CUDA-graph memory
 profiling captures temporary graphs, registration opens peer IPC mappings for their buffers,
 then the graphs are cleared and the buffers freed without closing those mappings."""
 

@@ -1,5 +1,5 @@
 """Shortcut of vLLM's MNNVL-era CustomAllreduce before vllm-project/vllm#55835 (issue #52778,
-reference §6.1.2, rows B9/B10): `should_custom_ar` admits world size 2 without checking
+rows B9/B10): `should_custom_ar` admits world size 2 without checking
 `mnnvl_only`; for a cross-node group the IPC buffers are local (no exchange), so init passes,
 and CUDA-graph registration then exchanges legacy IPC handles across hosts."""
 

@@ -37,7 +37,8 @@ STRUCTS = {   # the passthrough parameters, per function: a real object of the r
     ("cuMulticastCreate", 0): lambda: cu.CUmulticastObjectProp(),
 }
 NOT_BINDINGS = {"memcpy_htod", "memcpy_dtoh"}   # the protocol's own helpers (cudaMemcpy's kinds)
-REJECTIONS = (TypeError, ValueError, OverflowError)
+# RuntimeError: a count past its list ("List is too small", binding_args.LIST_COUNTS)
+REJECTIONS = (TypeError, ValueError, OverflowError, RuntimeError)
 
 
 def _driver_present() -> bool:

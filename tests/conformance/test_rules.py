@@ -1,5 +1,5 @@
 """The semantics as a table: one case per rule the simulated driver follows (legacy IPC L,
-VMM V, multicast M, fabric info F, and the rows of docs/fidelity-rules.md).
+VMM V, multicast M, fabric info F of docs/driver-rules.md, and the rows of docs/fidelity-rules.md).
 
 Each Case names its row and the public citation behind it (CUDA 13.0 headers, nvml.h, NCCL
 and serving-stack sources, issue threads), the topology and the placement
@@ -7,9 +7,9 @@ of its processes (one simulated process per placement entry, built by conftest.m
 only factory), and a body written against the Driver protocol (commsim/driver.py) plus
 `check`. The body returns the result tuple of the call the rule is about; the runner checks
 its code against `expect`, then checks the full teardown: every process's ledger is empty and
-no physical memory or multicast object is left (DESIGN rule 4: ledger zero after teardown).
+no physical memory or multicast object is left (nothing leaks: the ledger is zero after teardown).
 
-Rows whose exact code the reference marks UNCONFIRMED expect `unconfirmed.UNCONFIRMED[row]` and
+Rows whose exact code the docs mark UNCONFIRMED expect `unconfirmed.UNCONFIRMED[row]` and
 carry "UNCONFIRMED: chosen" in their test id: the simulator's table is the one place to
 correct them when a GPU run (COMMSIM_DEVICE=cuda) sees another code.
 """
@@ -57,7 +57,7 @@ class U:
 class Case:
     row: str                                   # the rule's row id (or a name for a non-row fact)
     title: str
-    source: str                                # citation, as the reference gives it
+    source: str                                # citation, as the row's docs table gives it
     topology: str | Callable[[], Any]          # preset spec, or a function building a Cluster
     placement: tuple[tuple[int, int], ...]     # (host index, gpu index) per process
     body: Callable[[Any], Any]
@@ -122,7 +122,7 @@ def code_of(res) -> int:
     return int(res[0])
 
 
-# ================================ 9.1 Legacy IPC ==========================================
+# ======================== docs/driver-rules.md §1 Legacy IPC (L) ==========================
 
 @case("L1", "cudaIpcGetMemHandle on a cudaMalloc base gives a 64-byte handle", "cuda_runtime_api.h (CUDA 13.0)",
       "hgx-h100-8", [(0, 0)])
@@ -373,7 +373,7 @@ def _(rig):
     return res
 
 
-# ================================ 9.2 VMM and fabric ======================================
+# ================ docs/driver-rules.md §2-3 VMM and handles (V), checks (X) ================
 
 @case("V1", "cuMemCreate size not a multiple of the MINIMUM granularity", "cuda.h",
       "hgx-h100-8", [(0, 0)], expect=U("V1"))
@@ -763,7 +763,7 @@ def _(rig):
     return res
 
 
-# ================================ 9.3 Multicast ===========================================
+# ========================= docs/driver-rules.md §4 Multicast (M) ==========================
 
 def _m1(rig):
     d = rig[0]
@@ -931,9 +931,9 @@ def _(rig):
     return res
 
 
-# ================================ 4 / 9.4 NVML fabric info ================================
+# ====================== docs/driver-rules.md §5 NVML fabric info (F) ======================
 
-@case("sec4.1", "NVML fabric info on GB200 trays: one cluster UUID, clique, COMPLETED",
+@case("nvml-fabric-info", "NVML fabric info on GB200 trays: one cluster UUID, clique, COMPLETED",
       "NVIDIA/nccl@5067397 nvmlwrap.h; NVIDIA Multi-Node Tuning Guide", "gb200-nvl72:2", [(0, 0), (1, 3)])
 def _(rig):
     infos = [check("nvml", rig[i].nvmlDeviceGetGpuFabricInfo(g)) for i, g in ((0, 0), (1, 3))]
@@ -1000,9 +1000,9 @@ case("B3/pcie", "nvmlDeviceGetP2PStatus(NVLINK) on L40S PCIe: NOT_SUPPORTED for 
      "vLLM custom_all_reduce.py is_fully_connected", "l40s-8-pcie", [(0, 0)])(_p2p_all(NVML_P2P_STATUS_NOT_SUPPORTED))
 
 
-# ================================ 7.3 teardown / ledger ===================================
+# ===================== docs/library-rules.md §2 teardown (G) / ledger =====================
 
-@case("sec7.3/exit", "process exit with residue: exit_process reports each leak and its call site",
+@case("ledger/exit", "process exit with residue: exit_process reports each leak and its call site",
       "vLLM#46515 (row G5)", "gb200-nvl72:1", [(0, 0), (0, 1)], sim_only=True)
 def _(rig):
     exp, imp = rig[0], rig[1]
@@ -1332,19 +1332,19 @@ def _model_row(rig, cc: tuple[int, int], multicast: int, fabric: int):
 
 
 for _row, _preset, _cc, _mc, _fab, _src in (
-        ("G/gb300", "gb300-nvl72:1", (10, 3), 1, 1, "vllm-project/vllm#42324 (SM 10.3); GB300 NVL72 page"),
-        ("G/b300", "hgx-b300-8", (10, 3), 1, 1, "vllm-project/vllm#42324 (SM 10.3); HGX B300 page"),
-        ("G/gb10", "dgx-spark-2:1", (12, 1), 0, 0, "NVIDIA/dgx-spark-playbooks#22 (sm_121)"),
-        ("G/h200nvl", "h200-nvl-4way-8", (9, 0), 0, 0, "H200 NVL product brief (PCIe, bridges)"),
-        ("G/rtxpro6000", "rtx-pro-6000-4", (12, 0), 0, 0, "vllm-project/vllm#56128 (sm_120, PCIe)"),
-        ("G/rtx5090", "rtx5090-2", (12, 0), 0, 0, "aikitoria/open-gpu-kernel-modules#21"),
-        ("G/rtx3090", "rtx3090-2-nvlink", (8, 6), 0, 0, "noonghunna/club-3090#922")):
+        ("GM/gb300", "gb300-nvl72:1", (10, 3), 1, 1, "vllm-project/vllm#42324 (SM 10.3); GB300 NVL72 page"),
+        ("GM/b300", "hgx-b300-8", (10, 3), 1, 1, "vllm-project/vllm#42324 (SM 10.3); HGX B300 page"),
+        ("GM/gb10", "dgx-spark-2:1", (12, 1), 0, 0, "NVIDIA/dgx-spark-playbooks#22 (sm_121)"),
+        ("GM/h200nvl", "h200-nvl-4way-8", (9, 0), 0, 0, "H200 NVL product brief (PCIe, bridges)"),
+        ("GM/rtxpro6000", "rtx-pro-6000-4", (12, 0), 0, 0, "vllm-project/vllm#56128 (sm_120, PCIe)"),
+        ("GM/rtx5090", "rtx5090-2", (12, 0), 0, 0, "aikitoria/open-gpu-kernel-modules#21"),
+        ("GM/rtx3090", "rtx3090-2-nvlink", (8, 6), 0, 0, "noonghunna/club-3090#922")):
     case(_row, f"{_preset}: compute capability {_cc[0]}.{_cc[1]}, multicast {_mc}, fabric {_fab}",
          f"{_src}; docs/fidelity-rules.md §9", _preset, [(0, 0)], expect=E.cudaSuccess)(
         lambda rig, cc=_cc, mc=_mc, fab=_fab: _model_row(rig, cc, mc, fab))
 
 
-@case("G/p2p", "GeForce: RTX 5090 pair no P2P (stock driver); RTX 3090 pair P2P over its NV4 bridge",
+@case("GM/p2p", "GeForce: RTX 5090 pair no P2P (stock driver); RTX 3090 pair P2P over its NV4 bridge",
       "sgl-project/sglang#4814; noonghunna/club-3090#922; docs/fidelity-rules.md §9",
       "rtx3090-2-nvlink", [(0, 0)], expect=E.cudaSuccess)
 def _(rig):

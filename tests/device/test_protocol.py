@@ -1,5 +1,6 @@
 """SimDriver and CudaDriver satisfy one Driver protocol, and CudaDriver keeps its conventions
-(error codes instead of exceptions, plain handle values) where that needs no GPU."""
+(error codes for values that convert, the binding's exceptions for values that do not, plain
+handle values) where that needs no GPU."""
 
 from __future__ import annotations
 
@@ -67,19 +68,32 @@ def bare() -> CudaDriver:
 E, R = cudart.cudaError_t, cu.CUresult
 
 
+@pytest.mark.parametrize("call, args, exc", [
+    ("cudaMalloc", (-1,), OverflowError),
+    ("cudaMalloc", (1 << 70,), OverflowError),
+    ("cudaMalloc", (float("nan"),), ValueError),
+    ("cudaMalloc", ("4096",), TypeError),
+    ("cudaMemcpy", (1, 2, -5, 3), OverflowError),
+    ("cudaMemset", (4096, 0, -1), OverflowError),
+    ("memcpy_dtoh", (4096, -1), OverflowError),
+    ("cuMemCreate", (-4096, None, 0), OverflowError),
+    ("cuMemAddressReserve", (-1, 0, 0, 0), OverflowError),
+])
+def test_values_the_binding_cannot_convert_raise_as_in_the_simulator(bare, call, args, exc):
+    with pytest.raises(exc):
+        getattr(bare, call)(*args)
+    cluster = build("hgx-h100-8")
+    sim = spawn_driver(SimFabric(cluster, seed=0), GpuRef(cluster.hosts[0].name, 0))
+    with pytest.raises(exc):
+        getattr(sim, call)(*args)
+
+
 @pytest.mark.parametrize("call, args, code", [
-    ("cudaMalloc", (-1,), E.cudaErrorInvalidValue),
-    ("cudaMalloc", (1 << 70,), E.cudaErrorInvalidValue),
-    ("cudaMemcpy", (1, 2, -5, 3), E.cudaErrorInvalidValue),
     ("cudaMemcpy", (1, 2, 16, 99), E.cudaErrorInvalidValue),        # no such cudaMemcpyKind
-    ("cudaMemset", (4096, 0, -1), E.cudaErrorInvalidValue),
-    ("memcpy_dtoh", (4096, -1), E.cudaErrorInvalidValue),
     ("cudaIpcOpenMemHandle", (12345, 1), E.cudaErrorInvalidResourceHandle),   # a number is no handle
-    ("cuMemCreate", (-4096, None, 0), R.CUDA_ERROR_INVALID_VALUE),
     ("cuMemExportToShareableHandle", (1, 3, 0), R.CUDA_ERROR_INVALID_VALUE),  # 3: no handle type
     ("cuMemImportFromShareableHandle", (b"x" * 64, 1), R.CUDA_ERROR_INVALID_VALUE),  # bytes as fd
     ("cuMemImportFromShareableHandle", (7, 8), R.CUDA_ERROR_INVALID_VALUE),  # int as fabric blob
-    ("cuMemAddressReserve", (-1, 0, 0, 0), R.CUDA_ERROR_INVALID_VALUE),
     ("cuDeviceGetAttribute", (-7, 0), R.CUDA_ERROR_INVALID_VALUE),
     ("launch_kernel", ("no_such_kernel",), E.cudaErrorInvalidDeviceFunction),
     ("launch_kernel", ("one_shot_all_reduce", [1, 2], 5, 16, "float32", 1 << 20, 1),
@@ -87,7 +101,7 @@ E, R = cudart.cudaError_t, cu.CUresult
     ("launch_kernel", ("one_shot_all_reduce", [1, 2], 0, 16, "int8", 1 << 20, 1),
      E.cudaErrorInvalidValue),
 ])
-def test_bad_arguments_answer_codes_not_exceptions(bare, call, args, code):
+def test_bad_values_that_convert_answer_codes_not_exceptions(bare, call, args, code):
     res = getattr(bare, call)(*args)
     assert isinstance(res, tuple) and int(res[0]) == int(code), res
     assert all(v is None for v in res[1:])

@@ -83,7 +83,8 @@ def test_a_served_module_gives_its_ops_and_the_named_error_for_the_others(monkey
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.7.2.post1")
     ext, _, _ = extensions.declared("flashinfer-jit", "trtllm_comm")
     m = ServedModule(ext, "flashinfer-jit")
-    assert m.trtllm_allreduce_fusion is ext.served["trtllm_allreduce_fusion"]
+    from commsim.hosting.surfaces.compiled import flashinfer_trtllm
+    assert m.trtllm_allreduce_fusion is flashinfer_trtllm.trtllm_allreduce_fusion
     with pytest.raises(CompiledExtensionNotServed, match="trtllm_custom_all_reduce called"):
         m.trtllm_custom_all_reduce
     with pytest.raises(AttributeError, match="has no attribute 'no_such_op'"):
@@ -91,12 +92,14 @@ def test_a_served_module_gives_its_ops_and_the_named_error_for_the_others(monkey
 
 
 def test_every_served_op_cites_the_kernel_source_it_follows():
-    """Each served FlashInfer op's module names the repository, the commit and the kernel
-    files."""
+    """Each served op names its kernel source in the table, resolves to a documented function,
+    and a FlashInfer op's module names the repository, the commit and the kernel files."""
     for e in extensions.EXTENSIONS:
-        if e.library != "flashinfer-python":
-            continue
         for name, op in e.served.items():
-            doc = sys.modules[op.__module__].__doc__
-            assert "flashinfer-ai/flashinfer at " in doc and ".cuh" in doc and ".cu" in doc, name
-            assert op.__doc__, name
+            assert ".cu" in op.source, name
+            module, _, fn = op.impl.partition(":")
+            impl = getattr(importlib.import_module(module), fn)
+            assert impl.__doc__, name
+            if e.library == "flashinfer-python":
+                doc = sys.modules[module].__doc__
+                assert "flashinfer-ai/flashinfer at " in doc and ".cuh" in doc and ".cu" in doc, name

@@ -21,7 +21,7 @@ NCCL_SYSTEM_ERROR = "NCCL error: unhandled system error (run with NCCL_DEBUG=INF
 
 
 def _expected(rank: int, n: int) -> dict:
-    return {"rank": rank, "version": "2.27.3", "torch_cuda": "13.0", "all_reduce_ok": True,
+    return {"rank": rank, "version": "2.29.7", "torch_cuda": "13.0", "all_reduce_ok": True,
             "bf16_max": 0.5 * n, "all_gather": [q for q in range(n) for _ in range(4)],
             "reduce_scatter": [n * 2 * rank, n * (2 * rank + 1)],
             "broadcast": [float(n - 1)] * 3, "ring": [(rank - 1) % n] * 5}
@@ -129,7 +129,7 @@ def test_library_facts(module_surfaces):
     def body():
         lib = _lib()
         v = ctypes.c_int()
-        assert lib.ncclGetVersion(ctypes.byref(v)) == 0 and v.value == 22703
+        assert lib.ncclGetVersion(ctypes.byref(v)) == 0 and v.value == 22907
         assert lib.ncclGetVersion(None) == 4                    # PtrCheck
         assert lib.ncclGetUniqueId(None) == 4
         texts = [lib.ncclGetErrorString(c) for c in range(9)]

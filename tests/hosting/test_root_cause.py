@@ -57,7 +57,7 @@ def test_a_peer_that_gives_up_is_the_root_cause_and_the_waiters_are_knock_ons():
 
 @pytest.mark.parametrize("machine, per, visible, prog", [
     ("rtx4090-8", 8, "all", VLLM),    # every rank 217 in both modes (an open after the
-                                      # exporter exited answers the device check first, H5O)
+                                      # exporter exited answers the device check first, H6)
     ("hgx-h100-8", 4, "all", GIVES_UP),
     ("gb200-nvl72:2", 1, "one", VLLM),
     ("dgx-spark-2", 1, "one", VLLM),  # two hosts, no NVLink between them: row L8

@@ -102,3 +102,16 @@ def test_cli_failure_report_names_rank_call_host_and_replay(capsys):
     assert "cudaIpcOpenMemHandle failed" in out
     assert "decision trace" in out and "ipc: admitted" in out
     assert "replay: commsim run" in out
+
+
+def test_a_failure_after_set_up_explains_which_gate_admitted_the_path(capsys):
+    """vLLM#52778: graph registration fails at step `register`, long after set-up; the report
+    names the policy's shortcut that admitted custom all-reduce and the machine's rule it
+    overrode (before: no decision trace at all for a failure past set-up)."""
+    main(["explain", str(REG / "vllm-52778-graph-registration.toml")])
+    out = capsys.readouterr().out
+    assert "at step register: cudaErrorInvalidResourceHandle" in out
+    trace = out[out.index("decision trace"):]
+    assert ("ipc: admitted by policy vllm-ws2-custom-ar: world size 2 is always eligible "
+            "(pre-#55835 shortcut); the machine's rules would decline it: ranks are on 2 hosts "
+            "(gb200-nvl72-tray00, gb200-nvl72-tray01)") in trace

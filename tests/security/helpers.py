@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,3 +115,80 @@ class InFlight:
         while time.monotonic() < deadline and any(running(x) for x in pids):
             time.sleep(0.1)
         return {x for x in pids if running(x)}
+
+
+FORKED: list[int] = []     # children of fork_child not reaped yet (a fixture kills leftovers)
+
+
+def fork_child(child) -> tuple[int, int]:
+    """Run child(write_fd) in a forked process; returns (pid, read end of its report pipe).
+    The child exits 0 when `child` returns, 1 when it raises."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            child(w)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    FORKED.append(pid)
+    return pid, r
+
+
+def with_env(entry: str) -> set[int]:
+    """Live processes whose environment at start held `entry` (KEY=VALUE)."""
+    out = set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if entry.encode() in f.read().split(b"\0") and running(int(d)):
+                    out.add(int(d))
+        except OSError:
+            continue
+    return out
+
+
+def interrupted_exec(program: list[str], *, after_ready: float | None = None,
+                     after_start: float = 0.0, sig: int = signal.SIGINT) -> tuple[int, str, set, list]:
+    """`commsim exec --mode procs` of `program` on two ranks, with a TMPDIR of its own, sent
+    `sig` `after_start` s after it started or, given `after_ready`, that long after both ranks
+    printed `ready`. (exit status, stderr, processes of the run alive 5 s later, what is left in
+    its TMPDIR)."""
+    tmp = tempfile.mkdtemp(prefix="cs-int-", dir="/tmp")
+    p = subprocess.Popen([sys.executable, "-m", "commsim.cli", "exec", "--machine", "hgx-h100-8",
+                          "--nproc-per-host", "2", "--mode", "procs", "--timeout", "60", "--",
+                          "python", *program],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=tmp))
+    try:
+        if after_ready is None:
+            time.sleep(after_start)
+        else:
+            ready, deadline = set(), time.monotonic() + 60
+            while len(ready) < 2 and time.monotonic() < deadline:
+                line = p.stdout.readline()
+                if not line:
+                    break
+                if line.rstrip().endswith(": ready"):
+                    ready.add(line.split(":")[0])
+            assert len(ready) == 2, f"the ranks never said ready: {p.communicate(timeout=30)}"
+            time.sleep(after_ready)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and with_env(f"TMPDIR={tmp}"):
+            time.sleep(0.1)
+        return p.returncode, err, with_env(f"TMPDIR={tmp}"), os.listdir(tmp)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        for pid in with_env(f"TMPDIR={tmp}"):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
+

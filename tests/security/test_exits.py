@@ -42,9 +42,11 @@ def test_a_sigkilled_runs_ranks_die_and_its_segments_are_swept_later(tmp_path, c
         assert not run.wait_gone(run.tree), "ranks outlived a SIGKILLed launcher"
         left = shm.segments(run.prefix)
         assert left, "nothing to sweep: the test proves nothing"
+        # The run's watchdog sweeps them once the launcher is gone; `commsim clean` does
+        # whatever it has not done yet. Either way none is left.
         assert main(["clean"]) == 0
-        assert not shm.segments(run.prefix)
-        assert run.prefix in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert not shm.segments(run.prefix), out
     finally:
         run.close()
 

@@ -24,8 +24,10 @@ from commsim.driver import FdTransportError
 from device import fd_channel
 from device.fd_channel import UnixFdChannel, channel_address, key_path
 
+from .helpers import FORKED, fork_child
+
 NOBODY = 65534
-_forked: list[int] = []
+_forked = FORKED
 
 
 @pytest.fixture(autouse=True)
@@ -50,21 +52,7 @@ def _drop_privileges() -> None:
         pass
 
 
-def _fork(child) -> tuple[int, int]:
-    """Run child(write_fd) in a forked process; returns (pid, read end of its report pipe)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            child(w)
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    _forked.append(pid)
-    return pid, r
+_fork = fork_child
 
 
 def _report(r: int, limit: float = 30) -> bytes:

@@ -163,3 +163,43 @@ def test_end_tree_finds_marked_processes_and_their_descendants(clear_env):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_rank_dies_with_its_launcher_even_when_the_watchdog_is_killed_too():
+    """PR_SET_PDEATHSIG: the ranks go the moment the launcher does, without the watchdog's
+    scan (killed here first, so only the death signal can end them). What the ranks started
+    is the watchdog's to end, and it is gone: the daemon and the JIT child are killed here."""
+    run = Exec()
+    pids: set[int] = set()
+    try:
+        pids = run.wait_ready()
+        daemon, jit, _ = (int(x) for x in run.pids_file.read_text().split())
+        ranks = {c for c in descendants(run.p.pid) if _marked_rank(c)} - {daemon, jit}
+        dogs = [c for c in descendants(run.p.pid) if _is_watchdog(c)]
+        assert len(ranks) == 2 and len(dogs) == 1, (ranks, dogs)
+        os.kill(dogs[0], signal.SIGKILL)
+        run.p.send_signal(signal.SIGKILL)
+        assert not _gone(ranks, 5), "ranks outlived their launcher"
+    finally:
+        for pid in pids | (run.run_pids() if run.pids_file.exists() else set()):
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        run.close()
+        shm.sweep_stale()
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _is_watchdog(pid: int) -> bool:
+    return "commsim.procs.tree" in _cmdline(pid)
+
+
+def _marked_rank(pid: int) -> bool:
+    """A process running the program (a rank, or the daemon rank 0 forked)."""
+    return any(a.endswith("daemonize.py") for a in _cmdline(pid))

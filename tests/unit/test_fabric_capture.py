@@ -61,3 +61,49 @@ def test_bad_xml_is_named(text: str, words: str) -> None:
     with pytest.raises(FabricInfoError) as e:
         parse_fabric_xml(text, "q.xml")
     assert str(e.value).startswith("q.xml") and words in str(e.value)
+
+
+# -- what people paste: cut off, one GPU unreadable, tools' own forms (real samples, each with
+# its source in tests/data/fabric/<name>.md) ------------------------------------------------
+
+def test_a_tool_log_cut_mid_way_gives_the_complete_gpus() -> None:
+    """gpud's log line (leptonai/gpud#1106) carries the fabric info as an escaped JSON string
+    and the report cuts it in the third GPU: the two complete ones are read, the cut warned."""
+    recs = load_fabric_file(FABRIC / "gpud_log_cut.txt")[None]
+    assert [r.info.clique_id for r in recs] == [4026, 4026]
+    assert all(r.info.state == FabricState.COMPLETED and r.info.status == 0 for r in recs)
+    assert recs[0].info.cluster_uuid == bytes.fromhex("9c6f5af353bf49b5a436b66766c413c3")
+    assert any("the JSON is cut off or malformed after its GPU object 2" in n and
+               "read the 2 complete one(s)" in n for n in recs[0].notes)
+
+
+def test_a_tool_table_and_grep_cut_sections() -> None:
+    table = load_fabric_file(FABRIC / "gpud_table.txt")[None]          # leptonai/gpud#1108
+    assert len(table) == 1 and table[0].info.state == FabricState.NOT_SUPPORTED
+    assert table[0].missing == {"cluster_uuid"} and "gpud_table.txt line 3" in table[0].notes[0]
+    grep = load_fabric_file(FABRIC / "q_grep_unhealthy.txt")[None]     # dra-driver-nvidia-gpu#626
+    assert len(grep) == 1 and grep[0].info.clique_id == 2 and grep[0].info.state == FabricState.COMPLETED
+    failed = load_fabric_file(FABRIC / "q_insufficient_resources.txt")[None]   # azhpc-images#506
+    assert failed[0].status_text == "Insufficient Resources" and failed[0].info.status != 0
+
+
+def test_a_gpu_that_does_not_read_is_a_warning_by_line_unless_none_reads(tmp_path) -> None:
+    good = "Fabric\n    State : Completed\n    Status : Success\n    CliqueId : 3\n"
+    bad = "Fabric\n    State : Warm\n    CliqueId : 3\n"
+    f = tmp_path / "q.txt"
+    f.write_text(good + "\n" + bad)
+    recs = load_fabric_file(f)[None]
+    assert len(recs) == 1 and recs[0].info.clique_id == 3
+    assert any(n.startswith(f"skipped: {f} line 6: fabric State 'Warm'") for n in recs[0].notes)
+    f.write_text(bad)
+    with pytest.raises(FabricInfoError, match="no GPU's fabric info is usable: .* line 1: fabric State 'Warm'"):
+        load_fabric_file(f)
+
+
+def test_xml_cut_mid_way_keeps_the_complete_gpus() -> None:
+    text = (FABRIC / "gb200_tray_q.xml").read_text()
+    cut = text[:text.rfind("<gpu ")] + "<gpu id='00000009:01:00.0'><fabric><state>Comp"
+    recs = parse_fabric_xml(cut, "cut.xml")
+    assert len(recs) >= 1 and any("the XML is cut off or malformed" in n for n in recs[0].notes)
+    with pytest.raises(FabricInfoError, match="no complete <gpu> element before it"):
+        parse_fabric_xml("<nvidia_smi_log><gpu id='0'><fabric><state>Comp", "cut.xml")

@@ -1,5 +1,5 @@
 """Import of NCCL topology XML (commsim.topology.importers.nccl_xml) over the real files in
-shared/data/nccl-topologies/ (each described by the .md beside it), and malformed input."""
+tests/data/nccl/ (each described by the .md beside it), and malformed input."""
 
 from __future__ import annotations
 

@@ -154,6 +154,7 @@ def test_hosting_layers_import_one_way():
 # simulator alone; launch, procs and the commands are the applications on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("commsim", "commsim.errors", "commsim.util"),    # commsim/__init__.py holds a docstring
+    ("commsim.versions",),      # the run's versions: every layer above reads them
     ("commsim.topology",),
     ("commsim.driver", "commsim.runtime"),
     ("commsim.kernels",),

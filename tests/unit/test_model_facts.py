@@ -51,8 +51,10 @@ def test_container_without_the_imex_device_has_no_usable_channel() -> None:
 
 
 def test_driver_version_is_checked_and_has_a_major() -> None:
-    h = build("hgx-h100-8").hosts[0]
-    assert dataclasses.replace(h, driver_version="470.57.02").driver_major == 470
+    c = build("hgx-h100-8")
+    h = c.hosts[0]
+    assert h.driver_version == "" and c.driver_major(h.name) == c.versions.driver_major
+    assert c.replace_host(h.name, driver_version="470.57.02").driver_major(h.name) == 470
     with pytest.raises(TopologyError, match="driver_version 'new' is not a version"):
         dataclasses.replace(h, driver_version="new")
 

@@ -388,7 +388,7 @@ BAD = [
     ("expect-needs-group", H100 + TP + '[[group]]\nname = "half"\nranks = "0..3"\n[[expect]]\nbackend = "ipc"\n',
      ["[[expect]] #1 group: a backend expectation needs group", "groups: tp, half"]),
     ("expect-backend-and-error", H100 + '[[expect]]\nbackend = "ipc"\nerror = "cudaErrorInvalidValue"\nstep = "op"\n',
-     ["[[expect]] #1: give either backend", "not both"]),
+     ["[[expect]] #1: gives backend and error", "write one [[expect]] each"]),
     ("expect-empty", H100 + '[[expect]]\ngroup = "world"\n', ["[[expect]] #1: says nothing", 'backend = "fabric"']),
     ("expect-op-not-run", H100 + '[[expect]]\nop = "all_gather"\nbackend = "ipc"\n',
      ["[[expect]] #1 op: op 'all_gather' is not run; [workload] ops are all_reduce"]),

@@ -199,6 +199,31 @@ def test_multimem_without_checking_the_address_is_a_sticky_illegal_address():
     assert [o.value for o in outs] == [(700, 700), (700, 700)], [(o.value, o.error) for o in outs]
 
 
+def test_multimem_on_gpus_that_never_had_multicast_meets_mc6_at_the_op():
+    """Rows MC1/M8/MC6: without NVSwitch the attribute is 0, multicast is never set up (no
+    failed set-up, no S1 note); an unchecked multimem kernel still meets address 0 at the op,
+    sticky. A caller that checks the address runs the peer kernels instead."""
+    from commsim.driver import CudaError
+    cluster = build_preset("h200-nvl-4way-8")
+    for unchecked, want in ((True, [(700, 700)] * 2), (False, [None] * 2)):
+        fabric = SimFabric(cluster, seed=0)
+        drivers = [spawn_driver(fabric, GpuRef("h200-nvl-0", i)) for i in range(2)]
+        pol = Policy(order=("symm", "nccl"), params={"symm_multimem_unchecked": unchecked})
+
+        def rank(group):
+            comm = Communicator(group, drivers[group.rank], pol)
+            assert "row M8" in comm.explain() and "row S1" not in comm.explain()
+            try:
+                comm.all_reduce(torch.ones(1024, dtype=torch.bfloat16))
+            except CudaError as e:
+                return int(e.code), int(drivers[group.rank].cudaMalloc(16)[0])
+            comm.close()
+            return None
+
+        outs = LocalWorld(2, seed=0).run(rank)
+        assert [o.value for o in outs] == want, [(o.value, o.error) for o in outs]
+
+
 def test_pidfd_exchange_works_and_is_refused_without_ptrace():
     """Row W7: the pidfd_getfd fd exchange maps peers like SCM_RIGHTS does, and a container
     without CAP_SYS_PTRACE refuses it with EPERM (voted: every rank falls back)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import inspect
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -23,6 +24,7 @@ from cuda.bindings import driver as cu
 from cuda.bindings import runtime as cudart
 
 from commsim.driver import error_name, error_string
+from commsim.sim import binding_args
 from commsim.hosting.state.driver_view import refusal_of
 from commsim.hosting.state.session import HostedRank, current, hosted
 
@@ -156,13 +158,18 @@ def api_call(nvals: int, runtime: bool, before: Callable[[HostedRank, str], None
     as_enum = as_rt if runtime else as_cu
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        convert = binding_call(fn)
+
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> tuple:
+            # The binding converts every argument before anything reaches CUDA, so what it
+            # cannot convert raises here, before the entry rules (cuInit first...) answer.
+            args = convert(args, kwargs)
             r = current()
             seen = getattr(r.events, "cuda_errors", None)
             try:
                 before(r, fn.__name__)
-                out = fn(*args, **kwargs)
+                out = fn(*args)
             except ApiFail as e:
                 out = (e.code,) + (None,) * nvals
             if not isinstance(out, tuple):
@@ -179,6 +186,37 @@ def api_call(nvals: int, runtime: bool, before: Callable[[HostedRank, str], None
 
 
 # ---- argument conversion as cuda-python does it -------------------------------------------
+
+def binding_call(fn: Callable[..., Any]) -> Callable[[tuple, dict], tuple]:
+    """(args, kwargs) -> the positional arguments of `fn` as the real binding of the same name
+    converts them (commsim.sim.binding_args.BINDINGS), raising what it raises. Keyword calls
+    bind by the binding's parameter names, which the stand-ins share."""
+    names = list(inspect.signature(fn).parameters)
+    if not all(n.isidentifier() for n in names):
+        raise AssertionError(f"{fn.__name__}: parameters {names}")
+    convs = binding_args.BINDINGS.get(fn.__name__)
+    if convs is not None and len(convs) != len(names):
+        raise AssertionError(f"{fn.__name__}: {len(names)} parameters, {len(convs)} converters")
+    # A function of the same name and parameters binds a call, so a wrong keyword or count
+    # gets Python's own TypeError naming the function, as the binding's does.
+    ns: dict[str, Any] = {}
+    exec(f"def {fn.__name__}({', '.join(names)}):\n    return ({''.join(n + ', ' for n in names)})", ns)
+    binder = ns[fn.__name__]
+
+    order = None if convs is None else sorted(range(len(convs)),
+                                              key=lambda i: getattr(convs[i], "late", False))
+
+    def convert(args: tuple, kwargs: dict) -> tuple:
+        if kwargs or len(args) != len(names):
+            args = binder(*args, **kwargs)
+        if convs is None:
+            return args
+        out = list(args)
+        for i in order:
+            out[i] = convs[i](args[i])
+        return binding_args.check_list_count(fn.__name__, tuple(out))
+    return convert
+
 
 def handle_value(cls: type, x: Any) -> int:
     """A handle parameter: None is NULL, an instance of `cls` its value, anything else goes
@@ -230,28 +268,28 @@ def buffer_address(x: Any) -> tuple[int, int]:
                     f"addressed; pass bytes, a writable buffer or an int address")
 
 
-_C_INTS = {
-    "size_t": (0, (1 << 64) - 1), "unsigned char": (0, 0xFF), "unsigned short": (0, 0xFFFF),
-    "unsigned int": (0, 0xFFFF_FFFF), "unsigned long long": (0, (1 << 64) - 1),
-    "int": (-(1 << 31), (1 << 31) - 1),
-}
+def converted(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A binding function that needs no rank (error texts): its arguments converted as the
+    binding converts them, then the body."""
+    convert = binding_call(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*convert(args, kwargs))
+    return call
+
+
+_C_INTS = {"size_t": binding_args.size_t, "unsigned long long": binding_args.size_t,
+           "unsigned char": binding_args.c_uchar, "unsigned short": binding_args.c_ushort,
+           "unsigned int": binding_args.c_uint, "int": binding_args.c_int}
 
 
 def c_int(x: Any, ctype: str = "int") -> int:
-    """A C integer parameter, converted the way Cython converts it."""
-    if isinstance(x, bool) or not isinstance(x, int):
-        if hasattr(x, "__index__"):
-            x = x.__index__()
-        elif hasattr(x, "value") and isinstance(getattr(x, "value"), int):
-            x = x.value          # an enum member where a plain int is expected
-        else:
-            raise TypeError("an integer is required")
-    lo, hi = _C_INTS[ctype]
-    if x < lo:
-        raise OverflowError(f"can't convert negative value to {ctype}")
-    if x > hi:
-        raise OverflowError(f"value too large to convert to {ctype}")
-    return int(x)
+    """A C integer parameter, converted the way Cython converts it (binding_args)."""
+    if not isinstance(x, int) and not hasattr(type(x), "__int__") \
+            and isinstance(getattr(x, "value", None), int):
+        x = x.value          # an enum member where a plain int is expected
+    return _C_INTS[ctype](x)
 
 
 def enum_value(x: Any) -> int:

@@ -16,6 +16,7 @@ from commsim.sim.faults import ProcessFaults
 from commsim.sim.fabric import SimProcess
 from commsim.sim.process_fabric import _HEAD, PID_BASE, PeerLedger, ProcessFabric
 from commsim.topology.model import Cluster, GpuRef
+from commsim.hosting.state.session import program_site
 
 
 class HostedFabric(ProcessFabric):
@@ -23,6 +24,7 @@ class HostedFabric(ProcessFabric):
                  prefix: str, run_dir: str) -> None:
         super().__init__(cluster, seed, slot, placement, prefix)
         self.run_dir = run_dir
+        self.where = program_site            # an undefined-behaviour flag names the program's line
 
     def register(self, pid: int, host: str) -> None:
         d = os.path.join(self.run_dir, "procs")

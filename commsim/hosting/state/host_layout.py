@@ -54,7 +54,7 @@ def cuda_driver_version(cluster: Cluster, host: str) -> int:
     """CUDA version the host's driver supports, as cuDriverGetVersion encodes it
     (1000*major + 10*minor). R580 drivers ship CUDA 13.0 (CUDA 13.0 release notes, driver
     580.65.06); R570 12.8; R560 12.6; R550 12.4; older: 12.2 (UNCONFIRMED below R550)."""
-    major = int(cluster.host(host).driver_version.split(".")[0])
+    major = cluster.driver_major(host)
     for branch, version in ((580, 13000), (575, 12090), (570, 12080), (560, 12060), (550, 12040)):
         if major >= branch:
             return version

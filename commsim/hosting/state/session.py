@@ -37,17 +37,24 @@ _MACHINERY = ("<frozen ", os.sep + "ctypes" + os.sep, os.sep + "runpy.py",
               os.sep + "cuda" + os.sep + "bindings" + os.sep)
 
 
-def user_site(depth: int = 1, frames: int = 3) -> str:
-    """The innermost frames outside commsim and the import/ctypes machinery, innermost first
-    ("prog.py:57 in cudaIpcOpenMemHandle <- prog.py:90 in create_shared_buffer")."""
+def user_site(depth: int = 1, frames: int = 3, skip: str = _COMMSIM_DIR) -> str:
+    """The innermost frames outside commsim's hosting (`skip`) and the import/ctypes
+    machinery, innermost first ("prog.py:57 in cudaIpcOpenMemHandle <- prog.py:90 in
+    create_shared_buffer")."""
     f: Any = sys._getframe(depth)
     out: list[str] = []
     while f is not None and len(out) < frames:
         fn = f.f_code.co_filename
-        if not fn.startswith(_COMMSIM_DIR) and not any(m in fn for m in _MACHINERY):
+        if not fn.startswith(skip) and not any(m in fn for m in _MACHINERY):
             out.append(f"{os.path.basename(fn)}:{f.f_lineno} in {f.f_code.co_name}")
         f = f.f_back
     return " <- ".join(out) or "<unknown>"
+
+
+def program_site() -> str:
+    """Where the hosted program is (its frames outside all of commsim): an event the simulator
+    flags deep in a simulated kernel or copy is told by the program's line that led to it."""
+    return user_site(2, skip=os.path.dirname(_COMMSIM_DIR.rstrip(os.sep)) + os.sep)
 
 
 @dataclass

@@ -153,7 +153,7 @@ def _functions() -> dict[str, Callable[..., int]]:
 
     def driver_version(buf: int, length: int) -> int:
         r, host = _rank_host()
-        _write_str(buf, length, host.driver_version)
+        _write_str(buf, length, r.cluster.driver_version(host.name))
         return 0
 
     def cuda_driver_version(out: int) -> int:

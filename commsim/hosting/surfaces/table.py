@@ -106,6 +106,8 @@ TABLE: tuple[Entry, ...] = (
           lambda m: {"socket.socket (procs mode)": _keys(m.BETWEEN_RANKS)},
           lambda m: {"socket.socket (inproc rank)": _keys(m.BETWEEN_RANKS)},
           others="the real socket's", needs_launcher=True),
+    Entry(f"{_PKG}.rank_locals", "threading.local, per rank (in-process ranks share a thread)",
+          lambda m: {"threading": ["local"]}, needs_launcher=True),
     Entry(f"{_PKG}.nccl.libnccl", "libnccl.so through ctypes",
           lambda m: {"libnccl": sorted(m.SIMULATED)},
           others="any other NCCL symbol: not simulated"),

@@ -218,6 +218,6 @@ def procs_transport(rank: int, size: int, run_dir: str, timeout: float) -> Procs
     # Every wait ends before the launcher's --timeout kills the rank, so the rank itself
     # says whom it waited for.
     deadline = t0 + timeout - min(3.0, 0.25 * timeout)
-    store = StoreClient(host, int(port), timeout=max(deadline - time.time(), 1.0))
+    store = StoreClient(host, int(port), timeout=max(deadline - time.time(), 1.0), secret=secret)
     pw = ProcessWorld(store, rank, size, secret=secret, timeout=max(deadline - time.time(), 1.0))
     return ProcsTransport(pw, deadline)

@@ -21,10 +21,17 @@ include/flashinfer/comm/trtllm_allreduce.cuh fill the buffer with negative zero 
 do (`lamport_initialize_kernel`, `lamportInitializeAll` dividing by sizeof(T) again), so the same
 reference serves both; its `trtllm_allreduce_fusion` takes 21 arguments (no
 `block_quant_group_size`, `weight_bias`) and its fusion kernels differ, so it is not served
-there. vLLM 0.33.0's list is the
-`torch.ops._C_custom_ar.*` ops its custom all-reduce
-(`vllm/distributed/device_communicators/custom_all_reduce.py`) is reported to call:
-UNCONFIRMED against the 0.33.0 sources (not installed here).
+there. vLLM 0.33.0 ships no `vllm._C`: its
+CUDA platform (`vllm/platforms/cuda.py`) imports `vllm._C_stable_libtorch`, which registers
+the namespaces `_C`, `_C_cache_ops`, `_C_cuda_utils` and `_C_custom_ar`; the `_C_custom_ar`
+schemas below are the strings that library registers (read from the installed 0.33.0 wheel,
+`csrc/torch_bindings.cpp` at v0.33.0), the ops `vllm/_custom_ops.py` calls for
+`vllm/distributed/device_communicators/custom_all_reduce.py`.
+
+A served op of a Python extension module is declared as "<namespace>.<op>" with its schema
+and the function that implements it (`ServedOp`); loading the module in a hosted rank
+registers them with torch.library (served.py). The ops the module registers and commsim
+does not serve are defined from `REFUSED_SCHEMAS` and raise the named error.
 """
 
 from __future__ import annotations
@@ -32,13 +39,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
-from commsim.hosting.surfaces.compiled import flashinfer_mnnvl as fi_mnnvl
-from commsim.hosting.surfaces.compiled import flashinfer_trtllm as fi_trtllm
-
-__all__ = ["CompiledExtension", "CompiledExtensionNotServed", "EXTENSIONS", "declared",
-           "not_served_error", "version_in"]
+__all__ = ["CompiledExtension", "CompiledExtensionNotServed", "EXTENSIONS", "REFUSED_SCHEMAS",
+           "ServedOp", "declared", "not_served_error", "version_in"]
 
 
 class CompiledExtensionNotServed(ImportError):
@@ -48,46 +52,101 @@ class CompiledExtensionNotServed(ImportError):
 
 
 @dataclass(frozen=True)
+class ServedOp:
+    """A served op: its schema as the extension registers it, its reference implementation
+    ("module:function", called with the rank first, then the op's arguments in schema order;
+    imported only when the extension loads in a hosted rank) and the kernel source it follows."""
+
+    schema: str          # "" for a JIT module's function (no torch schema: called as is)
+    impl: str
+    source: str
+
+
+@dataclass(frozen=True)
 class CompiledExtension:
     library: str                     # the distribution (importlib.metadata name)
     versions: tuple[str, str]        # [first, past-last) release, e.g. ("0.7.2", "0.8")
     module: str                      # import name, or the JIT module's spec name
     kind: str                        # "import" (a Python extension module) or "flashinfer-jit"
     not_served: tuple[str, ...]
-    served: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    served: dict[str, Any] = field(default_factory=dict)   # op -> ServedOp (or what the kind loads)
 
 
 def _ops(text: str) -> tuple[str, ...]:
     return tuple(text.split())
 
 
+_VLLM_AR = "commsim.hosting.surfaces.compiled.vllm_custom_ar"
+_VLLM_AR_SOURCE = "vllm-project/vllm v0.33.0 csrc/custom_all_reduce.cu, csrc/custom_all_reduce.cuh"
+_VLLM_AR_SCHEMAS = (
+    "meta_size() -> int",
+    "init_custom_ar(int[] ipc_tensors, Tensor rank_data, int rank, bool fully_connected) -> int",
+    "register_buffer(int fa, int[] ipc_tensors) -> ()",
+    "get_graph_buffer_ipc_meta(int fa) -> (int[], int[])",
+    "register_graph_buffers(int fa, int[][] handles, int[][] offsets) -> ()",
+    "all_reduce(int fa, Tensor inp, Tensor! out, int reg_buffer, int reg_buffer_sz_bytes) -> ()",
+    "dispose(int fa) -> ()",
+    "allocate_shared_buffer_and_handle(int size) -> (int, Tensor)",
+    "open_mem_handle(Tensor mem_handle) -> int",
+    "free_shared_buffer(int ptr) -> ()",
+)
+_VLLM_AR_SERVED = {f"_C_custom_ar.{s.partition('(')[0]}": ServedOp(
+    s, f"{_VLLM_AR}:{s.partition('(')[0]}", _VLLM_AR_SOURCE) for s in _VLLM_AR_SCHEMAS}
+
+# Ops a served extension registers that commsim does not serve: "<namespace>.<op>" -> schema.
+REFUSED_SCHEMAS: dict[str, str] = {
+    "_C_custom_ar.custom_all_gather":
+        "custom_all_gather(int fa, Tensor inp, Tensor! out, int reg_buffer, int reg_buffer_sz_bytes) -> ()",
+    "_C_custom_ar.custom_reduce_scatter":
+        "custom_reduce_scatter(int fa, Tensor inp, Tensor! out, int reg_buffer, "
+        "int reg_buffer_sz_bytes) -> ()",
+    "_C_custom_ar.mnnvl_lamport_all_gather":
+        "mnnvl_lamport_all_gather(int fa, Tensor inp, Tensor! out, int local_buffer, "
+        "int multicast_buffer, int epoch_buffer, int stage_sz_bytes) -> ()",
+    "_C_custom_ar.mnnvl_lamport_reduce_scatter":
+        "mnnvl_lamport_reduce_scatter(int fa, Tensor inp, Tensor! out, int local_buffer, "
+        "int epoch_buffer, int stage_sz_bytes) -> ()",
+    "_C_custom_ar.mnnvl_multimem_reduce_scatter":
+        "mnnvl_multimem_reduce_scatter(int fa, Tensor inp, Tensor! out, int local_buffer, "
+        "int multicast_buffer, int stage_sz_bytes, int block_limit) -> ()",
+}
+_VLLM_AR_REFUSED = tuple(n for n in REFUSED_SCHEMAS if n.startswith("_C_custom_ar."))
+
+def _jit_ops(module: str, source: str, names: str) -> dict[str, ServedOp]:
+    """A FlashInfer JIT module's served functions, each implemented by the function of the
+    same name in `module` (imported when the module loads in a hosted rank, not here)."""
+    return {n: ServedOp("", f"commsim.hosting.surfaces.compiled.{module}:{n}", source)
+            for n in names.split()}
+
+
+# Sources as each module's docstring details them (flashinfer-ai/flashinfer at the commit
+# whose csrc matches the 0.7.2.post1 wheel).
+_FI_TRTLLM = "flashinfer csrc/trtllm_allreduce.cu, include/flashinfer/comm/trtllm_allreduce*.cuh"
+_FI_TRTLLM_041 = ("flashinfer-python 0.4.1 sdist csrc/trtllm_allreduce.cu, "
+                  "include/flashinfer/comm/trtllm_allreduce.cuh")
+_FI_MNNVL = "flashinfer csrc/trtllm_mnnvl_allreduce.cu, include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh"
+
 EXTENSIONS: tuple[CompiledExtension, ...] = (
     CompiledExtension("flashinfer-python", ("0.4.1", "0.4.2"), "trtllm_comm", "flashinfer-jit", _ops(
         "trtllm_custom_all_reduce trtllm_allreduce_fusion trtllm_moe_allreduce_fusion "
         "trtllm_moe_finalize_allreduce_fusion"),
-        served={"trtllm_lamport_initialize": fi_trtllm.trtllm_lamport_initialize,
-                "trtllm_lamport_initialize_all": fi_trtllm.trtllm_lamport_initialize_all}),
+        served=_jit_ops("flashinfer_trtllm", _FI_TRTLLM_041, "trtllm_lamport_initialize "
+                        "trtllm_lamport_initialize_all")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_comm", "flashinfer-jit", _ops(
         "trtllm_custom_all_reduce trtllm_moe_allreduce_fusion trtllm_moe_finalize_allreduce_fusion"),
-        served={"trtllm_lamport_initialize": fi_trtllm.trtllm_lamport_initialize,
-                "trtllm_lamport_initialize_all": fi_trtllm.trtllm_lamport_initialize_all,
-                "trtllm_allreduce_fusion": fi_trtllm.trtllm_allreduce_fusion}),
+        served=_jit_ops("flashinfer_trtllm", _FI_TRTLLM, "trtllm_lamport_initialize "
+                        "trtllm_lamport_initialize_all trtllm_allreduce_fusion")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_mnnvl_comm", "flashinfer-jit", (),
-                      served={"trtllm_mnnvl_allreduce_fusion": fi_mnnvl.trtllm_mnnvl_allreduce_fusion}),
+                      served=_jit_ops("flashinfer_mnnvl", _FI_MNNVL, "trtllm_mnnvl_allreduce_fusion")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "vllm_comm", "flashinfer-jit", _ops(
         "meta_size init_custom_ar register_buffer get_graph_buffer_ipc_meta "
         "register_graph_buffers all_reduce dispose")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "pcie_ipc_comm", "flashinfer-jit", _ops(
         "pcie_ipc_init pcie_ipc_workspace_size pcie_ipc_all_reduce pcie_ipc_dispose init "
         "workspace_size memop_supported set_memop_enabled")),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._C", "import", _ops(
-        "_C_custom_ar.meta_size _C_custom_ar.init_custom_ar _C_custom_ar.register_buffer "
-        "_C_custom_ar.get_graph_buffer_ipc_meta _C_custom_ar.register_graph_buffers "
-        "_C_custom_ar.all_reduce _C_custom_ar.custom_all_gather _C_custom_ar.custom_reduce_scatter "
-        "_C_custom_ar.mnnvl_multimem_reduce_scatter _C_custom_ar.allocate_shared_buffer_and_handle "
-        "_C_custom_ar.open_mem_handle _C_custom_ar.free_shared_buffer _C_custom_ar.dispose")),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._C_stable_libtorch", "import", ()),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._moe_C", "import", ()),
+    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._C_stable_libtorch", "import", (
+        *_VLLM_AR_REFUSED, "_C.*", "_C_cache_ops.*", "_C_cuda_utils.*"), served=_VLLM_AR_SERVED),
+    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._moe_C_stable_libtorch", "import", ()),
     CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm.cumem_allocator", "import", ()),
 )
 

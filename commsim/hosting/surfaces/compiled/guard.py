@@ -3,9 +3,11 @@ declared in `extensions.py` gets the named error (or, once ops are served, the s
 instead of an unnamed loader error, and no JIT build starts.
 
 Two ways in:
-- Python extension modules (`import vllm._C`): a finder ahead of the others takes the path
-  finder's spec of the module and, in a hosted rank, gives it a loader that raises. So
-  `importlib.util.find_spec` still answers as installed; only the load is refused.
+- Python extension modules (`import vllm._C_stable_libtorch`): a finder ahead of the others
+  takes the path finder's spec of the module and, in a hosted rank, gives it a loader that
+  raises, or, where the declaration serves ops, one that makes a module in place of the
+  extension and registers its served ops with torch.library (served_torch_ops.py). So
+  `importlib.util.find_spec` still answers as installed; only the load differs.
 - FlashInfer's JIT modules: once `flashinfer.jit.core` is imported, `JitSpec.build_and_load`
   and every spec class's `build` and `load` are answered in a hosted rank before anything
   runs (no ninja, nvcc or CuTe-DSL process; no AOT `.so` loaded): loading a module with
@@ -27,18 +29,21 @@ import importlib.abc
 import importlib.machinery
 import os
 import subprocess
+import sys
 from typing import Any
 
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface
 from commsim.hosting.state.session import hosted
-from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, declared, not_served_error
+from commsim.hosting.surfaces.compiled.extensions import EXTENSIONS, REFUSED_SCHEMAS, declared, \
+    not_served_error
 from commsim.hosting.surfaces.compiled.served import ServedModule
 
 _IMPORTED = frozenset(e.module for e in EXTENSIONS if e.kind == "import")
 # Programs that compile or build device code, by file name.
 COMPILERS = frozenset({"nvcc", "ptxas", "cicc", "cudafe++", "fatbinary", "nvlink", "ninja"})
 _active = [False]
+_patches: list[Patches] = []          # the installed surface's recorder (served ops go through it)
 
 
 class CompilerNotStarted(FileNotFoundError):
@@ -76,6 +81,45 @@ class _RefusingLoader(importlib.abc.Loader):
         raise not_served_error("import", self.name)
 
 
+class _ServingLoader(importlib.abc.Loader):
+    """A module in place of the extension (an extension module holds no Python attributes
+    of its own); executing it registers the declared ops, as loading the library does."""
+
+    def __init__(self, name: str, ext: Any) -> None:
+        self.name = name
+        self.ext = ext
+
+    def create_module(self, spec: Any) -> Any:
+        return None                                   # a plain module, with spec's attributes
+
+    def exec_module(self, module: Any) -> None:
+        module.__commsim_served__ = True
+        _serve(_patches[-1], self.name, self.ext)
+
+
+def _serve(patches: Patches, name: str, ext: Any) -> None:
+    from commsim.hosting.surfaces.compiled import served_torch_ops
+    served_torch_ops.register(patches, ext.served,
+                    {n: REFUSED_SCHEMAS[n] for n in ext.not_served if n in REFUSED_SCHEMAS},
+                    lambda: not_served_error("import", name))
+
+
+def _serve_loaded(patches: Patches) -> None:
+    """In-process runs share sys.modules: a library imported by an earlier run keeps the
+    served module and does not import it again, so its ops are registered for this run too
+    (restore() removed them at the end of the last)."""
+    for name in _IMPORTED:
+        if getattr(sys.modules.get(name), "__commsim_served__", False):
+            ext, _, _ = declared("import", name)
+            if ext is not None and ext.served:
+                _serve(patches, name, ext)
+
+
+def _loader(name: str) -> importlib.abc.Loader:
+    ext, _, _ = declared("import", name)
+    return _ServingLoader(name, ext) if ext is not None and ext.served else _RefusingLoader(name)
+
+
 class _ExtensionFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name not in _IMPORTED or not _active[0] or hosted() is None:
@@ -84,7 +128,7 @@ class _ExtensionFinder(importlib.abc.MetaPathFinder):
         # loader that refuses.
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None:
-            spec.loader = _RefusingLoader(name)
+            spec.loader = _loader(name)
         return spec
 
 
@@ -129,10 +173,13 @@ def _patch_jit(patches: Patches, core: Any) -> None:
 
 def _deactivate() -> None:
     _active[0] = False
+    _patches.clear()
 
 
 def _install(patches: Patches) -> None:
     _active[0] = True
+    _patches.append(patches)
+    _serve_loaded(patches)
     patches.on_restore(_deactivate)
     patches.finder(_finder, first=True)
     patches.attr(subprocess.Popen, "_execute_child", _no_compiler(subprocess.Popen._execute_child))

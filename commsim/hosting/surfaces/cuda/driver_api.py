@@ -22,7 +22,7 @@ from commsim.driver import error_string
 from commsim.sim.pointers import pointer_info
 from commsim.hosting.state import host_layout
 from commsim.hosting.surfaces.cuda.device_calls import device_attribute, mem_get_info, memcpy
-from commsim.hosting.state.cuda_state import (R, ApiFail, api_call, as_cu, c_int, check_struct, host_buffer,
+from commsim.hosting.state.cuda_state import (R, ApiFail, api_call, as_cu, c_int, check_struct, converted, host_buffer,
                          ctx_handle, ctx_ordinal, current, devptr, enum_attr_value, enum_value,
                          handle_value, new_stream, state)
 
@@ -376,6 +376,7 @@ def cuStreamSynchronize(hStream):
 
 # ---- error texts (no GPU needed) -----------------------------------------------------------------
 
+@converted
 def cuGetErrorString(error):
     # Driver texts are UNCONFIRMED (no GPU here to read them from): the runtime string of the same number.
     code = enum_value(error)
@@ -386,6 +387,7 @@ def cuGetErrorString(error):
     return (R.CUDA_SUCCESS, error_string(code).encode())
 
 
+@converted
 def cuGetErrorName(error):
     try:
         name = R(enum_value(error)).name

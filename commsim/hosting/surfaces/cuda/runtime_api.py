@@ -160,7 +160,9 @@ def cudaGetDeviceProperties(device):
 
 @runtime_api(1, context=False)
 def cudaRuntimeGetVersion():
-    return (E.cudaSuccess, 13000)   # the runtime the installed cuda-bindings 13.x pairs with
+    # The run's CUDA runtime (commsim/versions.py; 13.0 by default, what the installed
+    # cuda-bindings 13.x pairs with).
+    return (E.cudaSuccess, current().cluster.versions.cuda_runtime)
 
 
 @runtime_api(1, context=False)

@@ -14,7 +14,8 @@ torch.distributed CPU group). Here:
   through the same mailboxes as the mpi4py surface (wire.ranks.InprocTransport).
 - procs (real processes): the process that calls ncclGetUniqueId hosts a key-value store on
   127.0.0.1 (kvstore.StoreServer, as NCCL's bootstrap root listens on a socket) and writes its
-  port and a fresh 32-byte secret into the id; every rank connects, and the communicator is
+  port, a fresh 32-byte secret and the store's own secret (a connection proves it before the
+  store serves it) into the id; every rank connects, and the communicator is
   commsim's sealed round protocol over that store (ProcessWorld / TorchDistGroup: values are
   HMAC-sealed with the id's secret, so a local stranger who does not hold the id can neither
   read a forged value into a rank nor join). Waits end at the run's timeout naming the ranks
@@ -174,7 +175,8 @@ class _Root:
     first must not take the values its peers are still reading with it."""
 
     def __init__(self) -> None:
-        self.server = StoreServer()
+        self.secret = os.urandom(32)      # a client proves it to the store (kvstore.py)
+        self.server = StoreServer(self.secret)
         self.port = self.server.port
         self.made = 0
         self.own: list[Any] = []          # this process's own clients of the store
@@ -205,7 +207,7 @@ def unique_id(r: HostedRank) -> bytes:
             _root = _Root()
         _root.made += 1
         body = (b"procs!" + _root.port.to_bytes(2, "little") + _root.made.to_bytes(4, "little")
-                + os.urandom(32))
+                + os.urandom(32) + _root.secret)
     return (_MAGIC + body).ljust(ID_BYTES, b"\0")
 
 
@@ -308,7 +310,7 @@ def _procs(blob: bytes, gen: int, name: str, nranks: int, rank: int) -> Membersh
     timeout = _timeout()
     deadline = time.time() + timeout
     try:
-        client = StoreClient("127.0.0.1", port, timeout=timeout)
+        client = StoreClient("127.0.0.1", port, timeout=timeout, secret=body[44:76])
     except OSError as e:
         # the bootstrap root is gone (its process exited) or never was
         raise NcclFailure(SYSTEM, f"ncclCommInitRank: bootstrap connection to 127.0.0.1:{port} "

@@ -73,9 +73,11 @@ from commsim.hosting.surfaces.torch.graphs import capture_on
 from commsim.hosting.surfaces.cuda import runtime_api as rt
 
 SONAME = "libnccl.so.2"
-# ncclGetVersion: 2.27.3 (NCCL_VERSION(2,27,3) = 2*10000 + 27*100 + 3, nccl.h); 2.27 is the
-# first with ncclCommWindowRegister. Which NCCL a given vLLM wheel pins: UNCONFIRMED.
-VERSION = 22703
+# ncclGetVersion: 2.29.7 (NCCL_VERSION(2,29,7) = 2*10000 + 29*100 + 7, nccl.h): vLLM 0.33.0's
+# pynccl requires ncclCommSuspend / ncclCommResume on CUDA ("NCCL >= 2.29.7 does",
+# vllm/distributed/device_communicators/pynccl_wrapper.py) and disables itself without them;
+# 2.27 is the first with ncclCommWindowRegister. Which NCCL a given wheel ships: UNCONFIRMED.
+VERSION = 22907
 
 ERROR_STRINGS = {
     0: b"no error",
@@ -88,8 +90,9 @@ ERROR_STRINGS = {
     7: b"NCCL operation in progress",
 }
 
-# Every function NCCL 2.27 exports (nccl.h); the ones below without an implementation exist
-# and fail loudly when called, naming themselves.
+# The functions NCCL 2.29 exports (nccl.h) that callers look up; the ones below without an
+# implementation exist and fail loudly when called, naming themselves. Not exported here:
+# ncclCommQueryProperties (2.29; vLLM treats it as optional), UNCONFIRMED which others.
 _SYMBOLS = frozenset("""
     ncclMemAlloc ncclMemFree ncclGetVersion ncclGetUniqueId ncclCommInitRankConfig
     ncclCommInitRank ncclCommInitAll ncclCommInitRankScalable ncclCommFinalize
@@ -98,7 +101,7 @@ _SYMBOLS = frozenset("""
     ncclCommRegister ncclCommDeregister ncclCommWindowRegister ncclCommWindowDeregister
     ncclRedOpCreatePreMulSum ncclRedOpDestroy ncclReduce ncclBcast ncclBroadcast
     ncclAllReduce ncclReduceScatter ncclAllGather ncclSend ncclRecv ncclGroupStart
-    ncclGroupEnd ncclGroupSimulateEnd""".split())
+    ncclGroupEnd ncclGroupSimulateEnd ncclCommSuspend ncclCommResume""".split())
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
 

@@ -107,6 +107,14 @@ def set_stream(stream: Any) -> None:
     current_streams()[stream.device_index] = stream.cuda_stream
 
 
+def _set_stream(stream: Any) -> None:
+    # torch.cuda.StreamContext switches through the module attribute `torch.cuda.set_stream`
+    # (torch/cuda/__init__.py of the installed torch), so a library that wraps it sees every
+    # switch (vLLM's vllm/utils/torch_utils.py keeps its current stream that way).
+    import torch
+    torch.cuda.set_stream(stream)
+
+
 class HostedStreamContext:
     """`with torch.cuda.stream(s):` for a hosted rank: `s` is its device's current stream
     inside (torch.cuda.StreamContext's semantics: the current device does not change)."""
@@ -121,11 +129,11 @@ class HostedStreamContext:
         self.prev = [current_stream(None)]
         if self.stream.device_index != self.prev[0].device_index:
             self.prev.append(current_stream(self.stream.device_index))
-        set_stream(self.stream)
+        _set_stream(self.stream)
 
     def __exit__(self, *exc: Any) -> bool:
         for s in reversed(self.prev):
-            set_stream(s)
+            _set_stream(s)
         self.prev = []
         return False
 

@@ -7,7 +7,10 @@ device=)`, `symm_mem.rendezvous(buffer, group.group_name)` (collective), the han
 `torch.ops.symm_mem.multimem_all_reduce_` / `two_shot_all_reduce_` on a slice of the buffer.
 
 Rules, with their sources (PyTorch's torch/csrc/distributed/c10d/symm_mem/, main branch as
-read; torch/distributed/_symmetric_memory/__init__.py of the installed torch 2.13):
+read; torch/distributed/_symmetric_memory/__init__.py of the installed torch 2.13). What
+changed between releases follows the run's PyTorch version (cluster.versions.torch), not the
+installed torch, whose Python the program still runs: commsim/libmodels/torch_releases.py
+(rendezvous enabling the group before 2.11, TV1; the deprecation warning from 2.11, TV2).
 - The allocation (CUDASymmetricMemory.cu, `CUDASymmetricMemoryAllocator::alloc`): one
   cuMemCreate per tensor laid out [signal pad | buffer]; the pad is `signal_pad_size`
   (`_SymmetricMemory.signal_pad_size`, read from the installed torch) rounded up to the pad
@@ -59,6 +62,7 @@ from cuda.bindings.driver import CUdevice_attribute as A
 from commsim.driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, \
     error_string, multicast_prop
 from commsim.libmodels.fd_exchange import PyTorchRing, transport as fd_transport
+from commsim.libmodels.torch_releases import holds as torch_has
 from commsim.kernels.collectives import reduce_into
 from commsim.sim import real_fds
 from commsim.hosting.state.cuda_state import rank_state
@@ -392,7 +396,11 @@ def _group_name(group: Any) -> str:
 # ---- rendezvous ----------------------------------------------------------------------------
 
 def rendezvous(r: HostedRank, tensor: Any, group: Any) -> "HostedSymmetricMemory | None":
-    return _rendezvous_name(r, tensor, _group_name(group))
+    name = _group_name(group)
+    if not torch_has(r.cluster.versions, "TV1"):
+        # Before 2.11 the Python rendezvous enabled the group first (row TV1).
+        _enable(r, name)
+    return _rendezvous_name(r, tensor, name)
 
 
 def _rendezvous_name(r: HostedRank, tensor: Any, name: str) -> "HostedSymmetricMemory | None":
@@ -913,9 +921,14 @@ def is_nvshmem_available(r: HostedRank) -> bool:
 
 
 def enable_symm_mem_for_group(r: HostedRank, group_name: str) -> None:
-    # Deprecated in the installed torch (a FutureWarning; "no need to call this function").
-    warnings.warn("`enable_symm_mem_for_group` is deprecated. There is no need to call this "
-                  "function anymore.", FutureWarning, stacklevel=3)
+    if torch_has(r.cluster.versions, "TV2"):
+        # Deprecated from 2.11 (row TV2): a FutureWarning, "no need to call this function".
+        warnings.warn("`enable_symm_mem_for_group` is deprecated. There is no need to call "
+                      "this function anymore.", FutureWarning, stacklevel=3)
+    _enable(r, group_name)
+
+
+def _enable(r: HostedRank, group_name: str) -> None:
     _Members(r, group_name)             # the group must resolve, as c10d's lookup requires
     _state(r).enabled.add(group_name)
 
@@ -948,8 +961,21 @@ def _patch(patches: Patches, mod: Any) -> None:
             patches.attr(mod, name, per_rank(name, impl, real, hosted, with_rank=True))
 
 
+def has_multicast_support(r: HostedRank, device_type: Any, device_idx: int) -> bool:
+    """`_SymmetricMemory.has_multicast_support(DeviceType.CUDA, i)`, what vLLM's MNNVL probe
+    (custom_all_reduce.py `_has_local_multicast_support`) asks: the CUDA backend's answer for
+    the rank's device i (the CPU build answers False for every device)."""
+    if str(device_type) not in ("DeviceType.CUDA", "CUDA"):
+        return False
+    return _multicast_supported(r, cuda_index(int(device_idx)))
+
+
 def _on_torch(patches: Patches) -> None:
     torch_tensors.register_op_namespace("symm_mem", run_op)
+    cls = torch._C._distributed_c10d._SymmetricMemory
+    patches.attr(cls, "has_multicast_support", staticmethod(per_rank(
+        "has_multicast_support", has_multicast_support, cls.has_multicast_support, hosted,
+        with_rank=True)))
     _wrap_packets(patches)
     patches.on_import(MODULE, lambda mod: _patch(patches, mod))
 
