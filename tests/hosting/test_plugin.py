@@ -212,3 +212,47 @@ def test_stale_references_follow_modules_functions_and_classes(monkeypatch):
     assert stale_references([test]) == [
         "fake_lib.helper.driver is the real cuda.bindings.driver",
         "test_x.cuInit is the real cuda.bindings.driver.cuInit"]
+
+
+SOCKET_PAIR = '''
+import os
+import socket
+import tempfile
+import time
+
+import pytest
+
+
+@pytest.mark.commsim(machine="hgx-h100-8", ranks=2)
+def test_pair():
+    rank = int(os.environ["RANK"])
+    path = os.path.join(tempfile.gettempdir(), f"commsim-plugin-pair-{os.environ['MASTER_PORT']}.sock")
+    if rank == 0:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(path)
+            server.listen(1)
+            conn, _ = server.accept()
+            assert conn.recv(1) == bytes([1])
+            conn.close()
+        os.unlink(path)
+    else:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            for _ in range(3000):
+                try:
+                    client.connect(path)
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    time.sleep(0.01)
+            client.sendall(bytes([rank]))
+'''
+
+
+def test_a_blocking_socket_between_ranks_sends_the_test_to_procs_as_exec_does(pytester):
+    """FlashInfer's fd exchange (an AF_UNIX socket between ranks) cannot run between in-process
+    ranks: the inproc test is run again as processes (the test's pytest node) and passes, as
+    `commsim exec` runs such a program (tests/hosting/test_sockets.py)."""
+    pytester.makepyfile(test_pair=SOCKET_PAIR)
+    r = pytester.runpytest("-s", "-p", "no:xdist")
+    r.assert_outcomes(passed=1)
+    assert ("blocking sockets between ranks need real processes; running again in procs mode"
+            in r.stdout.str()), r.stdout.str()
