@@ -215,44 +215,25 @@ def test_stale_references_follow_modules_functions_and_classes(monkeypatch):
 
 
 SOCKET_PAIR = '''
-import os
-import socket
-import tempfile
-import time
+import runpy
 
 import pytest
 
 
 @pytest.mark.commsim(machine="hgx-h100-8", ranks=2)
 def test_pair():
-    rank = int(os.environ["RANK"])
-    path = os.path.join(tempfile.gettempdir(), f"commsim-plugin-pair-{os.environ['MASTER_PORT']}.sock")
-    if rank == 0:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-            server.bind(path)
-            server.listen(1)
-            conn, _ = server.accept()
-            assert conn.recv(1) == bytes([1])
-            conn.close()
-        os.unlink(path)
-    else:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-            for _ in range(3000):
-                try:
-                    client.connect(path)
-                    break
-                except (FileNotFoundError, ConnectionRefusedError):
-                    time.sleep(0.01)
-            client.sendall(bytes([rank]))
+    runpy.run_path(PROGRAM)
 '''
 
 
 def test_a_blocking_socket_between_ranks_sends_the_test_to_procs_as_exec_does(pytester):
     """FlashInfer's fd exchange (an AF_UNIX socket between ranks) cannot run between in-process
-    ranks: the inproc test is run again as processes (the test's pytest node) and passes, as
-    `commsim exec` runs such a program (tests/hosting/test_sockets.py)."""
-    pytester.makepyfile(test_pair=SOCKET_PAIR)
+    ranks: the inproc test (tests/hosting/programs/unix_socket_pair.py run as a test) is run
+    again as processes, its pytest node, and passes (rank 0 received rank 1's byte: an empty
+    read fails it), as `commsim exec` runs that program (tests/hosting/test_sockets.py)."""
+    pytester.makepyfile(test_pair=SOCKET_PAIR.replace(
+        "PROGRAM", repr(str(PROGRAMS / "unix_socket_pair.py"))))
     r = pytester.runpytest("-s", "-p", "no:xdist")
     r.assert_outcomes(passed=1)
-    assert ("blocking sockets between ranks need real processes; running again in procs mode"
-            in r.stdout.str()), r.stdout.str()
+    text = r.stdout.str()
+    assert "blocking sockets between ranks need real processes; running again in procs mode" in text
