@@ -1,13 +1,22 @@
-"""`nccl`: the fallback. On the simulator the data is carried by the group layer
-(`combine_arrays`: the ranks' inputs summed once in float32 in rank order, or concatenated),
-which is what NCCL's collectives guarantee semantically: any placement, any size.
+"""`nccl`: the fallback. With ON_MACHINE it is run by the simulated NCCL
+(commsim/libmodels/nccl/), a client of the rank's driver as the hosted libnccl is, so what
+NCCL does on the machine is what the sweep sees; without, NCCL's choices come from the rules
+alone and the group layer combines the ranks' inputs exactly (what NCCL's collectives
+guarantee semantically on a sound machine).
 
-What NCCL itself would choose is modelled by commsim/libmodels/nccl_rules.py (docs/lifecycle-rules.md
-NC1-NC12): at set-up the backend decides, from the discovery view and the NCCL_* variables
-(`nccl_env`), each pair's transport and each collective's algorithm classes, and fails init
-where NCCL does (a duplicate GPU: ncclInvalidUsage; MNNVL that looks available but whose
-FABRIC self-test fails: ncclSystemError). With `nccl_auto_env` (default) the policy follows
-NCCL's own advice for the latter and sets NCCL_MNNVL_ENABLE=0 before init."""
+At set-up the policy's view of NCCL comes first: commsim/libmodels/nccl_rules.py
+(docs/lifecycle-rules.md NC1-NC12) decides, from the discovery view and the NCCL_* variables
+(`nccl_env`), each pair's transport and each collective's algorithm classes (what `describe`
+and the cost model read), and where it says init fails (a duplicate GPU: ncclInvalidUsage;
+MNNVL that looks available but whose FABRIC self-test fails: ncclSystemError) the backend
+fails as NCCL does. With `nccl_auto_env` (default) the policy follows NCCL's own advice for
+the latter and sets NCCL_MNNVL_ENABLE=0 before init. On the machine, ncclCommInitRank then
+runs through the rank's driver (peer info, topology, the MNNVL check, per-pair P2P / SHM / NET set-up, NVLS),
+so a machine fault no rule names still reaches NCCL: its failure is this backend's set-up
+failure with NCCL's code and WARN. The collectives move every rank's bytes over the pair's
+connection (libmodels/nccl/datapath.py): peer writes a machine drops hang the collective,
+garbled ones give a wrong result; the reduction is the project's reference (float32 sum in
+rank order, rounded once)."""
 
 from __future__ import annotations
 
@@ -18,10 +27,20 @@ import torch
 
 from commsim.discovery import GroupView
 from commsim.kernels import collectives as K
+from commsim.libmodels.nccl import comm as nccl_comm, datapath
+from commsim.libmodels.nccl.errors import NcclError as NcclFailure
+from commsim.libmodels.nccl.shm import NamespaceShm
 from commsim.libmodels.nccl_rules import NcclDecision, decide, machine_from_view, parse_env
 from commsim.topology.truth import GroupFacts
 from commsim.backends.base import Backend, Eligibility, SetupFailed
 from commsim.backends.registry import register_backend
+
+# Whether the backend runs the simulated NCCL on the machine (set-up through the driver,
+# bytes over the connections) or, as before, decides by the rules alone and combines the
+# ranks' inputs exactly. Off until the shipped scenarios and tests whose premise is an exact
+# fallback are revised (docs/lifecycle-rules.md NC13 lists them); the sweep's oracle
+# (commsim/scenario/nccl_truth.py) expects NCCL's outcomes only when it is on.
+ON_MACHINE = False
 
 
 class NcclError(RuntimeError):
@@ -71,15 +90,42 @@ class NcclBackend(Backend):
         return Eligibility(True)
 
     decision: NcclDecision | None = None
+    comm: nccl_comm.NcclComm | None = None
 
     def setup(self) -> None:
-        """ncclCommInitRank as the rules decide it. Every rank computes the same decision
-        from the same view, so every rank fails init together (no vote needed)."""
+        """The rules' verdict (every rank computes the same decision from the same view, so
+        every rank fails together, no vote needed), then ncclCommInitRank through the
+        driver, whose failures NCCL's own votes carry to every rank."""
         env = tuple(sorted(dict(self.params.get("nccl_env", ())).items()))
         d, self.adjusted = _decide(self.view, env, bool(self.params.get("nccl_auto_env", True)))
         self.decision = d
         if d.init_error is not None:
             raise SetupFailed(self.name, "init: ncclCommInitRank", self.rank, NcclError(*d.init_error))
+        if not ON_MACHINE:
+            return
+        envd = dict(env)
+        if self.adjusted:
+            envd["NCCL_MNNVL_ENABLE"] = "0"
+        drv = self.driver
+        # The /dev/shm's size where a simulated host's container sets one.
+        cluster = getattr(drv, "cluster", None)
+        limit = cluster.host(drv.gethostname()).container.shm_bytes or None if cluster else None
+        shm = NamespaceShm(getattr(drv, "fabric", self.group), drv.shm_namespace(), limit)
+        try:
+            self.comm = nccl_comm.init(drv, self.group, self.rank, self.ws, envd, shm)
+        except NcclFailure as e:
+            # A peer's failure reaches this rank as ncclRemoteError: the origin is the peer.
+            origin = self.rank if e.origin is None else e.origin
+            raise SetupFailed(self.name, "init: ncclCommInitRank", origin, _nccl_error(e)) from None
+
+    def close(self) -> None:
+        """ncclCommDestroy on every rank together: each unmaps its peers' buffers, then,
+        after the barrier, frees its own, so no buffer is freed while a peer has it open."""
+        if self.comm is not None and not self.closed:
+            self.comm.unmap_peers()
+            self.close_barrier("nccl.close: ncclCommDestroy")
+            self.comm.close()
+        super().close()
 
     def describe(self) -> str:
         d = self.decision
@@ -101,14 +147,35 @@ class NcclBackend(Backend):
         a = x.contiguous()
         raw = (a.view(torch.int16) if a.dtype == torch.bfloat16 else a).numpy()   # a view
         dtype = str(x.dtype).removeprefix("torch.")
-        res = self.group.combine_arrays(raw, _collective, (op, dtype),
-                                        tag=f"nccl.{op}: round {self.round}")
+        if self.comm is None:
+            res = self.group.combine_arrays(raw, _collective, (op, dtype),
+                                            tag=f"nccl.{op}: round {self.round}")
+            return self._shaped(res, op, x)
+        try:
+            # Every rank's bytes over the pair's connection, as they arrived here.
+            parts = [p.view(raw.dtype).reshape((-1,) + raw.shape[1:])
+                     for p in datapath.exchange(self.comm, raw, f"nccl.{op}")]
+        except NcclFailure as e:
+            # Runtime connect (libmodels/nccl/comm.py): the connections' set-up failed at
+            # the first collective; a peer's failure names that peer.
+            raise SetupFailed(self.name, "connect: first collective", self.rank if e.origin is None
+                              else e.origin, _nccl_error(e)) from None
+        return self._shaped(_collective(parts, op, dtype), op, x)
+
+    def _shaped(self, res: np.ndarray, op: str, x: torch.Tensor) -> torch.Tensor:
+        """This rank's result of `op` from the combined array, as a tensor like `x`."""
         if op == "reduce_scatter":
             per = x.numel() // self.ws
             res = res[self.rank * per:(self.rank + 1) * per]
-        # The result is shared by the ranks of this process: each gets its own copy.
+        # A combined result is shared by the ranks of this process: each gets its own copy.
         out = torch.from_numpy(np.array(res)).view(x.dtype)
         return out if op != "all_reduce" and op != "all_reduce_rmsnorm" else out.reshape(x.shape)
+
+
+def _nccl_error(e: NcclFailure) -> NcclError:
+    """The simulated NCCL's failure as this backend reports it: its result name, its WARN,
+    and the CUDA call and code behind it where one failed."""
+    return NcclError(e.name, e.warn + (f" ({e.api} -> {e.cause})" if e.cause else ""))
 
 
 def _collective(parts: list[np.ndarray], op: str, dtype: str) -> np.ndarray:

@@ -5,6 +5,8 @@ so every built-in kind is there.
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 from typing import TYPE_CHECKING, Sequence
 
@@ -130,3 +132,14 @@ BUILT_IN: tuple[FaultKind, ...] = (
 # table's and the sweep generator's (drawn_kinds), so it stays as it was.
 for _k in BUILT_IN + fidelity_faults.KINDS:
     register_fault(_k)
+
+# Not drawn by the sweep generator (weight 0): it matters to NCCL's SHM transport, which the
+# sweep's nccl backend reaches only with nccl.ON_MACHINE (docs/lifecycle-rules.md NC13).
+register_fault(FaultKind(
+    "small_dev_shm", ("host",), MACHINE,
+    "the host's processes see a 64 MiB `/dev/shm` (a container's default, Docker's "
+    "`--shm-size`): NCCL's SHM segments that do not fit fail with ENOSPC (NCCL's "
+    "\"Error while creating shared memory segment\", NVIDIA/nccl#342).", "NC17",
+    apply=lambda c, f: c.replace_host(f.host, container=dataclasses.replace(
+        c.host(f.host).container, shm_bytes=64 << 20)),
+    label=lambda f: f"small_dev_shm({f.host})"))

@@ -18,14 +18,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from commsim.backends import nccl as nccl_backend
 from commsim.policy import Policy, resolve
 from commsim.scenario.faults import OOM_ERRORS, get_fault, injected_errors
 from commsim.scenario.knobs import judge_knob
 from commsim.scenario.legal import group_truth, legal_backends
 from commsim.scenario.model import Scenario
+from commsim.scenario.nccl_truth import NcclOutcome, nccl_outcome
 
 KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic",
-         "knob-outcome")
+         "knob-outcome", "nccl-outcome")
 
 
 # -- the verdict ----------------------------------------------------------------------------------
@@ -127,14 +129,27 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     # (a collective set-up reports the origin on all), is the injected failure. Anything
     # else is not: a peer left hanging or a collective mismatch means the ranks fell out of
     # step, and that is a bug even when an injected fault started it.
+    # NCCL's outcomes where the backend runs NCCL on the machine; else NCCL is exact.
+    nccl = {g.name: nccl_outcome(sc.cluster, truths[g.name].gpus, sc.workload.nccl_env,
+                                 bool(pol.params.get("nccl_auto_env", True)))
+            if nccl_backend.ON_MACHINE else NcclOutcome() for g in sc.groups}
     for e in res.errors:
-        if oom and _caused_by_oom(sc, e, oom_ranks):
+        if oom and (_caused_by_oom(sc, e, oom_ranks) or _nccl_knocked_out(res, e)):
             v.notes.append(f"expected under the oom fault: rank {e.rank} at {e.step}: {e.name}")
+            continue
+        why = _nccl_expected(sc, nccl, e)
+        if why:
+            v.notes.append(f"NCCL's outcome: rank {e.rank} at {e.step}: {e.name} ({why})")
             continue
         v.add("cuda-error", f"rank {e.rank} (GPU {sc.placement[e.rank]}) at {e.step}: {e.name}: "
                             f"{e.message[:300]}")
     for m in res.mismatches:
+        why = next((o.wrong for g, o in nccl.items() if o.wrong and m.startswith(f"group {g} ")), "")
+        if why:
+            v.notes.append(f"NCCL's outcome: {m[:200]} ({why})")
+            continue
         v.add("numerics", m)
+    _judge_nccl(sc, res, nccl, v)
     if res.leaks:
         shown = "; ".join(res.leaks[:4]) + (f"; ... {len(res.leaks) - 4} more" if len(res.leaks) > 4 else "")
         v.add("leak", f"{len(res.leaks)} ledger item(s) left after close: {shown}")
@@ -169,6 +184,50 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     return v
 
 
+def _nccl_expected(sc: Scenario, nccl: dict[str, NcclOutcome], e: Any) -> str:
+    """Why error `e` is what NCCL must do on its group (nccl_truth.py), or ""."""
+    text = f"{e.name} {e.message}"
+    for g in sc.groups:
+        o = nccl[g.name]
+        if e.rank not in g.ranks or o.clean:
+            continue
+        if o.hangs and e.name == "hang" and "NCCL nccl." in e.message:
+            return o.hangs
+        if o.fails and (e.name.startswith("nccl") or "no backend accepts" in text):
+            return o.fails
+    if e.name == "RankFailed" and ("no backend accepts" in text or 'SetupFailed("nccl' in text):
+        # a peer of another group stopped at its own group's expected NCCL failure
+        return next((o.fails for o in nccl.values() if o.fails), "")
+    return ""
+
+
+def _nccl_knocked_out(res: Any, e: Any) -> bool:
+    """Under an injected driver failure: an op no backend was left to run. `nccl`, the
+    fallback, accepts every op once set up, so none accepting means NCCL lost its set-up
+    too (to the injected failure: the run's only fault that fails calls); or a peer's exit
+    from that."""
+    text = f"{e.name} {e.message}"
+    return "no backend accepts" in text or (e.name == "RankFailed" and 'SetupFailed("nccl' in text)
+
+
+def _judge_nccl(sc: Scenario, res: Any, nccl: dict[str, NcclOutcome], v: Verdict) -> None:
+    """What NCCL must do where it ran: a collective over a pair that drops or corrupts peer
+    writes must hang or be wrong, and a set-up that must fail must not carry an op."""
+    for g in sc.groups:
+        o = nccl[g.name]
+        ran = sorted(k for k, b in res.backends.items() if k[0] == g.name and b == "nccl")
+        if o.clean or not ran:
+            continue
+        k = ran[0]
+        where = f"group {g.name}: nccl ran {k[1]} {k[2]} B {k[3]}"
+        if o.fails:
+            v.add("nccl-outcome", f"{where}, but its set-up must fail ({o.fails})")
+        elif o.hangs and not any(e.name == "hang" and e.rank in g.ranks for e in res.errors):
+            v.add("nccl-outcome", f"{where} and completed, but it must hang ({o.hangs})")
+        elif o.wrong and not res.errors and not any(m.startswith(f"group {g.name} ") for m in res.mismatches):
+            v.add("nccl-outcome", f"{where} exactly, but its result must be wrong ({o.wrong})")
+
+
 def _caused_by_oom(sc: Scenario, e: Any, oom_ranks: set[int]) -> bool:
     """An error that is the injected out-of-memory itself: the faulted rank's OOM, which a
     collective set-up reports on every rank of the group (`origin` is the failing world rank),
@@ -181,6 +240,10 @@ def _caused_by_oom(sc: Scenario, e: Any, oom_ranks: set[int]) -> bool:
     # after the injected failure), as before the registry; plus what each kind injects.
     injected = set(OOM_ERRORS) | injected_errors(sc.faults)
     if e.name in injected:
+        return e.origin in oom_ranks
+    if e.name.startswith("nccl"):
+        # NCCL's set-up failed on the faulted rank (its WARN names the injected code) or
+        # learnt it from that rank (ncclRemoteError, its origin that rank).
         return e.origin in oom_ranks
     return e.name == "RankFailed" and "SetupFailed" in text and any(c in text for c in injected)
 

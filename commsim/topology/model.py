@@ -188,6 +188,10 @@ class ContainerCaps:
     # Each process in a container of its own (Docker without --ipc=host / --pid=host): its own
     # /dev/shm, IPC and pid namespaces (row W6).
     container_per_process: bool = False
+    # The size of the /dev/shm the host's processes see, in bytes; 0: the host's own, never
+    # the limit here. Docker gives a container 64 MB unless --shm-size says otherwise
+    # (NVIDIA/nccl#342).
+    shm_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ a CUDA graph capture and run by its replays."""
 
 import ctypes
 import functools
+import runpy
 
 import numpy as np
 import pytest
@@ -20,21 +21,13 @@ IMEX_MISSING = S.__file__.rsplit("/tests/", 1)[0] + "/scenarios/regressions/nccl
 NCCL_SYSTEM_ERROR = "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"
 
 
-def _expected(rank: int, n: int) -> dict:
-    return {"rank": rank, "version": "2.29.7", "torch_cuda": "13.0", "all_reduce_ok": True,
-            "bf16_max": 0.5 * n, "all_gather": [q for q in range(n) for _ in range(4)],
-            "reduce_scatter": [n * 2 * rank, n * (2 * rank + 1)],
-            "broadcast": [float(n - 1)] * 3, "ring": [(rank - 1) % n] * 5}
-
-
-@pytest.mark.parametrize("machine, per_host, mode", [
-    ("gb200-nvl72:2", 2, "inproc"), ("hgx-h100-8", 2, "procs")])
-def test_vllm_style_wrapper_moves_the_bytes(machine, per_host, mode):
-    v, res, out = hosted(PROG, machine, mode=mode, nproc_per_host=per_host)
+def test_vllm_style_wrapper_moves_the_bytes():
+    """In-process ranks across two GB200 trays (procs mode: the mode-agreement test, where
+    the program checks its own numbers)."""
+    expected = runpy.run_path(str(PROG))["expected"]
+    v, res, out = hosted(PROG, "gb200-nvl72:2", nproc_per_host=2)
     assert v.ok, v.format() + out
-    n = len(res)
-    assert n == (4 if machine.endswith(":2") else 2)
-    assert res == {r: _expected(r, n) for r in range(n)}
+    assert res == {r: expected(r, 4, "2.29.7") for r in range(4)}
 
 
 def test_init_fails_with_the_machines_nccl_error(monkeypatch):
@@ -403,11 +396,23 @@ def test_fp8_moves_but_does_not_reduce(module_surfaces):
     assert _values(S.run(ranks, body)) == [[0x38] * 4 + [0x39] * 4] * 2
 
 
-@pytest.mark.parametrize("mode", ["inproc", "procs"])
-def test_without_torch_over_mpi_and_cudart(mode):
-    """A PyTorch-free user: the id over mpi4py, buffers from the ctypes libcudart."""
-    v, res, out = hosted(PROGRAMS / "nccl_without_torch.py", "hgx-h100-8", mode=mode,
+def test_without_torch_over_mpi_and_cudart():
+    """A PyTorch-free user: the id over mpi4py, buffers from the ctypes libcudart (in-process
+    ranks: procs mode's fd passing through the proxy socket is the mode-agreement test's)."""
+    v, res, out = hosted(PROGRAMS / "nccl_without_torch.py", "hgx-h100-8", mode="inproc",
                          nproc_per_host=2, launcher="mpirun")
     assert v.ok, v.format() + out
     want = [float(2 + i) for i in range(16)]          # max over ranks of rank + 1 + i
     assert res == {r: {"rank": r, "codes": [0, 0], "max": want} for r in (0, 1)}
+
+
+def test_pynccl_program_agrees_across_modes():
+    """The vLLM-style program in procs mode (cuMem fds through the proxy's Unix socket between
+    OS processes) and in-process: the same verdict, every rank's numbers checked by the
+    program itself (--check)."""
+    from commsim.launch.agreement import modes_agree
+    from commsim.launch.config import RunConfig
+    a = modes_agree(RunConfig(machine="hgx-h100-8", nproc_per_host=2, seed=1, timeout=60,
+                              command=[str(PROG), "--check"]))
+    assert a.agree, a.text()
+    assert all(v.ok for v in a.verdicts.values()), {m: v.format() for m, v in a.verdicts.items()}

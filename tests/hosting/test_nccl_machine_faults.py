@@ -46,6 +46,8 @@ def _body(g):
     out = {"init": 0, "via": sorted(set(nccl.transports().values())), "nvls": nccl.nvls_note,
            "ar": ar, "exact": bool(np.array_equal(x.cpu().numpy(), want)),
            "trace": [a for a, _ in nccl.calls.trace]}
+    if ar:
+        out["last"] = lib.ncclGetLastError(None).decode()
     assert lib.ncclCommDestroy(comm) == 0
     return out
 
@@ -105,8 +107,13 @@ CASES = [
     ("container_per_process", [Fault("container_per_process", host="hgx-h100-0")], {},
      {"via": ["NET/Socket/0"], "exact": True}),
     # P2P reported but the legacy IPC open refused (ACS): NCCL keeps P2P and its
-    # cudaIpcOpenMemHandle fails: CUDACHECK, ncclUnhandledCudaError (src/transport/p2p.cc).
+    # cudaIpcOpenMemHandle fails: CUDACHECK, ncclUnhandledCudaError (src/transport/p2p.cc),
+    # at the first collective, where 2.22+ connects (NCCL_RUNTIME_CONNECT, comm.py) ...
     ("p2p_ipc_refused", [Fault("p2p_ipc_refused", cause="acs", **PAIR)], {"NCCL_CUMEM_ENABLE": "0"},
+     {"init": 0, "ar": 1, "last": "Cuda failure 'peer access is not supported between these two devices'"}),
+    # ... and at init under NCCL_RUNTIME_CONNECT=0 (every connection made by ncclCommInitRank).
+    ("p2p_ipc_refused_eager", [Fault("p2p_ipc_refused", cause="acs", **PAIR)],
+     {"NCCL_CUMEM_ENABLE": "0", "NCCL_RUNTIME_CONNECT": "0"},
      {"init": 1, "last": "Cuda failure 'peer access is not supported between these two devices'"}),
     # Corrupted peer writes: every call succeeds, the flag lands, the data does not: a wrong
     # result (row P3 of the driver; NCCL has no check of its own).
@@ -139,11 +146,58 @@ def test_lost_peer_writes_hang_the_all_reduce(module_surfaces):
     assert "NCCL ncclAllReduce" in text and "over P2P/CUMEM" in text
 
 
-def test_imex_split_fails_the_fabric_import(module_surfaces):
+def test_imex_split_fails_the_fabric_import(module_surfaces, monkeypatch):
     """Two GB200 trays in different IMEX domains: MNNVL's own check passes on each tray
-    (src/mnnvl.cc imports its own handle) but the peer's FABRIC import is refused
-    (CUDA_ERROR_NOT_PERMITTED, row I3): ncclUnhandledCudaError on both."""
-    _, _, outs = _run("gb200-nvl72:2", [(0, 0), (1, 0)], Fault("imex_split", hosts=("gb200-nvl72-tray01",)))
-    a, b = _values(outs)
-    assert a["init"] == b["init"] == 1
+    (src/mnnvl.cc imports its own handle), but a FABRIC handle from the other tray is
+    refused (CUDA_ERROR_NOT_PERMITTED, row I3): NVLS's multicast import at init on the
+    tray that imports it (ncclUnhandledCudaError; its peer ncclRemoteError), and without
+    NVLS the P2P buffer's import at the first collective, on both."""
+    split = Fault("imex_split", hosts=("gb200-nvl72-tray01",))
+    a, b = _values(_run("gb200-nvl72:2", [(0, 0), (1, 0)], split)[2])
+    assert (a["init"], b["init"]) == (6, 1)
+    assert b["last"] == "Cuda failure 800 'operation not permitted'"
+    assert a["last"].startswith("socketProgress: Connection closed by remote peer (rank 1 failed")
+    a, b = _values(_run("gb200-nvl72:2", [(0, 0), (1, 0)], split, env={"NCCL_NVLS_ENABLE": "0"},
+                        monkeypatch=monkeypatch)[2])
+    assert a["init"] == b["init"] == 0 and a["ar"] == b["ar"] == 1
     assert a["last"] == "Cuda failure 800 'operation not permitted'"
+
+
+def test_the_runs_nccl_version_decides_when_a_refused_ipc_open_fails(module_surfaces, monkeypatch):
+    """The run's NCCL version (commsim/versions.py) reaches NCCL's rules: before 2.22 every
+    connection is made at init (NVIDIA/nccl#1034), so the refused legacy IPC open fails
+    ncclCommInitRank; from 2.22 it fails the first collective (runtime connect, rule NC14).
+    ncclGetVersion answers the same version."""
+    import dataclasses
+    refused = Fault("p2p_ipc_refused", cause="acs", **PAIR)
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "0")
+    got = {}
+    for nccl in ((2, 21, 5), (2, 27, 3)):
+        def edit(c, nccl=nccl):
+            c = apply_machine_fault(c, refused)
+            return dataclasses.replace(c, versions=dataclasses.replace(c.versions, nccl=nccl))
+
+        def body(g):
+            v = ctypes.c_int()
+            _lib().ncclGetVersion(ctypes.byref(v))
+            return v.value, _body(g)
+        (v, a), _ = _values(S.run(S.ranks(H100, [(0, 0), (0, 1)], mutate=edit)[1], body))
+        got[v] = (a["init"], a.get("ar"))
+    assert got == {22105: (1, None), 22703: (0, 1)}
+
+
+def test_a_small_dev_shm_fails_the_shm_segments(module_surfaces, monkeypatch):
+    """NCCL_P2P_DISABLE=1 puts every pair of four ranks on SHM: one segment per connection,
+    each 9637888 bytes as NCCL sizes it. The host's own /dev/shm holds them, exact; a
+    container's 64 MiB one (small_dev_shm) has room for six, and the next ncclShmOpen fails
+    with ENOSPC: ncclSystemError and its WARN, at the first all-reduce
+    (src/misc/shmutils.cc; NVIDIA/nccl#342: "the shm size is limited to 64MB under docker")."""
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    four = [(0, 0), (0, 1), (0, 2), (0, 3)]
+    a = _values(_run(H100, four)[2])[0]
+    assert a["via"] == ["SHM/direct/direct"] and a["exact"], a
+    outs = _run(H100, four, Fault("small_dev_shm", host="hgx-h100-0"))[2]
+    got = [o.value for o in outs]
+    assert all(g["init"] == 0 and g["ar"] in (2, 6) for g in got), got
+    assert any(g["last"] == "Error while creating shared memory segment /dev/shm/nccl-XXXXXX (size "
+               "9637888), error: No space left on device (28)" for g in got), got

@@ -174,7 +174,7 @@ def test_a_rank_dies_with_its_launcher_even_when_the_watchdog_is_killed_too():
     try:
         pids = run.wait_ready()
         daemon, jit, _ = (int(x) for x in run.pids_file.read_text().split())
-        ranks = {c for c in descendants(run.p.pid) if _marked_rank(c)} - {daemon, jit}
+        ranks = _ranks_of(run.p.pid) - {daemon, jit}
         dogs = [c for c in descendants(run.p.pid) if _is_watchdog(c)]
         assert len(ranks) == 2 and len(dogs) == 1, (ranks, dogs)
         os.kill(dogs[0], signal.SIGKILL)
@@ -200,6 +200,23 @@ def _is_watchdog(pid: int) -> bool:
     return "commsim.procs.tree" in _cmdline(pid)
 
 
-def _marked_rank(pid: int) -> bool:
-    """A process running the program (a rank, or the daemon rank 0 forked)."""
-    return any(a.endswith("daemonize.py") for a in _cmdline(pid))
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _is_zygote(pid: int) -> bool:
+    return any("commsim.launch.zygote_main" in a for a in _cmdline(pid))
+
+
+def _ranks_of(launcher: int) -> set[int]:
+    """The processes running the program (the ranks, and the daemon rank 0 forked): a fresh
+    interpreter names it on its command line; a rank forked from the launcher's zygote has
+    the zygote's command line and the zygote as its parent."""
+    procs = descendants(launcher)
+    zygotes = {c for c in procs if _parent(c) == launcher and _is_zygote(c)}
+    return {c for c in procs if any(a.endswith("daemonize.py") for a in _cmdline(c))
+            or _parent(c) in zygotes}

@@ -58,18 +58,22 @@ def _read(comm: NcclComm, conn: Any, n: int) -> np.ndarray:
 def exchange(comm: NcclComm, data: np.ndarray, api: str) -> list[np.ndarray]:
     """Every rank's bytes (the same size on every rank), in rank order, each as it arrived
     here over its pair's connection."""
+    comm.connect()          # at the first collective under runtime connect (comm.py)
     data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     parts: list[list[np.ndarray]] = [[] for _ in range(comm.nranks)]
     net = sorted(p for p, c in comm.conns.items() if c.kind == "NET")
     direct = sorted(p for p, c in comm.conns.items() if c.kind != "NET")
+    any_net = any(t.kind == "NET" for t in comm.decision.transports)
     for lo in range(0, max(data.size, 1), CAP):
         chunk = data[lo:lo + CAP]
         comm.step += 1
         step = comm.step
         for p in direct:
             _write(comm, comm.conns[p], chunk, step)
+        # NET bytes over the bootstrap's sockets; a communicator where no pair uses NET
+        # (every rank knows the search's transports) makes no such round.
         got = comm.group.all_gather_object(chunk.tobytes() if net else None,
-                                           tag=f"{api}: NET step {step}")
+                                           tag=f"{api}: NET step {step}") if any_net else ()
         parts[comm.rank].append(chunk)
         for p in net:
             parts[p].append(np.frombuffer(got[p], np.uint8))

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from commsim.driver import error_string
+from commsim.driver import error_name, error_string
 
 SUCCESS, UNHANDLED_CUDA, SYSTEM, INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, \
     IN_PROGRESS = range(8)
@@ -49,11 +49,14 @@ def error_text(code: int) -> str:
 class NcclError(Exception):
     """An NCCL call's failure: its ncclResult_t `code` and the WARN text that went with it."""
 
-    def __init__(self, code: int, warn: str, api: str = "") -> None:
+    def __init__(self, code: int, warn: str, api: str = "", cause: str = "",
+                 origin: int | None = None) -> None:
         super().__init__(f"{RESULT_NAMES[code]}: {warn}")
         self.code = code
         self.warn = warn
         self.api = api              # the CUDA / system call that failed, when one did
+        self.cause = cause          # that call's CUDA result name (CUDA_ERROR_OUT_OF_MEMORY ...)
+        self.origin = origin        # ncclRemoteError: the comm rank whose step failed
 
     @property
     def name(self) -> str:
@@ -104,7 +107,7 @@ def cuda_failure(log: NcclLog, api: str, result: Any) -> NcclError:
     warn = (f"Cuda failure '{text}'" if api.startswith("cuda")
             else f"Cuda failure {code} '{text}'")
     log.warn(warn)
-    return NcclError(UNHANDLED_CUDA, warn, api)
+    return NcclError(UNHANDLED_CUDA, warn, api, error_name(result))
 
 
 def system_failure(log: NcclLog, call: str, err: int) -> NcclError:

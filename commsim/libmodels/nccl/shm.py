@@ -2,8 +2,10 @@
 ncclShmOpen, NVIDIA/nccl v2.27.3-1): the sender side creates `/dev/shm/nccl-XXXXXX`
 (mkstemp + fallocate), the peer opens the same path and maps it; the last one to attach
 unlinks it. The path is only meaningful in the creator's mount namespace, so a peer in a
-container with its own /dev/shm finds no such file (ENOENT), and a /dev/shm too small for
-the segment fails the fallocate (ENOSPC).
+container with its own /dev/shm finds no such file (ENOENT), and a /dev/shm without room for
+the segment fails the fallocate (ENOSPC). A segment counts against the /dev/shm's size
+(`limit`) with the size NCCL gives it (`SEGMENT_BYTES`), although the simulated one holds
+only what the data path uses.
 
 Two stores stand for a process's /dev/shm: `DirShm`, real files in the directory that
 stands in for the process's /dev/shm (hosted ranks: `HostedRank.shm_dir`, shared by the
@@ -25,8 +27,9 @@ import numpy as np
 
 
 class ShmStore(Protocol):
-    def create(self, size: int) -> tuple[str, np.ndarray]:
-        """A new segment of `size` bytes: its /dev/shm path and its bytes (OSError on failure)."""
+    def create(self, size: int, counted: int = 0) -> tuple[str, np.ndarray]:
+        """A new segment of `size` bytes, `counted` (default `size`) against the /dev/shm's
+        size: its /dev/shm path and its bytes (OSError on failure)."""
 
     def attach(self, path: str, size: int) -> np.ndarray:
         """The bytes of an existing segment (OSError ENOENT when this namespace has none)."""
@@ -36,6 +39,17 @@ class ShmStore(Protocol):
 
 
 _counter = itertools.count(1)
+
+# The size of one SHM connection's segment with NCCL's default buffers, as NCCL's WARN prints
+# it: "Error while creating shared memory segment /dev/shm/nccl-... (size 9637888)"
+# (NVIDIA/nccl#342 under NCCL 2.7, pytorch/ci-infra#490 in 2026). How it follows from the
+# buffer sizes and the channel count is UNCONFIRMED, so one size is used for every segment.
+SEGMENT_BYTES = 9637888
+
+
+def _no_room(used: int, size: int, limit: int | None) -> None:
+    if limit and used + size > limit:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 class DirShm:
@@ -47,13 +61,18 @@ class DirShm:
     def _file(self, path: str) -> str:
         return os.path.join(self.root, os.path.basename(path))
 
-    def create(self, size: int) -> tuple[str, np.ndarray]:
+    def _used(self) -> int:
+        """What the segments in this /dev/shm take: their files' sizes (sparse files, as
+        NCCL's are until written)."""
+        with os.scandir(self.root) as it:
+            return sum(e.stat().st_size for e in it if e.name.startswith("nccl-"))
+
+    def create(self, size: int, counted: int = 0) -> tuple[str, np.ndarray]:
         path = f"/dev/shm/nccl-{os.getpid():x}{next(_counter):06x}"
-        if self.limit is not None and size > self.limit:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        _no_room(self._used() if self.limit else 0, counted or size, self.limit)
         fd = os.open(self._file(path), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            os.ftruncate(fd, size)
+            os.ftruncate(fd, max(size, counted))
             m = mmap.mmap(fd, size)
         finally:
             os.close(fd)
@@ -74,7 +93,8 @@ class DirShm:
             pass
 
 
-_runs: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str], np.ndarray]]" = weakref.WeakKeyDictionary()
+# scope -> (namespace, path) -> (the segment's bytes, what it counts against the /dev/shm)
+_runs: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str], tuple[np.ndarray, int]]]" = weakref.WeakKeyDictionary()
 
 
 class NamespaceShm:
@@ -85,18 +105,19 @@ class NamespaceShm:
         self.segments = _runs.setdefault(scope, {})
         self.ns, self.limit = namespace, limit
 
-    def create(self, size: int) -> tuple[str, np.ndarray]:
-        if self.limit is not None and size > self.limit:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def create(self, size: int, counted: int = 0) -> tuple[str, np.ndarray]:
+        used = sum(n for (ns, _), (_, n) in self.segments.items() if ns == self.ns) if self.limit else 0
+        _no_room(used, counted or size, self.limit)
         path = f"/dev/shm/nccl-{next(_counter):06x}"
-        buf = self.segments[(self.ns, path)] = np.zeros(size, np.uint8)
+        buf = np.zeros(size, np.uint8)
+        self.segments[(self.ns, path)] = (buf, counted or size)
         return path, buf
 
     def attach(self, path: str, size: int) -> np.ndarray:
-        buf = self.segments.get((self.ns, path))
-        if buf is None:
+        got = self.segments.get((self.ns, path))
+        if got is None:
             raise OSError(errno.ENOENT, os.strerror(errno.ENOENT))
-        return buf
+        return got[0]
 
     def unlink(self, path: str) -> None:
         self.segments.pop((self.ns, path), None)

@@ -15,8 +15,10 @@ Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
   NVML's fabric info (src/init.cc ncclMnnvlCheck); IMEX channels: the channel device nodes
   the process can open (the FABRIC self-test needs one).
 - per same-host peer: NVLink from nvmlDeviceGetP2PStatus (NCCL reads NVLinks from NVML), and
-  whether `cudaDeviceCanAccessPeer` allows it; a peer not visible to this process is not
-  asked (src/transport/p2p.cc: "CUDA 10.1 and later can use P2P with invisible devices").
+  whether `cudaDeviceCanAccessPeer` allows it; for a peer not visible to this process NCCL
+  reads NVML's P2P status of the pair instead (src/transport/p2p.cc p2pCanConnect: "CUDA
+  10.1 and later can use P2P with invisible devices", checked against the NVML pair info);
+  which NVML capability index it reads is UNCONFIRMED (the simulated NVML's one status).
   The PCIe distance NCCL reads from sysfs is not asked of the driver: a same-host pair
   without NVLink is SYS (UNCONFIRMED, as nccl_rules.machine_from_view).
 """
@@ -45,7 +47,8 @@ class PeerInfo:
     nvml: int                           # busId / nvmlDev
     cuda_dev: int
     nvlink: tuple[bool, ...]            # per NVML index of this host
-    access: tuple[bool | None, ...]     # cudaDeviceCanAccessPeer per NVML index (None: invisible)
+    access: tuple[bool, ...]            # cudaDeviceCanAccessPeer per NVML index (NVML's P2P
+                                        # status for an invisible one)
 
     @property
     def rank(self) -> int:
@@ -86,8 +89,10 @@ def local_info(driver: Any, rank: int) -> PeerInfo:
         err, status = driver.nvmlDeviceGetP2PStatus(nvml, j)
         nvlink.append(j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK)
         o = by_nvml.get(j)
-        if o is None or j == nvml:
-            access.append(None if o is None else True)
+        if o is None:
+            access.append(nvlink[-1])       # NVML's P2P status of the invisible peer
+        elif j == nvml:
+            access.append(True)
         else:
             err, ok = driver.cudaDeviceCanAccessPeer(dev, o)
             access.append(int(err) == 0 and bool(ok))
@@ -113,7 +118,6 @@ def machine(infos: list[PeerInfo]) -> NcclMachine:
             if a.rank == b.rank or a.host != b.host or a.nvml == b.nvml:
                 continue
             paths[(a.rank, b.rank)] = "NVL" if b.nvml < len(a.nvlink) and a.nvlink[b.nvml] else "SYS"
-            seen = a.access[b.nvml] if b.nvml < len(a.access) else None
-            if seen is None or seen:
+            if b.nvml < len(a.access) and a.access[b.nvml]:
                 access.add((a.rank, b.rank))
     return NcclMachine(tuple(ranks), paths, frozenset(access), "driver")

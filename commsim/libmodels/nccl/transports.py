@@ -32,7 +32,7 @@ from typing import Any, Callable
 from commsim.driver import FABRIC, FD, LAZY_ENABLE_PEER_ACCESS, access_desc, alloc_prop, error_string
 from commsim.libmodels.nccl.calls import DriverCalls
 from commsim.libmodels.nccl.errors import NcclError, REMOTE, shm_failure
-from commsim.libmodels.nccl.shm import ShmStore
+from commsim.libmodels.nccl.shm import SEGMENT_BYTES, ShmStore
 from commsim.libmodels.nccl.topo import PeerInfo
 from commsim.libmodels.nccl_rules import NcclDecision
 
@@ -56,11 +56,20 @@ class Conn:
 
 @dataclass
 class Resources:
-    """What set-up made, undone in reverse by `release` (NCCL's transport free functions)."""
+    """What set-up made, undone in reverse by `release` (NCCL's transport free functions):
+    `undo` this rank's own memory, `peers` its mappings of its peers' memory. A communicator
+    whose ranks tear down together unmaps every peer's buffer (`release_peers`) before any
+    rank frees its own, so no buffer is freed while a peer still has it open."""
 
     undo: list[Callable[[], None]] = field(default_factory=list)
+    peers: list[Callable[[], None]] = field(default_factory=list)
+
+    def release_peers(self) -> None:
+        while self.peers:
+            self.peers.pop()()
 
     def release(self) -> None:
+        self.release_peers()
         while self.undo:
             self.undo.pop()()
 
@@ -80,7 +89,7 @@ def raise_voted(err: NcclError | None, errs: list[Any]) -> None:
     bad = [r for r, e in enumerate(errs) if e is not None]
     if bad:
         raise NcclError(REMOTE, f"socketProgress: Connection closed by remote peer (rank "
-                                f"{bad[0]} failed: {errs[bad[0]][1]})")
+                                f"{bad[0]} failed: {errs[bad[0]][1]})", origin=bad[0])
 
 
 def vote(group: Any, err: NcclError | None, tag: str) -> None:
@@ -118,14 +127,23 @@ class Connector:
         h = c.check("cuMemCreate", size, prop, 0)
         return h, self._map(h, size), size
 
-    def _map(self, h: int, size: int) -> int:
-        """Reserve, map and grant access to a held handle (own or imported)."""
+    def _calloc(self, size: int) -> int:
+        """ncclCudaCalloc (src/include/alloc.h): cudaMalloc, then zeroed."""
+        c = self.c
+        ptr = c.check("cudaMalloc", size)
+        self.res.undo.append(lambda: c.call("cudaFree", ptr))
+        c.check("cudaMemset", ptr, 0, size)
+        return ptr
+
+    def _map(self, h: int, size: int, peer: bool = False) -> int:
+        """Reserve, map and grant access to a held handle (own, or a peer's imported)."""
         c, dev = self.c, self.me.cuda_dev
-        self.res.undo.append(lambda: c.call("cuMemRelease", h))
+        undo = self.res.peers if peer else self.res.undo
+        undo.append(lambda: c.call("cuMemRelease", h))
         ptr = c.check("cuMemAddressReserve", size, 0, 0, 0)
-        self.res.undo.append(lambda: c.call("cuMemAddressFree", ptr, size))
+        undo.append(lambda: c.call("cuMemAddressFree", ptr, size))
         c.check("cuMemMap", ptr, size, 0, h, 0)
-        self.res.undo.append(lambda: c.call("cuMemUnmap", ptr, size))
+        undo.append(lambda: c.call("cuMemUnmap", ptr, size))
         c.check("cuMemSetAccess", ptr, size, [access_desc(dev)], 1)
         return ptr
 
@@ -164,9 +182,7 @@ class Connector:
                         conn.handle = h
                         out[peer] = ("fd", self.me.pid, size)
                 else:
-                    ptr = c.check("cudaMalloc", FLAG + CAP)
-                    self.res.undo.append(lambda ptr=ptr: c.call("cudaFree", ptr))
-                    c.check("cudaMemset", ptr, 0, FLAG + CAP)
+                    ptr = self._calloc(FLAG + CAP)
                     conn.recv = ptr
                     out_ = c.call("cudaIpcGetMemHandle", ptr)
                     if int(out_[0]) != 0:
@@ -175,9 +191,9 @@ class Connector:
                     out[peer] = ("ipc", bytes(out_[1]), FLAG + CAP)
             elif conn.kind == "SHM":
                 try:
-                    path, buf = self.shm.create(FLAG + CAP)
+                    path, buf = self.shm.create(FLAG + CAP, SEGMENT_BYTES)
                 except OSError as e:
-                    raise shm_failure(c.log, True, "/dev/shm/nccl-XXXXXX", FLAG + CAP, e.errno) from None
+                    raise shm_failure(c.log, True, "/dev/shm/nccl-XXXXXX", SEGMENT_BYTES, e.errno) from None
                 c.trace.append(("open(/dev/shm)", 0))
                 conn.recv = buf
                 self.res.undo.append(lambda path=path: self.shm.unlink(path))
@@ -215,13 +231,13 @@ class Connector:
                     h = c.check("cuMemImportFromShareableHandle", fd, FD)
                 finally:
                     self.driver_close(fd)
-                conn.send = self._map(h, size)
+                conn.send = self._map(h, size, peer=True)
             elif kind == "fabric":
                 h = c.check("cuMemImportFromShareableHandle", what, FABRIC)
-                conn.send = self._map(h, size)
+                conn.send = self._map(h, size, peer=True)
             elif kind == "ipc":
                 ptr = c.check("cudaIpcOpenMemHandle", what, LAZY_ENABLE_PEER_ACCESS)
-                self.res.undo.append(lambda ptr=ptr: c.call("cudaIpcCloseMemHandle", ptr))
+                self.res.peers.append(lambda ptr=ptr: c.call("cudaIpcCloseMemHandle", ptr))
                 conn.send = ptr
             else:
                 try:

@@ -5,10 +5,12 @@ communicator per rank on its LOCAL_RANK device, and collectives on CUDA tensors 
 data_ptr() on the current stream. Every non-zero result becomes
 RuntimeError("NCCL error: <ncclGetErrorString>").
 
-    python pynccl_allreduce.py [--misuse]
+    python pynccl_allreduce.py [--misuse] [--check]
 
 Prints one RESULT line per rank. --misuse passes an unknown datatype to ncclAllReduce after
-a good all-reduce (the wrapper's check raises).
+a good all-reduce (the wrapper's check raises). --check: a rank whose numbers differ from the
+reference exits 1 naming them, so a verdict alone says whether every rank's bytes were right
+(the mode-agreement harness compares verdicts, not output).
 """
 
 import ctypes
@@ -129,6 +131,14 @@ class Communicator:
         return got
 
 
+def expected(rank: int, n: int, version: str) -> dict:
+    """Each rank's RESULT under NCCL `version` when every collective moved the right bytes."""
+    return {"rank": rank, "version": version, "torch_cuda": "13.0", "all_reduce_ok": True,
+            "bf16_max": 0.5 * n, "all_gather": [q for q in range(n) for _ in range(4)],
+            "reduce_scatter": [n * 2 * rank, n * (2 * rank + 1)],
+            "broadcast": [float(n - 1)] * 3, "ring": [(rank - 1) % n] * 5}
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -169,6 +179,10 @@ def main() -> None:
     nccl.call("ncclCommDestroy", comm.comm)
     print("RESULT " + json.dumps(res), flush=True)
     dist.destroy_process_group()
+    want = expected(rank, world, res["version"])
+    if "--check" in sys.argv and res != want:
+        wrong = {k: (res.get(k), v) for k, v in want.items() if res.get(k) != v}
+        sys.exit(f"rank {rank}: wrong results (got, want): {wrong}")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ from typing import Any, Callable
 import numpy as np
 
 from commsim.kernels.collectives import store_rounded
-from commsim.libmodels.nccl.comm import NcclComm, init as nccl_init
+from commsim.libmodels.nccl.comm import NcclComm, init as nccl_init, version_code
 from commsim.libmodels.nccl.errors import NcclError
 from commsim.libmodels.nccl.proxy import process_transport
 from commsim.libmodels.nccl.shm import DirShm, NamespaceShm
@@ -324,20 +324,29 @@ def _procs(blob: bytes, gen: int, name: str, nranks: int, rank: int) -> Membersh
     return Membership(group, ProcsTransport(pw, deadline), ctx, tuple(range(nranks)))
 
 
+def run_version(r: HostedRank) -> int:
+    """The run's NCCL version (the cluster's `versions.nccl`, commsim/versions.py) as
+    NCCL_VERSION's number: what ncclGetVersion answers and what NCCL's rules compare."""
+    return version_code(r.driver.cluster.versions.nccl)
+
+
 def init_nccl(r: HostedRank, group: Any, rank: int, nranks: int) -> NcclComm:
     """ncclCommInitRank's work after the rendezvous: the simulated NCCL's init through this
     rank's driver (commsim/libmodels/nccl/comm.py). os.environ is the rank's own view while
     it runs (rankview.py swaps it per inproc rank). Its debug lines go to stdout under
     NCCL_DEBUG, as NCCL prints them (src/debug.cc: stdout unless NCCL_DEBUG_FILE)."""
-    store = DirShm(r.shm_dir) if r.shm_dir else NamespaceShm(getattr(r.driver, "fabric", r.world),
-                                                            r.driver.shm_namespace())
+    # The /dev/shm's size where the host's container sets one (ContainerCaps.shm_bytes).
+    limit = r.driver.cluster.host(r.driver.gethostname()).container.shm_bytes or None
+    store = DirShm(r.shm_dir, limit) if r.shm_dir else NamespaceShm(
+        getattr(r.driver, "fabric", r.world), r.driver.shm_namespace(), limit)
     level = os.environ.get("NCCL_DEBUG", "")
     # OS processes pass fds over the proxy's Unix socket; in-process ranks over the driver's
     # fd channel (the scheduler waits on it).
     tag = hashlib.sha256(f"{r.shm_dir}\0{group.name}".encode()).hexdigest()[:16]
     fds = None if r.world is not None else process_transport(tag, r.driver)
     try:
-        comm = nccl_init(r.driver, group, rank, nranks, dict(os.environ), store, debug=level,
+        comm = nccl_init(r.driver, group, rank, nranks, dict(os.environ), store,
+                         version=run_version(r), debug=level,
                          fds=fds)
     except NcclError as e:
         _print_debug(level, e.warn, r)

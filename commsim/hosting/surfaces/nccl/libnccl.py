@@ -59,6 +59,7 @@ from typing import Any, Callable
 import numpy as np
 
 from commsim.libmodels.nccl.datapath import exchange
+from commsim.libmodels.nccl.errors import NcclError
 from commsim.sim.driver_calls import Fail
 from commsim.hosting.install import fakelib
 from commsim.hosting.surfaces.nccl import comm as nc
@@ -73,7 +74,7 @@ from commsim.hosting.surfaces.torch.graphs import capture_on
 from commsim.hosting.surfaces.cuda import runtime_api as rt
 
 SONAME = "libnccl.so.2"
-# ncclGetVersion: 2.29.7 (NCCL_VERSION(2,29,7) = 2*10000 + 29*100 + 7, nccl.h): vLLM 0.33.0's
+# ncclGetVersion: the run's NCCL (commsim/versions.py), by default 2.29.7 (NCCL_VERSION(2,29,7) = 2*10000 + 29*100 + 7, nccl.h): vLLM 0.33.0's
 # pynccl requires ncclCommSuspend / ncclCommResume on CUDA ("NCCL >= 2.29.7 does",
 # vllm/distributed/device_communicators/pynccl_wrapper.py) and disables itself without them;
 # 2.27 is the first with ncclCommWindowRegister. Which NCCL a given wheel ships: UNCONFIRMED.
@@ -196,8 +197,23 @@ def _tag(api: str, c: Comm) -> str:
 Op = tuple[Comm, int, str, Callable[[], None]]     # (comm, stream, "send"|"recv"|"coll", run)
 
 
+def _connected(c: Comm, run: Callable[[], None]) -> Callable[[], None]:
+    """A collective that first sets up the communicator's connections where init left them
+    to the first collective (NCCL_RUNTIME_CONNECT, libmodels/nccl/comm.py): a set-up
+    failure is the collective's result, with NCCL's code and WARN."""
+    def connected() -> None:
+        try:
+            c.nccl.connect()
+            run()
+        except NcclError as e:
+            raise NcclFailure(e.code, e.warn) from None
+    return connected
+
+
 def _issue(api: str, c: Comm, stream: int, run: Callable[[], None], kind: str = "coll") -> None:
     """Run an operation now, defer it to the group's end, or record it in a graph capture."""
+    if kind == "coll" and c.nccl is not None:
+        run = _connected(c, run)
     _, st = _rank_state()
     if st.depth > 0:
         st.pending.append((c, stream, kind, run))
@@ -365,7 +381,8 @@ def _group_end() -> None:
 
 def _get_version(out: int) -> None:
     _ptr_check(out, "ncclGetVersion", "version")
-    _put(out, _I, VERSION)
+    r = hosted()
+    _put(out, _I, VERSION if r is None else nc.run_version(r))
 
 
 def _get_unique_id(out: int) -> None:
