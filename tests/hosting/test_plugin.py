@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from commsim.hosting.install.registry import uninstall_all
 from commsim.hosting.surfaces import table
 from commsim.launch.cause import root_cause_line
 from commsim.launch.verdict import STALE_MODULES
@@ -17,13 +16,6 @@ from hosting_helpers import PROGRAMS, hosted
 # patch outlives the run: ctypes.CDLL) are imported here so that every run shares them.
 _SURFACES = [importlib.import_module(m) for m in table.MODULES]
 
-
-@pytest.fixture(autouse=True)
-def _hosting_uninstalled():
-    """The plugin installs hosting in the runs' interpreter (this one): taken off again, so
-    the tests after these find the modules real (tests/hosting/test_cuda_bindings.py)."""
-    yield
-    uninstall_all()
 
 DOWNSTREAM = '''
 import ctypes
@@ -178,8 +170,10 @@ def test_flashinfer_comm_at_top_gives_execs_verdicts(pytester, monkeypatch):
     for machine, mode in (("gb200-nvl72:1", "inproc"), ("hgx-h100-8", "inproc"),
                           ("hgx-h100-8", "procs")):
         v = hosted(path, machine, nproc_per_host=2, visible="one")[0]
-        r = pytester.runpytest("--commsim-machine", machine, "--commsim-mode", mode,
-                               "-p", "no:xdist")
+        # In a process of its own: an in-process pytester run drops the modules it imported
+        # (torch.distributed's among them), and importing those again here fails.
+        r = pytester.runpytest_subprocess("--commsim-machine", machine, "--commsim-mode", mode,
+                                          "-p", "no:xdist")
         if v.ok:
             r.assert_outcomes(passed=1)
         else:
