@@ -108,9 +108,9 @@ def _failed_line(r) -> str:
 
 def test_module_level_driver_gives_execs_verdicts(pytester, monkeypatch):
     """`from cuda.bindings import driver` at a test module's top, collected before any rank
-    runs: the ranks reach the simulated driver in both modes (inproc failed every rank with
-    the real binding's DynamicLibNotFoundError), and each test's verdict is the program's
-    under `commsim exec`: a pass, and the same root cause line for the failing call."""
+    runs: the inproc ranks reach the simulated driver (they failed every rank with the real
+    binding's DynamicLibNotFoundError), and each test's verdict is the program's under
+    `commsim exec`: a pass, and the same root cause line for the failing call."""
     monkeypatch.setenv("CI", "true")
     path = _program_as_test(pytester, "driver_at_top")
     by_exec = {check: hosted(path, "gb200-nvl72:1", check, nproc_per_host=2, visible="one")[0]
@@ -122,10 +122,9 @@ def test_module_level_driver_gives_execs_verdicts(pytester, monkeypatch):
     r = pytester.runpytest("--commsim-machine", "gb200-nvl72:1", "-p", "no:xdist")
     r.assert_outcomes(passed=1, failed=1)
     assert _failed_line(r) == want
-    r = pytester.runpytest("--commsim-machine", "gb200-nvl72:1", "--commsim-mode", "procs",
-                           "-p", "no:xdist", "-k", "past")
-    r.assert_outcomes(failed=1, deselected=1)
-    assert _failed_line(r) == want
+    # procs mode collects in hosted rank processes: test_function_taken_at_top_... checks its
+    # root cause line (the CI budget keeps one procs run of these; `make peers` runs both
+    # modes on FlashInfer's module below)
 
 
 FUNCTION_AT_TOP = '''
