@@ -110,8 +110,14 @@ def build_rank(cfg: RunConfig, rank: int, slot: int, host: str, visible: tuple[i
                       slot=slot)
 
 
-def _excepthook(tp: Any, value: Any, tb: Any) -> None:
+def record_exception(tp: Any, value: BaseException) -> None:
+    """The exception this process's report names: one that ends the program (the
+    excepthook), or one a runner caught and reported itself (pytest's, for a hosted test)."""
     _state["exception"] = session.exception_line(tp, value)
+
+
+def _excepthook(tp: Any, value: Any, tb: Any) -> None:
+    record_exception(tp, value)
     _state["prev_hook"](tp, value, tb)
 
 

@@ -15,6 +15,15 @@ rank in this process; in procs mode every rank is a process running just this te
 pytest. The test fails when any rank fails, with the run's verdict as the message: its first
 line is the root cause (what pytest's summary line and a CI's test list show), then the
 verdict, and the replay command names the test node (`pytest path::test --commsim-...`).
+
+Collection is hosted too: with `--commsim-machine` the hosting surfaces are installed before
+the first conftest and test module are imported, so a module-level `from cuda.bindings import
+driver` (FlashInfer's `comm/mnnvl.py`) takes the stand-in, which answers as the real module
+outside a rank and as the simulated driver inside one, as under `commsim exec`. Where the
+surfaces came too late for that (a `commsim` marker without the option), an inproc test whose
+imported modules still hold a real replaced module runs in procs mode, where each rank's
+interpreter installs hosting before it collects, and the verdict says so; a blocking socket
+between ranks sends an inproc test to procs mode as it sends `commsim exec`.
 """
 
 from __future__ import annotations
@@ -45,6 +54,21 @@ def pytest_addoption(parser: Any) -> None:
                      "fail the test on them")
     g.addoption("--commsim-visible", default="all", choices=("all", "one"),
                 help="GPUs each rank sees: its host's (all) or its own (one)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: Any, parser: Any, args: list[str]) -> None:
+    """Install hosting before conftests and test modules are imported (they may import a
+    hosted module at their top); a rank process (procs mode) has it from its bootstrap."""
+    if getattr(early_config.known_args_namespace, "commsim_machine", None) and \
+            not os.environ.get("COMMSIM_HOSTING"):
+        _install_hosting()
+
+
+def _install_hosting() -> None:
+    from commsim.hosting.install.registry import install_all
+    from commsim.hosting.surfaces.table import MODULES
+    install_all(MODULES)
 
 
 def pytest_configure(config: Any) -> None:
@@ -99,6 +123,7 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> Any:
     if os.environ.get("COMMSIM_HOSTING") or not _hosted_item(pyfuncitem):
         return None      # not hosted, or already a rank (procs mode): pytest runs the test
     from commsim.launch.run import execute
+    from commsim.launch.verdict import STALE_MODULES
     cfg = _config_for(pyfuncitem)
     if cfg is None:
         pytest.skip("hosted test: give --commsim-machine or @pytest.mark.commsim(machine=...)")
@@ -106,20 +131,51 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> Any:
     funcargs = {n: pyfuncitem.funcargs[n] for n in pyfuncitem._fixtureinfo.argnames}
     out = io.StringIO()
     target = None
+    procs_command = cfg.command[:-1] + [str(pyfuncitem.path) + "::" + pyfuncitem.name]
+    stale = _stale_references(pyfuncitem) if cfg.mode == "inproc" else []
+    if stale:
+        out.write(f"commsim: {stale[0]}: {STALE_MODULES}; running in procs mode\n")
+        cfg.mode = "procs"
     if cfg.mode == "inproc":
         target = lambda: pyfuncitem.obj(**funcargs)   # noqa: E731
         cfg.command = [str(pyfuncitem.path)]
     else:
-        cfg.command = cfg.command[:-1] + [str(pyfuncitem.path) + "::" + pyfuncitem.name]
+        cfg.command = procs_command
     try:
-        v = execute(cfg, out=out, err=out, echo=True, target=target)
+        v = execute(cfg, out=out, err=out, echo=True, target=target, procs_command=procs_command)
     except UserError as e:
         pytest.fail(f"commsim: {e}", pytrace=False)
+    if stale:
+        v.needs_procs, v.procs_reason = "; ".join(stale[:3]), STALE_MODULES
     print(out.getvalue(), end="")
     if not v.ok:
         from commsim.launch.cause import root_cause_line
         pytest.fail(f"commsim: {root_cause_line(v)}\n{v.format()}", pytrace=False)
     return True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    """In a rank process (procs mode) pytest catches the test's exception, so no excepthook
+    sees it: the rank's report names it as `commsim exec`'s would, not pytest's summary."""
+    yield
+    exc = call.excinfo
+    if (call.when == "call" and exc is not None and os.environ.get("COMMSIM_HOSTING")
+            and _hosted_item(item) and not exc.errisinstance(pytest.skip.Exception)):
+        from commsim.launch.bootstrap import record_exception
+        record_exception(exc.type, exc.value)
+
+
+def _stale_references(item: Any) -> list[str]:
+    """What the test's module and its conftests reach of the real modules hosting replaces
+    (installed now, as the inproc run would)."""
+    from commsim.hosting.install.stale import stale_references
+    _install_hosting()
+    here = item.path.parent
+    conftests = [p for p in item.config.pluginmanager.get_plugins()
+                 if getattr(p, "__file__", "").endswith("conftest.py")
+                 and here.is_relative_to(os.path.dirname(p.__file__))]
+    return stale_references([item.module, *conftests])
 
 
 def _replay(item: Any, cfg: Any) -> str:

@@ -28,7 +28,7 @@ from commsim.launch import zygote
 from commsim.launch.inproc import run_inproc
 from commsim.launch.procs import run_procs
 from commsim.launch.torchrun_flags import advice, launcher_in
-from commsim.launch.verdict import Verdict
+from commsim.launch.verdict import SOCKETS, Verdict
 
 PYTHONS = ("python", "python3", os.path.basename(sys.executable))
 
@@ -79,8 +79,7 @@ def _again_in_procs(cfg: RunConfig, why: str, *, out: TextIO, err: TextIO,
                     echo: bool) -> Verdict:
     """An inproc run that a blocking socket between ranks ended, run again as processes in a
     fresh run directory (the first run's files and segments are gone with it)."""
-    err.write(f"commsim exec: {why}: blocking sockets between ranks need real processes; "
-              f"running again in procs mode\n")
+    err.write(f"commsim exec: {why}: {SOCKETS}; running again in procs mode\n")
     shm.sweep(cfg.shm_prefix)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     cfg.mode = "procs"
@@ -95,10 +94,12 @@ def _again_in_procs(cfg: RunConfig, why: str, *, out: TextIO, err: TextIO,
 
 
 def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = None,
-            echo: bool = True, target: Any = None) -> Verdict:
+            echo: bool = True, target: Any = None,
+            procs_command: list[str] | None = None) -> Verdict:
     """Run cfg's program as every rank of its machine; the verdict. Nothing of the run is
     left behind (processes, segments, files). `target`: a callable run as every rank instead
-    of the program (inproc mode only)."""
+    of the program (inproc mode only); `procs_command`: what runs `target` as a process (the
+    plugin's pytest node), for an inproc run that must go on in procs mode."""
     cfg.resolve()
     t0 = time.monotonic()
     shm.sweep_stale()           # what SIGKILLed runs of this user left behind
@@ -118,7 +119,9 @@ def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = N
             with tree.owned_tree(run_mark(cfg), [run_dir, str(shm.SHM_DIR / cfg.shm_prefix)]):
                 v = run_inproc(cfg, boot, out=out or sys.stdout, err=err or sys.stderr,
                                echo=echo, target=target)
-        if v.needs_procs and target is None:
+        if v.needs_procs and (target is None or procs_command):
+            if target is not None:
+                cfg.command = list(procs_command)
             v = _again_in_procs(cfg, v.needs_procs, out=out or sys.stdout,
                                 err=err or sys.stderr, echo=echo)
     finally:

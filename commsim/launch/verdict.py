@@ -62,8 +62,12 @@ class ProcResult:
                 err.get("api"), err.get("name"), bool(self.residue))
 
 
-SWITCHED = "run in procs mode, not inproc: blocking sockets between ranks need real processes"
-ENDED = "ended in inproc mode: blocking sockets between ranks need real processes (--mode procs)"
+# Why an inproc run went to procs mode (or ended): each cause's words, said once.
+SOCKETS = "blocking sockets between ranks need real processes"
+STALE_MODULES = ("modules imported before hosting was installed hold real hosted modules "
+                 "(a module-level import at test collection); fresh processes import them hosted")
+SWITCHED = "run in procs mode, not inproc: {}"
+ENDED = "ended in inproc mode: {} (--mode procs)"
 
 
 @dataclass
@@ -76,6 +80,7 @@ class Verdict:
     # inproc: the call that needs real processes (its run was ended there); a procs run
     # started for that reason carries it too, and says so
     needs_procs: str | None = None
+    procs_reason: str = SOCKETS       # what about `needs_procs` needs processes
     # procs: why its ranks are fresh interpreters, not forked from the warm zygote (when the
     # run did not ask for fresh ones itself)
     fresh: str | None = None
@@ -125,7 +130,8 @@ class Verdict:
                 f"visible {c.visible}, {torch_build()}, {self.wall_s:.1f} s")
         lines = [head]
         if self.needs_procs:
-            lines.append(f"  {SWITCHED if c.mode == 'procs' else ENDED}: {self.needs_procs}")
+            said = (SWITCHED if c.mode == "procs" else ENDED).format(self.procs_reason)
+            lines.append(f"  {said}: {self.needs_procs}")
         if self.fresh:
             lines.append(f"  fresh interpreters, not forked from the warm zygote: {self.fresh}")
         if not self.ok:

@@ -23,12 +23,15 @@ def extension_guard():
     guard.uninstall()
 
 
-def test_every_declaration_has_a_version_range_and_one_entry_per_module():
-    seen = set()
+def test_every_declaration_has_a_version_range_and_ranges_of_one_module_do_not_overlap():
+    seen: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for e in extensions.EXTENSIONS:
-        assert extensions._release(e.versions[0]) < extensions._release(e.versions[1]), e
-        assert (e.library, e.module) not in seen, e
-        seen.add((e.library, e.module))
+        lo, hi = (extensions._release(v) for v in e.versions)
+        assert lo < hi, e
+        for other in seen.get((e.library, e.module), []):
+            olo, ohi = (extensions._release(v) for v in other)
+            assert hi <= olo or ohi <= lo, e
+        seen.setdefault((e.library, e.module), []).append(e.versions)
         assert not set(e.served) & set(e.not_served), e
     assert extensions.version_in("0.7.2.post1", ("0.7.2", "0.8"))
     assert not extensions.version_in("0.8.0", ("0.7.2", "0.8"))
@@ -50,7 +53,11 @@ def test_the_message_names_the_module_what_is_served_and_what_is_not(monkeypatch
     other = str(extensions.not_served_error("flashinfer-jit", "gemm_sm100"))
     assert "not served: every op (not declared for flashinfer-python 0.7.2.post1)" in other
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.4.1")
-    assert "not declared for flashinfer-python 0.4.1" in str(
+    assert ("served: trtllm_lamport_initialize, trtllm_lamport_initialize_all; not served: "
+            "trtllm_custom_all_reduce, trtllm_allreduce_fusion, ") in str(
+        extensions.not_served_error("flashinfer-jit", "trtllm_comm"))
+    monkeypatch.setattr(extensions, "_installed", lambda lib: "0.5.3")
+    assert "not declared for flashinfer-python 0.5.3" in str(
         extensions.not_served_error("flashinfer-jit", "trtllm_comm"))
 
 

@@ -140,3 +140,20 @@ def test_auto_workspace_with_flashinfer_s_default_mpi_backend_says_mpi4py_is_mis
     v, res, out = hosted(PROGRAM, "hgx-h100-8", "workspace", "auto", mode="procs",
                          nproc_per_host=2)
     assert [res[r]["outcome"] for r in (0, 1)] == ["ImportError: mpi4py is not installed"] * 2, out
+
+
+@pytest.mark.parametrize("machine, nproc, mode, handle", [
+    ("gb200-nvl72:2", 2, "inproc", "CU_MEM_HANDLE_TYPE_FABRIC"),
+    ("hgx-h100-8", 2, "procs", "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR")])
+def test_symm_device_memory_maps_every_peer_over_the_handle_type_the_machine_gives(
+        machine, nproc, mode, handle):
+    """FlashInfer's SymmDeviceMemory: FABRIC handles where NVML reports the fabric (across
+    two GB200 trays), POSIX fds over its AF_UNIX exchange on an HGX box; every rank reads
+    every peer's value through its unicast mapping (tensors from FlashInfer's own DLPack
+    capsules, made after it set ctypes.pythonapi.PyCapsule_New.restype for itself), and the
+    memory is released."""
+    v, res, out = hosted(PROGRAM, machine, "symm", mode=mode, nproc_per_host=nproc)
+    n = v.cfg.world_size
+    assert v.ok and v.residue == 0, v.format() + out
+    assert {r: d["outcome"] for r, d in res.items()} == {
+        r: f"{handle} {list(range(1, n + 1))}" for r in range(n)}, out

@@ -27,6 +27,7 @@ class Patches:
         self._lock = threading.RLock()
         self._undo: list[Callable[[], None]] = []
         self._held: set[tuple[int, str]] = set()
+        self._replaced: dict[str, Any] = {}     # sys.modules name -> the module it held
 
     def attr(self, target: Any, name: str, value: Any) -> Any:
         """Set `target.name = value`; restore() puts back what was there. Returns the value
@@ -49,6 +50,8 @@ class Patches:
             before = sys.modules.get(name, _ABSENT)
             sys.modules[name] = module
             self._held.add((id(sys.modules), name))
+            if before is not _ABSENT and before is not None:
+                self._replaced.setdefault(name, before)
 
             def undo() -> None:
                 if before is _ABSENT:
@@ -58,6 +61,11 @@ class Patches:
                     sys.modules[name] = before
             self._undo.append(undo)
             return None if before is _ABSENT else before
+
+    def replaced(self) -> dict[str, Any]:
+        """The modules this recorder's `module()` calls took out of sys.modules (name -> the
+        real module), while they are out."""
+        return dict(self._replaced)
 
     def switch(self, target: Any, name: str, value: Any) -> None:
         """Set an attribute this recorder holds to another value without recording it: a
@@ -101,6 +109,7 @@ class Patches:
             while self._undo:
                 self._undo.pop()()
             self._held.clear()
+            self._replaced.clear()
 
 
 def _put_back(target: Any, name: str, own: Any, before: Any) -> None:

@@ -22,6 +22,7 @@ from commsim.hosting.install.dispatch import not_simulated
 from commsim.hosting.install.patches import Patches
 
 __all__ = ["register_surface", "install_all", "uninstall_all", "installed", "surfaces",
+           "replaced_modules",
            "not_simulated", "wrap_torch_distributed", "Surface"]
 
 @dataclass(eq=False)
@@ -76,6 +77,16 @@ def surfaces(modules: Sequence[str] = ()) -> tuple[str, ...]:
 
 def installed() -> tuple[str, ...]:
     return tuple(n for n, s in _surfaces.items() if s.installed)
+
+
+def replaced_modules() -> dict[str, Any]:
+    """The real modules the installed surfaces took out of sys.modules (name -> module)."""
+    with _lock:
+        out: dict[str, Any] = {}
+        for s in _surfaces.values():
+            if s.installed:
+                out.update(s.patches.replaced())
+        return out
 
 
 def _load_modules(modules: Sequence[str]) -> None:

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from commsim.hosting.install import dispatch
 
@@ -51,6 +51,12 @@ def _accelerator(m: ModuleType, served: bool) -> Names:
     names = {**m.HOSTED, **m.CLASSES}
     stand = {n for n, f in names.items() if getattr(f, "__code__", None) is _STANDIN_CODE}
     return {"torch.accelerator": sorted(set(names) - stand if served else stand)}
+
+
+def _extension(e: Any) -> str:
+    """A compiled extension's row key: its module at its library's version range."""
+    lo, hi = e.versions
+    return f"{e.module} ({e.library} >={lo},<{hi})"
 
 
 _PKG = "commsim.hosting.surfaces"
@@ -113,8 +119,8 @@ TABLE: tuple[Entry, ...] = (
           lambda m: {m.MODULE: _keys(m.SERVED)},
           lambda m: {m.MODULE: sorted(m.NOT_SIMULATED)}),
     Entry(f"{_PKG}.compiled.guard", "compiled CUDA extensions (vllm._C, FlashInfer JIT modules)",
-          lambda m: {e.module: sorted(e.served) for e in m.EXTENSIONS},
-          lambda m: {e.module: list(e.not_served) for e in m.EXTENSIONS},
+          lambda m: {_extension(e): sorted(e.served) for e in m.EXTENSIONS},
+          lambda m: {_extension(e): list(e.not_served) for e in m.EXTENSIONS},
           others="any other FlashInfer JIT module: refused, naming it"),
 )
 MODULES: tuple[str, ...] = tuple(e.module for e in TABLE)

@@ -13,7 +13,11 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
   every rank's input; the outcome names the backend the workspace got and the first
   mismatch, then destroy; with `skipN`, rank N creates the workspace but never calls
   allreduce_fusion;
-- `direct`: `trtllm_create_ipc_workspace_for_all_reduce_fusion` as older callers use it.
+- `direct`: `trtllm_create_ipc_workspace_for_all_reduce_fusion` as older callers use it;
+- `symm`: FlashInfer's `SymmDeviceMemory` over TorchDistBackend (the handle type its exchanger
+  picks: FABRIC where NVML reports the fabric, else POSIX fds); each rank writes rank + 1 into
+  its own buffer and reads every peer's through its unicast pointer (FlashInfer's
+  `create_tensor_from_cuda_memory`); the outcome names the handle type and the values read.
 One RESULT line per rank: the step's outcome (ok, or the exception's type and text), and the
 compiler or build processes (nvcc, ninja, cicc, ptxas) left among this process's children.
 """
@@ -125,13 +129,32 @@ def step(what: str, args: list[str]) -> str:
         handles, _ = trtllm_create_ipc_workspace_for_all_reduce_fusion(
             dist.get_rank(), dist.get_world_size(), TOKENS, HIDDEN)
         trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handles)
+    elif what == "symm":
+        return symm()
     return "ok"
+
+
+def symm() -> str:
+    from flashinfer.comm.mnnvl import (SymmDeviceMemory, TorchDistBackend,
+                                       create_tensor_from_cuda_memory)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dev = torch.cuda.current_device()
+    mem = SymmDeviceMemory(1 << 21, n, rank, dev, TorchDistBackend(), enable_multicast=False)
+
+    def at(r: int) -> torch.Tensor:
+        return create_tensor_from_cuda_memory(mem.get_unicast_ptr(r), (256,), torch.int32, dev)
+
+    at(rank).fill_(rank + 1)
+    dist.barrier()
+    seen = [int(at(r)[255]) for r in range(n)]
+    dist.barrier()
+    return f"{mem._exchanger.handle_type.name} {seen}"
 
 
 def main() -> None:
     what, args = sys.argv[1], sys.argv[2:]
     rank = int(os.environ.get("RANK", 0))
-    if what in ("workspace", "fusion", "direct"):
+    if what in ("workspace", "fusion", "direct", "symm"):
         dist.init_process_group(backend="nccl")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     try:

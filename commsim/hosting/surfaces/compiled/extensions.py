@@ -14,7 +14,14 @@ is served and what is not; serving an op later is one entry in `served`.
 
 Op lists follow each library's Python callers at the named version (the attribute calls on
 the loaded module): FlashInfer 0.7.2.post1 `flashinfer/comm/trtllm_ar.py`,
-`trtllm_mnnvl_ar.py`, `vllm_ar.py`, `pcie_ipc_ar.py`. vLLM 0.33.0 ships no `vllm._C`: its
+`trtllm_mnnvl_ar.py`, `vllm_ar.py`, `pcie_ipc_ar.py`; FlashInfer 0.4.1 (its sdist)
+`flashinfer/comm/trtllm_ar.py`, whose `trtllm_create_ipc_workspace_for_all_reduce_fusion`
+needs `trtllm_lamport_initialize`: its csrc/trtllm_allreduce.cu and
+include/flashinfer/comm/trtllm_allreduce.cuh fill the buffer with negative zero as 0.7.2.post1's
+do (`lamport_initialize_kernel`, `lamportInitializeAll` dividing by sizeof(T) again), so the same
+reference serves both; its `trtllm_allreduce_fusion` takes 21 arguments (no
+`block_quant_group_size`, `weight_bias`) and its fusion kernels differ, so it is not served
+there. vLLM 0.33.0 ships no `vllm._C`: its
 CUDA platform (`vllm/platforms/cuda.py`) imports `vllm._C_stable_libtorch`, which registers
 the namespaces `_C`, `_C_cache_ops`, `_C_cuda_utils` and `_C_custom_ar`; the `_C_custom_ar`
 schemas below are the strings that library registers (read from the installed 0.33.0 wheel,
@@ -115,9 +122,16 @@ def _jit_ops(module: str, source: str, names: str) -> dict[str, ServedOp]:
 # Sources as each module's docstring details them (flashinfer-ai/flashinfer at the commit
 # whose csrc matches the 0.7.2.post1 wheel).
 _FI_TRTLLM = "flashinfer csrc/trtllm_allreduce.cu, include/flashinfer/comm/trtllm_allreduce*.cuh"
+_FI_TRTLLM_041 = ("flashinfer-python 0.4.1 sdist csrc/trtllm_allreduce.cu, "
+                  "include/flashinfer/comm/trtllm_allreduce.cuh")
 _FI_MNNVL = "flashinfer csrc/trtllm_mnnvl_allreduce.cu, include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh"
 
 EXTENSIONS: tuple[CompiledExtension, ...] = (
+    CompiledExtension("flashinfer-python", ("0.4.1", "0.4.2"), "trtllm_comm", "flashinfer-jit", _ops(
+        "trtllm_custom_all_reduce trtllm_allreduce_fusion trtllm_moe_allreduce_fusion "
+        "trtllm_moe_finalize_allreduce_fusion"),
+        served=_jit_ops("flashinfer_trtllm", _FI_TRTLLM_041, "trtllm_lamport_initialize "
+                        "trtllm_lamport_initialize_all")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_comm", "flashinfer-jit", _ops(
         "trtllm_custom_all_reduce trtllm_moe_allreduce_fusion trtllm_moe_finalize_allreduce_fusion"),
         served=_jit_ops("flashinfer_trtllm", _FI_TRTLLM, "trtllm_lamport_initialize "

@@ -24,9 +24,11 @@ Each stand-in carries the real module's `__spec__`, `__file__`, `__loader__` and
 `__package__`: `importlib.util.find_spec` of an imported module reads its `__spec__`
 (ValueError when None), and version probes read `__file__`.
 
-A reference taken before installation (`from cuda.bindings import driver` at import time
-of a module imported earlier) keeps the real module: the hosting bootstrap installs at
-interpreter start, before user code runs.
+A reference taken before installation (`from cuda.bindings import driver` at the top of a
+module imported earlier) keeps the real module, except in the library modules HOLDERS
+names: the hosting bootstrap installs at interpreter start, before user code runs, and the
+pytest plugin before it collects (install/stale.py finds what an interpreter that imported
+user code first still holds).
 """
 
 from __future__ import annotations
@@ -105,6 +107,23 @@ def _install(patches: Patches) -> None:
     for name, mod in _STANDIN.items():
         patches.module(name, mod)
         patches.attr(_pkg, name.rsplit(".", 1)[1], mod)
+    for holder, names in HOLDERS.items():
+        patches.on_import(holder, lambda m, names=names: _rebind(patches, m, names))
+
+
+# Modules of other libraries that keep cuda-python's modules in a global from their import
+# on (module -> global -> the module it holds). torch imports them with torch.cuda, often
+# before hosting installs (the launcher's own import of torch), so they get the stand-ins
+# there. torch 2.13: torch/cuda/_utils.py (`_check_cuda_bindings`) and torch/cuda/graphs.py
+# take `from cuda.bindings import ...` at their top.
+HOLDERS = {"torch.cuda._utils": {"_cuda_bindings_runtime": RUNTIME},
+           "torch.cuda.graphs": {"_cuda_driver": DRIVER, "_cuda_runtime": RUNTIME}}
+
+
+def _rebind(patches: Patches, module: types.ModuleType, names: dict[str, str]) -> None:
+    for attr, name in names.items():
+        if getattr(module, attr, None) is _REAL[name]:
+            patches.attr(module, attr, _STANDIN[name])
 
 
 SURFACE = register_surface("cuda-python", _install)

@@ -75,7 +75,11 @@ class DLManagedTensorVersioned(ctypes.Structure):
 
 _LAYOUTS = {b"dltensor": DLManagedTensor, b"dltensor_versioned": DLManagedTensorVersioned}
 
-_api = ctypes.pythonapi
+# A library object of commsim's own over the interpreter's symbols: ctypes.pythonapi is shared,
+# and callers set restype/argtypes on its functions for themselves (FlashInfer 0.7.2.post1's
+# comm/dlpack_utils.py sets PyCapsule_New.restype = c_void_p: through pythonapi, the capsule
+# made below would come back as an int that torch refuses as "an invalid capsule").
+_api = ctypes.PyDLL(None)
 _api.PyCapsule_GetName.restype = ctypes.c_char_p
 _api.PyCapsule_GetName.argtypes = [ctypes.py_object]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
