@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from commsim.hosting.install.registry import install_all
 from commsim.hosting.surfaces import table
 from commsim.launch.cause import root_cause_line
 from commsim.launch.verdict import STALE_MODULES
@@ -57,11 +58,6 @@ def test_open_peers(commsim_rank):
     open_peers()
 '''
 
-import pytest
-
-from commsim.hosting.install.registry import install_all
-from commsim.hosting.surfaces.table import MODULES
-
 
 @pytest.fixture(autouse=True)
 def hosting_installed_before_the_snapshot():
@@ -70,7 +66,7 @@ def hosting_installed_before_the_snapshot():
     registry's back (its stand-ins and finders gone, its flags still saying installed), and
     every later hosted test in this worker would meet the real cuda.bindings and no mpi4py.
     Installed first, the snapshot holds the stand-ins and the inner install is a no-op."""
-    install_all(MODULES)
+    install_all(table.MODULES)
 
 
 def _file(pytester, ranks=4):
