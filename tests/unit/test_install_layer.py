@@ -215,8 +215,6 @@ def test_a_surface_declared_again_while_installed_is_still_restored():
     """A surface module imported a second time (a reload, a purged sys.modules entry)
     declares its surface again while the first declaration is installed: uninstall_all must
     still restore what the first one patched."""
-    import subprocess
-    import sys
     code = (
         "import types, sys\n"
         "from commsim.hosting.install import registry\n"
@@ -229,6 +227,36 @@ def test_a_surface_declared_again_while_installed_is_still_restored():
         "assert m.x == 'fake', m.x\n"
         "registry.uninstall_all()\n"
         "print(m.x)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert _in_a_fresh_interpreter(code) == "real"
+
+
+def test_hosting_reverted_behind_the_registry_is_patched_again_at_the_next_install():
+    """What pytester's in-process run does: snapshot sys.modules and sys.meta_path, let the
+    inner session install hosting, put both back. The registry's flags still say installed;
+    the next install_all finds the stand-ins and finders gone and makes them again (before:
+    later hosted runs in that process met the real cuda.bindings and no mpi4py)."""
+    code = (
+        "import sys\n"
+        "from commsim.hosting.install.registry import install_all\n"
+        "from commsim.hosting.surfaces.table import MODULES\n"
+        "import torch\n"
+        "from commsim.hosting.install.registry import surfaces\n"
+        "surfaces(MODULES)           # imported, not installed, before the snapshot\n"
+        "modules, finders = dict(sys.modules), list(sys.meta_path)\n"
+        "install_all(MODULES)\n"
+        "hosted = sys.modules['cuda.bindings.runtime']\n"
+        "sys.modules.clear(); sys.modules.update(modules); sys.meta_path[:] = finders\n"
+        "assert sys.modules.get('cuda.bindings.runtime') is not hosted\n"
+        "install_all(MODULES)\n"
+        "print(sys.modules['cuda.bindings.runtime'] is hosted,\n"
+        "      any(type(f).__module__.endswith('mpi4py') for f in sys.meta_path))\n")
+    assert _in_a_fresh_interpreter(code) == "True True"
+
+
+def _in_a_fresh_interpreter(code: str) -> str:
+    """The stdout of `code` run by a new interpreter (registry state is per process)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "real"
+    return r.stdout.strip()

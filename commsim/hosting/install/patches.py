@@ -28,6 +28,8 @@ class Patches:
         self._undo: list[Callable[[], None]] = []
         self._held: set[tuple[int, str]] = set()
         self._replaced: dict[str, Any] = {}     # sys.modules name -> the module it held
+        self._entries: dict[str, Any] = {}      # sys.modules name -> what this recorder put there
+        self._finders: list[Any] = []
 
     def attr(self, target: Any, name: str, value: Any) -> Any:
         """Set `target.name = value`; restore() puts back what was there. Returns the value
@@ -50,6 +52,7 @@ class Patches:
             before = sys.modules.get(name, _ABSENT)
             sys.modules[name] = module
             self._held.add((id(sys.modules), name))
+            self._entries[name] = module
             if before is not _ABSENT and before is not None:
                 self._replaced.setdefault(name, before)
 
@@ -80,6 +83,7 @@ class Patches:
         if (id(sys.modules), name) not in self._held:
             raise KeyError(f"switch_module({name!r}) of an entry this recorder does not hold")
         sys.modules[name] = module
+        self._entries[name] = module
 
     def finder(self, finder: Any, *, first: bool = False) -> None:
         """Put a meta-path finder on sys.meta_path (ahead of the others when `first`);
@@ -89,6 +93,7 @@ class Patches:
                 sys.meta_path.insert(0, finder)
             else:
                 sys.meta_path.append(finder)
+            self._finders.append(finder)
             self._undo.append(lambda: sys.meta_path.remove(finder) if finder in sys.meta_path else None)
 
     def on_import(self, module_name: str, patch: Callable[[Any], None]) -> None:
@@ -98,6 +103,14 @@ class Patches:
         with self._lock:
             self._undo.append(lambda: hooks.forget(module_name, patch))
         hooks.when_imported(module_name, patch)
+
+    def lost(self) -> list[str]:
+        """The sys.modules entries and meta-path finders this recorder put in place that are
+        no longer there: something outside hosting put sys.modules or sys.meta_path back
+        (pytester's in-process run restores both from a snapshot)."""
+        with self._lock:
+            out = [name for name, mod in self._entries.items() if sys.modules.get(name) is not mod]
+            return out + [f"finder {type(f).__name__}" for f in self._finders if f not in sys.meta_path]
 
     def on_restore(self, undo: Callable[[], None]) -> None:
         """Run `undo` at restore(), in reverse order with the other patches."""
@@ -110,6 +123,8 @@ class Patches:
                 self._undo.pop()()
             self._held.clear()
             self._replaced.clear()
+            self._entries.clear()
+            self._finders.clear()
 
 
 def _put_back(target: Any, name: str, own: Any, before: Any) -> None:

@@ -42,6 +42,15 @@ class Surface:
             if self._depth == 1:
                 self.patch(self.patches)
 
+    def reapply(self) -> None:
+        """Patch again after something outside hosting put sys.modules or sys.meta_path back
+        behind this surface (its flags still say installed): undo what is left of its patches
+        and make them all again, at the same nesting depth."""
+        with self._lock:
+            if self._depth > 0:
+                self.patches.restore()
+                self.patch(self.patches)
+
     def uninstall(self) -> None:
         with self._lock:
             if self._depth == 0:
@@ -104,6 +113,8 @@ def install_all(modules: Sequence[str] = ()) -> None:
             if not s.installed:
                 s.install()
                 s.installed = True
+            elif s.patches.lost():
+                s.reapply()
 
 
 def uninstall_all() -> None:
