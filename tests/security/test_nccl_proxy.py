@@ -16,23 +16,19 @@ import pytest
 
 from commsim.libmodels.nccl.proxy import ProxySocket, _name, fetch
 
+from .helpers import FORKED, fork_child
+
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="becoming another user needs root")
 
 
 def _as_nobody(child) -> tuple[int, int]:
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            child(w)
-        finally:
-            os._exit(0)
-    os.close(w)
-    return pid, r
+    """fork_child, the child having become uid 65534 first."""
+    def as_nobody(w: int) -> None:
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        child(w)
+    return fork_child(as_nobody)
 
 
 def _read(r: int) -> bytes:
@@ -69,6 +65,7 @@ def test_a_proxy_hands_no_fd_to_another_users_process():
     pid, r = _as_nobody(child)
     said = _read(r)
     os.waitpid(pid, 0)
+    FORKED.remove(pid)
     proxy.close()
     for fd in (secret_r, secret_w):
         os.close(fd)
@@ -100,3 +97,4 @@ def test_a_rank_takes_no_fd_from_a_listener_another_user_bound_first():
     os.close(r)
     os.kill(pid, 9)
     os.waitpid(pid, 0)
+    FORKED.remove(pid)
