@@ -20,10 +20,9 @@ rank order, rounded once)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from commsim.discovery import GroupView
 from commsim.kernels import collectives as K
@@ -34,6 +33,10 @@ from commsim.libmodels.nccl_rules import NcclDecision, decide, machine_from_view
 from commsim.topology.truth import GroupFacts
 from commsim.backends.base import Backend, Eligibility, SetupFailed
 from commsim.backends.registry import register_backend
+
+# torch where a tensor is handled (run): the launcher of `exec` loads the backends, never runs one.
+if TYPE_CHECKING:
+    import torch
 
 # Whether the backend runs the simulated NCCL on the machine (set-up through the driver,
 # bytes over the connections) or, as before, decides by the rules alone and combines the
@@ -143,6 +146,7 @@ class NcclBackend(Backend):
         return "ring"
 
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
+        import torch
         self.round += 1
         a = x.contiguous()
         raw = (a.view(torch.int16) if a.dtype == torch.bfloat16 else a).numpy()   # a view
@@ -167,6 +171,7 @@ class NcclBackend(Backend):
         if op == "reduce_scatter":
             per = x.numel() // self.ws
             res = res[self.rank * per:(self.rank + 1) * per]
+        import torch
         # A combined result is shared by the ranks of this process: each gets its own copy.
         out = torch.from_numpy(np.array(res)).view(x.dtype)
         return out if op != "all_reduce" and op != "all_reduce_rmsnorm" else out.reshape(x.shape)

@@ -20,14 +20,12 @@ from typing import Any
 
 from commsim.backends import nccl as nccl_backend
 from commsim.policy import Policy, resolve
+from commsim.scenario.failure_kinds import KINDS
 from commsim.scenario.faults import OOM_ERRORS, get_fault, injected_errors
 from commsim.scenario.knobs import judge_knob
 from commsim.scenario.legal import group_truth, legal_backends
 from commsim.scenario.model import Scenario
 from commsim.scenario.nccl_truth import NcclOutcome, nccl_outcome
-
-KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic",
-         "knob-outcome", "nccl-outcome")
 
 
 # -- the verdict ----------------------------------------------------------------------------------
