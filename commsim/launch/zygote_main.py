@@ -80,7 +80,9 @@ def preload(opt_in: list[str], where: str) -> str:
         importlib.import_module(name)
     from commsim.hosting.install.registry import surfaces
     from commsim.hosting.surfaces.table import MODULES
+    from commsim.versions import installed
     surfaces(MODULES)                     # what bootstrap's install_all imports
+    installed()                           # the installed versions every rank's machine reads
     ran: list[str] = []
     if opt_in:
         from torch.overrides import TorchFunctionMode
@@ -107,6 +109,25 @@ def preload(opt_in: list[str], where: str) -> str:
     if n > 1:
         return f"the zygote runs {n} threads after its imports (fork copies only one)"
     return ""
+
+
+def warm_run(env: dict[str, str], cwd: str) -> None:
+    """Make, before the fork, what every rank of a run would otherwise make alone after it and
+    alike: the machine of a scenario generated from its id (topology, placement, faults: a
+    pure function of the id, which load_scenario caches), so that a run's ranks inherit one.
+    Only a generated id: a scenario file may change between the runs the zygote serves. What
+    fails here fails again in the rank, which reports it."""
+    path = env.get("COMMSIM_HOSTING", "")
+    if not path:
+        return
+    from commsim.launch.config import RunConfig, load_scenario
+    from commsim.scenario.generate import _ID
+    try:
+        spec = RunConfig.load(path).scenario
+        if spec and _ID.match(spec.strip()) and not os.path.exists(os.path.join(cwd, spec)):
+            load_scenario(spec)
+    except Exception:
+        pass
 
 
 def _reap(sock: socket.socket) -> None:
@@ -156,6 +177,7 @@ def serve(sock: socket.socket, why: str) -> tuple[dict, list[int]]:
                 os.close(fd)
             send(sock, {"refused": refuse})
             continue
+        warm_run(req.get("env", {}), req.get("cwd", ""))
         sync_r, sync_w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -201,7 +223,11 @@ def become_rank(req: dict, fds: list[int]) -> None:
     first = os.getcwd() if argv[0] == "-m" else os.path.dirname(os.path.abspath(argv[0]))
     pp = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [first] + pp + req["site_path"]
-    sys.path_importer_cache.clear()
+    # The finders the zygote cached stay (freeing them all was 5 ms a rank, each a
+    # copy-on-write fault); invalidate_caches makes them list their directories again, and a
+    # path cached as having no finder (it did not exist then) is looked at afresh.
+    for where in [k for k, v in sys.path_importer_cache.items() if v is None]:
+        del sys.path_importer_cache[where]
     importlib.invalidate_caches()
     _process.attr(sys, "orig_argv", [sys.executable] + list(argv))
     import tempfile

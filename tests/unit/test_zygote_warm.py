@@ -1,0 +1,38 @@
+"""The zygote makes a generated scenario's machine once before it forks a run's ranks (each
+rank then finds it in load_scenario's cache instead of generating it again); a scenario file
+is never cached there, since it may change between the runs one zygote serves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from commsim.launch.config import RunConfig, load_scenario
+from commsim.launch.zygote_main import warm_run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(tmp_path: Path, scenario: str) -> dict[str, str]:
+    path = tmp_path / f"config-{len(list(tmp_path.glob('config-*')))}.json"
+    RunConfig(scenario=scenario, mode="procs", command=["prog.py"]).dump(str(path))
+    return {"COMMSIM_HOSTING": str(path)}
+
+
+def test_a_generated_id_is_built_before_the_fork(tmp_path):
+    load_scenario.cache_clear()
+    warm_run(_config(tmp_path, "s3-5"), str(tmp_path))
+    assert load_scenario.cache_info().currsize == 1
+    hits = load_scenario.cache_info().hits
+    sc = load_scenario("s3-5")                     # what a forked rank then asks for
+    assert load_scenario.cache_info().hits == hits + 1
+    assert sc.world_size >= 1
+
+
+def test_a_scenario_file_and_a_run_without_hosting_are_left_alone(tmp_path):
+    load_scenario.cache_clear()
+    toml = next(p for p in sorted((ROOT / "scenarios").rglob("*.toml")))
+    warm_run(_config(tmp_path, str(toml)), str(tmp_path))
+    warm_run({}, str(tmp_path))
+    (tmp_path / "s0-1").write_text("")            # a file named like an id, in the rank's cwd
+    warm_run(_config(tmp_path, "s0-1"), str(tmp_path))
+    assert load_scenario.cache_info().currsize == 0
