@@ -37,6 +37,7 @@ import socket
 import sys
 import threading
 import weakref
+from types import CodeType
 from typing import Any, NoReturn
 
 from commsim.hosting.install.patches import Patches
@@ -54,6 +55,9 @@ PR_SET_PDEATHSIG = 1            # linux/prctl.h
 MAX_MESSAGE = 1 << 20           # a spawn request: argv, environment, cwd
 _process = Patches()            # what a child changes for its life (never restored)
 _real_exit = posix._exit        # before the bootstrap wraps it
+PROGRAMS_KEPT = 8
+# (absolute path, path as given) -> (source, code): programs compiled in the zygote
+_programs: dict[tuple[str, str], tuple[bytes, CodeType]] = {}
 
 
 def send(sock: socket.socket, msg: dict) -> None:
@@ -130,6 +134,39 @@ def warm_run(env: dict[str, str], cwd: str) -> None:
         pass
 
 
+def _compiled(path: str, where: str) -> tuple[tuple[str, str], bytes, CodeType]:
+    key = (os.path.abspath(os.path.join(where, path)), path)
+    with io.open_code(key[0]) as f:
+        source = f.read()
+    got = _programs.get(key)
+    if got is not None and got[0] == source:
+        return key, source, got[1]
+    return key, source, compile(source, path, "exec", dont_inherit=True)
+
+
+def program_code(path: str, where: str = "") -> CodeType:
+    """`path`'s code as `python PATH` compiles it (relative to the directory `where`, the
+    rank's cwd): with none of this module's __future__ flags (compile inherits its caller's
+    unless dont_inherit, and this module's `annotations` turned every annotation of a forked
+    rank's program into a string). A program the zygote compiled before (warm_program) is
+    not compiled again when its bytes are the same."""
+    return _compiled(path, where)[2]
+
+
+def warm_program(argv: list[str], cwd: str) -> None:
+    """Compile the program (`python PROG`, not `-m`) before the fork, once for all the ranks
+    and runs that run its same bytes; what fails here fails again in the rank."""
+    if not argv or argv[0] == "-m":
+        return
+    try:
+        key, source, code = _compiled(argv[0], cwd)
+    except Exception:
+        return
+    if key not in _programs and len(_programs) >= PROGRAMS_KEPT:
+        _programs.pop(next(iter(_programs)))
+    _programs[key] = (source, code)
+
+
 def _reap(sock: socket.socket) -> None:
     while True:
         try:
@@ -178,6 +215,7 @@ def serve(sock: socket.socket, why: str) -> tuple[dict, list[int]]:
             send(sock, {"refused": refuse})
             continue
         warm_run(req.get("env", {}), req.get("cwd", ""))
+        warm_program(req.get("argv", []), req.get("cwd", ""))
         sync_r, sync_w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -309,9 +347,7 @@ def run_program(argv: list[str]) -> NoReturn:
             d.update(__name__="__main__", __doc__=None, __package__=None, __spec__=None,
                      __file__=path, __cached__=None, __builtins__=builtins,
                      __loader__=importlib.machinery.SourceFileLoader("__main__", path))
-            with io.open_code(path) as f:
-                code = compile(f.read(), path, "exec")
-            exec(code, d)
+            exec(program_code(path), d)
     except SystemExit as e:
         interpreter_exit(_exit_status(e.code))
     except BaseException as e:

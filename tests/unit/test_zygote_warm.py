@@ -1,13 +1,14 @@
 """The zygote makes a generated scenario's machine once before it forks a run's ranks (each
 rank then finds it in load_scenario's cache instead of generating it again); a scenario file
-is never cached there, since it may change between the runs one zygote serves."""
+is never cached there, since it may change between the runs one zygote serves. The program
+is compiled there too, as `python PROG` compiles it, and reused only for the same bytes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from commsim.launch.config import RunConfig, load_scenario
-from commsim.launch.zygote_main import warm_run
+from commsim.launch.zygote_main import program_code, warm_program, warm_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,3 +37,24 @@ def test_a_scenario_file_and_a_run_without_hosting_are_left_alone(tmp_path):
     (tmp_path / "s0-1").write_text("")            # a file named like an id, in the rank's cwd
     warm_run(_config(tmp_path, "s0-1"), str(tmp_path))
     assert load_scenario.cache_info().currsize == 0
+
+
+def test_a_forked_rank_compiles_its_program_as_python_does(tmp_path):
+    # zygote_main itself has `from __future__ import annotations`; the program must not.
+    prog = tmp_path / "prog.py"
+    prog.write_text("def f(x: int) -> None:\n    pass\n")
+    ns: dict = {}
+    exec(program_code(str(prog)), ns)
+    assert ns["f"].__annotations__ == {"x": int, "return": None}
+
+
+def test_a_program_compiled_in_the_zygote_is_reused_only_for_the_same_bytes(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text("X = 1\n")
+    warm_program(["prog.py", "--flag"], str(tmp_path))
+    first = program_code("prog.py", str(tmp_path))
+    assert program_code("prog.py", str(tmp_path)) is first
+    prog.write_text("X = 2\n")                    # changed between two runs of a sweep
+    ns: dict = {}
+    exec(program_code("prog.py", str(tmp_path)), ns)
+    assert ns["X"] == 2
