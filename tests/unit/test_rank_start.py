@@ -1,7 +1,9 @@
-"""The zygote makes a generated scenario's machine once before it forks a run's ranks (each
-rank then finds it in load_scenario's cache instead of generating it again); a scenario file
-is never cached there, since it may change between the runs one zygote serves. The program
-is compiled there too, as `python PROG` compiles it, and reused only for the same bytes."""
+"""What a rank starts from. The zygote makes a generated scenario's machine once before it
+forks a run's ranks (each then finds it in load_scenario's cache instead of generating it
+again); a scenario file is never cached there, since it may change between the runs one
+zygote serves. A rank's program is compiled as `python PROG` compiles it, forked (once, in
+the zygote, reused only for the same bytes) or in process: without the __future__ flags of
+the commsim module that compiles it."""
 
 from __future__ import annotations
 
@@ -58,3 +60,12 @@ def test_a_program_compiled_in_the_zygote_is_reused_only_for_the_same_bytes(tmp_
     ns: dict = {}
     exec(program_code("prog.py", str(tmp_path)), ns)
     assert ns["X"] == 2
+
+
+def test_an_in_process_rank_compiles_its_program_as_python_does(tmp_path):
+    from commsim.launch.inproc import main_module
+    prog = tmp_path / "prog.py"
+    prog.write_text("def f(x: int) -> None:\n    pass\n")
+    mod, code = main_module([str(prog)])
+    exec(code, mod.__dict__)
+    assert mod.f.__annotations__ == {"x": int, "return": None}
