@@ -207,6 +207,9 @@ def serve(sock: socket.socket, why: str) -> tuple[dict, list[int]]:
         if req.get("op") == "exit":
             _end_children()
             os._exit(0)
+        if not why:               # before the thread count: it counts what these left too
+            warm_run(req.get("env", {}), req.get("cwd", ""))
+            warm_program(req.get("argv", []), req.get("cwd", ""))
         n = threads()
         refuse = why or (f"the zygote runs {n} threads (fork copies only one)" if n > 1 else "")
         if refuse:
@@ -214,8 +217,6 @@ def serve(sock: socket.socket, why: str) -> tuple[dict, list[int]]:
                 os.close(fd)
             send(sock, {"refused": refuse})
             continue
-        warm_run(req.get("env", {}), req.get("cwd", ""))
-        warm_program(req.get("argv", []), req.get("cwd", ""))
         sync_r, sync_w = os.pipe()
         pid = os.fork()
         if pid == 0:
