@@ -246,9 +246,13 @@ def broadcast(r: HostedRank, g: GroupNccl, share: Share, t: Any, root: int) -> N
 
 def barrier(r: HostedRank, g: GroupNccl, share: Share) -> None:
     """An all-reduce of one element on the group's device: the one its communicator was
-    made on, else the current one (torch guesses one when none is bound: UNCONFIRMED
-    whether 2.13 guesses rank % device_count or takes the current device)."""
-    dev = g.device if g.device >= 0 else torch.cuda.current_device()
+    made on (bound by device_id or used before), else guessDeviceId's guess, the group
+    rank modulo the visible devices, with its warning (ProcessGroupNCCL.cpp)."""
+    dev = g.device
+    if dev < 0:
+        dev = g.rank % torch.cuda.device_count()
+        r.events.note(f"ProcessGroupNCCL: using GPU {dev} as device used by this process is "
+                      f"currently unknown (barrier before any collective bound one)")
     one = torch.zeros(1, device=torch.device("cuda", dev))
     all_reduce(r, g, share, one, None)
 
