@@ -403,7 +403,7 @@ def _comm_init_rank(out: int, nranks: int, unique: Any, rank: int) -> None:
     if int(err) != 0:
         raise NcclFailure(UNHANDLED_CUDA, f"{api} : cudaGetDevice failed ({int(err)})")
     m = nc.rendezvous(r, st, blob[:nc.ID_BYTES], nranks, rank, site)
-    nccl = nc.init_nccl(r, m.group, rank, nranks)
+    nccl = nc.init_nccl(r, m.group, rank, nranks, key=f"{blob[:nc.ID_BYTES].hex()}/{m.ctx}")
     handle = nc.new_handle(st)
     st.comms[handle] = Comm(handle, nranks, rank, int(device), m.group, m.transport, m.ctx,
                             m.members, nccl=nccl)

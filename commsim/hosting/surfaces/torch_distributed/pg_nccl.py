@@ -39,9 +39,10 @@ from typing import Any, Callable
 
 import torch
 
-from commsim.hosting.state.session import HostedRank
+from commsim.hosting.state.session import HostedRank, bound
 from commsim.hosting.surfaces.nccl import comm as nc
 from commsim.hosting.surfaces.nccl import libnccl
+from commsim.hosting.surfaces.torch.memory import before_exit
 from commsim.runtime.diagnosis import HangDetected
 
 # Where C10D_NCCL_CHECK raises (see the module's note: the line is UNCONFIRMED for 2.13).
@@ -157,7 +158,19 @@ def connect(r: HostedRank, g: GroupNccl, device: int,
     with torch.cuda.device(device):
         _check(r, libnccl.call("ncclCommInitRank", ctypes.addressof(out), g.size, blob, g.rank))
     g.comm, g.device = int(out.value), device
+    before_exit(r, lambda: _abort_at_exit(r, g))
     return g.comm
+
+
+def _abort_at_exit(r: HostedRank, g: GroupNccl) -> None:
+    """A group the program never destroyed: ProcessGroupNCCL's destructor aborts its
+    communicators at the process's exit (its "process group has NOT been destroyed"
+    warning), so what set-up made is released and the residue lists only the program's."""
+    if g.comm:
+        r.events.note("ProcessGroupNCCL: process group has NOT been destroyed before the "
+                      "process exited; its NCCL communicator was aborted")
+        with bound(r):
+            g.close()
 
 
 def _watchdog(g: GroupNccl, op_type: str, numel_in: int, numel_out: int) -> str:
