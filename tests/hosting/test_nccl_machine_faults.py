@@ -265,3 +265,24 @@ def test_a_small_dev_shm_fails_the_shm_segments(module_surfaces, monkeypatch):
     assert all(g["init"] == 0 and g["ar"] in (2, 6) for g in got), got
     assert any(g["last"] == "Error while creating shared memory segment /dev/shm/nccl-XXXXXX (size "
                "9637888), error: No space left on device (28)" for g in got), got
+
+
+@pytest.mark.parametrize("mode, does", [(None, "(SkipCleanUp): the process is taken down"),
+                                        ("0", "no handling (TORCH_NCCL_ASYNC_ERROR_HANDLING=0)")])
+def test_lost_peer_writes_are_a_watchdog_timeout_in_torch(hosting, monkeypatch, mode, does):
+    """The same dropped peer writes under torch.distributed "nccl": the hang is named as
+    ProcessGroupNCCL's watchdog names it, the collective's WorkNCCL and what
+    TORCH_NCCL_ASYNC_ERROR_HANDLING makes of it (3, SkipCleanUp, by default)."""
+    if mode is not None:
+        monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", mode)
+    _, ranks = S.ranks(H100, [(0, 0), (0, 1)], mutate=_mutate(
+        Fault("p2p_writes_lost", cause="dropped", **PAIR)))
+    for r in ranks:
+        r.mode = "inproc"
+    errs = [o.error for o in S.run(ranks, _torch_body)]
+    assert all(isinstance(e, HangDetected) for e in errs), errs
+    text = str(errs[0])
+    assert text.startswith("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL("
+                           "SeqNum=1, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, "
+                           "Timeout(ms)=600000) ran for 600000 milliseconds before timing out"), text
+    assert does in text and "over P2P/CUMEM" in text, text

@@ -1,5 +1,5 @@
 """ProcessGroupNCCL of a hosted rank: torch.distributed's "nccl" backend over the rank's
-simulated NCCL, through the same C calls the ctypes libnccl surface serves (nccl/libnccl.py),
+simulated NCCL (rules NC18-NC22 of docs/lifecycle-rules.md), through the same C calls the ctypes libnccl surface serves (nccl/libnccl.py),
 so every machine fault that reaches NCCL reaches a torch.distributed "nccl" program too.
 
 Sources: torch/csrc/distributed/c10d/ProcessGroupNCCL.{hpp,cpp}, NCCLUtils.{hpp,cpp} (the
