@@ -426,7 +426,6 @@ DIST_NCCL = PROGRAMS / "dist_nccl.py"
 
 @pytest.mark.parametrize("scenario, args", [
     ("", ["--check"]),             # lazy init at the first all-reduce, every rank's bytes checked
-    ("", ["--eager", "--check"]),  # device_id: the communicator made by init_process_group
     # no /dev/nvidia-caps: NCCL's multicast create fails init on rank 0 (row MC3), its peers
     # see ncclRemoteError; torch raises both as DistBackendError
     ("scenarios/fidelity/multicast-container-no-caps.toml", []),
