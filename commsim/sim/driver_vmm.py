@@ -44,14 +44,14 @@ class VmmCalls:
         gpu = self.cluster.gpu(g)
         types = _prop_handle_types(prop)
         if size <= 0 or size % unconfirmed.GRANULARITY_MIN or types < 0 or types & ~(FD | FABRIC | 0x6):
-            raise Fail(unconfirmed.code("V1"))
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)     # row V1 (torch_memory_saver#82)
         if not gpu.vmm:
             raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
         if types & FD and not gpu.posix_fd:
             raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
         if types & FABRIC:
             if not gpu.fabric_handle:
-                raise Fail(unconfirmed.code("V4"))
+                raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)     # row V4 (NCCL src/allocator.cc)
             if not self.imex_channels() and self.fabric.rule_on("V3"):
                 raise Fail(R.CUDA_ERROR_NOT_PERMITTED)      # row V3 (DeepEP#487, IMEX guide)
             if not self._fabric_ready(g):
