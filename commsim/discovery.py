@@ -105,7 +105,8 @@ def probe(driver: Driver, rank: int) -> RankInfo:
     # neither askable nor probeable from here (None).
     host_of = getattr(driver, "nvml_host_index", None)
     host_index = [j if host_of is None else host_of(j) for j in range(nvml_count)]
-    width = max(host_index, default=-1) + 1
+    slots = getattr(driver, "host_gpu_count", None)
+    width = max(max(host_index, default=-1) + 1, slots() if slots is not None else 0)
     ordinal_of = {_nvml_index(driver, o): o for o in range(n)}
     at = {k: j for j, k in enumerate(host_index)}        # host index -> NVML index
     p2p = tuple(None if k not in at else True if at[k] == me else

@@ -207,6 +207,11 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         processes whose containers number their GPUs differently (row W3)."""
         return self._nvml_refs()[index].index
 
+    def host_gpu_count(self) -> int:
+        """How many GPUs the host has: only the width of facts kept by host index (a process
+        in a container cannot read it; what lies outside its container stays unknown)."""
+        return len(self._host.gpus)
+
     def nvmlDeviceGetCount(self) -> tuple:
         """NVML sees every GPU of the host, or of the container's device cgroup;
         CUDA_VISIBLE_DEVICES does not apply (rows W1, W3)."""

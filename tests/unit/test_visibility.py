@@ -113,3 +113,19 @@ def test_two_processes_on_one_gpu_share_its_memory_through_legacy_ipc() -> None:
                                              LAZY_ENABLE_PEER_ACCESS))
     check("close", b.cudaIpcCloseMemHandle(q))
     check("free", a.cudaFree(p))
+
+
+def test_placement_lists_that_hide_a_ranks_own_gpu_are_refused_by_field() -> None:
+    import pytest
+    from commsim.scenario.fields import ScenarioError
+    from commsim.scenario.schema import loads
+    head = ('[scenario]\nname = "v"\n[topology]\npreset = "hgx-h100-8"\n'
+            '[placement]\ngpus = ["hgx-h100-0/0", "hgx-h100-0/3"]\n')
+    with pytest.raises(ScenarioError, match=r"\[placement\] visible: rank 1 drives hgx-h100-0/3"):
+        loads(head + 'visible = ["", "0,-1,3"]\n')
+    with pytest.raises(ScenarioError, match=r"devices: rank 0: '9' is not a GPU of the host"):
+        loads(head + 'devices = ["9", ""]\n')
+    with pytest.raises(ScenarioError, match=r"visible: lists 1 entries for 2 rank"):
+        loads(head + 'visible = ["0"]\n')
+    sc = loads(head + 'devices = ["0,1", "2,3"]\nvisible = ["", "1"]\n')
+    assert sc.view(1).devices == "2,3" and sc.view(0).visible is None
