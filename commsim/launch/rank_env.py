@@ -35,7 +35,8 @@ def visible_of(cfg: RunConfig, rank: int, cluster: Any) -> tuple[int, ...]:
     if cfg.visible == "one":
         return (gi,)
     if visible_devices.is_list(cfg.visible):
-        return visible_devices.seen(cfg.visible, len(cluster.host(host).gpus))
+        return visible_devices.seen(visible_devices.for_rank(cfg.visible, rank),
+                                    visible_devices.host_uuids(cluster.host(host)))
     return tuple(g.index for g in cluster.host(host).gpus)
 
 
@@ -100,7 +101,7 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
     if cfg.visible == "one":
         env["CUDA_VISIBLE_DEVICES"] = str(gi)
     elif visible_devices.is_list(cfg.visible):
-        env["CUDA_VISIBLE_DEVICES"] = cfg.visible
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices.for_rank(cfg.visible, rank)
     else:
         env.pop("CUDA_VISIBLE_DEVICES", None)
     return env

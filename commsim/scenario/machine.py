@@ -130,7 +130,7 @@ def _views(t: Table, refs: Sequence[GpuRef], cluster: Cluster) -> tuple[RankView
         return ()
     out = []
     for r, (g, dev, vis) in enumerate(zip(refs, devices, visible)):
-        uuids = [x.uuid or str(x.index) for x in cluster.host(g.host).gpus]
+        uuids = visibility.host_uuids(cluster.host(g.host))
         try:
             seen = visibility.process_view(uuids, dev, vis)
         except ValueError as e:

@@ -100,7 +100,7 @@ def spawn_rank(fabric: Any, sc: Scenario, rank: int) -> Any:
     host = sc.cluster.host(g.host)
     visible = container = None
     if view.devices is not None or view.visible is not None:
-        uuids = [x.uuid or str(x.index) for x in host.gpus]
+        uuids = visibility.host_uuids(host)
         visible = list(visibility.process_view(uuids, view.devices, view.visible))
         if view.devices is not None:
             container = visibility.container_devices(view.devices, len(host.gpus))

@@ -23,9 +23,14 @@ than one GPU shares, are taken as invalid entries.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 _INDEX = re.compile(r"\d+")
+
+
+def host_uuids(host: Any) -> list[str]:
+    """The UUIDs a host's GPUs answer to in CUDA_VISIBLE_DEVICES (their index where unset)."""
+    return [g.uuid or str(g.index) for g in host.gpus]
 
 
 def _resolve_entry(entry: str, uuids: Sequence[str]) -> int | None:
