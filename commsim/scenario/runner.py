@@ -53,6 +53,7 @@ class RunResult:
     explain: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)         # unmet expectations
     outcomes: list[str] = field(default_factory=list)         # met non-error expectations (outcomes.py)
+    unmet: list[str] = field(default_factory=list)            # unmet ones (also in failures)
     # The schedule's events (thread mode; process mode has none): hashed only when asked,
     # since a sweep compares hashes only for the scenarios it runs twice.
     trace: list[tuple] | None = field(default=None, repr=False)
@@ -99,13 +100,13 @@ def spawn_rank(fabric: Any, sc: Scenario, rank: int) -> Any:
     view = sc.view(rank)
     host = sc.cluster.host(g.host)
     visible = container = None
-    if view.devices is not None or view.visible is not None:
+    if view.devices is not None:
+        container = visibility.container_devices(view.devices, len(host.gpus))
+    if host.container.one_gpu_per_process:
+        visible = [g.index]
+    elif view.devices is not None or view.visible is not None:
         uuids = visibility.host_uuids(host)
         visible = list(visibility.process_view(uuids, view.devices, view.visible))
-        if view.devices is not None:
-            container = visibility.container_devices(view.devices, len(host.gpus))
-    elif host.container.one_gpu_per_process:
-        visible = [g.index]
     return spawn_driver(fabric, g, faults_for(sc, rank), visible=visible, container=container)
 
 
