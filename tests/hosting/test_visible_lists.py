@@ -60,3 +60,24 @@ def test_per_rank_lists_must_match_the_ranks() -> None:
     cfg = RunConfig(machine="hgx-h100-8:1", nproc_per_host=2, visible="0;1;2", command=["p.py"])
     with pytest.raises(UserError, match="3 per-rank lists for 2 rank"):
         cfg.resolve()
+
+
+def test_a_scenarios_containers_and_lists_reach_the_hosted_program() -> None:
+    """`commsim exec --scenario` with `[placement] devices` / `visible` (row W3): each process's
+    CUDA and NVML enumerate only its container's two GPUs, NVML indices are the container's,
+    and rank 3's CUDA_VISIBLE_DEVICES=1,0 (container indices) reverses its ordinals."""
+    import io
+    import os
+    from commsim.launch.run import execute
+    from hosting_helpers import results
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "scenarios", "fidelity",
+                        "container-device-cgroups.toml")
+    cfg = RunConfig(scenario=os.path.abspath(path), mode="inproc",
+                    command=[str(PROGRAMS / "visible_list.py")])
+    out = io.StringIO()
+    v = execute(cfg, out=out, err=out)
+    res = results(out.getvalue())
+    assert v.exit_code == 0, out.getvalue()
+    for r in (0, 1, 2):
+        assert res[r] == {"rank": r, "count": 2, "order": [0, 1], "env": None, "nvml_count": 2}
+    assert res[3] == {"rank": 3, "count": 2, "order": [1, 0], "env": "1,0", "nvml_count": 2}
