@@ -51,7 +51,7 @@ class VmmCalls:
             raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
         if types & FABRIC:
             if not gpu.fabric_handle:
-                raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)     # row V4 (NCCL src/allocator.cc)
+                raise Fail(unconfirmed.code("V4"))
             if not self.imex_channels() and self.fabric.rule_on("V3"):
                 raise Fail(R.CUDA_ERROR_NOT_PERMITTED)      # row V3 (DeepEP#487, IMEX guide)
             if not self._fabric_ready(g):

@@ -20,6 +20,7 @@ R = cu.CUresult
 UNCONFIRMED: dict[str, tuple[object, str]] = {
     "L7": (E.cudaErrorInvalidResourceHandle, "second context opening the same exporter's handle"),
     "L13": (E.cudaErrorInvalidValue, "flags != cudaIpcMemLazyEnablePeerAccess: docs require it"),
+    "V4": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate(FABRIC) where attribute 128 is 0"),
     "V7": (R.CUDA_ERROR_NOT_PERMITTED, "FABRIC import from another NVLink domain (flagged)"),
     "V10": (R.CUDA_ERROR_INVALID_VALUE, "cuMemMap onto a range that is not reserved or is mapped"),
     "V12": (R.CUDA_ERROR_INVALID_VALUE, "cuMemUnmap of a sub-range of a mapping"),
@@ -61,12 +62,17 @@ def code(row: str):
 
 # row -> what was searched for the exact code and did not pin it (kept so the next search
 # starts where this one stopped). Settled and moved to the rules docs with their sources:
-# V1, V4, M5 (docs/driver-rules.md).
+# V1, M5 (docs/driver-rules.md).
 SEARCHED: dict[str, str] = {
     "L7": "docs state the one-context restriction only; no report of a second context's open "
           "(commsim has no cuCtxCreate, so the row is unreachable)",
     "L13": "cudaIpcOpenMemHandle docs (flags must be the lazy flag); no report or library "
            "check of another flag's code",
+    "V4": "NVIDIA/nccl src/allocator.cc (v2.23.4-1 to v2.30.7-1) retries a FABRIC cuMemCreate "
+          "answered NOT_PERMITTED or NOT_SUPPORTED without FABRIC (for this code), but "
+          "pytorch/pytorch#173606 (Jan 2026) says cuMemCreate accepts FABRIC on devices that "
+          "cannot use it and the export then fails 'invalid argument' (the device's attribute "
+          "not stated): conflicting, kept",
     "V7": "NCCL src/mnnvl.cc, src/graph/paths.cc (v2.30.7-1) and FlashInfer mnnvl.py check "
           "clusterUuid before any import, so no caller meets the code",
     "V10": "cuda.h cuMemMap return list; issues on cuMemMap errors (microsoft/mscclpp#451: a "
