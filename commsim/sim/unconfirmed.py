@@ -82,8 +82,9 @@ SEARCHED: dict[str, str] = {
            "CUDA_ERROR_INVALID_VALUE: a reading, not a run), NVlabs/instant-ngp#954 (INVALID_VALUE "
            "from cuMemAddressFree of an arena still mapped: another condition)",
     "M1": "NCCL src/transport/nvls.cc (v2.30.7-1), PyTorch c10d cuda/utils.cpp "
-          "(deviceSupportsMulticast), UCC tl_cuda_nvls all read attribute 132 before "
-          "cuMulticastCreate, so none handles the create's code",
+          "(deviceSupportsMulticast, pytorch/pytorch#136577), UCC tl_cuda_nvls, "
+          "ThunderKittens#149 and vllm-project/vllm#33274 all read attribute 132 before "
+          "cuMulticastCreate, so no report shows the create's code",
     "M6": "cuda.h cuMulticastUnbind (undefined); no report",
     "X1": "NVIDIA/cuda-python#27 (INVALID_VALUE from a NULL out-pointer, another cause)",
     "X2": "cuda.h cuMemCreate / cuMulticastBindMem return lists; no report of FABRIC create "
