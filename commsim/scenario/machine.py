@@ -20,6 +20,7 @@ from commsim.scenario.model import Fault, RankView
 from commsim.sim import visibility
 
 PRESET_KEYS = ("preset", "hosts")
+PLACEMENT_KEYS = ("ranks", "gpus", "devices", "visible")
 MATRIX_KEYS = ("hosts", "host_prefix", "gpu_model", "domain", "matrix", "p2p_matrix")
 
 
@@ -85,7 +86,7 @@ def placement(source: str, data: Mapping[str, Any] | None,
               cluster: Cluster) -> tuple[tuple[GpuRef, ...], tuple[RankView, ...]]:
     """rank -> GPU, and what each rank's process sees. Default: the first `ranks` GPUs in
     cluster order (hosts, then index), each process seeing its whole host."""
-    t = Table(source, "[placement]", data or {}, ("ranks", "gpus", "devices", "visible"))
+    t = Table(source, "[placement]", data or {}, PLACEMENT_KEYS)
     total = cluster.num_gpus
     ranks = t.integer("ranks", minimum=1, what="world size")
     items = t.array("gpus", 'gpus = ["host/0", "host/1"]')

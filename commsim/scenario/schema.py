@@ -162,7 +162,7 @@ def _check_sections(doc: Mapping[str, Any], source: str) -> None:
 def _owner_of(key: str) -> str:
     """The table a stray top-level key most likely belongs to (for the hint)."""
     for table, keys in (("[scenario]", SCENARIO_KEYS), ("[topology]", machine.PRESET_KEYS),
-                        ("[workload]", WORKLOAD_KEYS), ("[placement]", ("ranks", "gpus"))):
+                        ("[workload]", WORKLOAD_KEYS), ("[placement]", machine.PLACEMENT_KEYS)):
         if key in keys:
             return table
     return ""
