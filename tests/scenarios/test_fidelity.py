@@ -31,6 +31,7 @@ DECIDED_BY = {
     "visible-devices-reordered": ("tp", "ipc: admitted"),
     "container-device-cgroups": ("tp", "ipc: declined: some pair of GPUs has no P2P access"),
     "processes-sharing-a-gpu": ("tp", "Duplicate GPU detected : rank 1 and rank 0"),
+    "visible-devices-uuid-cut": ("tp", "ipc: admitted"),
 }
 
 

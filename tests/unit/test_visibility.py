@@ -129,3 +129,15 @@ def test_placement_lists_that_hide_a_ranks_own_gpu_are_refused_by_field() -> Non
         loads(head + 'visible = ["0"]\n')
     sc = loads(head + 'devices = ["0,1", "2,3"]\nvisible = ["", "1"]\n')
     assert sc.view(1).devices == "2,3" and sc.view(0).visible is None
+
+
+def test_the_shipped_uuid_list_is_cut_at_its_mig_entry() -> None:
+    """scenarios/fidelity/visible-devices-uuid-cut.toml: GPU 6 by an abbreviated UUID, then 2,
+    then a MIG entry that ends the list, so GPU 0 after it stays hidden."""
+    from pathlib import Path
+    from commsim.scenario.runner import spawn_rank
+    from commsim.scenario.schema import load
+    sc = load(Path(__file__).parents[2] / "scenarios" / "fidelity" / "visible-devices-uuid-cut.toml")
+    d = spawn_rank(SimFabric(sc.cluster), sc, 1)
+    assert [g.index for g in d.proc.gpus] == [6, 2] and check("dev", d.cudaGetDevice()) == 1
+    assert d.nvmlDeviceGetCount() == (0, 8)
