@@ -7,4 +7,4 @@ them, to learn the names."""
 from __future__ import annotations
 
 KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic",
-         "knob-outcome", "nccl-outcome")
+         "knob-outcome", "nccl-outcome", "outcome")

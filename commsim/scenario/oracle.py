@@ -148,6 +148,8 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
             continue
         v.add("numerics", m)
     _judge_nccl(sc, res, nccl, v)
+    for text in res.unmet:     # an outcome the generator expected (generate.draw_outcome)
+        v.add("outcome", text)
     if res.leaks:
         shown = "; ".join(res.leaks[:4]) + (f"; ... {len(res.leaks) - 4} more" if len(res.leaks) > 4 else "")
         v.add("leak", f"{len(res.leaks)} ledger item(s) left after close: {shown}")
