@@ -46,7 +46,11 @@ from commsim.procs import tree
 # What every rank imports before or while its program starts: torch, and commsim's hosting
 # with what a rank's bootstrap and first CUDA call load (a generated scenario's machine and
 # faults, the process fabric, the communicator). numpy.random is reseeded in each child.
-PRELOAD = ("torch", "torch.distributed", "numpy.random", "commsim.launch.bootstrap",
+# torch.distributed.tensor (DTensor, with sympy and torch.fx): torch imports it at a hosted
+# rank's first aten op on a CUDA tensor (the hosted NCCL barrier's torch.zeros), 0.6 s of
+# CPU in every rank of a run that was paid once here.
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "numpy.random",
+           "commsim.launch.bootstrap",
            "commsim.hosting.surfaces.table", "commsim.scenario.generate",
            "commsim.scenario.runner", "commsim.hosting.state.fabric",
            "commsim.hosting.state.process_wait", "commsim.sim.process_fabric",
