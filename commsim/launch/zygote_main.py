@@ -48,9 +48,10 @@ from commsim.procs import tree
 # faults, the process fabric, the communicator). numpy.random is reseeded in each child.
 # torch.distributed.tensor (DTensor, with sympy and torch.fx): torch imports it at a hosted
 # rank's first aten op on a CUDA tensor (the hosted NCCL barrier's torch.zeros), 0.6 s of
-# CPU in every rank of a run that was paid once here.
+# CPU in every rank of a run that was paid once here. encodings.idna: the codec the rank's
+# first socket call on a host name (gloo's store) imports.
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "numpy.random",
-           "commsim.launch.bootstrap",
+           "encodings.idna", "commsim.launch.bootstrap",
            "commsim.hosting.surfaces.table", "commsim.scenario.generate",
            "commsim.scenario.runner", "commsim.hosting.state.fabric",
            "commsim.hosting.state.process_wait", "commsim.sim.process_fabric",
