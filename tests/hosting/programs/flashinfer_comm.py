@@ -14,6 +14,9 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
   mismatch, then destroy; with `skipN`, rank N creates the workspace but never calls
   allreduce_fusion;
 - `direct`: `trtllm_create_ipc_workspace_for_all_reduce_fusion` as older callers use it;
+- `direct-fusion`: that workspace, then `trtllm_allreduce_fusion` by keyword (0.4.1's and
+  0.7.2.post1's signatures agree on these), the rounds of `fusion` with a two-shot one;
+  `direct-fusion plant` plants a wrong value in rank 0's first result before its check;
 - `symm`: FlashInfer's `SymmDeviceMemory` over TorchDistBackend (the handle type its exchanger
   picks: FABRIC where NVML reports the fabric, else POSIX fds); each rank writes rank + 1 into
   its own buffer and reads every peer's through its unicast pointer (FlashInfer's
@@ -71,34 +74,78 @@ def fusion(backend: str, skip: str = "") -> str:
     try:
         if skip == f"skip{me}":
             return f"{got}: skipped allreduce_fusion"
-        for rnd in range(4 if got == "trtllm" else 3):
-            x = rank_input(me, rnd).cuda()
-            # trtllm's fourth round takes the two-shot kernel (comm buffers, flag barrier).
-            out = comm.allreduce_fusion(input=x, workspace=ws, pattern=P.kAllReduce,
-                                        output=torch.empty_like(x),
-                                        use_oneshot=False if rnd == 3 else None)
-            want = sum(rank_input(r, rnd).float() for r in range(ws_size)).to(torch.bfloat16)
-            if not torch.equal(out.cpu(), want):
-                return f"{got}: kAllReduce round {rnd} differs from the reference"
-        x = rank_input(me, 5).cuda()
-        residual = (rank_input(0, 7) / 4).cuda()
-        gamma = torch.linspace(0.5, 1.5, HIDDEN).to(torch.bfloat16).cuda()
-        res_out, norm_out = torch.empty_like(x), torch.empty_like(x)
-        comm.allreduce_fusion(input=x, workspace=ws, pattern=P.kARResidualRMSNorm,
-                              residual_in=residual, residual_out=res_out, norm_out=norm_out,
-                              rms_gamma=gamma, rms_eps=1e-6)
-        total = sum(rank_input(r, 5).float() for r in range(ws_size)).to(torch.bfloat16)
-        want_res = (total.float() + residual.cpu().float()).to(torch.bfloat16)
-        v = want_res.float()
-        want_norm = (v * torch.rsqrt((v * v).mean(-1, keepdim=True) + 1e-6)
-                     * gamma.cpu().float()).to(torch.bfloat16)
-        if not torch.equal(res_out.cpu(), want_res):
-            return f"{got}: kARResidualRMSNorm residual_out differs from the reference"
-        if not torch.allclose(norm_out.cpu().float(), want_norm.float(), rtol=1e-2, atol=1e-2):
-            return f"{got}: kARResidualRMSNorm norm_out differs from the reference"
-        return f"ok {got}"
+
+        def run(x, pattern, use_oneshot, **outs):
+            if pattern == P.kAllReduce:
+                return comm.allreduce_fusion(input=x, workspace=ws, pattern=pattern,
+                                             output=outs["allreduce_out"], use_oneshot=use_oneshot)
+            comm.allreduce_fusion(input=x, workspace=ws, pattern=pattern, rms_eps=1e-6, **outs)
+        return check_rounds(run, got, twoshot=got == "trtllm")
     finally:
         ws.destroy()
+
+
+def direct_fusion(plant: str = "") -> str:
+    """The workspace as older callers build it (`trtllm_create_ipc_workspace_for_all_reduce_
+    fusion`, 0.4.1's only way) and `trtllm_allreduce_fusion` called by keyword as both 0.4.1
+    and 0.7.2.post1 accept it."""
+    from flashinfer.comm import AllReduceFusionPattern as P
+    from flashinfer.comm.trtllm_ar import (trtllm_create_ipc_workspace_for_all_reduce_fusion,
+                                           trtllm_destroy_ipc_workspace_for_all_reduce_fusion)
+    n, me = dist.get_world_size(), dist.get_rank()
+    handles, ptrs = trtllm_create_ipc_workspace_for_all_reduce_fusion(me, n, TOKENS, HIDDEN)[:2]
+
+    def run(x, pattern, use_oneshot, **outs):
+        args = dict(allreduce_out=None, residual_in=None, residual_out=None, norm_out=None,
+                    rms_gamma=None)
+        args.update(outs)
+        comm.trtllm_allreduce_fusion(
+            allreduce_in=x, world_size=n, world_rank=me, token_num=TOKENS, hidden_dim=HIDDEN,
+            workspace_ptrs=ptrs, launch_with_pdl=False, trigger_completion_at_end=True,
+            fp32_acc=True, pattern_code=pattern, use_oneshot=use_oneshot, quant_out=None,
+            scale_out=None, rms_eps=1e-6, scale_factor=None, layout_code=None, **args)
+        return args["allreduce_out"]
+    try:
+        return check_rounds(run, "trtllm", twoshot=True, plant=plant == "plant")
+    finally:
+        trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handles)
+
+
+def check_rounds(run, got: str, twoshot: bool, plant: bool = False) -> str:
+    """Three rounds of kAllReduce (the Lamport buffers rotate through all three; with
+    `twoshot` a fourth on the two-shot kernel) and one kARResidualRMSNorm through
+    `run(x, pattern, use_oneshot, **outputs)`, each checked against a torch reference of
+    every rank's input: "ok <got>" or the first mismatch (every round runs either way, so the
+    peers are not left waiting). With `plant`, rank 0 adds 1 to one
+    element of its round-0 result before the check (the check must then fail)."""
+    from flashinfer.comm import AllReduceFusionPattern as P
+    ws_size, me = dist.get_world_size(), dist.get_rank()
+    bad = []
+    for rnd in range(4 if twoshot else 3):
+        x = rank_input(me, rnd).cuda()
+        out = run(x, P.kAllReduce, False if rnd == 3 else None,
+                  allreduce_out=torch.empty_like(x))
+        if plant and rnd == 0 and me == 0:
+            out[0, 0] += 1
+        want = sum(rank_input(r, rnd).float() for r in range(ws_size)).to(torch.bfloat16)
+        if not torch.equal(out.cpu(), want):
+            bad.append(f"{got}: kAllReduce round {rnd} differs from the reference")
+    x = rank_input(me, 5).cuda()
+    residual = (rank_input(0, 7) / 4).cuda()
+    gamma = torch.linspace(0.5, 1.5, HIDDEN).to(torch.bfloat16).cuda()
+    res_out, norm_out = torch.empty_like(x), torch.empty_like(x)
+    run(x, P.kARResidualRMSNorm, None, residual_in=residual, residual_out=res_out,
+        norm_out=norm_out, rms_gamma=gamma)
+    total = sum(rank_input(r, 5).float() for r in range(ws_size)).to(torch.bfloat16)
+    want_res = (total.float() + residual.cpu().float()).to(torch.bfloat16)
+    v = want_res.float()
+    want_norm = (v * torch.rsqrt((v * v).mean(-1, keepdim=True) + 1e-6)
+                 * gamma.cpu().float()).to(torch.bfloat16)
+    if not torch.equal(res_out.cpu(), want_res):
+        bad.append(f"{got}: kARResidualRMSNorm residual_out differs from the reference")
+    if not torch.allclose(norm_out.cpu().float(), want_norm.float(), rtol=1e-2, atol=1e-2):
+        bad.append(f"{got}: kARResidualRMSNorm norm_out differs from the reference")
+    return bad[0] if bad else f"ok {got}"
 
 
 def step(what: str, args: list[str]) -> str:
@@ -123,6 +170,8 @@ def step(what: str, args: list[str]) -> str:
         ws.destroy()
     elif what == "fusion":
         return fusion(*args)
+    elif what == "direct-fusion":
+        return direct_fusion(*args)
     elif what == "direct":
         from flashinfer.comm.trtllm_ar import (trtllm_create_ipc_workspace_for_all_reduce_fusion,
                                                trtllm_destroy_ipc_workspace_for_all_reduce_fusion)
@@ -154,7 +203,7 @@ def symm() -> str:
 def main() -> None:
     what, args = sys.argv[1], sys.argv[2:]
     rank = int(os.environ.get("RANK", 0))
-    if what in ("workspace", "fusion", "direct", "symm"):
+    if what in ("workspace", "fusion", "direct", "direct-fusion", "symm"):
         dist.init_process_group(backend="nccl")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     try:

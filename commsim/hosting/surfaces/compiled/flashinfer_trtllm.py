@@ -28,7 +28,7 @@ from commsim.hosting.surfaces.compiled import kernel_args as ka
 from commsim.kernels.context import KernelContext
 
 __all__ = ["trtllm_lamport_initialize", "trtllm_lamport_initialize_all",
-           "trtllm_allreduce_fusion"]
+           "trtllm_allreduce_fusion", "trtllm_allreduce_fusion_v041"]
 
 _DISPATCH = "DISPATCH_FLOATING_TYPES_FOR_ALLREDUCE"
 _BARRIER_FLAGS = 256                      # details::kBarrierFlagCount
@@ -97,6 +97,27 @@ def trtllm_allreduce_fusion(allreduce_in: Any, world_size: int, world_rank: int,
     kernel = _oneshot if use_oneshot else _twoshot
     ka.launch(kernel, ka.address(allreduce_in), ka.address(workspace_ptrs), n, int(world_rank),
               size, hidden, name, esz, bool(fp32_acc), out)
+
+
+def trtllm_allreduce_fusion_v041(allreduce_in: Any, world_size: int, world_rank: int,
+                                 token_num: int, hidden_size: int, workspace_ptrs: Any,
+                                 launch_with_pdl: bool, use_oneshot: bool,
+                                 trigger_completion_at_end: bool, fp32_acc: bool,
+                                 pattern_code: int, allreduce_out: Any, residual_in: Any,
+                                 residual_out: Any, norm_out: Any, quant_out: Any, scale_out: Any,
+                                 rms_gamma: Any, rms_eps: Any, scale_factor: Any,
+                                 layout_code: Any) -> None:
+    """flashinfer-python 0.4.1's export (csrc/trtllm_allreduce_fusion.cu at v0.4.1,
+    a88349f9f43df74d31d1d52ad5aa20c28824a790): 21 arguments, no `block_quant_group_size` and
+    no `weight_bias`. Its workspace layout (`SyncComm`, `LamportComm`), `Barrier`, the one- and
+    two-shot kernels and the pattern values 0 and 1 are those of the 0.7.2.post1 source above;
+    its `FusedOp::rms_norm` multiplies by gamma alone, which is the later kernel with
+    weight_bias 0. So the same reference runs, with the two later arguments absent."""
+    trtllm_allreduce_fusion(allreduce_in, world_size, world_rank, token_num, hidden_size,
+                            workspace_ptrs, launch_with_pdl, use_oneshot,
+                            trigger_completion_at_end, fp32_acc, pattern_code, allreduce_out,
+                            residual_in, residual_out, norm_out, quant_out, scale_out, rms_gamma,
+                            rms_eps, scale_factor, layout_code, None, None)
 
 
 def _epilogue(ctx: KernelContext, total: torch.Tensor, lo: int, hidden: int, name: str,
