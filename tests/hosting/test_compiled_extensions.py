@@ -44,17 +44,19 @@ def test_the_message_names_the_module_what_is_served_and_what_is_not(monkeypatch
                            "CUDA extension; served: none; not served: meta_size")
     assert "(flashinfer-python 0.7.2.post1;" in text
     text = str(extensions.not_served_error("flashinfer-jit", "trtllm_comm",
-                                           op="trtllm_moe_allreduce_fusion"))
+                                           op="trtllm_custom_all_reduce"))
     assert text.startswith("commsim hosting: flashinfer JIT module 'trtllm_comm' is a compiled "
                            "CUDA extension; served: trtllm_allreduce_fusion, "
-                           "trtllm_lamport_initialize, trtllm_lamport_initialize_all; not "
-                           "served: trtllm_custom_all_reduce, "), text
-    assert "(flashinfer-python 0.7.2.post1; trtllm_moe_allreduce_fusion called; " in text
+                           "trtllm_lamport_initialize, trtllm_lamport_initialize_all, "
+                           "trtllm_moe_allreduce_fusion, trtllm_moe_finalize_allreduce_fusion; "
+                           "not served: trtllm_custom_all_reduce ("), text
+    assert "(flashinfer-python 0.7.2.post1; trtllm_custom_all_reduce called; " in text
     other = str(extensions.not_served_error("flashinfer-jit", "gemm_sm100"))
     assert "not served: every op (not declared for flashinfer-python 0.7.2.post1)" in other
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.4.1")
-    assert ("served: trtllm_lamport_initialize, trtllm_lamport_initialize_all; not served: "
-            "trtllm_custom_all_reduce, trtllm_allreduce_fusion, ") in str(
+    assert ("served: trtllm_allreduce_fusion, trtllm_lamport_initialize, "
+            "trtllm_lamport_initialize_all; not served: trtllm_custom_all_reduce, "
+            "trtllm_moe_allreduce_fusion, ") in str(
         extensions.not_served_error("flashinfer-jit", "trtllm_comm"))
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.5.3")
     assert "not declared for flashinfer-python 0.5.3" in str(

@@ -157,3 +157,20 @@ def test_symm_device_memory_maps_every_peer_over_the_handle_type_the_machine_giv
     assert v.ok and v.residue == 0, v.format() + out
     assert {r: d["outcome"] for r, d in res.items()} == {
         r: f"{handle} {list(range(1, n + 1))}" for r in range(n)}, out
+
+
+def test_moe_fusion_patterns_on_the_trtllm_workspace_return_the_reference():
+    """allreduce_fusion with kMoEReductionARResidualRMSNorm and kMoEFinalizeARResidualRMSNorm
+    on a trtllm workspace reaches the served trtllm_moe_allreduce_fusion and
+    trtllm_moe_finalize_allreduce_fusion: every rank's residual_out and norm_out equal the
+    reference of every rank's expert outputs."""
+    v, res, out = hosted(PROGRAM, "gb200-nvl72:1", "moe", nproc_per_host=2)
+    assert v.ok, v.format() + out
+    assert [res[r]["outcome"] for r in (0, 1)] == ["ok trtllm moe"] * 2, out
+
+
+def test_the_moe_check_fails_on_a_planted_wrong_result():
+    v, res, out = hosted(PROGRAM, "gb200-nvl72:1", "moe", "plant", nproc_per_host=2)
+    assert [res[r]["outcome"] for r in (0, 1)] == [
+        "kMoEReductionARResidualRMSNorm residual_out differs from the reference",
+        "ok trtllm moe"], out

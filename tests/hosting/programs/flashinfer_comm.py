@@ -14,6 +14,8 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
   mismatch, then destroy; with `skipN`, rank N creates the workspace but never calls
   allreduce_fusion;
 - `direct`: `trtllm_create_ipc_workspace_for_all_reduce_fusion` as older callers use it;
+- `moe [plant]`: the trtllm workspace and `allreduce_fusion` with the two MoE patterns
+  (expert reduction, MoE finalize), each checked against an exact reference;
 - `direct-fusion`: that workspace, then `trtllm_allreduce_fusion` by keyword (0.4.1's and
   0.7.2.post1's signatures agree on these), the rounds of `fusion` with a two-shot one;
   `direct-fusion plant` plants a wrong value in rank 0's first result before its check;
@@ -111,6 +113,81 @@ def direct_fusion(plant: str = "") -> str:
         trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handles)
 
 
+def moe(plant: str = "") -> str:
+    """The trtllm workspace, then `allreduce_fusion` with the MoE patterns as a serving stack
+    calls them: kMoEReductionARResidualRMSNorm (three local experts' outputs, each scaled per
+    token, plus the FC2 input) and kMoEFinalizeARResidualRMSNorm (top-2 rows of a permuted
+    expert output, one index -1, scaled per expanded row, plus a shared expert). Values
+    are small integers and power-of-two scales (exact in bfloat16 in any order), so the
+    reference is every rank's exact partial sum; the residual add and the norm as in `fusion`.
+    With `plant`, rank 0 adds 1 to one element of its first result before the check."""
+    from flashinfer.comm import AllReduceFusionPattern as P
+    from flashinfer.comm.mnnvl import TorchDistBackend
+    n, me = dist.get_world_size(), dist.get_rank()
+    ws = comm.create_allreduce_fusion_workspace(
+        backend="trtllm", world_size=n, rank=me, max_token_num=TOKENS, hidden_dim=HIDDEN,
+        dtype=torch.bfloat16, comm_backend=TorchDistBackend())
+    experts, top_k = 3, 2
+    halves = torch.tensor([0.5, 1.0, 2.0])
+    residual = (rank_input(0, 7) / 4).cuda()
+    gamma = torch.linspace(0.5, 1.5, HIDDEN).to(torch.bfloat16).cuda()
+
+    def expert_out(r):
+        i = torch.arange(experts * TOKENS * HIDDEN).view(experts, TOKENS, HIDDEN)
+        return ((i * (r + 2) + 7 * i.div(HIDDEN, rounding_mode="floor")) % 9 - 4).to(torch.bfloat16)
+
+    def reduction(r):
+        e, tok = torch.meshgrid(torch.arange(experts), torch.arange(TOKENS), indexing="ij")
+        scale = halves[(e + tok + r) % 3]
+        part = (expert_out(r).float() * scale[..., None]).sum(0) + rank_input(r, 9).float()
+        return scale, part
+
+    def permuted(r):
+        rows = torch.arange((TOKENS * top_k + 2) * HIDDEN).view(-1, HIDDEN)
+        data = ((rows * (r + 5)) % 11 - 5).to(torch.bfloat16)
+        index = torch.arange(TOKENS * top_k, dtype=torch.int32).flip(0).view(TOKENS, top_k) + 1
+        index[2, 1] = -1
+        scale = halves[(torch.arange(TOKENS * top_k) + r) % 3].view(TOKENS, top_k)
+        part = rank_input(r, 11).float()
+        for tok in range(TOKENS):
+            for k in range(top_k):
+                if index[tok, k] != -1:
+                    part[tok] += data[index[tok, k]].float() * scale[tok, k]
+        return data, index, scale.to(torch.bfloat16), part
+
+    bad = []
+
+    def check(what, res_out, norm_out, partial):
+        if plant == "plant" and me == 0 and not bad:
+            res_out[0, 0] += 1
+        total = sum(partial(r)[-1] for r in range(n)).to(torch.bfloat16)
+        bad.append(residual_norm_mismatch(what, total, residual, gamma, res_out, norm_out))
+
+    try:
+        scale, _ = reduction(me)
+        res_out, norm_out = torch.empty_like(residual), torch.empty_like(residual)
+        comm.allreduce_fusion(
+            input=rank_input(me, 9).cuda(), workspace=ws,
+            pattern=P.kMoEReductionARResidualRMSNorm, residual_in=residual,
+            residual_out=res_out, norm_out=norm_out, rms_gamma=gamma, rms_eps=1e-6,
+            moe_reduction_device_num_experts=experts,
+            moe_reduction_scale_input=scale.float().cuda(),
+            moe_reduction_active_experts_token_input=expert_out(me).cuda(),
+            moe_reduction_token_input=rank_input(me, 9).cuda())
+        check("kMoEReductionARResidualRMSNorm", res_out, norm_out, reduction)
+        data, index, scale, _ = permuted(me)
+        res_out, norm_out = torch.empty_like(residual), torch.empty_like(residual)
+        comm.allreduce_fusion(
+            input=data.cuda(), workspace=ws, pattern=P.kMoEFinalizeARResidualRMSNorm,
+            residual_in=residual, residual_out=res_out, norm_out=norm_out, rms_gamma=gamma,
+            rms_eps=1e-6, expanded_idx_to_permuted_idx=index.cuda(),
+            expert_scale_factor=scale.cuda(), shared_expert_output=rank_input(me, 11).cuda())
+        check("kMoEFinalizeARResidualRMSNorm", res_out, norm_out, permuted)
+        return next((b for b in bad if b), "ok trtllm moe")
+    finally:
+        ws.destroy()
+
+
 def check_rounds(run, got: str, twoshot: bool, plant: bool = False) -> str:
     """Three rounds of kAllReduce (the Lamport buffers rotate through all three; with
     `twoshot` a fourth on the two-shot kernel) and one kARResidualRMSNorm through
@@ -137,15 +214,23 @@ def check_rounds(run, got: str, twoshot: bool, plant: bool = False) -> str:
     run(x, P.kARResidualRMSNorm, None, residual_in=residual, residual_out=res_out,
         norm_out=norm_out, rms_gamma=gamma)
     total = sum(rank_input(r, 5).float() for r in range(ws_size)).to(torch.bfloat16)
+    bad.append(residual_norm_mismatch(f"{got}: kARResidualRMSNorm", total, residual, gamma,
+                                      res_out, norm_out))
+    return next((b for b in bad if b), f"ok {got}")
+
+
+def residual_norm_mismatch(what, total, residual, gamma, res_out, norm_out) -> str:
+    """"" when residual_out is exactly the all-reduced `total` plus `residual` (one bfloat16
+    rounding) and norm_out its RMSNorm with `gamma` (within 1e-2), else what differs."""
     want_res = (total.float() + residual.cpu().float()).to(torch.bfloat16)
     v = want_res.float()
     want_norm = (v * torch.rsqrt((v * v).mean(-1, keepdim=True) + 1e-6)
                  * gamma.cpu().float()).to(torch.bfloat16)
     if not torch.equal(res_out.cpu(), want_res):
-        bad.append(f"{got}: kARResidualRMSNorm residual_out differs from the reference")
+        return f"{what} residual_out differs from the reference"
     if not torch.allclose(norm_out.cpu().float(), want_norm.float(), rtol=1e-2, atol=1e-2):
-        bad.append(f"{got}: kARResidualRMSNorm norm_out differs from the reference")
-    return bad[0] if bad else f"ok {got}"
+        return f"{what} norm_out differs from the reference"
+    return ""
 
 
 def step(what: str, args: list[str]) -> str:
@@ -170,6 +255,8 @@ def step(what: str, args: list[str]) -> str:
         ws.destroy()
     elif what == "fusion":
         return fusion(*args)
+    elif what == "moe":
+        return moe(*args)
     elif what == "direct-fusion":
         return direct_fusion(*args)
     elif what == "direct":
@@ -203,7 +290,7 @@ def symm() -> str:
 def main() -> None:
     what, args = sys.argv[1], sys.argv[2:]
     rank = int(os.environ.get("RANK", 0))
-    if what in ("workspace", "fusion", "direct", "direct-fusion", "symm"):
+    if what in ("workspace", "fusion", "moe", "direct", "direct-fusion", "symm"):
         dist.init_process_group(backend="nccl")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     try:

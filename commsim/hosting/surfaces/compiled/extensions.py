@@ -126,6 +126,8 @@ def _jit_ops(module: str, source: str, names: str) -> dict[str, ServedOp]:
 _FI_TRTLLM = "flashinfer csrc/trtllm_allreduce.cu, include/flashinfer/comm/trtllm_allreduce*.cuh"
 _FI_TRTLLM_041 = ("flashinfer-python 0.4.1 sdist (v0.4.1, a88349f9f43d) csrc/trtllm_allreduce.cu, "
                   "csrc/trtllm_allreduce_fusion.cu, include/flashinfer/comm/trtllm_allreduce*.cuh")
+_FI_TRTLLM_MOE = ("flashinfer csrc/trtllm_moe_allreduce_fusion.cu, "
+                  "include/flashinfer/comm/trtllm_moe_allreduce_fusion.cuh")
 _FI_MNNVL = "flashinfer csrc/trtllm_mnnvl_allreduce.cu, include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh"
 
 EXTENSIONS: tuple[CompiledExtension, ...] = (
@@ -136,9 +138,11 @@ EXTENSIONS: tuple[CompiledExtension, ...] = (
                         "trtllm_lamport_initialize_all "
                         "trtllm_allreduce_fusion=trtllm_allreduce_fusion_v041")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_comm", "flashinfer-jit", _ops(
-        "trtllm_custom_all_reduce trtllm_moe_allreduce_fusion trtllm_moe_finalize_allreduce_fusion"),
-        served=_jit_ops("flashinfer_trtllm", _FI_TRTLLM, "trtllm_lamport_initialize "
-                        "trtllm_lamport_initialize_all trtllm_allreduce_fusion")),
+        "trtllm_custom_all_reduce"),
+        served={**_jit_ops("flashinfer_trtllm", _FI_TRTLLM, "trtllm_lamport_initialize "
+                           "trtllm_lamport_initialize_all trtllm_allreduce_fusion"),
+                **_jit_ops("flashinfer_trtllm_moe", _FI_TRTLLM_MOE, "trtllm_moe_allreduce_fusion "
+                           "trtllm_moe_finalize_allreduce_fusion")}),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_mnnvl_comm", "flashinfer-jit", (),
                       served=_jit_ops("flashinfer_mnnvl", _FI_MNNVL, "trtllm_mnnvl_allreduce_fusion")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "vllm_comm", "flashinfer-jit", _ops(
