@@ -9,8 +9,9 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
   else FlashInfer's default (mpi4py's COMM_WORLD);
 - `fusion BACKEND [skipN]`: that workspace (TorchDistBackend), then `allreduce_fusion` as SGLang
   and vLLM call it, three rounds of kAllReduce (the Lamport buffers rotate through all
-  three; with trtllm a fourth, two-shot) and one of kARResidualRMSNorm, each checked here against a torch reference of
-  every rank's input; the outcome names the backend the workspace got and the first
+  three) and a fourth forced two-shot (`use_oneshot=False`, the kernel mnnvl takes past
+  its one-shot threshold), then kARResidualRMSNorm one-shot and two-shot, each checked
+  here against a torch reference of every rank's input; the outcome names the backend the workspace got and the first
   mismatch, then destroy; with `skipN`, rank N creates the workspace but never calls
   allreduce_fusion;
 - `direct`: `trtllm_create_ipc_workspace_for_all_reduce_fusion` as older callers use it;
@@ -81,8 +82,9 @@ def fusion(backend: str, skip: str = "") -> str:
             if pattern == P.kAllReduce:
                 return comm.allreduce_fusion(input=x, workspace=ws, pattern=pattern,
                                              output=outs["allreduce_out"], use_oneshot=use_oneshot)
-            comm.allreduce_fusion(input=x, workspace=ws, pattern=pattern, rms_eps=1e-6, **outs)
-        return check_rounds(run, got, twoshot=got == "trtllm")
+            comm.allreduce_fusion(input=x, workspace=ws, pattern=pattern, rms_eps=1e-6,
+                                  use_oneshot=use_oneshot, **outs)
+        return check_rounds(run, got, twoshot=True)
     finally:
         ws.destroy()
 
@@ -190,7 +192,8 @@ def moe(plant: str = "") -> str:
 
 def check_rounds(run, got: str, twoshot: bool, plant: bool = False) -> str:
     """Three rounds of kAllReduce (the Lamport buffers rotate through all three; with
-    `twoshot` a fourth on the two-shot kernel) and one kARResidualRMSNorm through
+    `twoshot` a fourth on the two-shot kernel) and one kARResidualRMSNorm (with `twoshot`
+    one more, two-shot) through
     `run(x, pattern, use_oneshot, **outputs)`, each checked against a torch reference of
     every rank's input: "ok <got>" or the first mismatch (every round runs either way, so the
     peers are not left waiting). With `plant`, rank 0 adds 1 to one
@@ -210,12 +213,14 @@ def check_rounds(run, got: str, twoshot: bool, plant: bool = False) -> str:
     x = rank_input(me, 5).cuda()
     residual = (rank_input(0, 7) / 4).cuda()
     gamma = torch.linspace(0.5, 1.5, HIDDEN).to(torch.bfloat16).cuda()
-    res_out, norm_out = torch.empty_like(x), torch.empty_like(x)
-    run(x, P.kARResidualRMSNorm, None, residual_in=residual, residual_out=res_out,
-        norm_out=norm_out, rms_gamma=gamma)
     total = sum(rank_input(r, 5).float() for r in range(ws_size)).to(torch.bfloat16)
-    bad.append(residual_norm_mismatch(f"{got}: kARResidualRMSNorm", total, residual, gamma,
-                                      res_out, norm_out))
+    for use_oneshot in (None, False) if twoshot else (None,):
+        res_out, norm_out = torch.empty_like(x), torch.empty_like(x)
+        run(x, P.kARResidualRMSNorm, use_oneshot, residual_in=residual, residual_out=res_out,
+            norm_out=norm_out, rms_gamma=gamma)
+        shot = " two-shot" if use_oneshot is False else ""
+        bad.append(residual_norm_mismatch(f"{got}: kARResidualRMSNorm{shot}", total, residual,
+                                          gamma, res_out, norm_out))
     return next((b for b in bad if b), f"ok {got}")
 
 

@@ -37,7 +37,6 @@ __all__ = ["trtllm_moe_allreduce_fusion", "trtllm_moe_finalize_allreduce_fusion"
 
 _DISPATCH = "DISPATCH_FLOATING_TYPES_FOR_ALLREDUCE"
 _NRANKS = (2, 4, 8, 16)                  # DISPATCH_MOEREDUCTION / DISPATCH_MOEFINALIZEREDUCTION
-_TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _check(cond: bool, text: str) -> None:
@@ -49,7 +48,7 @@ def _check(cond: bool, text: str) -> None:
 def _element(dtype: Any) -> tuple[str, int]:
     """The two element types these kernels dispatch on (no float32)."""
     name, esz = ka.element(dtype, _DISPATCH)
-    if name not in _TORCH:
+    if name == "float32":
         raise NotImplementedError(f"Unsupported dtype in {_DISPATCH}.")
     return name, esz
 
@@ -138,7 +137,7 @@ def _row(ctx: KernelContext, ptr: int, row: int, hidden: int, name: str, esz: in
 def _moe_reduce(ctx: KernelContext, ws: int, n: int, me: int, size: int, hidden: int, name: str,
                 esz: int, moe: dict, o: dict) -> None:
     """moereduce_allreduce_fusion_kernel_oneshot_lamport."""
-    tokens, t = size // hidden, _TORCH[name]
+    tokens, t = size // hidden, ka.dtype(name)
     scales = ctx.load(moe["scale"], np.float32, moe["experts"] * tokens)
     rows = []
     for tok in range(tokens):
@@ -154,7 +153,7 @@ def _moe_reduce(ctx: KernelContext, ws: int, n: int, me: int, size: int, hidden:
 def _moe_finalize(ctx: KernelContext, ws: int, n: int, me: int, size: int, hidden: int,
                   name: str, esz: int, moe: dict, o: dict) -> None:
     """moefinalize_allreduce_fusion_kernel_oneshot_lamport (ScaleType = T)."""
-    tokens, top_k, t = size // hidden, moe["top_k"], _TORCH[name]
+    tokens, top_k, t = size // hidden, moe["top_k"], ka.dtype(name)
     index = ctx.load(moe["index"], np.int32, tokens * top_k)
     scale = (ka.tensor(ctx.load(moe["scale"], np.uint8, tokens * top_k * esz), name)
              if moe["scale"] else None)
