@@ -39,9 +39,9 @@ def test_every_declaration_has_a_version_range_and_ranges_of_one_module_do_not_o
 
 def test_the_message_names_the_module_what_is_served_and_what_is_not(monkeypatch):
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.7.2.post1")
-    text = str(extensions.not_served_error("flashinfer-jit", "vllm_comm"))
-    assert text.startswith("commsim hosting: flashinfer JIT module 'vllm_comm' is a compiled "
-                           "CUDA extension; served: none; not served: meta_size")
+    text = str(extensions.not_served_error("flashinfer-jit", "pcie_ipc_comm"))
+    assert text.startswith("commsim hosting: flashinfer JIT module 'pcie_ipc_comm' is a "
+                           "compiled CUDA extension; served: none; not served: pcie_ipc_init")
     assert "(flashinfer-python 0.7.2.post1;" in text
     text = str(extensions.not_served_error("flashinfer-jit", "trtllm_comm",
                                            op="trtllm_custom_all_reduce"))

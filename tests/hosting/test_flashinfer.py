@@ -13,8 +13,8 @@ from hosting_helpers import PROGRAMS, hosted
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
                                 reason="flashinfer-python is not installed (make peers)")
 PROGRAM = PROGRAMS / "flashinfer_comm.py"
-VLLM_NOT_SERVED = ("CompiledExtensionNotServed: commsim hosting: flashinfer JIT module "
-                   "'vllm_comm' is a compiled CUDA extension; served: none; not served: ")
+PCIE_NOT_SERVED = ("CompiledExtensionNotServed: commsim hosting: flashinfer JIT module "
+                   "'pcie_ipc_comm' is a compiled CUDA extension; served: none; not served: ")
 
 
 @pytest.mark.parametrize("mode", ["inproc", "procs"])
@@ -28,7 +28,7 @@ def test_import_flashinfer_comm_succeeds_in_every_rank(mode):
 def test_jit_module_load_is_the_served_module_or_the_named_error_and_starts_no_compiler(
         mode, tmp_path, monkeypatch):
     """With JIT left on and an `nvcc` on PATH that records each start: loading trtllm_comm
-    gives its served module, loading vllm_comm (nothing served) the named error, and no
+    gives its served module, loading pcie_ipc_comm (nothing served) the named error, and no
     compiler ran or is left."""
     ran = tmp_path / "nvcc-ran"
     nvcc = tmp_path / "bin" / "nvcc"
@@ -38,12 +38,12 @@ def test_jit_module_load_is_the_served_module_or_the_named_error_and_starts_no_c
     monkeypatch.setenv("PATH", f"{nvcc.parent}:{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     v, res, out = hosted(PROGRAM, "hgx-h100-8", "jit", "gen_trtllm_comm_module",
-                         "gen_vllm_comm_module", mode=mode, nproc_per_host=2)
+                         "gen_pcie_ipc_comm_module", mode=mode, nproc_per_host=2)
     assert v.ok, v.format() + out
     for r in (0, 1):
         served, refused = res[r]["outcome"].split(" | ")
         assert served == "ok", res[r]
-        assert refused.startswith(VLLM_NOT_SERVED), res[r]
+        assert refused.startswith(PCIE_NOT_SERVED), res[r]
         assert res[r]["compilers"] == []
     assert not ran.exists(), ran.read_text()
 
@@ -174,3 +174,17 @@ def test_the_moe_check_fails_on_a_planted_wrong_result():
     assert [res[r]["outcome"] for r in (0, 1)] == [
         "kMoEReductionARResidualRMSNorm residual_out differs from the reference",
         "ok trtllm moe"], out
+
+
+def test_flashinfer_vllm_custom_all_reduce_returns_the_reference():
+    """flashinfer.comm.vllm_ar (the vllm_comm JIT module, served) over legacy-IPC buffers on an
+    HGX box: every dtype's all-reduce equals the sum of every rank's input."""
+    v, res, out = hosted(PROGRAM, "hgx-h100-8", "vllm_ar", nproc_per_host=4)
+    assert v.ok and v.residue == 0, v.format() + out
+    assert {r: d["outcome"] for r, d in res.items()} == {r: "ok vllm_ar" for r in range(4)}, out
+
+
+def test_the_vllm_ar_check_fails_on_a_planted_wrong_result():
+    v, res, out = hosted(PROGRAM, "hgx-h100-8", "vllm_ar", "plant", nproc_per_host=2)
+    assert [res[r]["outcome"] for r in (0, 1)] == [
+        "vllm_all_reduce torch.float32 differs from the reference", "ok vllm_ar"], out

@@ -17,6 +17,8 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
 - `direct`: `trtllm_create_ipc_workspace_for_all_reduce_fusion` as older callers use it;
 - `moe [plant]`: the trtllm workspace and `allreduce_fusion` with the two MoE patterns
   (expert reduction, MoE finalize), each checked against an exact reference;
+- `vllm_ar [plant]`: FlashInfer's vLLM custom all-reduce (`flashinfer.comm.vllm_ar`) over
+  legacy-IPC buffers, each dtype checked against the reference;
 - `direct-fusion`: that workspace, then `trtllm_allreduce_fusion` by keyword (0.4.1's and
   0.7.2.post1's signatures agree on these), the rounds of `fusion` with a two-shot one;
   `direct-fusion plant` plants a wrong value in rank 0's first result before its check;
@@ -190,6 +192,38 @@ def moe(plant: str = "") -> str:
         ws.destroy()
 
 
+def vllm_ar(plant: str = "") -> str:
+    """FlashInfer's vLLM custom all-reduce as its own test drives it: signal and data buffers
+    from `create_shared_buffer` (legacy CUDA IPC), `vllm_init_custom_ar` over the signal
+    buffers (full NVLink), the data buffers registered, then `vllm_all_reduce` of each dtype
+    through the registered buffer, checked against the sum of every rank's input; with
+    `plant`, rank 0 adds 1 to one element of its first result before the check."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    group, max_size = dist.group.WORLD, 1 << 16
+    meta = comm.create_shared_buffer(comm.vllm_meta_size() + max_size, group=group)
+    bufs = comm.create_shared_buffer(max_size, group=group)
+    rank_data = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
+    fa = comm.vllm_init_custom_ar(meta, rank_data, rank, True)
+    bad = []
+    try:
+        comm.vllm_register_buffer(fa, bufs)
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            inp = rank_input(rank, 3).to(dtype).view(-1).cuda()
+            out = torch.empty_like(inp)
+            comm.vllm_all_reduce(fa, inp, out, bufs[rank], max_size, 8)
+            if plant == "plant" and rank == 0 and not bad:
+                out[0] += 1
+            want = sum(rank_input(r, 3).to(dtype).view(-1).float() for r in range(n))
+            if not torch.equal(out.cpu(), want.to(dtype)):
+                bad.append(f"vllm_all_reduce {dtype} differs from the reference")
+        return bad[0] if bad else "ok vllm_ar"
+    finally:
+        dist.barrier()
+        comm.vllm_dispose(fa)
+        comm.free_shared_buffer(bufs, group)
+        comm.free_shared_buffer(meta, group)
+
+
 def check_rounds(run, got: str, twoshot: bool, plant: bool = False) -> str:
     """Three rounds of kAllReduce (the Lamport buffers rotate through all three; with
     `twoshot` a fourth on the two-shot kernel) and one kARResidualRMSNorm (with `twoshot`
@@ -260,6 +294,8 @@ def step(what: str, args: list[str]) -> str:
         ws.destroy()
     elif what == "fusion":
         return fusion(*args)
+    elif what == "vllm_ar":
+        return vllm_ar(*args)
     elif what == "moe":
         return moe(*args)
     elif what == "direct-fusion":
@@ -295,7 +331,7 @@ def symm() -> str:
 def main() -> None:
     what, args = sys.argv[1], sys.argv[2:]
     rank = int(os.environ.get("RANK", 0))
-    if what in ("workspace", "fusion", "moe", "direct", "direct-fusion", "symm"):
+    if what in ("workspace", "fusion", "moe", "vllm_ar", "direct", "direct-fusion", "symm"):
         dist.init_process_group(backend="nccl")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     try:

@@ -128,6 +128,8 @@ _FI_TRTLLM_041 = ("flashinfer-python 0.4.1 sdist (v0.4.1, a88349f9f43d) csrc/trt
                   "csrc/trtllm_allreduce_fusion.cu, include/flashinfer/comm/trtllm_allreduce*.cuh")
 _FI_TRTLLM_MOE = ("flashinfer csrc/trtllm_moe_allreduce_fusion.cu, "
                   "include/flashinfer/comm/trtllm_moe_allreduce_fusion.cuh")
+_FI_VLLM_AR = ("flashinfer csrc/vllm_custom_all_reduce.cu, "
+               "include/flashinfer/comm/vllm_custom_all_reduce.cuh")
 _FI_MNNVL = "flashinfer csrc/trtllm_mnnvl_allreduce.cu, include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh"
 
 EXTENSIONS: tuple[CompiledExtension, ...] = (
@@ -145,9 +147,10 @@ EXTENSIONS: tuple[CompiledExtension, ...] = (
                            "trtllm_moe_finalize_allreduce_fusion")}),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_mnnvl_comm", "flashinfer-jit", (),
                       served=_jit_ops("flashinfer_mnnvl", _FI_MNNVL, "trtllm_mnnvl_allreduce_fusion")),
-    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "vllm_comm", "flashinfer-jit", _ops(
-        "meta_size init_custom_ar register_buffer get_graph_buffer_ipc_meta "
-        "register_graph_buffers all_reduce dispose")),
+    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "vllm_comm", "flashinfer-jit", (),
+                      served=_jit_ops("flashinfer_vllm_ar", _FI_VLLM_AR, "meta_size "
+                                      "init_custom_ar register_buffer get_graph_buffer_ipc_meta "
+                                      "register_graph_buffers all_reduce dispose")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "pcie_ipc_comm", "flashinfer-jit", _ops(
         "pcie_ipc_init pcie_ipc_workspace_size pcie_ipc_all_reduce pcie_ipc_dispose init "
         "workspace_size memop_supported set_memop_enabled")),
