@@ -41,7 +41,9 @@ def test_the_message_names_the_module_what_is_served_and_what_is_not(monkeypatch
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.7.2.post1")
     text = str(extensions.not_served_error("flashinfer-jit", "pcie_ipc_comm"))
     assert text.startswith("commsim hosting: flashinfer JIT module 'pcie_ipc_comm' is a "
-                           "compiled CUDA extension; served: none; not served: pcie_ipc_init")
+                           "compiled CUDA extension; served: pcie_ipc_memop_supported, "
+                           "pcie_ipc_set_memop_enabled, pcie_ipc_workspace_size; not served: "
+                           "pcie_ipc_init, pcie_ipc_all_reduce, pcie_ipc_dispose (")
     assert "(flashinfer-python 0.7.2.post1;" in text
     text = str(extensions.not_served_error("flashinfer-jit", "trtllm_comm",
                                            op="trtllm_custom_all_reduce"))

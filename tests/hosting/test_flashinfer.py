@@ -13,8 +13,9 @@ from hosting_helpers import PROGRAMS, hosted
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
                                 reason="flashinfer-python is not installed (make peers)")
 PROGRAM = PROGRAMS / "flashinfer_comm.py"
-PCIE_NOT_SERVED = ("CompiledExtensionNotServed: commsim hosting: flashinfer JIT module "
-                   "'pcie_ipc_comm' is a compiled CUDA extension; served: none; not served: ")
+UNDECLARED = ("CompiledExtensionNotServed: commsim hosting: flashinfer JIT module "
+              "'comm' is a compiled CUDA extension; served: none; not served: every op "
+              "(not declared for flashinfer-python ")
 
 
 @pytest.mark.parametrize("mode", ["inproc", "procs"])
@@ -28,8 +29,8 @@ def test_import_flashinfer_comm_succeeds_in_every_rank(mode):
 def test_jit_module_load_is_the_served_module_or_the_named_error_and_starts_no_compiler(
         mode, tmp_path, monkeypatch):
     """With JIT left on and an `nvcc` on PATH that records each start: loading trtllm_comm
-    gives its served module, loading pcie_ipc_comm (nothing served) the named error, and no
-    compiler ran or is left."""
+    gives its served module, loading the all-to-all module 'comm' (not declared) the named
+    error, and no compiler ran or is left."""
     ran = tmp_path / "nvcc-ran"
     nvcc = tmp_path / "bin" / "nvcc"
     nvcc.parent.mkdir()
@@ -38,12 +39,12 @@ def test_jit_module_load_is_the_served_module_or_the_named_error_and_starts_no_c
     monkeypatch.setenv("PATH", f"{nvcc.parent}:{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     v, res, out = hosted(PROGRAM, "hgx-h100-8", "jit", "gen_trtllm_comm_module",
-                         "gen_pcie_ipc_comm_module", mode=mode, nproc_per_host=2)
+                         "gen_comm_alltoall_module", mode=mode, nproc_per_host=2)
     assert v.ok, v.format() + out
     for r in (0, 1):
         served, refused = res[r]["outcome"].split(" | ")
         assert served == "ok", res[r]
-        assert refused.startswith(PCIE_NOT_SERVED), res[r]
+        assert refused.startswith(UNDECLARED), res[r]
         assert res[r]["compilers"] == []
     assert not ran.exists(), ran.read_text()
 
@@ -188,3 +189,23 @@ def test_the_vllm_ar_check_fails_on_a_planted_wrong_result():
     v, res, out = hosted(PROGRAM, "hgx-h100-8", "vllm_ar", "plant", nproc_per_host=2)
     assert [res[r]["outcome"] for r in (0, 1)] == [
         "vllm_all_reduce torch.float32 differs from the reference", "ok vllm_ar"], out
+
+
+PEER_REFUSED = "RuntimeError: CUDART error: peer access is not supported between these two devices"
+
+
+@pytest.mark.parametrize("machine, visible, profile", [
+    ("rtx4090-8", "all", "pcieswitch-pairs (rank 0 shares a PCIe switch with group member GPU-"),
+    ("l40s-8-pcie", "all", "pcieswitch-pairs (rank 0 shares a PCIe switch with group member GPU-"),
+    ("rtx4090-8", "0,2", "rootcplx-noswitch (no switch-local pair observed)")])
+def test_pcie_ipc_probe_takes_the_branch_of_the_machine_s_topology(machine, visible, profile):
+    """FlashInfer's PCIe IPC probe asks NVML for the common ancestor of the group's GPUs (by
+    the UUIDs torch reports): GPUs 0 and 1 of these boxes share a PCIe switch (PIX), GPUs 0
+    and 2 only the CPU (NODE). The workspace then gets its size from the served
+    pcie_ipc_comm and stops in create_shared_buffer, where the machine refuses the legacy
+    IPC mapping between GPUs without P2P: FlashInfer's own error on every rank."""
+    v, res, out = hosted(PROGRAM, machine, "pcie", nproc_per_host=2, visible=visible)
+    for r in (0, 1):
+        got, _, made = res[r]["outcome"].partition(" | ")
+        assert got.startswith(profile), res[r]
+        assert made == PEER_REFUSED, res[r]

@@ -19,6 +19,7 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
   (expert reduction, MoE finalize), each checked against an exact reference;
 - `vllm_ar [plant]`: FlashInfer's vLLM custom all-reduce (`flashinfer.comm.vllm_ar`) over
   legacy-IPC buffers, each dtype checked against the reference;
+- `pcie`: FlashInfer's PCIe IPC topology probe, then its PcieIpcAllReduceWorkspace;
 - `direct-fusion`: that workspace, then `trtllm_allreduce_fusion` by keyword (0.4.1's and
   0.7.2.post1's signatures agree on these), the rounds of `fusion` with a two-shot one;
   `direct-fusion plant` plants a wrong value in rank 0's first result before its check;
@@ -224,6 +225,23 @@ def vllm_ar(plant: str = "") -> str:
         comm.free_shared_buffer(meta, group)
 
 
+def pcie() -> str:
+    """FlashInfer's PCIe IPC all-reduce as a serving stack builds it: its topology probe
+    (`resolve_pcie_ipc_profile`: NVML common ancestors between the group's GPUs, by the UUIDs
+    torch reports), then `PcieIpcAllReduceWorkspace` over the default group. The outcome is
+    the profile the probe decided, its reason, and the workspace's outcome."""
+    from flashinfer.comm.pcie_ipc_ar import PcieIpcAllReduceWorkspace
+    from flashinfer.comm.pcie_ipc_topology import resolve_pcie_ipc_profile
+    decision = resolve_pcie_ipc_profile(dist.group.WORLD)
+    try:
+        ws = PcieIpcAllReduceWorkspace(dist.group.WORLD, max_numel=TOKENS * HIDDEN)
+        ws.destroy()
+        made = "workspace ok"
+    except Exception as e:                   # reported, judged by the test
+        made = f"{type(e).__name__}: {e}"
+    return f"{decision.profile} ({decision.reason}) | {made}"
+
+
 def check_rounds(run, got: str, twoshot: bool, plant: bool = False) -> str:
     """Three rounds of kAllReduce (the Lamport buffers rotate through all three; with
     `twoshot` a fourth on the two-shot kernel) and one kARResidualRMSNorm (with `twoshot`
@@ -296,6 +314,8 @@ def step(what: str, args: list[str]) -> str:
         return fusion(*args)
     elif what == "vllm_ar":
         return vllm_ar(*args)
+    elif what == "pcie":
+        return pcie()
     elif what == "moe":
         return moe(*args)
     elif what == "direct-fusion":
@@ -331,7 +351,8 @@ def symm() -> str:
 def main() -> None:
     what, args = sys.argv[1], sys.argv[2:]
     rank = int(os.environ.get("RANK", 0))
-    if what in ("workspace", "fusion", "moe", "vllm_ar", "direct", "direct-fusion", "symm"):
+    if what in ("workspace", "fusion", "moe", "vllm_ar", "pcie", "direct", "direct-fusion",
+                "symm"):
         dist.init_process_group(backend="nccl")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     try:

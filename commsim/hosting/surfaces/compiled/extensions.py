@@ -130,6 +130,8 @@ _FI_TRTLLM_MOE = ("flashinfer csrc/trtllm_moe_allreduce_fusion.cu, "
                   "include/flashinfer/comm/trtllm_moe_allreduce_fusion.cuh")
 _FI_VLLM_AR = ("flashinfer csrc/vllm_custom_all_reduce.cu, "
                "include/flashinfer/comm/vllm_custom_all_reduce.cuh")
+_FI_PCIE_IPC = ("flashinfer csrc/pcie_ipc_all_reduce.cu, "
+                "include/flashinfer/comm/pcie_ipc_all_reduce.cuh, pcie_ipc_ce_memop.cuh")
 _FI_MNNVL = "flashinfer csrc/trtllm_mnnvl_allreduce.cu, include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh"
 
 EXTENSIONS: tuple[CompiledExtension, ...] = (
@@ -152,8 +154,9 @@ EXTENSIONS: tuple[CompiledExtension, ...] = (
                                       "init_custom_ar register_buffer get_graph_buffer_ipc_meta "
                                       "register_graph_buffers all_reduce dispose")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "pcie_ipc_comm", "flashinfer-jit", _ops(
-        "pcie_ipc_init pcie_ipc_workspace_size pcie_ipc_all_reduce pcie_ipc_dispose init "
-        "workspace_size memop_supported set_memop_enabled")),
+        "pcie_ipc_init pcie_ipc_all_reduce pcie_ipc_dispose"),
+        served=_jit_ops("flashinfer_pcie_ipc", _FI_PCIE_IPC, "pcie_ipc_memop_supported "
+                        "pcie_ipc_workspace_size pcie_ipc_set_memop_enabled")),
     CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._C_stable_libtorch", "import", (
         *_VLLM_AR_REFUSED, "_C.*", "_C_cache_ops.*", "_C_cuda_utils.*"), served=_VLLM_AR_SERVED),
     CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._moe_C_stable_libtorch", "import", ()),
