@@ -209,3 +209,22 @@ def test_pcie_ipc_probe_takes_the_branch_of_the_machine_s_topology(machine, visi
         got, _, made = res[r]["outcome"].partition(" | ")
         assert got.startswith(profile), res[r]
         assert made == PEER_REFUSED, res[r]
+
+
+@pytest.mark.parametrize("machine, nproc, handle", [
+    ("gb200-nvl72:2", 1, "FABRIC"), ("hgx-h100-8", 2, "POSIX_FILE_DESCRIPTOR")])
+def test_mnnvl_memory_maps_every_rank_s_segment(machine, nproc, handle):
+    """FlashInfer's MnnvlMemory (class-level state, so the ranks run as processes): FABRIC
+    handles across two GB200 trays, POSIX fds over its AF_UNIX exchange on an HGX box (no
+    fabric in NVML); every rank reads every rank's value through its mapping, and closing
+    the memory leaves nothing behind."""
+    v, res, out = hosted(PROGRAM, machine, "mnnvl_memory", mode="procs", nproc_per_host=nproc)
+    assert v.ok and v.residue == 0, v.format() + out
+    assert {r: d["outcome"] for r, d in res.items()} == {r: f"{handle} ok" for r in range(2)}, out
+
+
+def test_the_mnnvl_memory_check_fails_on_a_planted_wrong_value():
+    v, res, out = hosted(PROGRAM, "hgx-h100-8", "mnnvl_memory", "plant", mode="procs",
+                         nproc_per_host=2)
+    assert [res[r]["outcome"] for r in (0, 1)] == [
+        "POSIX_FILE_DESCRIPTOR read [2, 2], not [1, 2]", "POSIX_FILE_DESCRIPTOR ok"], out

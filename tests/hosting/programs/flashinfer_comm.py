@@ -19,6 +19,7 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
   (expert reduction, MoE finalize), each checked against an exact reference;
 - `vllm_ar [plant]`: FlashInfer's vLLM custom all-reduce (`flashinfer.comm.vllm_ar`) over
   legacy-IPC buffers, each dtype checked against the reference;
+- `mnnvl_memory [plant]`: FlashInfer's MnnvlMemory mapped at every rank, every segment read;
 - `pcie`: FlashInfer's PCIe IPC topology probe, then its PcieIpcAllReduceWorkspace;
 - `direct-fusion`: that workspace, then `trtllm_allreduce_fusion` by keyword (0.4.1's and
   0.7.2.post1's signatures agree on these), the rounds of `fusion` with a two-shot one;
@@ -242,6 +243,36 @@ def pcie() -> str:
     return f"{decision.profile} ({decision.reason}) | {made}"
 
 
+def mnnvl_memory(plant: str = "") -> str:
+    """FlashInfer's MnnvlMemory as TensorRT-LLM-style callers use it: initialize, the comm
+    from an MnnvlConfig over TorchDistBackend, one allocation mapped at every rank's stride
+    (FABRIC handles where NVML reports the fabric, else POSIX fds); each rank writes rank + 1
+    into its own segment and reads every segment, each segment a tensor from FlashInfer's
+    `create_tensor_from_cuda_memory` at `ptr + rank * rank_stride` (as_torch_strided_tensor
+    spans the unmapped gaps between segments, which commsim's from_dlpack refuses). With
+    `plant`, rank 0 reports its own segment one higher (the check must then fail)."""
+    from flashinfer.comm.mapping import Mapping
+    from flashinfer.comm.mnnvl import (MnnvlConfig, MnnvlMemory, TorchDistBackend,
+                                       create_tensor_from_cuda_memory)
+    n, me = dist.get_world_size(), dist.get_rank()
+    mapping = Mapping(world_size=n, rank=me, gpus_per_node=torch.cuda.device_count(),
+                      tp_size=n)
+    MnnvlMemory.initialize()
+    MnnvlMemory.set_comm_from_config(mapping, MnnvlConfig(comm_backend=TorchDistBackend()))
+    mem = MnnvlMemory(mapping, 1 << 16)
+    handle = "FABRIC" if MnnvlMemory._fabric_supported else "POSIX_FILE_DESCRIPTOR"
+    dev = torch.cuda.current_device()
+    segments = [create_tensor_from_cuda_memory(mem.ptr + r * mem.rank_stride, (256,),
+                                               torch.int32, dev) for r in range(n)]
+    segments[me].fill_(me + 1)
+    dist.barrier()
+    seen = [int(segments[r][-1]) + (plant == "plant" and me == 0 and r == 0) for r in range(n)]
+    dist.barrier()
+    del segments, mem
+    want = list(range(1, n + 1))
+    return f"{handle} ok" if seen == want else f"{handle} read {seen}, not {want}"
+
+
 def check_rounds(run, got: str, twoshot: bool, plant: bool = False) -> str:
     """Three rounds of kAllReduce (the Lamport buffers rotate through all three; with
     `twoshot` a fourth on the two-shot kernel) and one kARResidualRMSNorm (with `twoshot`
@@ -314,6 +345,8 @@ def step(what: str, args: list[str]) -> str:
         return fusion(*args)
     elif what == "vllm_ar":
         return vllm_ar(*args)
+    elif what == "mnnvl_memory":
+        return mnnvl_memory(*args)
     elif what == "pcie":
         return pcie()
     elif what == "moe":
@@ -351,8 +384,8 @@ def symm() -> str:
 def main() -> None:
     what, args = sys.argv[1], sys.argv[2:]
     rank = int(os.environ.get("RANK", 0))
-    if what in ("workspace", "fusion", "moe", "vllm_ar", "pcie", "direct", "direct-fusion",
-                "symm"):
+    if what in ("workspace", "fusion", "moe", "vllm_ar", "pcie", "mnnvl_memory", "direct",
+                "direct-fusion", "symm"):
         dist.init_process_group(backend="nccl")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     try:
