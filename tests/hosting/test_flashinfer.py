@@ -228,3 +228,11 @@ def test_the_mnnvl_memory_check_fails_on_a_planted_wrong_value():
                          nproc_per_host=2)
     assert [res[r]["outcome"] for r in (0, 1)] == [
         "POSIX_FILE_DESCRIPTOR read [2, 2], not [1, 2]", "POSIX_FILE_DESCRIPTOR ok"], out
+
+
+def test_auto_takes_the_mnnvl_two_shot_past_its_threshold_and_returns_the_reference():
+    """2.25 MiB across two GB200 trays: FlashInfer's select_strategy answers TWOSHOT and the
+    served two-shot kernel's result equals the reference."""
+    v, res, out = hosted(PROGRAM, "gb200-nvl72:2", "large", nproc_per_host=1)
+    assert v.ok, v.format() + out
+    assert [res[r]["outcome"] for r in (0, 1)] == ["mnnvl TWOSHOT ok"] * 2, out

@@ -20,6 +20,7 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
 - `vllm_ar [plant]`: FlashInfer's vLLM custom all-reduce (`flashinfer.comm.vllm_ar`) over
   legacy-IPC buffers, each dtype checked against the reference;
 - `mnnvl_memory [plant]`: FlashInfer's MnnvlMemory mapped at every rank, every segment read;
+- `large`: backend="auto" with a payload past the MNNVL one-shot threshold, one kAllReduce;
 - `pcie`: FlashInfer's PCIe IPC topology probe, then its PcieIpcAllReduceWorkspace;
 - `direct-fusion`: that workspace, then `trtllm_allreduce_fusion` by keyword (0.4.1's and
   0.7.2.post1's signatures agree on these), the rounds of `fusion` with a two-shot one;
@@ -273,6 +274,35 @@ def mnnvl_memory(plant: str = "") -> str:
     return f"{handle} ok" if seen == want else f"{handle} read {seen}, not {want}"
 
 
+def large() -> str:
+    """backend="auto" with a payload past MNNVL_ONE_SHOT_THRESHOLD (2304 tokens x 256 x 2
+    ranks x 2 bytes = 2.25 MiB > 1 MiB, for two ranks): FlashInfer's own strategy choice,
+    then one kAllReduce through `allreduce_fusion`, checked against the reference."""
+    from flashinfer.comm import AllReduceFusionPattern as P
+    from flashinfer.comm.mnnvl import TorchDistBackend
+    from flashinfer.comm.trtllm_mnnvl_ar import MNNVLAllreduceFusionStrategy
+    n, me, tokens = dist.get_world_size(), dist.get_rank(), 2304
+
+    def rank_rows(r):
+        i = torch.arange(tokens * HIDDEN, dtype=torch.float32).view(tokens, HIDDEN)
+        return ((i * (r + 3)) % 13 - 6).to(torch.bfloat16)
+
+    ws = comm.create_allreduce_fusion_workspace(
+        backend="auto", world_size=n, rank=me, max_token_num=tokens, hidden_dim=HIDDEN,
+        dtype=torch.bfloat16, comm_backend=TorchDistBackend())
+    try:
+        strategy = MNNVLAllreduceFusionStrategy.select_strategy(n, tokens, HIDDEN,
+                                                                torch.bfloat16)
+        x = rank_rows(me).cuda()
+        out = comm.allreduce_fusion(input=x, workspace=ws, pattern=P.kAllReduce,
+                                    output=torch.empty_like(x))
+        want = sum(rank_rows(r).float() for r in range(n)).to(torch.bfloat16)
+        same = "ok" if torch.equal(out.cpu(), want) else "differs from the reference"
+        return f"{ws.backend} {strategy.name} {same}"
+    finally:
+        ws.destroy()
+
+
 def check_rounds(run, got: str, twoshot: bool, plant: bool = False) -> str:
     """Three rounds of kAllReduce (the Lamport buffers rotate through all three; with
     `twoshot` a fourth on the two-shot kernel) and one kARResidualRMSNorm (with `twoshot`
@@ -347,6 +377,8 @@ def step(what: str, args: list[str]) -> str:
         return vllm_ar(*args)
     elif what == "mnnvl_memory":
         return mnnvl_memory(*args)
+    elif what == "large":
+        return large()
     elif what == "pcie":
         return pcie()
     elif what == "moe":
@@ -384,8 +416,8 @@ def symm() -> str:
 def main() -> None:
     what, args = sys.argv[1], sys.argv[2:]
     rank = int(os.environ.get("RANK", 0))
-    if what in ("workspace", "fusion", "moe", "vllm_ar", "pcie", "mnnvl_memory", "direct",
-                "direct-fusion", "symm"):
+    if what in ("workspace", "fusion", "large", "moe", "vllm_ar", "pcie", "mnnvl_memory",
+                "direct", "direct-fusion", "symm"):
         dist.init_process_group(backend="nccl")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     try:
