@@ -107,3 +107,16 @@ def test_every_served_op_cites_the_kernel_source_it_follows():
             if e.library == "flashinfer-python":
                 doc = sys.modules[module].__doc__
                 assert "flashinfer-ai/flashinfer at " in doc and ".cuh" in doc and ".cu" in doc, name
+
+
+def test_a_cuda_error_in_flashinfer_s_custom_all_reduce_raises_where_vllm_s_exits():
+    """The same object under two libraries: vLLM's CUDACHECK prints and exits the process,
+    FlashInfer's CHECK_CUDA_SUCCESS throws its cuda_error ("<error>\\n<file>"), a RuntimeError
+    in Python. 400 is cudaErrorInvalidResourceHandle, the seed's error."""
+    from commsim.hosting.surfaces.compiled import flashinfer_vllm_ar, vllm_custom_ar
+    ar = vllm_custom_ar._Allreduce(rank=0, signals=[0, 0], device=0,
+                                   cuda_error_raises_from=flashinfer_vllm_ar._HEADER)
+    with pytest.raises(RuntimeError, match=r"^invalid resource handle\ninclude/flashinfer/comm/"
+                       r"vllm_custom_all_reduce\.cuh$"):
+        vllm_custom_ar._cudacheck(None, ar, (400,))
+    assert vllm_custom_ar._cudacheck(None, ar, (0, 7)) == 7

@@ -179,8 +179,9 @@ def test_the_moe_check_fails_on_a_planted_wrong_result():
 
 def test_flashinfer_vllm_custom_all_reduce_returns_the_reference():
     """flashinfer.comm.vllm_ar (the vllm_comm JIT module, served) over legacy-IPC buffers on an
-    HGX box: every dtype's all-reduce equals the sum of every rank's input."""
-    v, res, out = hosted(PROGRAM, "hgx-h100-8", "vllm_ar", nproc_per_host=4)
+    HGX box: every dtype's all-reduce equals the sum of every rank's input, and so do two
+    all-reduces captured in a CUDA graph, registered and replayed as FlashInfer's test does."""
+    v, res, out = hosted(PROGRAM, "hgx-h100-8", "vllm_ar", "graph", nproc_per_host=4)
     assert v.ok and v.residue == 0, v.format() + out
     assert {r: d["outcome"] for r, d in res.items()} == {r: "ok vllm_ar" for r in range(4)}, out
 

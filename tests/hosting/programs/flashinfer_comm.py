@@ -17,8 +17,9 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
 - `direct`: `trtllm_create_ipc_workspace_for_all_reduce_fusion` as older callers use it;
 - `moe [plant]`: the trtllm workspace and `allreduce_fusion` with the two MoE patterns
   (expert reduction, MoE finalize), each checked against an exact reference;
-- `vllm_ar [plant]`: FlashInfer's vLLM custom all-reduce (`flashinfer.comm.vllm_ar`) over
-  legacy-IPC buffers, each dtype checked against the reference;
+- `vllm_ar [plant|graph]`: FlashInfer's vLLM custom all-reduce (`flashinfer.comm.vllm_ar`)
+  over legacy-IPC buffers, each dtype checked against the reference; with `graph` also two
+  all-reduces captured in a CUDA graph, their buffers registered, the graph replayed;
 - `mnnvl_memory [plant]`: FlashInfer's MnnvlMemory mapped at every rank, every segment read;
 - `large`: backend="auto" with a payload past the MNNVL one-shot threshold, one kAllReduce;
 - `pcie`: FlashInfer's PCIe IPC topology probe, then its PcieIpcAllReduceWorkspace;
@@ -219,6 +220,8 @@ def vllm_ar(plant: str = "") -> str:
             want = sum(rank_input(r, 3).to(dtype).view(-1).float() for r in range(n))
             if not torch.equal(out.cpu(), want.to(dtype)):
                 bad.append(f"vllm_all_reduce {dtype} differs from the reference")
+        if plant == "graph":
+            bad += vllm_ar_graph(fa, rank, n)
         return bad[0] if bad else "ok vllm_ar"
     finally:
         dist.barrier()
@@ -301,6 +304,33 @@ def large() -> str:
         return f"{ws.backend} {strategy.name} {same}"
     finally:
         ws.destroy()
+
+
+def vllm_ar_graph(fa, rank: int, n: int) -> list[str]:
+    """FlashInfer's own graph test: two all-reduces captured in a CUDA graph on unregistered
+    inputs, their IPC handles and offsets all-gathered and registered, new inputs copied in,
+    the graph replayed; each output checked against the reference."""
+    inps = [(rank_input(rank, k).view(-1) + 0).cuda() for k in (4, 5)]
+    outs = [torch.empty_like(x) for x in inps]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=torch.cuda.Stream()):
+        for x, y in zip(inps, outs):
+            comm.vllm_all_reduce(fa, x, y, 0, 0, 8)
+    handles, offsets = comm.vllm_get_graph_buffer_ipc_meta(fa)
+    all_handles, all_offsets = [None] * n, [None] * n
+    dist.all_gather_object(all_handles, handles)
+    dist.all_gather_object(all_offsets, offsets)
+    comm.vllm_register_graph_buffers(fa, all_handles, all_offsets)
+    for x, k in zip(inps, (6, 7)):
+        x.copy_(rank_input(rank, k).view(-1).cuda())
+    g.replay()
+    torch.cuda.synchronize()
+    bad = []
+    for y, k in zip(outs, (6, 7)):
+        want = sum(rank_input(r, k).view(-1).float() for r in range(n)).to(y.dtype)
+        if not torch.equal(y.cpu(), want):
+            bad.append(f"vllm_all_reduce replayed from a graph differs from the reference")
+    return bad
 
 
 def check_rounds(run, got: str, twoshot: bool, plant: bool = False) -> str:

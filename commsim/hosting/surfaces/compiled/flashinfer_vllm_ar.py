@@ -28,11 +28,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from commsim.driver import IPC_HANDLE_SIZE, LAZY_ENABLE_PEER_ACCESS, error_string
 from commsim.hosting.state.cuda_state import rank_state
 from commsim.hosting.state.session import HostedRank, current
 from commsim.hosting.surfaces.compiled import vllm_custom_ar as vllm
-from commsim.hosting.surfaces.cuda import runtime_api
 
 __all__ = ["meta_size", "init_custom_ar", "register_buffer", "get_graph_buffer_ipc_meta",
            "register_graph_buffers", "all_reduce", "dispose"]
@@ -56,6 +54,7 @@ def init_custom_ar(fake_ipc_ptrs: list[int], rank_data: Any, rank: int,
         raise RuntimeError("world size > 8 is not supported")
     r = current()
     fa = vllm.init_custom_ar(r, list(fake_ipc_ptrs), rank_data, int(rank), bool(full_nvlink))
+    vllm._fa(r, fa).cuda_error_raises_from = _HEADER
     _full_nvlink(r)[fa] = bool(full_nvlink)
     return fa
 
@@ -92,23 +91,9 @@ def get_graph_buffer_ipc_meta(fa: int) -> tuple[list[int], list[int]]:
 
 
 def register_graph_buffers(fa: int, handles: list[list[int]], offsets: list[list[int]]) -> None:
-    """Open every peer's graph-buffer handle first as FlashInfer's `open_ipc_handle` does
-    (CHECK_CUDA_SUCCESS: a RuntimeError naming the CUDA error), then record them."""
-    r = current()
-    ar = vllm._fa(r, int(fa))
-    for i in range(len(ar.graph_unreg)):
-        for j in range(ar.world_size):
-            if j == ar.rank:
-                continue
-            raw = handles[j][i * IPC_HANDLE_SIZE:(i + 1) * IPC_HANDLE_SIZE]
-            blob = bytes(b & 0xFF for b in raw)
-            if blob not in ar.opened:
-                err, ptr = runtime_api.cudaIpcOpenMemHandle(runtime_api.ipc_handle_of(blob),
-                                                            LAZY_ENABLE_PEER_ACCESS)
-                if int(err) != 0:
-                    raise RuntimeError(f"{error_string(err)}\n{_HEADER}")
-                ar.opened[blob] = ptr
-    vllm.register_graph_buffers(r, int(fa), handles, offsets)
+    """Open every peer's graph-buffer handle (CHECK_CUDA_SUCCESS: a RuntimeError naming the
+    CUDA error) and record every rank's address of each captured buffer."""
+    vllm.register_graph_buffers(current(), int(fa), handles, offsets)
 
 
 def dispose(fa: int) -> None:
