@@ -57,8 +57,8 @@ def test_the_message_names_the_module_what_is_served_and_what_is_not(monkeypatch
     assert "not served: every op (not declared for flashinfer-python 0.7.2.post1)" in other
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.4.1")
     assert ("served: trtllm_allreduce_fusion, trtllm_lamport_initialize, "
-            "trtllm_lamport_initialize_all; not served: trtllm_custom_all_reduce, "
-            "trtllm_moe_allreduce_fusion, ") in str(
+            "trtllm_lamport_initialize_all, trtllm_moe_allreduce_fusion, "
+            "trtllm_moe_finalize_allreduce_fusion; not served: trtllm_custom_all_reduce (") in str(
         extensions.not_served_error("flashinfer-jit", "trtllm_comm"))
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.5.3")
     assert "not declared for flashinfer-python 0.5.3" in str(

@@ -160,12 +160,13 @@ def test_symm_device_memory_maps_every_peer_over_the_handle_type_the_machine_giv
         r: f"{handle} {list(range(1, n + 1))}" for r in range(n)}, out
 
 
-def test_moe_fusion_patterns_on_the_trtllm_workspace_return_the_reference():
+@pytest.mark.parametrize("how", ["unified", "direct"])
+def test_moe_fusion_patterns_on_the_trtllm_workspace_return_the_reference(how):
     """allreduce_fusion with kMoEReductionARResidualRMSNorm and kMoEFinalizeARResidualRMSNorm
-    on a trtllm workspace reaches the served trtllm_moe_allreduce_fusion and
-    trtllm_moe_finalize_allreduce_fusion: every rank's residual_out and norm_out equal the
-    reference of every rank's expert outputs."""
-    v, res, out = hosted(PROGRAM, "gb200-nvl72:1", "moe", nproc_per_host=2)
+    on a trtllm workspace (or the two ops called by name over the direct workspace) reaches
+    the served trtllm_moe_allreduce_fusion and trtllm_moe_finalize_allreduce_fusion: every
+    rank's residual_out and norm_out equal the reference of every rank's expert outputs."""
+    v, res, out = hosted(PROGRAM, "gb200-nvl72:1", "moe", how, nproc_per_host=2)
     assert v.ok, v.format() + out
     assert [res[r]["outcome"] for r in (0, 1)] == ["ok trtllm moe"] * 2, out
 

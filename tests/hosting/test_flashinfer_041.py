@@ -79,3 +79,14 @@ def test_the_fusion_check_fails_on_a_planted_wrong_result():
         0: "trtllm: kAllReduce round 0 differs from the reference",
         **{r: "ok trtllm" for r in (1, 2, 3)}}, out
 
+
+
+def test_moe_fusions_on_one_tray_return_the_reference():
+    """0.4.1's 20-argument trtllm_moe_allreduce_fusion and 13-argument
+    trtllm_moe_finalize_allreduce_fusion over its legacy-IPC workspace, called by name (0.4.1
+    has no unified allreduce_fusion): every rank's residual_out and norm_out equal the
+    reference."""
+    code, res, out = _exec("gb200-nvl72:1", 4, "moe", "direct")
+    assert code == 0, out
+    assert {r: (d["version"], d["outcome"]) for r, d in res.items()} == {
+        r: ("0.4.1", "ok trtllm moe") for r in range(4)}, out

@@ -15,8 +15,9 @@ installed flashinfer-python): `import flashinfer.comm`, then one step named by a
   mismatch, then destroy; with `skipN`, rank N creates the workspace but never calls
   allreduce_fusion;
 - `direct`: `trtllm_create_ipc_workspace_for_all_reduce_fusion` as older callers use it;
-- `moe [plant]`: the trtllm workspace and `allreduce_fusion` with the two MoE patterns
-  (expert reduction, MoE finalize), each checked against an exact reference;
+- `moe [plant] [direct]`: the trtllm workspace and `allreduce_fusion` with the two MoE
+  patterns (expert reduction, MoE finalize), or with `direct` the two ops by name over the
+  direct workspace, each checked against an exact reference;
 - `vllm_ar [plant|graph]`: FlashInfer's vLLM custom all-reduce (`flashinfer.comm.vllm_ar`)
   over legacy-IPC buffers, each dtype checked against the reference; with `graph` also two
   all-reduces captured in a CUDA graph, their buffers registered, the graph replayed;
@@ -121,20 +122,32 @@ def direct_fusion(plant: str = "") -> str:
         trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handles)
 
 
-def moe(plant: str = "") -> str:
+def moe(*opts: str) -> str:
     """The trtllm workspace, then `allreduce_fusion` with the MoE patterns as a serving stack
     calls them: kMoEReductionARResidualRMSNorm (three local experts' outputs, each scaled per
     token, plus the FC2 input) and kMoEFinalizeARResidualRMSNorm (top-2 rows of a permuted
     expert output, one index -1, scaled per expanded row, plus a shared expert). Values
     are small integers and power-of-two scales (exact in bfloat16 in any order), so the
     reference is every rank's exact partial sum; the residual add and the norm as in `fusion`.
-    With `plant`, rank 0 adds 1 to one element of its first result before the check."""
-    from flashinfer.comm import AllReduceFusionPattern as P
-    from flashinfer.comm.mnnvl import TorchDistBackend
+    With `plant`, rank 0 adds 1 to one element of its first result before the check; with
+    `direct`, the workspace of `trtllm_create_ipc_workspace_for_all_reduce_fusion` and the
+    two ops called by name (`trtllm_moe_allreduce_fusion`,
+    `trtllm_moe_finalize_allreduce_fusion`), as 0.4.1, which has neither the unified API nor
+    its MoE patterns, is called: the later releases' extra arguments passed only where the
+    installed signature has them."""
+    plant, direct = "plant" in opts, "direct" in opts
     n, me = dist.get_world_size(), dist.get_rank()
-    ws = comm.create_allreduce_fusion_workspace(
-        backend="trtllm", world_size=n, rank=me, max_token_num=TOKENS, hidden_dim=HIDDEN,
-        dtype=torch.bfloat16, comm_backend=TorchDistBackend())
+    if not direct:
+        from flashinfer.comm import AllReduceFusionPattern as P
+        from flashinfer.comm.mnnvl import TorchDistBackend
+        ws = comm.create_allreduce_fusion_workspace(
+            backend="trtllm", world_size=n, rank=me, max_token_num=TOKENS, hidden_dim=HIDDEN,
+            dtype=torch.bfloat16, comm_backend=TorchDistBackend())
+    else:
+        from flashinfer.comm.trtllm_ar import (
+            trtllm_create_ipc_workspace_for_all_reduce_fusion as create,
+            trtllm_destroy_ipc_workspace_for_all_reduce_fusion as destroy)
+        handles, ptrs = create(me, n, TOKENS, HIDDEN)[:2]
     experts, top_k = 3, 2
     halves = torch.tensor([0.5, 1.0, 2.0])
     residual = (rank_input(0, 7) / 4).cuda()
@@ -166,7 +179,7 @@ def moe(plant: str = "") -> str:
     bad = []
 
     def check(what, res_out, norm_out, partial):
-        if plant == "plant" and me == 0 and not bad:
+        if plant and me == 0 and not bad:
             res_out[0, 0] += 1
         total = sum(partial(r)[-1] for r in range(n)).to(torch.bfloat16)
         bad.append(residual_norm_mismatch(what, total, residual, gamma, res_out, norm_out))
@@ -174,26 +187,50 @@ def moe(plant: str = "") -> str:
     try:
         scale, _ = reduction(me)
         res_out, norm_out = torch.empty_like(residual), torch.empty_like(residual)
-        comm.allreduce_fusion(
-            input=rank_input(me, 9).cuda(), workspace=ws,
-            pattern=P.kMoEReductionARResidualRMSNorm, residual_in=residual,
-            residual_out=res_out, norm_out=norm_out, rms_gamma=gamma, rms_eps=1e-6,
-            moe_reduction_device_num_experts=experts,
-            moe_reduction_scale_input=scale.float().cuda(),
-            moe_reduction_active_experts_token_input=expert_out(me).cuda(),
-            moe_reduction_token_input=rank_input(me, 9).cuda())
+        moe_in = dict(moe_reduction_device_num_experts=experts,
+                      moe_reduction_scale_input=scale.float().cuda(),
+                      moe_reduction_active_experts_token_input=expert_out(me).cuda(),
+                      moe_reduction_token_input=rank_input(me, 9).cuda())
+        if direct:
+            comm.trtllm_moe_allreduce_fusion(
+                world_size=n, world_rank=me, token_num=TOKENS, hidden_dim=HIDDEN,
+                workspace_ptrs=ptrs, launch_with_pdl=False, residual_in=residual,
+                rms_gamma=gamma, rms_eps=1e-6, scale_factor=1.0, layout_code=None,
+                moe_allreduce_out=None, residual_out=res_out, norm_out=norm_out,
+                quant_out=None, scale_out=None, **moe_in)
+        else:
+            comm.allreduce_fusion(
+                input=rank_input(me, 9).cuda(), workspace=ws,
+                pattern=P.kMoEReductionARResidualRMSNorm, residual_in=residual,
+                residual_out=res_out, norm_out=norm_out, rms_gamma=gamma, rms_eps=1e-6,
+                **moe_in)
         check("kMoEReductionARResidualRMSNorm", res_out, norm_out, reduction)
         data, index, scale, _ = permuted(me)
         res_out, norm_out = torch.empty_like(residual), torch.empty_like(residual)
-        comm.allreduce_fusion(
-            input=data.cuda(), workspace=ws, pattern=P.kMoEFinalizeARResidualRMSNorm,
-            residual_in=residual, residual_out=res_out, norm_out=norm_out, rms_gamma=gamma,
-            rms_eps=1e-6, expanded_idx_to_permuted_idx=index.cuda(),
-            expert_scale_factor=scale.cuda(), shared_expert_output=rank_input(me, 11).cuda())
+        finalize_in = dict(residual_in=residual, residual_out=res_out, norm_out=norm_out,
+                           expanded_idx_to_permuted_idx=index.cuda(),
+                           expert_scale_factor=scale.cuda(),
+                           shared_expert_output=rank_input(me, 11).cuda())
+        if direct:
+            import inspect
+            later = inspect.signature(comm.trtllm_moe_finalize_allreduce_fusion).parameters
+            extra = {k: None for k in ("quant_out", "scale_out", "routed_scaling_factor")
+                     if k in later}
+            comm.trtllm_moe_finalize_allreduce_fusion(
+                allreduce_in=data.cuda(), norm_weight=gamma, workspace_ptrs=ptrs,
+                launch_with_pdl=False, world_rank=me, world_size=n, eps=1e-6, **extra,
+                **finalize_in)
+        else:
+            comm.allreduce_fusion(
+                input=data.cuda(), workspace=ws, pattern=P.kMoEFinalizeARResidualRMSNorm,
+                rms_gamma=gamma, rms_eps=1e-6, **finalize_in)
         check("kMoEFinalizeARResidualRMSNorm", res_out, norm_out, permuted)
         return next((b for b in bad if b), "ok trtllm moe")
     finally:
-        ws.destroy()
+        if direct:
+            destroy(handles)
+        else:
+            ws.destroy()
 
 
 def vllm_ar(plant: str = "") -> str:

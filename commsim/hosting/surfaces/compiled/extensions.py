@@ -132,15 +132,21 @@ _FI_VLLM_AR = ("flashinfer csrc/vllm_custom_all_reduce.cu, "
                "include/flashinfer/comm/vllm_custom_all_reduce.cuh")
 _FI_PCIE_IPC = ("flashinfer csrc/pcie_ipc_all_reduce.cu, "
                 "include/flashinfer/comm/pcie_ipc_all_reduce.cuh, pcie_ipc_ce_memop.cuh")
+_FI_TRTLLM_MOE_041 = ("flashinfer-python 0.4.1 sdist (v0.4.1, a88349f9f43d) "
+                      "csrc/trtllm_moe_allreduce_fusion.cu, "
+                      "include/flashinfer/comm/trtllm_moe_allreduce_fusion.cuh")
 _FI_MNNVL = "flashinfer csrc/trtllm_mnnvl_allreduce.cu, include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh"
 
 EXTENSIONS: tuple[CompiledExtension, ...] = (
     CompiledExtension("flashinfer-python", ("0.4.1", "0.4.2"), "trtllm_comm", "flashinfer-jit", _ops(
-        "trtllm_custom_all_reduce trtllm_moe_allreduce_fusion "
-        "trtllm_moe_finalize_allreduce_fusion"),
-        served=_jit_ops("flashinfer_trtllm", _FI_TRTLLM_041, "trtllm_lamport_initialize "
-                        "trtllm_lamport_initialize_all "
-                        "trtllm_allreduce_fusion=trtllm_allreduce_fusion_v041")),
+        "trtllm_custom_all_reduce"),
+        served={**_jit_ops("flashinfer_trtllm", _FI_TRTLLM_041, "trtllm_lamport_initialize "
+                           "trtllm_lamport_initialize_all "
+                           "trtllm_allreduce_fusion=trtllm_allreduce_fusion_v041"),
+                **_jit_ops("flashinfer_trtllm_moe", _FI_TRTLLM_MOE_041,
+                           "trtllm_moe_allreduce_fusion=trtllm_moe_allreduce_fusion_v041 "
+                           "trtllm_moe_finalize_allreduce_fusion="
+                           "trtllm_moe_finalize_allreduce_fusion_v041")}),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_comm", "flashinfer-jit", _ops(
         "trtllm_custom_all_reduce"),
         served={**_jit_ops("flashinfer_trtllm", _FI_TRTLLM, "trtllm_lamport_initialize "

@@ -33,7 +33,8 @@ from commsim.hosting.surfaces.compiled import kernel_args as ka
 from commsim.hosting.surfaces.compiled.flashinfer_trtllm import lamport_exchange
 from commsim.kernels.context import KernelContext
 
-__all__ = ["trtllm_moe_allreduce_fusion", "trtllm_moe_finalize_allreduce_fusion"]
+__all__ = ["trtllm_moe_allreduce_fusion", "trtllm_moe_finalize_allreduce_fusion",
+           "trtllm_moe_allreduce_fusion_v041", "trtllm_moe_finalize_allreduce_fusion_v041"]
 
 _DISPATCH = "DISPATCH_FLOATING_TYPES_FOR_ALLREDUCE"
 _NRANKS = (2, 4, 8, 16)                  # DISPATCH_MOEREDUCTION / DISPATCH_MOEFINALIZEREDUCTION
@@ -128,6 +129,46 @@ def trtllm_moe_finalize_allreduce_fusion(allreduce_in: Any, residual_in: Any, no
                shared=_addr(shared_expert_output), routed=rsf)
     ka.launch(_moe_finalize, ka.address(workspace), n, int(world_rank), size, hidden, name, esz,
               moe, o)
+
+
+def trtllm_moe_allreduce_fusion_v041(world_size: int, world_rank: int, token_num: int,
+                                     hidden_size: int, workspace_ptrs: Any,
+                                     launch_with_pdl: bool, residual_in: Any, rms_gamma: Any,
+                                     rms_eps: float, scale_factor: float,
+                                     moe_reduction_device_num_experts: int,
+                                     moe_reduction_scale_input: Any,
+                                     moe_reduction_active_experts_token_input: Any,
+                                     moe_reduction_token_input: Any, layout_code: Any,
+                                     moe_allreduce_out: Any, residual_out: Any, norm_out: Any,
+                                     quant_out: Any, scale_out: Any) -> None:
+    """flashinfer-python 0.4.1's export (csrc/trtllm_moe_allreduce_fusion.cu at v0.4.1,
+    a88349f9f43df74d31d1d52ad5aa20c28824a790): 20 arguments, no `weight_bias`; its kernel's
+    rms_norm multiplies by gamma alone, the later kernel with weight_bias 0."""
+    trtllm_moe_allreduce_fusion(world_size, world_rank, token_num, hidden_size, workspace_ptrs,
+                                launch_with_pdl, residual_in, rms_gamma, rms_eps, scale_factor,
+                                moe_reduction_device_num_experts, moe_reduction_scale_input,
+                                moe_reduction_active_experts_token_input,
+                                moe_reduction_token_input, layout_code, moe_allreduce_out,
+                                residual_out, norm_out, quant_out, scale_out, None)
+
+
+def trtllm_moe_finalize_allreduce_fusion_v041(allreduce_in: Any, residual_in: Any,
+                                              norm_weight: Any,
+                                              expanded_idx_to_permuted_idx: Any,
+                                              norm_out: Any, residual_out: Any,
+                                              launch_with_pdl: bool, workspace: Any,
+                                              world_rank: int, world_size: int, eps: float,
+                                              shared_expert_output: Any,
+                                              expert_scale_factor: Any) -> None:
+    """flashinfer-python 0.4.1's export: 13 arguments (no quant_out, scale_out,
+    routed_scaling_factor, weight_bias). Its kernel always adds T(data * block_scale) with
+    block_scale 1.0 when no expert_scale_factor is given, which rounds as the later
+    vec_add does, and has no routed scaling: the later kernel with those arguments absent."""
+    trtllm_moe_finalize_allreduce_fusion(allreduce_in, residual_in, norm_weight,
+                                         expanded_idx_to_permuted_idx, norm_out, residual_out,
+                                         None, None, launch_with_pdl, workspace, world_rank,
+                                         world_size, eps, shared_expert_output,
+                                         expert_scale_factor, None, None)
 
 
 def _row(ctx: KernelContext, ptr: int, row: int, hidden: int, name: str, esz: int) -> torch.Tensor:
