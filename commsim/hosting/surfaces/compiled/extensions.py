@@ -19,9 +19,11 @@ the loaded module): FlashInfer 0.7.2.post1 `flashinfer/comm/trtllm_ar.py`,
 needs `trtllm_lamport_initialize`: its csrc/trtllm_allreduce.cu and
 include/flashinfer/comm/trtllm_allreduce.cuh fill the buffer with negative zero as 0.7.2.post1's
 do (`lamport_initialize_kernel`, `lamportInitializeAll` dividing by sizeof(T) again), so the same
-reference serves both; its `trtllm_allreduce_fusion` takes 21 arguments (no
-`block_quant_group_size`, `weight_bias`) and is served by a function of that signature over
-the same reference (flashinfer_trtllm.py says why the kernels agree). vLLM 0.33.0 ships no `vllm._C`: its
+reference serves both; its `trtllm_allreduce_fusion` (21 arguments: no
+`block_quant_group_size`, `weight_bias`), `trtllm_moe_allreduce_fusion` (20) and
+`trtllm_moe_finalize_allreduce_fusion` (13) are served by functions of those signatures over
+the same references ("op=function" below; flashinfer_trtllm.py and flashinfer_trtllm_moe.py
+say why the kernels agree). vLLM 0.33.0 ships no `vllm._C`: its
 CUDA platform (`vllm/platforms/cuda.py`) imports `vllm._C_stable_libtorch`, which registers
 the namespaces `_C`, `_C_cache_ops`, `_C_cuda_utils` and `_C_custom_ar`; the `_C_custom_ar`
 schemas below are the strings that library registers (read from the installed 0.33.0 wheel,
