@@ -216,12 +216,16 @@ def test_pcie_ipc_probe_takes_the_branch_of_the_machine_s_topology(machine, visi
 @pytest.mark.parametrize("machine, nproc, handle", [
     ("gb200-nvl72:2", 1, "FABRIC"), ("hgx-h100-8", 2, "POSIX_FILE_DESCRIPTOR")])
 def test_mnnvl_memory_maps_every_rank_s_segment(machine, nproc, handle):
-    """FlashInfer's MnnvlMemory (class-level state, so the ranks run as processes): FABRIC
-    handles across two GB200 trays, POSIX fds over its AF_UNIX exchange on an HGX box (no
-    fabric in NVML); every rank reads every rank's value through its mapping, and closing
-    the memory leaves nothing behind."""
-    v, res, out = hosted(PROGRAM, machine, "mnnvl_memory", mode="procs", nproc_per_host=nproc)
+    """FlashInfer's MnnvlMemory: FABRIC handles across two GB200 trays, POSIX fds over its
+    AF_UNIX exchange on an HGX box (no fabric in NVML); every rank reads every rank's value
+    through its mapping, and closing the memory leaves nothing behind. Asked for inproc, the
+    run goes to procs and says why: MnnvlMemory keeps its communicator and address
+    reservation in class attributes, one value for every in-process rank."""
+    v, res, out = hosted(PROGRAM, machine, "mnnvl_memory", mode="inproc", nproc_per_host=nproc)
     assert v.ok and v.residue == 0, v.format() + out
+    assert v.cfg.mode == "procs" and v.needs_procs.endswith(
+        "MnnvlMemory.open_mnnvl_memory at mnnvl.py:226 in __init__"), v.format()
+    assert "class attributes" in v.format()
     assert {r: d["outcome"] for r, d in res.items()} == {r: f"{handle} ok" for r in range(2)}, out
 
 
