@@ -37,23 +37,39 @@ test: $(STAMP)
 # ~6.3 min that must stay under ~6.5 (CI: 10 min on 2 cores, install included).
 PEERS = $(shell $(BIN)/python -c 'import tomllib; print(" ".join(repr(p) for p in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["peers"]))' 2>/dev/null)
 
+# A venv layered over .venv at $(1): a .pth adds .venv's site-packages after its own.
+define layered_venv
+rm -rf $(1)
+$$(readlink -f $(BIN)/python) -m venv --without-pip $(1)
+$(1)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_paths()["purelib"] + "/zz-commsim-venv.pth", "w").write("import site; site.addsitedir(%r)\n" % sys.argv[1])' $(SITE)
+endef
+
 # FlashInfer 0.4.1 (the release of the legacy-IPC seed) pins apache-tvm-ffi 0.1.0b15 where
-# 0.7.x needs 0.1.11+, so it gets a venv of its own, layered over .venv: a .pth adds .venv's
-# site-packages after its own (torch, commsim and the test tools shared; flashinfer and
-# tvm-ffi its own). 0.1.0b15 is no longer on the registry: 0.1.0, its final release, stands
+# 0.7.x needs 0.1.11+, so it gets a venv of its own, layered over .venv (torch, commsim and
+# the test tools shared; flashinfer and tvm-ffi its own). 0.1.0b15 is no longer on the registry: 0.1.0, its final release, stands
 # in; 0.4.1 ships as an sdist whose build needs tvm-ffi, so it builds without isolation.
 FI041 := .venv-fi041
 SITE = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 $(FI041)/.installed: $(STAMP)
-	rm -rf $(FI041)
-	$$(readlink -f $(BIN)/python) -m venv --without-pip $(FI041)
-	$(FI041)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_paths()["purelib"] + "/zz-commsim-venv.pth", "w").write("import site; site.addsitedir(%r)\n" % sys.argv[1])' $(SITE)
+	$(call layered_venv,$(FI041))
 	$(FI041)/bin/python -m pip install --quiet --no-deps 'apache-tvm-ffi==0.1.0'
 	$(FI041)/bin/python -m pip install --quiet --no-deps --no-build-isolation 'flashinfer-python==0.4.1'
 	touch $@
 
-peers: $(STAMP) $(FI041)/.installed
+# vLLM 0.33.0, the release of the seed (vllm-project/vllm#52778: custom all-reduce admits a
+# TP group across two GB200 trays and dies registering graph buffers), beside the current pin
+# (0.34.0, the peers extra, which declines that group): a venv layered over .venv the same
+# way, holding only vllm 0.33.0 (--no-deps; every other package is .venv's).
+# tests/hosting/test_vllm.py runs commsim with each venv's interpreter.
+VLLM033 := .venv-vllm033
+
+$(VLLM033)/.installed: $(STAMP)
+	$(call layered_venv,$(VLLM033))
+	$(VLLM033)/bin/python -m pip install --quiet --no-deps 'vllm==0.33.0'
+	touch $@
+
+peers: $(STAMP) $(FI041)/.installed $(VLLM033)/.installed
 	$(BIN)/pip install --quiet --no-deps $(PEERS)
 	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py tests/hosting/test_vllm.py \
 	    tests/hosting/test_flashinfer_041.py tests/hosting/test_plugin.py

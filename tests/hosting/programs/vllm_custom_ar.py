@@ -14,7 +14,8 @@ graph captured under `ca.capture()` (vLLM's graph_capture), then replayed.
 vllm-project/vllm#52778 first aborts).
 
 Prints one RESULT line per rank: which communicator ran, whether custom all-reduce was
-disabled, and whether every result equals the exact sum.
+disabled or kept to MNNVL collectives only (`mnnvl_only`, a group spanning nodes; None
+where the release has no such attribute), and whether every result equals the exact sum.
 """
 
 import json
@@ -90,7 +91,8 @@ def main() -> None:
         ca.close()
     print("RESULT " + json.dumps({"rank": rank, "used": used, "exact": exact,
                                   "same_node": same_node,
-                                  "ca_disabled": None if ca is None else ca.disabled}), flush=True)
+                                  "ca_disabled": None if ca is None else ca.disabled,
+                                  "mnnvl_only": getattr(ca, "mnnvl_only", None)}), flush=True)
     dist.destroy_process_group()
 
 

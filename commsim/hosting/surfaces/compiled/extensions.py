@@ -26,7 +26,11 @@ CUDA platform (`vllm/platforms/cuda.py`) imports `vllm._C_stable_libtorch`, whic
 the namespaces `_C`, `_C_cache_ops`, `_C_cuda_utils` and `_C_custom_ar`; the `_C_custom_ar`
 schemas below are the strings that library registers (read from the installed 0.33.0 wheel,
 `csrc/torch_bindings.cpp` at v0.33.0), the ops `vllm/_custom_ops.py` calls for
-`vllm/distributed/device_communicators/custom_all_reduce.py`.
+`vllm/distributed/device_communicators/custom_all_reduce.py`. vLLM 0.34.0's
+`_C_stable_libtorch.abi3.so` registers the same fifteen `_C_custom_ar` schema strings (both
+wheels' strings compared), so one declaration covers [0.33.0, 0.35); a release that changes
+one gets a declaration of its own. The served ops follow the v0.33.0 kernels; that 0.34.0's
+`csrc/custom_all_reduce.cuh` computes the same is UNCONFIRMED (the wheel carries no source).
 
 A served op of a Python extension module is declared as "<namespace>.<op>" with its schema
 and the function that implements it (`ServedOp`); loading the module in a hosted rank
@@ -144,10 +148,10 @@ EXTENSIONS: tuple[CompiledExtension, ...] = (
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "pcie_ipc_comm", "flashinfer-jit", _ops(
         "pcie_ipc_init pcie_ipc_workspace_size pcie_ipc_all_reduce pcie_ipc_dispose init "
         "workspace_size memop_supported set_memop_enabled")),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._C_stable_libtorch", "import", (
+    CompiledExtension("vllm", ("0.33.0", "0.35"), "vllm._C_stable_libtorch", "import", (
         *_VLLM_AR_REFUSED, "_C.*", "_C_cache_ops.*", "_C_cuda_utils.*"), served=_VLLM_AR_SERVED),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._moe_C_stable_libtorch", "import", ()),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm.cumem_allocator", "import", ()),
+    CompiledExtension("vllm", ("0.33.0", "0.35"), "vllm._moe_C_stable_libtorch", "import", ()),
+    CompiledExtension("vllm", ("0.33.0", "0.35"), "vllm.cumem_allocator", "import", ()),
 )
 
 
