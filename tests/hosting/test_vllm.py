@@ -12,6 +12,7 @@ vLLM): these tests cost minutes of CPU and run under `make peers` only."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,32 @@ def hosted(version: str, machine: str, *args: str, nproc_per_host: int, visible:
     return p.returncode, results(p.stdout), p.stdout + p.stderr
 
 
+# The mode-agreement harness (commsim/launch/agreement.py) in the release's interpreter: both
+# verdicts' outcomes and the harness's own account of any difference, as JSON.
+AGREE = """
+import json, sys
+from commsim.launch.agreement import Outcome, modes_agree
+from commsim.launch.config import RunConfig
+machine, nproc, visible, *command = sys.argv[1:]
+a = modes_agree(RunConfig(machine=machine, nproc_per_host=int(nproc), visible=visible,
+                          timeout=300, command=command))
+print("AGREEMENT " + json.dumps({"agree": a.agree, "text": a.text(), "outcomes": {
+    m: {"ok": v.ok, "root": Outcome.of(v).root, "ranks": dict(Outcome.of(v).ranks)}
+    for m, v in a.verdicts.items()}}))
+"""
+
+
+def modes(version: str, machine: str, *args: str, nproc_per_host: int,
+          visible: str = "all") -> dict:
+    """The agreement of the program's procs and inproc runs under vLLM `version`."""
+    p = subprocess.run([str(interpreter(version)), "-c", AGREE, machine, str(nproc_per_host),
+                        visible, str(PROGRAM), *args],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("AGREEMENT ")]
+    assert p.returncode == 0 and line, p.stdout + p.stderr
+    return json.loads(line[-1].partition(" ")[2])
+
+
 def test_custom_all_reduce_tp8_on_one_hgx_box_is_exact_eager_and_in_a_graph():
     rc, res, out = hosted("0.33.0", "hgx-h100-8", "--graph", "--numel", "1024", nproc_per_host=8)
     assert rc == 0 and "commsim exec: ok: 8 rank(s)" in out, out
@@ -91,8 +118,10 @@ def test_the_same_run_with_custom_all_reduce_disabled_passes_over_pynccl():
 
 
 def test_0_34_declines_custom_all_reduce_across_the_trays_and_passes():
-    """vLLM 0.34.0 carries the upstream gate (vllm-project/vllm#55835; its wheel's
-    vllm/distributed/device_communicators/custom_all_reduce.py): a group spanning nodes is
+    """vLLM 0.34.0 carries the upstream gate (the change vllm-project/vllm#55835 proposes, as
+    read in the 0.34.0 wheel's vllm/distributed/device_communicators/custom_all_reduce.py;
+    which commit landed it is UNCONFIRMED, the repository being too large to fetch here;
+    0.33.0's file lacks both checks): a group spanning nodes is
     `mnnvl_only`, `should_custom_ar` declines it and `register_graph_buffers` registers
     nothing over CUDA IPC. The seed's run, unchanged, passes: the communicator stays enabled
     for MNNVL collectives and every all-reduce goes to pynccl."""
@@ -105,3 +134,25 @@ def test_0_34_declines_custom_all_reduce_across_the_trays_and_passes():
         assert d["ca_disabled"] is False, d
         assert d["used"] == ["pynccl", "pynccl"] and d["exact"], d
     assert "cudaIpcOpenMemHandle" not in out, out
+
+
+def test_0_34_custom_all_reduce_tp8_agrees_across_modes_and_is_exact():
+    """TP 8 on one HGX box as real processes and in-process: the same verdict, every rank ok;
+    --check makes a rank whose eager, warm-up or graph result is not exact exit 1."""
+    a = modes("0.34.0", "hgx-h100-8", "--graph", "--numel", "1024", "--check", nproc_per_host=8)
+    assert a["agree"], a["text"]
+    for mode, o in a["outcomes"].items():
+        assert o["ok"] and set(o["ranks"].values()) == {"ok"}, (mode, a)
+
+
+def test_the_seed_gets_the_same_verdict_in_procs_and_inproc():
+    """0.33.0's seed run as real processes (legacy IPC handles exchanged between OS processes)
+    and in-process: the same root cause, the cross-tray cudaIpcOpenMemHandle (row L8)."""
+    a = modes("0.33.0", "gb200-nvl72:2", "--graph", "--no-eager", nproc_per_host=1,
+              visible="one")
+    assert a["agree"], a["text"]
+    for mode, o in a["outcomes"].items():
+        assert not o["ok"], (mode, a)
+        assert o["root"] == [0, "ipc-across-hosts", "cudaIpcOpenMemHandle", 400, "L8"], (mode, a)
+        assert o["ranks"] == {"0": "cudaIpcOpenMemHandle -> 400 (row L8)",
+                              "1": "cudaIpcOpenMemHandle -> 400 (row L8)"}, (mode, a)
