@@ -69,10 +69,24 @@ $(VLLM033)/.installed: $(STAMP)
 	$(VLLM033)/bin/python -m pip install --quiet --no-deps 'vllm==0.33.0'
 	touch $@
 
-peers: $(STAMP) $(FI041)/.installed $(VLLM033)/.installed
+# SGLang 0.5.23 pins torch 2.14.1 and imports triton at module level
+# (sglang/srt/utils/common.py), which the other peers must not see: a layered venv holding
+# sglang, triton and the pure packages its communication modules import (--no-deps, as
+# installed when tests/hosting/test_sglang.py passed; FlashInfer is .venv's). Its custom
+# all-reduce needs sglang-kernel (a 373 MB wheel), not installed: SGLang disables it.
+SGLANG := .venv-sglang
+SGLANG_PKGS := 'sglang==0.5.23' 'triton==3.9.0' orjson starlette anyio httpx2 httpcore2 truststore \
+    ipython traitlets aiohttp multidict yarl propcache aiohappyeyeballs aiosignal frozenlist
+
+$(SGLANG)/.installed: $(STAMP)
+	$(call layered_venv,$(SGLANG))
+	$(SGLANG)/bin/python -m pip install --quiet --no-deps $(SGLANG_PKGS)
+	touch $@
+
+peers: $(STAMP) $(FI041)/.installed $(VLLM033)/.installed $(SGLANG)/.installed
 	$(BIN)/pip install --quiet --no-deps $(PEERS)
 	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py tests/hosting/test_vllm.py \
-	    tests/hosting/test_flashinfer_041.py tests/hosting/test_plugin.py
+	    tests/hosting/test_flashinfer_041.py tests/hosting/test_plugin.py tests/hosting/test_sglang.py
 
 # Hosting over a CUDA build of torch on a machine without a driver (a vLLM developer's laptop
 # or CI image; vLLM 0.33 pins torch 2.14.0): a second venv with the CUDA wheel, then the
