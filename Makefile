@@ -72,11 +72,13 @@ $(VLLM033)/.installed: $(STAMP)
 # SGLang 0.5.23 pins torch 2.14.1 and imports triton at module level
 # (sglang/srt/utils/common.py), which the other peers must not see: a layered venv holding
 # sglang, triton and the pure packages its communication modules import (--no-deps, as
-# installed when tests/hosting/test_sglang.py passed; FlashInfer is .venv's). Its custom
-# all-reduce needs sglang-kernel (a 373 MB wheel), not installed: SGLang disables it.
+# installed when tests/hosting/test_sglang.py passed; FlashInfer is .venv's), and
+# sglang-kernel, whose custom all-reduce ops commsim serves (a 373 MB wheel, 1.5 GB
+# installed, nearly all of it kernels no hosted rank loads).
 SGLANG := .venv-sglang
-SGLANG_PKGS := 'sglang==0.5.23' 'triton==3.9.0' orjson starlette anyio httpx2 httpcore2 truststore \
-    ipython traitlets aiohttp multidict yarl propcache aiohappyeyeballs aiosignal frozenlist
+SGLANG_PKGS := 'sglang==0.5.23' 'sglang-kernel==0.4.10' 'triton==3.9.0' orjson starlette anyio \
+    httpx2 httpcore2 truststore ipython traitlets aiohttp multidict yarl propcache \
+    aiohappyeyeballs aiosignal frozenlist
 
 $(SGLANG)/.installed: $(STAMP)
 	$(call layered_venv,$(SGLANG))

@@ -8,9 +8,11 @@ flashinfer-python), one step named by argv[1]:
   fp32_acc on trtllm), checked against a torch reference of every rank's input; then the
   manager's `cleanup()`. The outcome names the backend, or SGLang's own verdict
   (`_flashinfer_allreduce_unavailable`) when it declined the workspace;
-- `custom`: SGLang's `CustomAllreduce(group=cpu_group, device=device)` (sglang/srt/
-  distributed/device_communicators/custom_all_reduce.py); the outcome says whether it is
-  enabled and, when its kernels are missing, what `custom_all_reduce_ops` failed to import.
+- `custom`: SGLang's world group (`parallel_state.init_distributed_environment`), then its
+  `CustomAllreduce(group=cpu_group, device=device)` (sglang/srt/distributed/
+  device_communicators/custom_all_reduce.py); the outcome names what
+  `custom_all_reduce_ops` failed to import when its kernels (sgl_kernel) are missing, else
+  their `meta_size` and whether the communicator is enabled, or where its set-up stopped.
 One RESULT line per rank.
 """
 
@@ -54,18 +56,29 @@ def fusion(backend: str, cpu_group, device_group) -> str:
 
 
 def custom(cpu_group, device: torch.device) -> str:
+    from sglang.srt.distributed import parallel_state
     from sglang.srt.distributed.device_communicators import custom_all_reduce_ops as ops
     from sglang.srt.distributed.device_communicators.custom_all_reduce import CustomAllreduce
-    ca = CustomAllreduce(group=cpu_group, device=device)
-    if ca.disabled:
+    # SGLang's world group (its P2P check caches through it), over the initialised WORLD.
+    parallel_state.init_distributed_environment(
+        world_size=dist.get_world_size(), rank=dist.get_rank(),
+        local_rank=int(os.environ["LOCAL_RANK"]), backend="nccl")
+    if not ops.IS_CUSTOM_AR_AVAILABLE:
         try:
             import sgl_kernel.allreduce  # noqa: F401  (what custom_all_reduce_ops imports)
             why = "sgl_kernel.allreduce imports"
         except ImportError as e:
             why = f"{type(e).__name__}: {e}"
-        return f"disabled (IS_CUSTOM_AR_AVAILABLE={ops.IS_CUSTOM_AR_AVAILABLE}; {why})"
+        return f"no kernels ({why})"
+    head = f"kernels (meta_size {ops.meta_size()}); "
+    try:
+        ca = CustomAllreduce(group=cpu_group, device=device)
+    except Exception as e:                  # where the communicator's set-up stops
+        return head + f"{type(e).__name__}: {e}"
+    if ca.disabled:
+        return head + "disabled"
     ca.close()
-    return "enabled"
+    return head + "enabled"
 
 
 def main() -> None:
