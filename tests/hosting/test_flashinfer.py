@@ -1,5 +1,5 @@
 """The installed flashinfer-python, unmodified, under `commsim exec` (the `peers` extra of
-pyproject.toml pins it; `make peers` installs it). Skips when it is absent."""
+pyproject.toml pins it; `make test` installs it). Skips when it is absent."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hosting_helpers import PROGRAMS, hosted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
-                                reason="flashinfer-python is not installed (make peers)")
+                                reason="flashinfer-python is not installed (make test installs the peers extra)")
 PROGRAM = PROGRAMS / "flashinfer_comm.py"
 VLLM_NOT_SERVED = ("CompiledExtensionNotServed: commsim hosting: flashinfer JIT module "
                    "'vllm_comm' is a compiled CUDA extension; served: none; not served: ")
