@@ -35,7 +35,8 @@ test: $(STAMP) $(PEERS_STAMP)
 # with other work: the download is 407 MB (vllm's wheel 321 MB, flashinfer's 60 MB), 18 s from
 # the registry; the install 82-107 s wall, 35 s CPU; their tests 48 s CPU on -n 2. CI's budget
 # is 10 min on 2 cores, install included; the rest of `make test` took 332 s there, so this
-# leaves about 2.5 min to spare. `make peers` adds FlashInfer 0.4.1 in a venv of its own.
+# leaves about 2.5 min to spare. `make peers` adds FlashInfer 0.4.1, vLLM 0.34.0 and SGLang in
+# venvs of their own.
 PEERS_STAMP := $(VENV)/.peers-installed
 
 $(PEERS_STAMP): $(STAMP)
@@ -64,16 +65,16 @@ $(FI041)/.installed: $(STAMP)
 	$(FI041)/bin/python -m pip install --quiet --no-deps --no-build-isolation 'flashinfer-python==0.4.1'
 	touch $@
 
-# vLLM 0.33.0, the release of the seed (vllm-project/vllm#52778: custom all-reduce admits a
-# TP group across two GB200 trays and dies registering graph buffers), beside the current pin
-# (0.34.0, the peers extra, which declines that group): a venv layered over .venv the same
-# way, holding only vllm 0.33.0 (--no-deps; every other package is .venv's).
+# vLLM 0.34.0 beside the peers pin 0.33.0 (the seed's release, vllm-project/vllm#52778:
+# custom all-reduce admits a TP group across two GB200 trays and dies registering graph
+# buffers; `make test` runs it): 0.34.0 declines that group. A venv layered over .venv
+# holding only vllm 0.34.0 (--no-deps; every other package is .venv's);
 # tests/hosting/test_vllm.py runs commsim with each venv's interpreter.
-VLLM033 := .venv-vllm033
+VLLM034 := .venv-vllm034
 
-$(VLLM033)/.installed: $(STAMP)
-	$(call layered_venv,$(VLLM033))
-	$(VLLM033)/bin/python -m pip install --quiet --no-deps 'vllm==0.33.0'
+$(VLLM034)/.installed: $(STAMP)
+	$(call layered_venv,$(VLLM034))
+	$(VLLM034)/bin/python -m pip install --quiet --no-deps 'vllm==0.34.0'
 	touch $@
 
 # SGLang 0.5.23 pins torch 2.14.1 and imports triton at module level
@@ -92,7 +93,7 @@ $(SGLANG)/.installed: $(STAMP)
 	$(SGLANG)/bin/python -m pip install --quiet --no-deps $(SGLANG_PKGS)
 	touch $@
 
-peers: $(PEERS_STAMP) $(FI041)/.installed $(VLLM033)/.installed $(SGLANG)/.installed
+peers: $(PEERS_STAMP) $(FI041)/.installed $(VLLM034)/.installed $(SGLANG)/.installed
 	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py tests/hosting/test_vllm.py \
 	    tests/hosting/test_flashinfer_041.py tests/hosting/test_plugin.py tests/hosting/test_sglang.py
 

@@ -1,14 +1,14 @@
 """The installed vLLM, unmodified, under `commsim exec`: its own CustomAllreduce and
 PyNcclCommunicator built as its GPU worker builds them (tests/hosting/programs/vllm_custom_ar.py).
-Two releases: 0.34.0, the current pin (the `peers` extra, in .venv), and 0.33.0, the release
-of the seed (vllm-project/vllm#52778), in the layered .venv-vllm033 (`make peers` builds
-both). A test of a release that is not installed skips with the reason.
+Two releases: 0.33.0, the release of the seed (vllm-project/vllm#52778), pinned by the
+`peers` extra in .venv (`make test` installs it), and 0.34.0 in the layered .venv-vllm034
+(`make peers` builds it). A test of a release that is not installed skips with the reason.
 
 Each run is `commsim exec` in an interpreter of its own (the venv's), as a user runs it:
 vLLM caches what it learnt of the devices at module level (device capability, the P2P
 access cache), so two in-process runs on different machines in one interpreter would see the
 first machine's answers. The first run probes P2P with vLLM's own subprocesses (each imports
-vLLM): these tests cost minutes of CPU and run under `make peers` only."""
+vLLM). Under `make test` the 0.33.0 tests run: about a minute of CPU."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from hosting_helpers import PROGRAMS, results
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = PROGRAMS / "vllm_custom_ar.py"
-# The interpreter of each release's venv: .venv holds the current pin.
-VENVS = {"0.34.0": Path(sys.executable), "0.33.0": ROOT / ".venv-vllm033" / "bin" / "python"}
+# The interpreter of each release's venv: .venv holds the peers pin.
+VENVS = {"0.33.0": Path(sys.executable), "0.34.0": ROOT / ".venv-vllm034" / "bin" / "python"}
 
 
 def _installed(python: Path) -> str | None:
@@ -42,7 +42,8 @@ def interpreter(version: str) -> Path:
     found = _installed(python)
     if found != version:
         pytest.skip(f"vllm {version} is not installed in {python.parent.parent.name} "
-                    f"({'it has ' + found if found else 'none there'}; make peers)")
+                    f"({'it has ' + found if found else 'none there'}; make test installs 0.33.0, "
+                    f"make peers 0.34.0)")
     return python
 
 
