@@ -34,7 +34,7 @@ from commsim.hosting.state import rankview
 from commsim.launch.bootstrap import shm_dir
 from commsim.launch.config import RunConfig
 from commsim.hosting.state.driver_view import HostedDriver
-from commsim.launch.rank_env import free_port, rank_env, visible_of
+from commsim.launch.rank_env import container_of, free_port, rank_env, visible_of
 from commsim.launch.reports import read_reports, worker_results
 from commsim.hosting.state.session import HostedRank, RankEvents, bound, exception_line, hosted, program_site
 from commsim.hosting.install.patches import Patches
@@ -177,6 +177,9 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         host, _ = cfg.placement[r]
         refs = tuple(GpuRef(host, i) for i in visible_of(cfg, r, cluster))
         proc = fabric.spawn(host, refs, cfg.driver_faults(r))
+        container = container_of(cfg, r, cluster)
+        if container is not None:
+            proc.container = tuple(GpuRef(host, i) for i in container)
         events = RankEvents()
         env = rank_env(cfg, r, cluster, base, boot_dir, port)
         env["COMMSIM_HOSTING_SLOT"] = ""   # a process a rank spawns takes a slot of its own
@@ -184,7 +187,8 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         ranks.append(HostedRank(r, cfg.world_size, lr, lws, host,
                                 HostedDriver(SimDriver(fabric, proc), events), cluster, refs,
                                 shm_dir(cfg, cluster, host, proc.pid), events, mode="inproc",
-                                pid=proc.pid, env=rankview.encoded(env), world=world, slot=r))
+                                pid=proc.pid, env=rankview.encoded(env), world=world, slot=r,
+                                container=container))
         results.append(ProcResult(r, r, host, proc.pid))
 
     def body(r: int) -> None:
