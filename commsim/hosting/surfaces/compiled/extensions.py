@@ -19,14 +19,20 @@ the loaded module): FlashInfer 0.7.2.post1 `flashinfer/comm/trtllm_ar.py`,
 needs `trtllm_lamport_initialize`: its csrc/trtllm_allreduce.cu and
 include/flashinfer/comm/trtllm_allreduce.cuh fill the buffer with negative zero as 0.7.2.post1's
 do (`lamport_initialize_kernel`, `lamportInitializeAll` dividing by sizeof(T) again), so the same
-reference serves both; its `trtllm_allreduce_fusion` takes 21 arguments (no
-`block_quant_group_size`, `weight_bias`) and its fusion kernels differ, so it is not served
-there. vLLM 0.33.0 ships no `vllm._C`: its
+reference serves both; its `trtllm_allreduce_fusion` (21 arguments: no
+`block_quant_group_size`, `weight_bias`), `trtllm_moe_allreduce_fusion` (20) and
+`trtllm_moe_finalize_allreduce_fusion` (13) are served by functions of those signatures over
+the same references ("op=function" below; flashinfer_trtllm.py and flashinfer_trtllm_moe.py
+say why the kernels agree). vLLM 0.33.0 ships no `vllm._C`: its
 CUDA platform (`vllm/platforms/cuda.py`) imports `vllm._C_stable_libtorch`, which registers
 the namespaces `_C`, `_C_cache_ops`, `_C_cuda_utils` and `_C_custom_ar`; the `_C_custom_ar`
 schemas below are the strings that library registers (read from the installed 0.33.0 wheel,
 `csrc/torch_bindings.cpp` at v0.33.0), the ops `vllm/_custom_ops.py` calls for
-`vllm/distributed/device_communicators/custom_all_reduce.py`.
+`vllm/distributed/device_communicators/custom_all_reduce.py`. vLLM 0.34.0's
+`_C_stable_libtorch.abi3.so` registers the same fifteen `_C_custom_ar` schema strings (both
+wheels' strings compared), so one declaration covers [0.33.0, 0.35); a release that changes
+one gets a declaration of its own. The served ops follow the v0.33.0 kernels; that 0.34.0's
+`csrc/custom_all_reduce.cuh` computes the same is UNCONFIRMED (the wheel carries no source).
 
 A served op of a Python extension module is declared as "<namespace>.<op>" with its schema
 and the function that implements it (`ServedOp`); loading the module in a hosted rank
@@ -67,7 +73,8 @@ class CompiledExtension:
     library: str                     # the distribution (importlib.metadata name)
     versions: tuple[str, str]        # [first, past-last) release, e.g. ("0.7.2", "0.8")
     module: str                      # import name, or the JIT module's spec name
-    kind: str                        # "import" (a Python extension module) or "flashinfer-jit"
+    kind: str                        # "import" (a Python extension module), "flashinfer-jit" or
+                                     # "sgl_kernel" (its common_ops, loaded from a path)
     not_served: tuple[str, ...]
     served: dict[str, Any] = field(default_factory=dict)   # op -> ServedOp (or what the kind loads)
 
@@ -90,8 +97,37 @@ _VLLM_AR_SCHEMAS = (
     "open_mem_handle(Tensor mem_handle) -> int",
     "free_shared_buffer(int ptr) -> ()",
 )
-_VLLM_AR_SERVED = {f"_C_custom_ar.{s.partition('(')[0]}": ServedOp(
-    s, f"{_VLLM_AR}:{s.partition('(')[0]}", _VLLM_AR_SOURCE) for s in _VLLM_AR_SCHEMAS}
+
+
+def _torch_ops(namespace: str, impl: str, source: str, schemas: tuple[str, ...]) -> dict[str, ServedOp]:
+    """Served torch.library ops "<namespace>.<op>", each implemented by the function of the
+    op's name in the module `impl`."""
+    return {f"{namespace}.{s.partition('(')[0]}": ServedOp(s, f"{impl}:{s.partition('(')[0]}", source)
+            for s in schemas}
+
+
+_VLLM_AR_SERVED = _torch_ops("_C_custom_ar", _VLLM_AR, _VLLM_AR_SOURCE, _VLLM_AR_SCHEMAS)
+
+# sglang-kernel 0.4.10 registers its custom all-reduce (`sglang::CustomAllreduce`, adapted
+# from vLLM's) under `sgl_kernel` from `sgl_kernel/sm90/common_ops.abi3.so` or
+# `sm100/common_ops.abi3.so` (both wheels' strings compared): `init_custom_ar` and
+# `all_reduce` with the schema strings below, the others by signature alone (`m.def(name,
+# &fn)`: torch infers the schema, its argument names UNCONFIRMED; callers pass them by
+# position, sgl_kernel/allreduce.py). Its Python side calls them as vLLM's does
+# (sglang/srt/distributed/device_communicators/custom_all_reduce.py at 0.5.23), so vLLM's
+# reference serves them; that sgl-kernel's kernel and Signal match vLLM v0.33.0's is
+# UNCONFIRMED (the wheel carries no source).
+_SGL_AR_SOURCE = "sglang-kernel 0.4.10 sgl_kernel/sm90|sm100/common_ops.abi3.so (schemas); " \
+                 "kernel as vllm-project/vllm v0.33.0 csrc/custom_all_reduce.cuh (UNCONFIRMED)"
+_SGL_AR_SCHEMAS = (
+    "meta_size() -> int",
+    "init_custom_ar(int[] ipc_tensors, Tensor rank_data, int rank, bool full_nvlink) -> int",
+    "register_buffer(int fa, int[] fake_ipc_ptrs) -> ()",
+    "get_graph_buffer_ipc_meta(int fa) -> (int[], int[])",
+    "register_graph_buffers(int fa, int[][] handles, int[][] offsets) -> ()",
+    "all_reduce(int fa, Tensor inp, Tensor! out, int reg_buffer, int reg_buffer_sz_bytes) -> ()",
+    "dispose(int fa) -> ()",
+)
 
 # Ops a served extension registers that commsim does not serve: "<namespace>.<op>" -> schema.
 REFUSED_SCHEMAS: dict[str, str] = {
@@ -114,40 +150,66 @@ _VLLM_AR_REFUSED = tuple(n for n in REFUSED_SCHEMAS if n.startswith("_C_custom_a
 
 def _jit_ops(module: str, source: str, names: str) -> dict[str, ServedOp]:
     """A FlashInfer JIT module's served functions, each implemented by the function of the
-    same name in `module` (imported when the module loads in a hosted rank, not here)."""
-    return {n: ServedOp("", f"commsim.hosting.surfaces.compiled.{module}:{n}", source)
-            for n in names.split()}
+    same name in `module`, or "op=function" where one release's signature needs a function
+    of its own (imported when the module loads in a hosted rank, not here)."""
+    pairs = (n.partition("=") for n in names.split())
+    return {op: ServedOp("", f"commsim.hosting.surfaces.compiled.{module}:{fn or op}", source)
+            for op, _, fn in pairs}
 
 
 # Sources as each module's docstring details them (flashinfer-ai/flashinfer at the commit
 # whose csrc matches the 0.7.2.post1 wheel).
 _FI_TRTLLM = "flashinfer csrc/trtllm_allreduce.cu, include/flashinfer/comm/trtllm_allreduce*.cuh"
-_FI_TRTLLM_041 = ("flashinfer-python 0.4.1 sdist csrc/trtllm_allreduce.cu, "
-                  "include/flashinfer/comm/trtllm_allreduce.cuh")
+_FI_TRTLLM_041 = ("flashinfer-python 0.4.1 sdist (v0.4.1, a88349f9f43d) csrc/trtllm_allreduce.cu, "
+                  "csrc/trtllm_allreduce_fusion.cu, include/flashinfer/comm/trtllm_allreduce*.cuh")
+_FI_TRTLLM_MOE = ("flashinfer csrc/trtllm_moe_allreduce_fusion.cu, "
+                  "include/flashinfer/comm/trtllm_moe_allreduce_fusion.cuh")
+_FI_VLLM_AR = ("flashinfer csrc/vllm_custom_all_reduce.cu, "
+               "include/flashinfer/comm/vllm_custom_all_reduce.cuh")
+_FI_PCIE_IPC = ("flashinfer csrc/pcie_ipc_all_reduce.cu, "
+                "include/flashinfer/comm/pcie_ipc_all_reduce.cuh, pcie_ipc_ce_memop.cuh")
+_FI_TRTLLM_MOE_041 = ("flashinfer-python 0.4.1 sdist (v0.4.1, a88349f9f43d) "
+                      "csrc/trtllm_moe_allreduce_fusion.cu, "
+                      "include/flashinfer/comm/trtllm_moe_allreduce_fusion.cuh")
 _FI_MNNVL = "flashinfer csrc/trtllm_mnnvl_allreduce.cu, include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh"
 
 EXTENSIONS: tuple[CompiledExtension, ...] = (
     CompiledExtension("flashinfer-python", ("0.4.1", "0.4.2"), "trtllm_comm", "flashinfer-jit", _ops(
-        "trtllm_custom_all_reduce trtllm_allreduce_fusion trtllm_moe_allreduce_fusion "
-        "trtllm_moe_finalize_allreduce_fusion"),
-        served=_jit_ops("flashinfer_trtllm", _FI_TRTLLM_041, "trtllm_lamport_initialize "
-                        "trtllm_lamport_initialize_all")),
+        "trtllm_custom_all_reduce"),
+        served={**_jit_ops("flashinfer_trtllm", _FI_TRTLLM_041, "trtllm_lamport_initialize "
+                           "trtllm_lamport_initialize_all "
+                           "trtllm_allreduce_fusion=trtllm_allreduce_fusion_v041"),
+                **_jit_ops("flashinfer_trtllm_moe", _FI_TRTLLM_MOE_041,
+                           "trtllm_moe_allreduce_fusion=trtllm_moe_allreduce_fusion_v041 "
+                           "trtllm_moe_finalize_allreduce_fusion="
+                           "trtllm_moe_finalize_allreduce_fusion_v041")}),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_comm", "flashinfer-jit", _ops(
-        "trtllm_custom_all_reduce trtllm_moe_allreduce_fusion trtllm_moe_finalize_allreduce_fusion"),
-        served=_jit_ops("flashinfer_trtllm", _FI_TRTLLM, "trtllm_lamport_initialize "
-                        "trtllm_lamport_initialize_all trtllm_allreduce_fusion")),
+        "trtllm_custom_all_reduce"),
+        served={**_jit_ops("flashinfer_trtllm", _FI_TRTLLM, "trtllm_lamport_initialize "
+                           "trtllm_lamport_initialize_all trtllm_allreduce_fusion"),
+                **_jit_ops("flashinfer_trtllm_moe", _FI_TRTLLM_MOE, "trtllm_moe_allreduce_fusion "
+                           "trtllm_moe_finalize_allreduce_fusion")}),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_mnnvl_comm", "flashinfer-jit", (),
                       served=_jit_ops("flashinfer_mnnvl", _FI_MNNVL, "trtllm_mnnvl_allreduce_fusion")),
-    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "vllm_comm", "flashinfer-jit", _ops(
-        "meta_size init_custom_ar register_buffer get_graph_buffer_ipc_meta "
-        "register_graph_buffers all_reduce dispose")),
+    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "vllm_comm", "flashinfer-jit", (),
+                      served=_jit_ops("flashinfer_vllm_ar", _FI_VLLM_AR, "meta_size "
+                                      "init_custom_ar register_buffer get_graph_buffer_ipc_meta "
+                                      "register_graph_buffers all_reduce dispose")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "pcie_ipc_comm", "flashinfer-jit", _ops(
-        "pcie_ipc_init pcie_ipc_workspace_size pcie_ipc_all_reduce pcie_ipc_dispose init "
-        "workspace_size memop_supported set_memop_enabled")),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._C_stable_libtorch", "import", (
+        "pcie_ipc_init pcie_ipc_all_reduce pcie_ipc_dispose"),
+        served=_jit_ops("flashinfer_pcie_ipc", _FI_PCIE_IPC, "pcie_ipc_memop_supported "
+                        "pcie_ipc_workspace_size pcie_ipc_set_memop_enabled")),
+    CompiledExtension("vllm", ("0.33.0", "0.35"), "vllm._C_stable_libtorch", "import", (
         *_VLLM_AR_REFUSED, "_C.*", "_C_cache_ops.*", "_C_cuda_utils.*"), served=_VLLM_AR_SERVED),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._moe_C_stable_libtorch", "import", ()),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm.cumem_allocator", "import", ()),
+    CompiledExtension("vllm", ("0.33.0", "0.35"), "vllm._moe_C_stable_libtorch", "import", ()),
+    CompiledExtension("vllm", ("0.33.0", "0.35"), "vllm.cumem_allocator", "import", ()),
+    # Loaded by sgl_kernel/load_utils.py's _load_architecture_specific_ops from a file path
+    # (kind "sgl_kernel"); the other compiled modules of the package are plain imports.
+    CompiledExtension("sglang-kernel", ("0.4.10", "0.4.11"), "common_ops", "sgl_kernel",
+                      ("sgl_kernel.*",),
+                      served=_torch_ops("sgl_kernel", _VLLM_AR, _SGL_AR_SOURCE, _SGL_AR_SCHEMAS)),
+    *(CompiledExtension("sglang-kernel", ("0.4.10", "0.4.11"), f"sgl_kernel.{m}", "import", ())
+      for m in ("flash_ops", "flashmla_ops", "spatial_ops")),
 )
 
 
