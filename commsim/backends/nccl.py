@@ -1,8 +1,8 @@
-"""`nccl`: the fallback. With ON_MACHINE it is run by the simulated NCCL
-(commsim/libmodels/nccl/), a client of the rank's driver as the hosted libnccl is, so what
-NCCL does on the machine is what the sweep sees; without, NCCL's choices come from the rules
-alone and the group layer combines the ranks' inputs exactly (what NCCL's collectives
-guarantee semantically on a sound machine).
+"""`nccl`: the fallback, run by the simulated NCCL (commsim/libmodels/nccl/), a client of
+the rank's driver as the hosted libnccl is, so what NCCL does on the machine is what the
+scenarios and the sweep see. The policy parameter `nccl_on_machine = False`
+keeps NCCL's choices from the rules alone and lets the group layer combine the ranks' inputs
+exactly (what NCCL's collectives guarantee semantically on a sound machine), as before.
 
 At set-up the policy's view of NCCL comes first: commsim/libmodels/nccl_rules.py
 (docs/lifecycle-rules.md NC1-NC12) decides, from the discovery view and the NCCL_* variables
@@ -36,11 +36,14 @@ from commsim.backends.base import Backend, Eligibility, SetupFailed
 from commsim.backends.registry import register_backend
 
 # Whether the backend runs the simulated NCCL on the machine (set-up through the driver,
-# bytes over the connections) or, as before, decides by the rules alone and combines the
-# ranks' inputs exactly. Off until the shipped scenarios and tests whose premise is an exact
-# fallback are revised (docs/lifecycle-rules.md NC13 lists them); the sweep's oracle
-# (commsim/scenario/nccl_truth.py) expects NCCL's outcomes only when it is on.
-ON_MACHINE = False
+# bytes over the connections) where the policy does not say; the oracle
+# (commsim/scenario/nccl_truth.py) expects NCCL's outcomes exactly where it does.
+ON_MACHINE = True
+
+
+def on_machine(params: dict[str, Any]) -> bool:
+    """Whether a communicator with these policy parameters runs NCCL on the machine."""
+    return bool(params.get("nccl_on_machine", ON_MACHINE))
 
 
 class NcclError(RuntimeError):
@@ -101,7 +104,7 @@ class NcclBackend(Backend):
         self.decision = d
         if d.init_error is not None:
             raise SetupFailed(self.name, "init: ncclCommInitRank", self.rank, NcclError(*d.init_error))
-        if not ON_MACHINE:
+        if not on_machine(self.params):
             return
         envd = dict(env)
         if self.adjusted:
@@ -128,7 +131,9 @@ class NcclBackend(Backend):
         super().close()
 
     def describe(self) -> str:
-        d = self.decision
+        # What NCCL decided on the machine where it ran (its topology read the PCIe paths,
+        # which the discovery view does not carry), else the rules' view.
+        d = self.comm.decision if self.comm is not None else self.decision
         if d is None:
             return ""
         algos = "; ".join(f"{op} {'/'.join(d.algorithms(op))}" for op in ("all_reduce", "all_gather"))

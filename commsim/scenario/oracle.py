@@ -132,7 +132,7 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     # NCCL's outcomes where the backend runs NCCL on the machine; else NCCL is exact.
     nccl = {g.name: nccl_outcome(sc.cluster, truths[g.name].gpus, sc.workload.nccl_env,
                                  bool(pol.params.get("nccl_auto_env", True)))
-            if nccl_backend.ON_MACHINE else NcclOutcome() for g in sc.groups}
+            if nccl_backend.on_machine(pol.params) else NcclOutcome() for g in sc.groups}
     for e in res.errors:
         if oom and (_caused_by_oom(sc, e, oom_ranks) or _nccl_knocked_out(res, e)):
             v.notes.append(f"expected under the oom fault: rank {e.rank} at {e.step}: {e.name}")

@@ -487,6 +487,17 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         up = lk.is_nvlink and a.nvlinks_up and b.nvlinks_up
         return (0, NVML_P2P_STATUS_OK if up else NVML_P2P_STATUS_NOT_SUPPORTED)
 
+    def pci_path(self, index1: int, index2: int) -> str:
+        """The PCIe path between two GPUs of this host by NVML index, as `nvidia-smi topo -m`
+        names it (PIX, PXB, PHB, NODE, SYS; "" for one GPU or an unknown index): what NCCL's
+        topology detection reads from sysfs (src/graph/topo.cc, the PCI tree under
+        /sys/bus/pci). An NVLink pair's PCIe path is not in the model: SYS."""
+        a, b = self._nvml_gpu(index1), self._nvml_gpu(index2)
+        if a is None or b is None or a.index == b.index:
+            return ""
+        lk = self._host.link(a.index, b.index)
+        return "SYS" if lk.is_nvlink else lk.kind
+
     def nvmlDeviceGetNvLinkState(self, index: int) -> tuple:
         """Whether every P2P-capable NVLink of the GPU is active (FlashInfer / TRT-LLM check it)."""
         g = self._nvml_gpu(index)

@@ -19,8 +19,9 @@ Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
   reads NVML's P2P status of the pair instead (src/transport/p2p.cc p2pCanConnect: "CUDA
   10.1 and later can use P2P with invisible devices", checked against the NVML pair info);
   which NVML capability index it reads is UNCONFIRMED (the simulated NVML's one status).
-  The PCIe distance NCCL reads from sysfs is not asked of the driver: a same-host pair
-  without NVLink is SYS (UNCONFIRMED, as nccl_rules.machine_from_view).
+- per same-host peer without NVLink: the PCIe path NCCL's topology detection reads from
+  sysfs (src/graph/topo.cc), asked of the driver (`pci_path`); `nvidia-smi topo -m`'s NODE
+  (host bridges within a CPU socket) is NCCL's PHB. A driver that cannot tell gives SYS.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 from cuda.bindings import driver as cu
 
 from commsim.driver import NVML_P2P_STATUS_OK
-from commsim.libmodels.nccl_rules import NcclMachine, NcclRank
+from commsim.libmodels.nccl_rules import NcclMachine, NcclRank, pcie_path
 
 _A = cu.CUdevice_attribute
 
@@ -47,6 +48,7 @@ class PeerInfo:
     nvml: int                           # busId / nvmlDev
     cuda_dev: int
     nvlink: tuple[bool, ...]            # per NVML index of this host
+    pci: tuple[str, ...]                # NCCL's PCIe path type per NVML index (PIX ... SYS)
     access: tuple[bool, ...]            # cudaDeviceCanAccessPeer per NVML index (NVML's P2P
                                         # status for an invisible one)
 
@@ -85,6 +87,9 @@ def local_info(driver: Any, rank: int) -> PeerInfo:
     _, ordinals = driver.cudaGetDeviceCount()
     by_nvml = {_nvml_index(driver, o): o for o in range(int(ordinals))}
     nvlink, access = [], []
+    ask = getattr(driver, "pci_path", None)
+    pci = tuple(pcie_path(ask(nvml, j)) if ask is not None and j != nvml else "SYS"
+                for j in range(int(count)))
     for j in range(int(count)):
         err, status = driver.nvmlDeviceGetP2PStatus(nvml, j)
         nvlink.append(j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK)
@@ -107,7 +112,7 @@ def local_info(driver: Any, rank: int) -> PeerInfo:
                      True, _attr(driver, _A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, dev),
                      fabric_handle, bool(driver.imex_channels()), bytes(uuid), int(clique),
                      int(state))
-    return PeerInfo(facts, driver.getpid(), nvml, dev, tuple(nvlink), tuple(access))
+    return PeerInfo(facts, driver.getpid(), nvml, dev, tuple(nvlink), pci, tuple(access))
 
 
 def machine(infos: list[PeerInfo]) -> NcclMachine:
@@ -117,7 +122,8 @@ def machine(infos: list[PeerInfo]) -> NcclMachine:
         for b in infos:
             if a.rank == b.rank or a.host != b.host or a.nvml == b.nvml:
                 continue
-            paths[(a.rank, b.rank)] = "NVL" if b.nvml < len(a.nvlink) and a.nvlink[b.nvml] else "SYS"
+            paths[(a.rank, b.rank)] = ("NVL" if b.nvml < len(a.nvlink) and a.nvlink[b.nvml]
+                                       else a.pci[b.nvml] if b.nvml < len(a.pci) else "SYS")
             if b.nvml < len(a.access) and a.access[b.nvml]:
                 access.add((a.rank, b.rank))
     return NcclMachine(tuple(ranks), paths, frozenset(access), "driver")
