@@ -20,6 +20,7 @@ rank order, rounded once)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,15 @@ def _decide(view: GroupView, env: tuple[tuple[str, str], ...], auto: bool) -> tu
 
 
 def _decision(view: GroupView, env: tuple[tuple[str, str], ...], auto: bool) -> tuple[NcclDecision, str]:
-    machine = machine_from_view(view)
+    return _decision_of(view.ranks, env, auto)
+
+
+@functools.lru_cache(maxsize=1024)
+def _decision_of(ranks: tuple, env: tuple[tuple[str, str], ...], auto: bool) -> tuple[NcclDecision, str]:
+    """A pure function of the ranks' discovery facts (immutable RankInfos, compared by
+    value) and the variables: a sweep worker meets the same group on the same machine in
+    many scenarios, each with its own view object."""
+    machine = machine_from_view(GroupView(ranks))
     envd = dict(env)
     d = decide(machine, parse_env(envd))
     if (d.init_error is not None and d.init_error[0] == "ncclSystemError" and auto
