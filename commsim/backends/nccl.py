@@ -28,7 +28,7 @@ import torch
 
 from commsim.discovery import GroupView
 from commsim.kernels import collectives as K
-from commsim.libmodels.nccl import comm as nccl_comm, datapath
+from commsim.libmodels.nccl import comm as nccl_comm, datapath, outcome as nccl_outcome
 from commsim.libmodels.nccl.errors import NcclError as NcclFailure
 from commsim.libmodels.nccl.shm import NamespaceShm
 from commsim.libmodels.nccl_rules import NcclDecision, decide, machine_from_view, parse_env
@@ -140,11 +140,15 @@ class NcclBackend(Backend):
         super().close()
 
     def describe(self) -> str:
-        # What NCCL decided on the machine where it ran (its topology read the PCIe paths,
-        # which the discovery view does not carry), else the rules' view.
-        d = self.comm.decision if self.comm is not None else self.decision
+        d = self.decision
         if d is None:
             return ""
+        if self.comm is not None:
+            # What set-up did on the machine (its topology read the PCIe paths, which the
+            # discovery view does not carry): pairs, NVLS and why.
+            c = self.comm
+            return nccl_outcome.describe(c.decision, c.nvls_note, c.connected) + \
+                (f"; {self.adjusted}" if self.adjusted else "")
         algos = "; ".join(f"{op} {'/'.join(d.algorithms(op))}" for op in ("all_reduce", "all_gather"))
         return f"{d.transport_summary()}; {algos}" + (f"; {self.adjusted}" if self.adjusted else "")
 
@@ -173,7 +177,7 @@ class NcclBackend(Backend):
             # Runtime connect (libmodels/nccl/comm.py): the connections' set-up failed at
             # the first collective; a peer's failure names that peer.
             raise SetupFailed(self.name, "connect: first collective", self.rank if e.origin is None
-                              else e.origin, _nccl_error(e)) from None
+                              else e.origin, _nccl_error(e, self.comm.decision)) from None
         return self._shaped(_collective(parts, op, dtype), op, x)
 
     def _shaped(self, res: np.ndarray, op: str, x: torch.Tensor) -> torch.Tensor:
@@ -186,10 +190,11 @@ class NcclBackend(Backend):
         return out if op != "all_reduce" and op != "all_reduce_rmsnorm" else out.reshape(x.shape)
 
 
-def _nccl_error(e: NcclFailure) -> NcclError:
+def _nccl_error(e: NcclFailure, d: NcclDecision | None = None) -> NcclError:
     """The simulated NCCL's failure as this backend reports it: its result name, its WARN,
-    and the CUDA call and code behind it where one failed."""
-    return NcclError(e.name, e.warn + (f" ({e.api} -> {e.cause})" if e.cause else ""))
+    the CUDA call and code behind it where one failed, and what NCCL had decided."""
+    text = nccl_outcome.failed(e.decision or d, e.name, e.warn, e.api, e.cause)
+    return NcclError(e.name, text.removeprefix(f"{e.name}: "))
 
 
 def _collective(parts: list[np.ndarray], op: str, dtype: str) -> np.ndarray:
