@@ -30,7 +30,7 @@ from commsim.discovery import GroupView
 from commsim.kernels import collectives as K
 from commsim.libmodels.nccl import comm as nccl_comm, datapath, outcome as nccl_outcome
 from commsim.libmodels.nccl.errors import NcclError as NcclFailure
-from commsim.libmodels.nccl.shm import NamespaceShm
+from commsim.libmodels.nccl.shm import DirShm, NamespaceShm
 from commsim.libmodels.nccl_rules import NcclDecision, decide, machine_from_view, parse_env
 from commsim.topology.truth import GroupFacts
 from commsim.backends.base import Backend, Eligibility, SetupFailed
@@ -122,7 +122,12 @@ class NcclBackend(Backend):
         # The /dev/shm's size where a simulated host's container sets one.
         cluster = getattr(drv, "cluster", None)
         limit = cluster.host(drv.gethostname()).container.shm_bytes or None if cluster else None
-        shm = NamespaceShm(getattr(drv, "fabric", self.group), drv.shm_namespace(), limit)
+        # OS processes share a /dev/shm through files (each process's in-memory store would
+        # be its own: a peer attached a same-named segment of its own and read its own
+        # bytes); in-process ranks share one in-memory store per run.
+        root = drv.shm_dir() if hasattr(drv, "shm_dir") else None
+        shm = DirShm(root, limit) if root else \
+            NamespaceShm(getattr(drv, "fabric", self.view), drv.shm_namespace(), limit)
         try:
             self.comm = nccl_comm.init(drv, self.group, self.rank, self.ws, envd, shm)
         except NcclFailure as e:

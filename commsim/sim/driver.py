@@ -13,13 +13,15 @@ docs/fidelity-rules.md); the rows whose exact code is UNCONFIRMED take it from
 from __future__ import annotations
 
 import bisect
+import hashlib
+import os
 from typing import Any, Callable
 
 import numpy as np
 
 from commsim.driver import FD, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
 from commsim.topology.model import GpuRef
-from commsim.sim import real_fds, unconfirmed
+from commsim.sim import real_fds, shm, unconfirmed
 from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, Refusal, _attr_int, api
 from commsim.sim.driver_ipc import LegacyIpcCalls
 from commsim.sim.driver_multicast import MulticastCalls
@@ -131,6 +133,19 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         """What vLLM's same-node test observes: hosts that share /dev/shm;
         a process in a container of its own has its own (row W6)."""
         return self._host.process_namespace(self.proc.pid)
+
+    def shm_dir(self) -> str | None:
+        """The directory standing in for this process's /dev/shm where the run's ranks are OS
+        processes (process mode: one per shm namespace, inside the run's private directory,
+        so every process of the namespace sees the same files); None where the ranks share
+        one Python process and a library keeps its segments in memory."""
+        prefix = getattr(self.fabric, "prefix", None)
+        if prefix is None:
+            return None
+        ns = hashlib.sha256(self.shm_namespace().encode()).hexdigest()[:16]
+        path = shm.segment_path(prefix, f"devshm-{ns}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return str(path)
 
     def _dev(self, ordinal: Any, runtime: bool = False) -> GpuRef:
         o = ordinal if type(ordinal) is int else _attr_int(ordinal)   # a struct field may be anything
