@@ -99,23 +99,31 @@ def probe(driver: Driver, rank: int) -> RankInfo:
     n = check("cudaGetDeviceCount", driver.cudaGetDeviceCount())
     me = _nvml_index(driver, dev)
     count = getattr(driver, "nvmlDeviceGetCount", None)
-    host_gpus = count()[1] if count is not None else n
+    nvml_count = count()[1] if count is not None else n
+    # Facts are kept by host index (what a PCI bus id names): under a container's device
+    # cgroup NVML numbers only the container's GPUs (row W3), and a GPU outside it is
+    # neither askable nor probeable from here (None).
+    host_of = getattr(driver, "nvml_host_index", None)
+    host_index = [j if host_of is None else host_of(j) for j in range(nvml_count)]
+    slots = getattr(driver, "host_gpu_count", None)
+    width = max(max(host_index, default=-1) + 1, slots() if slots is not None else 0)
     ordinal_of = {_nvml_index(driver, o): o for o in range(n)}
-    p2p = tuple(True if k == me else
-                (bool(check("cuDeviceCanAccessPeer", driver.cuDeviceCanAccessPeer(dev, ordinal_of[k])))
-                 if k in ordinal_of else None)
-                for k in range(host_gpus))
+    at = {k: j for j, k in enumerate(host_index)}        # host index -> NVML index
+    p2p = tuple(None if k not in at else True if at[k] == me else
+                (bool(check("cuDeviceCanAccessPeer", driver.cuDeviceCanAccessPeer(dev, ordinal_of[at[k]])))
+                 if at[k] in ordinal_of else None)
+                for k in range(width))
     nvl = []
-    for k in range(host_gpus):
-        err, status = driver.nvmlDeviceGetP2PStatus(me, k)
+    for k in range(width):
+        err, status = driver.nvmlDeviceGetP2PStatus(me, at[k]) if k in at else (2, None)
         nvl.append(err == 0 and status == NVML_P2P_STATUS_OK)   # any NVML error: not connected
     # What serving stacks do before trusting the flag (vLLM gpu_p2p_access_check): a real IPC
     # round trip with a check of the bytes, in helper processes, towards every peer the
     # driver reports P2P to (or cannot be asked about). A driver without the capability
-    # leaves it None (the flag is trusted).
+    # leaves it None (the flag is trusted); a GPU outside the container cannot be probed.
     run_probe = getattr(driver, "p2p_probe", None)
-    probed = tuple(run_probe(me, k) if run_probe is not None and k != me and p2p[k] is not False
-                   else None for k in range(host_gpus))
+    probed = tuple(run_probe(me, at[k]) if run_probe is not None and k in at and at[k] != me
+                   and p2p[k] is not False else None for k in range(width))
     err, fab = driver.nvmlDeviceGetGpuFabricInfo(me)
     err2, links_up = driver.nvmlDeviceGetNvLinkState(me)
     major = attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
@@ -133,7 +141,7 @@ def probe(driver: Driver, rank: int) -> RankInfo:
         fabric_state=fab.state if err == 0 else 0,
         fabric_status=fab.status if err == 0 else -1,
         nvlinks_up=bool(links_up) if err2 == 0 else False,
-        p2p=p2p, nvlink=tuple(nvl), p2p_probe=probed, gpu_index=me)
+        p2p=p2p, nvlink=tuple(nvl), p2p_probe=probed, gpu_index=host_index[me] if host_index else me)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import dataclasses
 import functools
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from commsim.errors import UserError
 
@@ -167,3 +167,19 @@ def installed() -> Versions:
             nccl = (int(m[1]), int(m[2]), int(m[3]))
             break
     return Versions(driver=DEFAULT_DRIVER, cuda=DEFAULT_CUDA, torch=torch, nccl=nccl)
+
+
+def flags_of(given: Mapping[str, str]) -> list[str]:
+    """The command-line words that give these version fields (`--torch-version 2.10` ...), in
+    FIELDS order, so a printed command reproduces the run."""
+    return [x for k in FIELDS if k in given for x in (f"--{k}-version", given[k])]
+
+
+def pinned(sc: Any, given: Mapping[str, str]) -> Any:
+    """Scenario `sc` under version fields a command line gives, over its own (`[versions]`,
+    or what the generator drew); its replay command carries them."""
+    if not given:
+        return sc
+    versions = sc.cluster.versions.with_fields(given)
+    return dataclasses.replace(sc, cluster=dataclasses.replace(sc.cluster, versions=versions),
+                               extra={**sc.extra, "version_flags": flags_of(given)})

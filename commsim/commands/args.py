@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 
 def non_negative_int(text: str) -> int:
@@ -87,6 +88,12 @@ def _version_of(name: str):
         return text.strip()
     parse.__name__ = "version"
     return parse
+
+
+def with_versions(sc: Any, args: argparse.Namespace) -> Any:
+    """The scenario under the --*-version flags (over its [versions] or the generator's draw)."""
+    from commsim.versions import pinned
+    return pinned(sc, version_flags(args))
 
 
 def version_flags(args: argparse.Namespace) -> dict[str, str]:

@@ -52,7 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(CUDA_VISIBLE_DEVICES=<gpu>, as Ray places ranks), or a "
                         "CUDA_VISIBLE_DEVICES list for every rank, any length and order "
                         "(3,1: local rank 0 drives GPU 3, local rank 1 GPU 1; more ranks than "
-                        "GPUs share them; CUDA hides every index from the first invalid one)")
+                        "GPUs share them; CUDA hides every entry from the first invalid one); "
+                        "entries may be GPU- UUIDs or a unique prefix; one list per rank "
+                        "joined by ';' gives each rank its own (it drives its ordinal 0)")
     p.add_argument("--residue", default="report", choices=RESIDUE,
                    help="allocations, mappings and fds a process still holds at exit: report "
                         "them (default: the process's exit releases them, as on real hardware) "
@@ -94,7 +96,8 @@ def _visible(text: str) -> str:
     if text in VISIBLE or is_list(text):
         return text
     raise argparse.ArgumentTypeError(f"{text!r}: give all, one, or a CUDA_VISIBLE_DEVICES "
-                                     f"list of host GPU indices such as 3,1")
+                                     f"list of host GPU indices or GPU- UUIDs such as 3,1 "
+                                     f"(one per rank joined by ';': 0,1;1,0)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from commsim.commands.args import add_version_flags, version_flags, with_versions
+
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from commsim.scenario.generate import scenario_from_id
@@ -12,8 +14,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from commsim.scenario.oracle import judge
     from commsim.scenario.runner import run_scenario
 
-    sc = scenario_from_id(args.id)
+    from commsim.scenario.executors import replay_command
+
+    sc = with_versions(scenario_from_id(args.id), args)
     print(f"== {args.id}: {sc.description} ==")
+    print(f"versions: {sc.cluster.versions.text()}")
     print(f"seed {sc.seed}; placement: " + ", ".join(f"r{r}={g}" for r, g in enumerate(sc.placement)))
     for g in sc.groups:
         gt = group_truth(sc, g.ranks, g.name)
@@ -36,6 +41,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     v = judge(sc, res, again)
     print()
     print(v.render())
+    if not v.ok:
+        print(f"replay: {replay_command(args.id, version_flags(args))}")
     return 0 if v.ok else 1
 
 
@@ -45,4 +52,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("id", metavar="ID", help="a scenario id from a sweep report, e.g. s0-17")
     p.add_argument("--determinism", action="store_true", help="also run it a second time and compare")
     p.add_argument("-v", "--verbose", action="store_true", help="print decision traces of errors")
+    add_version_flags(p, "over the versions the generator drew for the id")
     p.set_defaults(func=cmd_replay)

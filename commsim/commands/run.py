@@ -11,7 +11,7 @@ from typing import Any
 
 from commsim.errors import UserError
 from commsim.runtime.diagnosis import rank_word
-from commsim.commands.args import add_version_flags, seconds, seed, version_flags
+from commsim.commands.args import add_version_flags, seconds, seed, with_versions
 
 
 def _files(paths: list[str]) -> list[Path]:
@@ -162,17 +162,6 @@ def _report(res, args, to) -> None:
         print(f"  flag: {fl}", file=to)
     if res.failures or res.errors or res.leaks:
         print(f"  replay: {res.replay_command()}", file=to)
-
-
-def with_versions(sc: Any, args: argparse.Namespace) -> Any:
-    """The scenario under the --*-version flags (over its [versions] table)."""
-    given = version_flags(args)
-    if not given:
-        return sc
-    versions = sc.cluster.versions.with_fields(given)
-    flags = [x for k, v in given.items() for x in (f"--{k}-version", v)]
-    return dataclasses.replace(sc, cluster=dataclasses.replace(sc.cluster, versions=versions),
-                               extra={**sc.extra, "version_flags": flags})
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

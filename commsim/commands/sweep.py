@@ -36,11 +36,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_output(args.junit_xml, "--junit-xml")
     if args.action == "merge":
         return _merge(args)
-    if version_flags(args) and args.exec is None:
-        raise UserError("--driver-version, --cuda-version, --torch-version and --nccl-version "
-                        "apply to sweep --exec PROG; a scenario sweep draws its versions per "
-                        "scenario (docs/scenario-format.md, Versions); to pin them for one, run "
-                        "`commsim exec --scenario ID --torch-version ... -- python PROG`")
     if args.exec is not None:
         if args.executor != "local":
             raise UserError("--exec runs the program in local worker processes; drop "
@@ -54,7 +49,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.jobs == 1 and args.executor == "local":
         settle_heap()        # the scenarios run in this process, which exits after the report
     rep = run_sweep(ids, jobs=args.jobs, determinism=det, progress=prog, executor=args.executor,
-                    ray_address=args.ray_address)
+                    ray_address=args.ray_address, versions=tuple(version_flags(args).items()))
     rep.seed = None if args.enumerate else args.seed
     rep.filters = list(args.filter or ())
     rep.shard = args.shard
@@ -285,6 +280,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="whose environment each --exec rank gets: torchrun's (default) or Open "
                         "MPI mpirun's, with mpi4py's COMM_WORLD spanning the ranks (see "
                         "`commsim exec --launcher`)")
-    add_version_flags(p, "sweep --exec only, over each generated machine's; a scenario sweep "
-                         "draws them per scenario")
+    add_version_flags(p, "over the versions the generator draws for each scenario, or each "
+                         "generated machine's with --exec")
     p.set_defaults(func=cmd_sweep)

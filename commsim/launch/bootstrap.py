@@ -83,7 +83,8 @@ def _new_slot(cfg: RunConfig) -> int:
             n += 1
 
 
-def build_rank(cfg: RunConfig, rank: int, slot: int, host: str, visible: tuple[int, ...]) -> HostedRank:
+def build_rank(cfg: RunConfig, rank: int, slot: int, host: str, visible: tuple[int, ...],
+               container: tuple[int, ...] | None = None) -> HostedRank:
     """A process's rank (procs mode); its driver, over its own HostedFabric, on first use."""
     from commsim.topology.model import GpuRef
     from commsim.hosting.state.driver_view import HostedDriver, LazyDriver
@@ -100,6 +101,8 @@ def build_rank(cfg: RunConfig, rank: int, slot: int, host: str, visible: tuple[i
         fabric = HostedFabric(cluster, cfg.seed, slot, placement, cfg.shm_prefix, cfg.run_dir)
         faults = cfg.driver_faults(rank) if slot == rank else None
         proc = fabric.spawn(host, refs, faults)
+        if container is not None:
+            proc.container = tuple(GpuRef(host, i) for i in container)
         if slot >= cfg.world_size:
             fabric.register(proc.pid, host)
         return HostedDriver(SimDriver(fabric, proc), events)
@@ -107,7 +110,7 @@ def build_rank(cfg: RunConfig, rank: int, slot: int, host: str, visible: tuple[i
     lr, lws = cfg.local_rank(rank)
     return HostedRank(rank, cfg.world_size, lr, lws, host, LazyDriver(make_driver), cluster, refs,
                       shm_dir(cfg, cluster, host, os.getpid()), events, mode="procs", pid=os.getpid(),
-                      slot=slot)
+                      slot=slot, container=container)
 
 
 def record_exception(tp: Any, value: BaseException) -> None:
@@ -174,11 +177,13 @@ def _start(cfg: RunConfig, slot: int) -> None:
     host = os.environ.get("COMMSIM_HOSTING_HOST") or cfg.placement[rank][0]
     vis = os.environ.get("COMMSIM_HOSTING_VISIBLE", "")
     visible = tuple(int(x) for x in vis.split(",") if x) or (cfg.placement[rank][1],)
+    held = os.environ.get("COMMSIM_HOSTING_CONTAINER", "")
+    container = tuple(int(x) for x in held.split(",") if x) or None
     _state.update(cfg=cfg, slot=slot, rank=rank, host=host, exception=None)
     # The stacks file first: it fails (run directory gone) before anything is bound.
     f = open(os.path.join(cfg.run_dir, "stacks", f"{slot}.txt"), "w")
     set_process_run(ProcessRun(cfg.run_dir, float(cfg.timeout)))
-    session.set_process_rank(build_rank(cfg, rank, slot, host, visible))
+    session.set_process_rank(build_rank(cfg, rank, slot, host, visible, container))
     _state["stacks"] = f
     faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
 

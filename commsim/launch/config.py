@@ -93,7 +93,8 @@ class RunConfig:
         from commsim.launch import visible_devices
         if self.visible not in VISIBLE and not visible_devices.is_list(self.visible):
             raise UserError(f"--visible: {self.visible!r}; use one of {', '.join(VISIBLE)} or a "
-                            f"CUDA_VISIBLE_DEVICES list of host GPU indices such as 3,1")
+                            f"CUDA_VISIBLE_DEVICES list of host GPU indices or GPU- UUIDs such "
+                            f"as 3,1 (one per rank joined by ';': 0,1;1,0)")
         if not self.machine and not self.scenario:
             raise UserError("give --machine PRESET[:HOSTS] (e.g. gb200-nvl72:2) or --scenario FILE")
         if self.timeout <= 0:
@@ -131,9 +132,12 @@ class RunConfig:
                     raise UserError(f"--nproc-per-host {per}: host {h.name} of {self.machine} has "
                                     f"only {len(h.gpus)} GPU(s); use at most {len(h.gpus)}")
             self.nproc_per_host = per
-            if visible_devices.is_list(self.visible):
+            if visible_devices.is_list(self.visible) and len(visible_devices.lists(self.visible)) > 1:
+                self.placement = self._per_rank_placement(cluster, per)
+            elif visible_devices.is_list(self.visible):
                 # Local rank l drives the l-th visible GPU; more ranks than GPUs share them.
-                lists = {h.name: visible_devices.check(self.visible, h.name, len(h.gpus))
+                lists = {h.name: visible_devices.check(self.visible, h.name,
+                                                       visible_devices.host_uuids(h))
                          for h in cluster.hosts}
                 self.placement = [(h.name, lists[h.name][i % len(lists[h.name])])
                                   for h in cluster.hosts for i in range(per)]
@@ -145,6 +149,21 @@ class RunConfig:
                                     f"places at most {len(self.placement)}")
                 self.placement = self.placement[:self.ranks]
         return self
+
+    def _per_rank_placement(self, cluster: Any, per: int) -> list[tuple[str, int]]:
+        """One CUDA_VISIBLE_DEVICES per rank: rank r (host-major) drives ordinal 0 of its own."""
+        from commsim.launch import visible_devices
+        parts = visible_devices.lists(self.visible)
+        world = self.ranks or per * len(cluster.hosts)
+        if len(parts) != world:
+            raise UserError(f"--visible {self.visible}: {len(parts)} per-rank lists for {world} "
+                            f"rank(s); give one list per rank, joined by ';'")
+        out = []
+        for r, text in enumerate(parts):
+            h = cluster.hosts[r // per]
+            seen = visible_devices.check(text, h.name, visible_devices.host_uuids(h))
+            out.append((h.name, seen[0]))
+        return out
 
     @property
     def world_size(self) -> int:

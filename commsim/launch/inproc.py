@@ -34,7 +34,7 @@ from commsim.hosting.state import rankview
 from commsim.launch.bootstrap import shm_dir
 from commsim.launch.config import RunConfig
 from commsim.hosting.state.driver_view import HostedDriver
-from commsim.launch.rank_env import free_port, rank_env, visible_of
+from commsim.launch.rank_env import container_of, free_port, rank_env, visible_of
 from commsim.launch.reports import read_reports, worker_results
 from commsim.hosting.state.session import HostedRank, RankEvents, bound, exception_line, hosted, program_site
 from commsim.hosting.install.patches import Patches
@@ -177,6 +177,9 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         host, _ = cfg.placement[r]
         refs = tuple(GpuRef(host, i) for i in visible_of(cfg, r, cluster))
         proc = fabric.spawn(host, refs, cfg.driver_faults(r))
+        container = container_of(cfg, r, cluster)
+        if container is not None:
+            proc.container = tuple(GpuRef(host, i) for i in container)
         events = RankEvents()
         env = rank_env(cfg, r, cluster, base, boot_dir, port)
         env["COMMSIM_HOSTING_SLOT"] = ""   # a process a rank spawns takes a slot of its own
@@ -184,7 +187,8 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         ranks.append(HostedRank(r, cfg.world_size, lr, lws, host,
                                 HostedDriver(SimDriver(fabric, proc), events), cluster, refs,
                                 shm_dir(cfg, cluster, host, proc.pid), events, mode="inproc",
-                                pid=proc.pid, env=rankview.encoded(env), world=world, slot=r))
+                                pid=proc.pid, env=rankview.encoded(env), world=world, slot=r,
+                                container=container))
         results.append(ProcResult(r, r, host, proc.pid))
 
     def body(r: int) -> None:
@@ -208,7 +212,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
                 raise           # the launcher's, not the rank's: it ends the run as it is
             except NeedsProcesses as e:
                 # The run cannot go on in one interpreter: ended here, run again in procs.
-                needs_procs.append(f"rank {r}: {e.call} at {e.site}")
+                needs_procs.append((f"rank {r}: {e.call} at {e.site}", e.why))
                 code = 1
                 res.exception = _exception_line(e)
             except BaseException as e:
@@ -229,7 +233,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
             raise _RankExit(code)
 
     timed_out = threading.Event()
-    needs_procs: list[str] = []
+    needs_procs: list[tuple[str, str]] = []          # (the call and where, why)
 
     def _expire() -> None:
         timed_out.set()
@@ -279,5 +283,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         res.cuda_errors = ev.cuda_errors
         res.notes = list(ev.notes)
     results += worker_results(cfg, read_reports(cfg.run_dir))
-    return Verdict(cfg, results, trace_hash=world.trace_hash(), flags=list(fabric.flags),
-                   needs_procs=needs_procs[0] if needs_procs else None)
+    v = Verdict(cfg, results, trace_hash=world.trace_hash(), flags=list(fabric.flags))
+    if needs_procs:
+        v.needs_procs, v.procs_reason = needs_procs[0]
+    return v

@@ -11,6 +11,7 @@ from typing import Any
 
 from commsim.launch.config import RunConfig
 from commsim.launch import visible_devices
+from commsim.sim import visibility
 from commsim.procs import tree
 
 _COMMSIM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,12 +31,35 @@ def _loopback_ifname() -> str | None:
     return "lo" if "lo" in names else next((n for n in names if n.startswith("lo")), None)
 
 
+def _view(cfg: RunConfig, rank: int) -> Any:
+    """The scenario's view for `rank` (its container and CUDA_VISIBLE_DEVICES), or None."""
+    if not cfg.scenario or cfg.visible != "all":
+        return None                     # --visible on the command line overrides the file
+    view = cfg._scenario().view(rank)
+    return view if view.devices is not None or view.visible is not None else None
+
+
+def container_of(cfg: RunConfig, rank: int, cluster: Any) -> tuple[int, ...] | None:
+    """The host GPU indices rank `rank`'s container holds (a scenario's `[placement]
+    devices`), which NVML there enumerates; None: the whole host."""
+    view = _view(cfg, rank)
+    if view is None or view.devices is None:
+        return None
+    host = cluster.host(cfg.placement[rank][0])
+    return visibility.container_devices(view.devices, len(host.gpus))
+
+
 def visible_of(cfg: RunConfig, rank: int, cluster: Any) -> tuple[int, ...]:
     host, gi = cfg.placement[rank]
+    view = _view(cfg, rank)
+    if view is not None:
+        return visibility.process_view(visibility.host_uuids(cluster.host(host)), view.devices,
+                                       view.visible)
     if cfg.visible == "one":
         return (gi,)
     if visible_devices.is_list(cfg.visible):
-        return visible_devices.seen(cfg.visible, len(cluster.host(host).gpus))
+        return visible_devices.seen(visible_devices.for_rank(cfg.visible, rank),
+                                    visible_devices.host_uuids(cluster.host(host)))
     return tuple(g.index for g in cluster.host(host).gpus)
 
 
@@ -90,6 +114,7 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
         **{tree.PARENT_ENV: str(os.getpid())},
         COMMSIM_HOSTING_HOST=host,
         COMMSIM_HOSTING_VISIBLE=",".join(str(i) for i in visible_of(cfg, rank, cluster)),
+        COMMSIM_HOSTING_CONTAINER=",".join(str(i) for i in container_of(cfg, rank, cluster) or ()),
         PYTHONPATH=os.pathsep.join([boot_dir, _COMMSIM_ROOT] +
                                    ([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])),
         TORCH_CPP_LOG_LEVEL=base.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
@@ -100,7 +125,9 @@ def rank_env(cfg: RunConfig, rank: int, cluster: Any, base: dict[str, str], boot
     if cfg.visible == "one":
         env["CUDA_VISIBLE_DEVICES"] = str(gi)
     elif visible_devices.is_list(cfg.visible):
-        env["CUDA_VISIBLE_DEVICES"] = cfg.visible
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices.for_rank(cfg.visible, rank)
+    elif _view(cfg, rank) is not None and _view(cfg, rank).visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = _view(cfg, rank).visible
     else:
         env.pop("CUDA_VISIBLE_DEVICES", None)
     return env

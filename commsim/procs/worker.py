@@ -20,7 +20,7 @@ from commsim.runtime.diagnosis import short_error
 from commsim.group.torch_dist import ProcessWorld, connect_store
 from commsim.scenario.model import Scenario
 from commsim.scenario.runner import (Inputs, RankError, collect, faults_for, partial, judge, prepare, rank_error,
-                               run_rank)
+                               run_rank, spawn_rank)
 from commsim.sim import set_torch_threads, spawn_driver
 from commsim.sim.process_fabric import PID_BASE, ProcessFabric
 from commsim.procs.faults import ProcFaults
@@ -107,7 +107,7 @@ def run_job(job: Job, world: ProcessWorld) -> RankReport:
         wg = world.join(job.join_timeout)
         seed, pol, _ = prepare(sc, job.policy, job.seed)
         fabric = ProcessFabric(sc.cluster, seed, rank, sc.placement, job.prefix, mailbox=world)
-        driver = spawn_driver(fabric, sc.placement[rank], faults_for(sc, rank))
+        driver = spawn_rank(fabric, sc, rank)
         assert driver.proc.pid == PID_BASE + rank
     except BaseException as e:
         e.commsim_step = "rendezvous"

@@ -17,7 +17,8 @@ import json
 import os
 import re
 import socket
-from typing import Any, Callable
+import shlex
+from typing import Any, Callable, Mapping
 
 from commsim.errors import UserError
 from commsim.util.fileio import read_input
@@ -46,8 +47,10 @@ def shard(ids: list[str], spec: str | None) -> list[str]:
     return ids[k - 1::n]
 
 
-def replay_command(sid: str) -> str:
-    return f"commsim replay {sid}"
+def replay_command(sid: str, versions: Mapping[str, str] | None = None) -> str:
+    """The command that reruns id `sid`, with the version flags the sweep pinned."""
+    from commsim.versions import flags_of
+    return shlex.join(["commsim", "replay", sid] + flags_of(versions or {}))
 
 
 def id_order(sid: str) -> tuple:

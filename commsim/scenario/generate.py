@@ -28,7 +28,7 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from commsim.errors import UserError
 from commsim.topology.model import Cluster, GpuRef, NvlinkDomain
@@ -38,7 +38,7 @@ from commsim.scenario import fidelity_faults as FF
 from commsim.scenario import knobs as K
 from commsim.scenario import memo
 from commsim.scenario.seeds import seed_of
-from commsim.scenario.model import DTYPES, OPS, Fault, Group, Scenario, Workload
+from commsim.scenario.model import DTYPES, OPS, Expectation, Fault, Group, RankView, Scenario, Workload
 
 Ki, Mi = 1 << 10, 1 << 20
 MAX_WORLD = 16
@@ -175,6 +175,16 @@ class Plan:
     # The run's versions (commsim/versions.py) as (field, text) pairs over the installed
     # defaults, drawn from a stream of their own; () = the defaults.
     versions: tuple[tuple[str, str], ...] = ()
+    # What the ranks' processes see (sim/visibility.py), from a stream of its own: "" = the
+    # whole host; "reordered" = every process of a host with one CUDA_VISIBLE_DEVICES
+    # listing that host's placed GPUs in a drawn order (indices or abbreviated UUIDs, maybe
+    # cut by an invalid entry after them); "container" = one container per host holding
+    # just its placed GPUs (a device cgroup). `view_seed` draws the order and forms.
+    views: str = ""
+    view_seed: int = 0
+    # A non-error outcome to expect (scenario/outcomes.py), from a stream of its own:
+    # (group index, i, j) = NCCL's transport between the group's i-th and j-th rank; ().
+    outcome: tuple[int, int, int] = ()
 
     @property
     def world(self) -> int:
@@ -260,7 +270,14 @@ def build(plan: Plan) -> Scenario:
             f"{f', shortcut policy {plan.knob[0]}={plan.knob[1]}' if plan.knob else ''}"
             f"{', versions ' + ' '.join(f'{k}={v}' for k, v in plan.versions) if plan.versions else ''}")
     extra = {"knob": plan.knob} if plan.knob else {}
+    views = rank_views(plan, cluster, placement)
+    expect = expected_outcome(plan, cluster, placement, groups)
+    if views:
+        desc += f", {plan.views} visible devices"
+    if expect:
+        desc += f", expect NCCL {expect[0].transport} for ranks {expect[0].pair[0]}-{expect[0].pair[1]}"
     return Scenario(name=plan.id, cluster=cluster, placement=placement, groups=groups, workload=wl,
+                    views=views, expectations=expect,
                     faults=faults, policy=K.policy_of(plan.knob) if plan.knob else "default",
                     seed=plan.seed, description=desc,
                     topology_spec=plan.shape,
@@ -346,7 +363,75 @@ def sample_plan(seed: int, index: int) -> Plan:
     if left_out:
         faults = tuple(f for f in faults if f not in left_out)
     return Plan(pid, shape, tp, dp, dp_groups, placement, faults, ops, sizes, dtypes,
-                capture, discard, sc_seed, *_knobs(pid), versions=draw_versions(pid))
+                capture, discard, sc_seed, *_knobs(pid), versions=draw_versions(pid),
+                **draw_views(pid), outcome=draw_outcome(pid, tp, dp, dp_groups))
+
+
+VIEWS_FRACTION = 0.1
+OUTCOME_FRACTION = 0.1
+
+
+def draw_views(pid: str) -> dict[str, Any]:
+    """One plan in ten runs its ranks under a placement view (Plan.views), from a stream
+    seeded by the id, so the other draws stay as they were."""
+    rng = random.Random(seed_of("views", pid))
+    if rng.random() >= VIEWS_FRACTION:
+        return {}
+    return {"views": rng.choice(("reordered", "container")), "view_seed": rng.randrange(1 << 31)}
+
+
+def draw_outcome(pid: str, tp: int, dp: int, dp_groups: bool) -> tuple[int, int, int]:
+    """One plan in ten expects NCCL's transport between two ranks of one of its groups."""
+    rng = random.Random(seed_of("outcome", pid))
+    groups = _groups(tp, dp, dp_groups)
+    sized = [k for k, g in enumerate(groups) if len(g.ranks) > 1]
+    if rng.random() >= OUTCOME_FRACTION or not sized:
+        return ()
+    k = rng.choice(sized)
+    i, j = rng.sample(range(len(groups[k].ranks)), 2)
+    return (k, i, j)
+
+
+def rank_views(plan: Plan, cluster: Cluster, placement: tuple[GpuRef, ...]) -> tuple[RankView, ...]:
+    """The RankViews Plan.views describes. A host whose processes each see only their own GPU
+    (fault one_gpu_per_process) keeps that: the fault sets CUDA_VISIBLE_DEVICES itself."""
+    if not plan.views:
+        return ()
+    rng = random.Random(plan.view_seed)
+    lists: dict[str, str] = {}
+    for host in dict.fromkeys(g.host for g in placement):
+        h = cluster.host(host)
+        placed = sorted({g.index for g in placement if g.host == host})
+        if plan.views == "container":
+            lists[host] = ",".join(map(str, placed))
+            continue
+        rng.shuffle(placed)
+        # The entries name the host's GPUs: an index, or a UUID cut to "GPU-" + 8 digits.
+        words = [h.gpus[i].uuid[:12] if h.gpus[i].uuid and rng.random() < 0.3 else str(i)
+                 for i in placed]
+        hidden = [i for i in range(len(h.gpus)) if i not in placed]
+        if hidden and rng.random() < 0.5:
+            words += ["-1", str(rng.choice(hidden))]     # cut: the hidden GPU stays hidden
+        lists[host] = ",".join(words)
+    key = "devices" if plan.views == "container" else "visible"
+    return tuple(RankView(**{key: lists[g.host]}) for g in placement)
+
+
+def expected_outcome(plan: Plan, cluster: Cluster, placement: tuple[GpuRef, ...],
+                     groups: tuple[Group, ...]) -> tuple[Expectation, ...]:
+    """Plan.outcome as an `[[expect]]` of NCCL's transport, from NCCL's rules over the
+    machine (nccl_rules.decide); none where NCCL's init fails there."""
+    if not plan.outcome:
+        return ()
+    from commsim.libmodels.nccl_rules import decide, machine_from_cluster, parse_env
+    k, i, j = plan.outcome
+    g = groups[k]
+    d = decide(machine_from_cluster(cluster, [placement[r] for r in g.ranks]),
+               parse_env(dict(plan.nccl_env)))
+    got = next((t for t in d.transports if {t.a, t.b} == {i, j}), None)
+    if d.init_error is not None or got is None:
+        return ()
+    return (Expectation(group=g.name, transport=got.kind, pair=(g.ranks[i], g.ranks[j])),)
 
 
 # Drivers the generator pairs with a CUDA runtime: a release of a branch that runs it (CUDA
@@ -397,7 +482,8 @@ def knob_plan(seed: int, index: int) -> Plan:
     base = sample_plan(seed, index)
     pid = f"k{seed}-{index}"
     plan = dataclasses.replace(base, id=pid, faults=(), setup="init", allocator="caching",
-                               nccl_env=(), fd_transport="", knob=K.draw(pid))
+                               nccl_env=(), fd_transport="", knob=K.draw(pid), views="",
+                               outcome=())
     # A knob that acts only on a set-up failure gets one, chosen from the truth (knobs.py).
     return dataclasses.replace(plan, faults=K.provocation(build(plan), pid))
 

@@ -16,9 +16,11 @@ from commsim.topology.presets import PRESETS
 from commsim.scenario.fields import ScenarioError, Table, check_choice, parse_gpu
 from commsim.scenario import fault_keys
 from commsim.scenario import faults as F
-from commsim.scenario.model import Fault
+from commsim.scenario.model import Fault, RankView
+from commsim.sim import visibility
 
 PRESET_KEYS = ("preset", "hosts")
+PLACEMENT_KEYS = ("ranks", "gpus", "devices", "visible")
 MATRIX_KEYS = ("hosts", "host_prefix", "gpu_model", "domain", "matrix", "p2p_matrix")
 
 
@@ -80,28 +82,66 @@ def _wrap(t: Table, key: str | None, build: Callable[[], Cluster]) -> Cluster:
         raise t.error(str(e), key) from None
 
 
-def placement(source: str, data: Mapping[str, Any] | None, cluster: Cluster) -> tuple[GpuRef, ...]:
-    """rank -> GPU. Default: the first `ranks` GPUs in cluster order (hosts, then index)."""
-    t = Table(source, "[placement]", data or {}, ("ranks", "gpus"))
+def placement(source: str, data: Mapping[str, Any] | None,
+              cluster: Cluster) -> tuple[tuple[GpuRef, ...], tuple[RankView, ...]]:
+    """rank -> GPU, and what each rank's process sees. Default: the first `ranks` GPUs in
+    cluster order (hosts, then index), each process seeing its whole host."""
+    t = Table(source, "[placement]", data or {}, PLACEMENT_KEYS)
     total = cluster.num_gpus
     ranks = t.integer("ranks", minimum=1, what="world size")
-    if ranks is not None and ranks > total:
-        raise t.error(f"world size {ranks} is larger than the cluster's {total} GPUs; "
-                      f"accepted: 1..{total} (one rank per GPU)", "ranks")
     items = t.array("gpus", 'gpus = ["host/0", "host/1"]')
     if items is None:
+        if ranks is not None and ranks > total:
+            raise t.error(f"world size {ranks} is larger than the cluster's {total} GPUs; "
+                          f"accepted: 1..{total} (one rank per GPU), or list `gpus` to place "
+                          f"several ranks on one GPU", "ranks")
         world = total if ranks is None else ranks
-        return tuple(cluster.gpu_refs())[:world]
-    refs: list[GpuRef] = []
-    for v in items:
-        ref = parse_gpu(t, "gpus", v, cluster)
-        if ref in refs:
-            raise t.error(f"GPU {v!r} is placed twice; each rank drives its own GPU", "gpus")
-        refs.append(ref)
-    if ranks is not None and ranks != len(refs):
-        raise t.error(f"lists {len(refs)} GPU(s) but ranks = {ranks}; give one GPU per rank "
-                      f"(or drop ranks)", "gpus")
-    return tuple(refs)
+        refs = list(cluster.gpu_refs())[:world]
+    else:
+        # A GPU listed twice: several processes on one GPU (time-sliced, each its own
+        # context); NCCL refuses two ranks of one communicator there (NC10).
+        refs = [parse_gpu(t, "gpus", v, cluster) for v in items]
+        if ranks is not None and ranks != len(refs):
+            raise t.error(f"lists {len(refs)} GPU(s) but ranks = {ranks}; give one GPU per rank "
+                          f"(or drop ranks)", "gpus")
+    return tuple(refs), _views(t, refs, cluster)
+
+
+def _per_rank(t: Table, key: str, world: int, example: str) -> list[str | None]:
+    items = t.array(key, example)
+    if items is None:
+        return [None] * world
+    if len(items) != world:
+        raise t.error(f"lists {len(items)} entries for {world} rank(s); give one per rank "
+                      f'("" for a rank left as is)', key)
+    bad = [v for v in items if not isinstance(v, str)]
+    if bad:
+        raise t.error(f"{bad[0]!r} is not a string; write each rank's list as a string, "
+                      f'{example}', key)
+    return [v if v else None for v in items]
+
+
+def _views(t: Table, refs: Sequence[GpuRef], cluster: Cluster) -> tuple[RankView, ...]:
+    """`devices` (each rank's container device cgroup, host indices) and `visible` (each
+    rank's CUDA_VISIBLE_DEVICES, indices or UUIDs of the container's GPUs); the rank's own
+    GPU must be among what it sees."""
+    devices = _per_rank(t, "devices", len(refs), 'devices = ["0,1", "2,3"]')
+    visible = _per_rank(t, "visible", len(refs), 'visible = ["1,0", "GPU-8932f937"]')
+    if all(d is None for d in devices) and all(v is None for v in visible):
+        return ()
+    out = []
+    for r, (g, dev, vis) in enumerate(zip(refs, devices, visible)):
+        uuids = visibility.host_uuids(cluster.host(g.host))
+        try:
+            seen = visibility.process_view(uuids, dev, vis)
+        except ValueError as e:
+            raise t.error(f"rank {r}: {e}", "devices") from None
+        if g.index not in seen:
+            key = "visible" if vis is not None else "devices"
+            raise t.error(f"rank {r} drives {g.host}/{g.index}, which its process does not see "
+                          f"(it sees {list(seen) or 'no GPU'}); add that GPU to its list", key)
+        out.append(RankView(dev, vis))
+    return tuple(out)
 
 
 def faults(source: str, items: Sequence[Mapping[str, Any]], cluster: Cluster,

@@ -114,6 +114,16 @@ class Expectation:
 
 
 @dataclass(frozen=True)
+class RankView:
+    """What one rank's process is given to see (rows W1, W3; sim/visibility.py): its
+    container's device cgroup (host GPU indices, "2,3"; None: the whole host) and its
+    CUDA_VISIBLE_DEVICES as written (None: unset)."""
+
+    devices: str | None = None
+    visible: str | None = None
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     cluster: Cluster                          # after topology faults were applied
@@ -128,10 +138,14 @@ class Scenario:
     topology_spec: str = ""                   # e.g. "preset gb200-nvl72:2", for summaries
     path: Path | None = None                  # the file it came from, if any
     extra: dict[str, Any] = field(default_factory=dict)
+    views: tuple[RankView, ...] = ()          # per rank; () or a default view: the whole host
 
     @property
     def world_size(self) -> int:
         return len(self.placement)
+
+    def view(self, rank: int) -> RankView:
+        return self.views[rank] if rank < len(self.views) else RankView()
 
     def group(self, name: str) -> Group:
         for g in self.groups:

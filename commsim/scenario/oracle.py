@@ -29,7 +29,7 @@ from commsim.scenario.model import Scenario
 from commsim.scenario.nccl_truth import NcclOutcome, nccl_outcome
 
 KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic",
-         "knob-outcome", "nccl-outcome")
+         "knob-outcome", "nccl-outcome", "outcome")
 
 
 # -- the verdict ----------------------------------------------------------------------------------
@@ -153,6 +153,8 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
             continue
         v.add("numerics", m)
     _judge_nccl(sc, res, nccl, v)
+    for text in res.unmet:     # an outcome the generator expected (generate.draw_outcome)
+        v.add("outcome", text)
     if res.leaks:
         shown = "; ".join(res.leaks[:4]) + (f"; ... {len(res.leaks) - 4} more" if len(res.leaks) > 4 else "")
         v.add("leak", f"{len(res.leaks)} ledger item(s) left after close: {shown}")

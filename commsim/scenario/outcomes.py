@@ -22,6 +22,13 @@ from commsim.scenario.reference import max_error_of
 MAX_ERROR_TOLERANCE = 0.01
 
 
+def _unmet(res: Any, text: str) -> None:
+    """An expectation of this module not met: a failure of the run, and kept apart
+    (`res.unmet`) so the sweep's oracle can count it without the run's other failures."""
+    res.failures.append(text)
+    res.unmet.append(text)
+
+
 def _about(e: Expectation, label: str) -> bool:
     """Whether a mismatch line ("group tp rank 0: all_reduce 4096 B bfloat16: ...") is about
     the expectation's group, op and size."""
@@ -39,12 +46,12 @@ def _about(e: Expectation, label: str) -> bool:
 def _wrong_data(res: Any, e: Expectation) -> list[str]:
     hits = [m for m in res.mismatches if _about(e, m)]
     if not hits:
-        res.failures.append(f"expected wrong data{_where(e)}; the results were "
+        _unmet(res, f"expected wrong data{_where(e)}; the results were "
                             f"{'not checked (the run failed first)' if res.errors else 'right'}")
         return []
     worst = max(max_error_of(m) for m in hits)
     if e.max_error is not None and not abs(worst - e.max_error) <= MAX_ERROR_TOLERANCE * e.max_error:
-        res.failures.append(f"expected wrong data{_where(e)} with max error {e.max_error}; the "
+        _unmet(res, f"expected wrong data{_where(e)} with max error {e.max_error}; the "
                             f"largest error is {worst}")
         return hits
     res.outcomes.append(f"wrong data{_where(e)}: {len(hits)} result(s), max error {worst}")
@@ -60,7 +67,7 @@ def _where(e: Expectation) -> str:
 def _undefined(res: Any, e: Expectation) -> list[str]:
     hits = [f for f in res.flags if e.message is None or e.message in f]
     if not hits:
-        res.failures.append("expected undefined behaviour"
+        _unmet(res, "expected undefined behaviour"
                             f"{f' saying {e.message!r}' if e.message else ''}; "
                             f"{'none happened' if not res.flags else 'flagged: ' + res.flags[0]}")
         return []
@@ -75,13 +82,13 @@ def _transport(res: Any, sc: Scenario, e: Expectation) -> None:
     decision = decide(machine_from_cluster(sc.cluster, [sc.placement[r] for r in g.ranks]),
                       parse_env(dict(sc.workload.nccl_env)))
     if decision.init_error is not None:
-        res.failures.append(f"expected NCCL transport {e.transport} between ranks {e.pair[0]} "
+        _unmet(res, f"expected NCCL transport {e.transport} between ranks {e.pair[0]} "
                             f"and {e.pair[1]}; NCCL's init fails: {decision.init_error[0]}")
         return
     got = next((t for t in decision.transports if {t.a, t.b} == {a, b}), None)
     text = f"{got.kind} via {got.via}" if got is not None else "none"
     if got is None or not (e.transport == got.kind or e.transport in text):
-        res.failures.append(f"expected NCCL transport {e.transport} between ranks {e.pair[0]} and "
+        _unmet(res, f"expected NCCL transport {e.transport} between ranks {e.pair[0]} and "
                             f"{e.pair[1]} (group {g.name}); NCCL uses {text}")
         return
     res.outcomes.append(f"NCCL transport between ranks {e.pair[0]} and {e.pair[1]}: {text}")
@@ -93,27 +100,27 @@ def _fallback(res: Any, sc: Scenario, e: Expectation, legal: dict, fabric_of: An
     hits = [(k, b) for k, b in res.backends.items() if k[0] == e.group
             and (e.op is None or k[1] == e.op) and (e.size is None or k[2] == e.size)]
     if not hits:
-        res.failures.append(f"expected a fallback to {e.fallback} in group {e.group}: no such op ran")
+        _unmet(res, f"expected a fallback to {e.fallback} in group {e.group}: no such op ran")
         return
     for k, b in hits:
         ok = legal.get(k, ())
         label = f"group {k[0]} {k[1]} {k[2]} B {k[3]}"
         if b != e.fallback:
-            res.failures.append(f"{label}: chose {b}, expected a fallback to {e.fallback}")
+            _unmet(res, f"{label}: chose {b}, expected a fallback to {e.fallback}")
             continue
         if b not in ok:
-            res.failures.append(f"{label}: {b} is not legal here (legal: {', '.join(ok)})")
+            _unmet(res, f"{label}: {b} is not legal here (legal: {', '.join(ok)})")
             continue
         nbytes = op_nbytes(k[1], k[2], k[3], len(sc.group(k[0]).ranks))
         times = {x: _predicted(cost_model, x, nbytes, fabric_of(k[0])) for x in ok}
         known = {x: t for x, t in times.items() if t is not None}
         best = min(known, key=known.get) if known else None
         if best is None or times.get(b) is None:
-            res.failures.append(f"{label}: no cost model for {b} or its rivals; a fallback is "
+            _unmet(res, f"{label}: no cost model for {b} or its rivals; a fallback is "
                                 f"judged by predicted time")
             continue
         if known[b] <= known[best]:
-            res.failures.append(f"{label}: {b} (predicted {_us(known[b])}) is as fast as the "
+            _unmet(res, f"{label}: {b} (predicted {_us(known[b])}) is as fast as the "
                                 f"best legal backend, {best} ({_us(known[best])}): not a "
                                 f"fallback to a slower path")
             continue

@@ -23,6 +23,7 @@ from commsim.runtime.diagnosis import GroupError, HangDetected
 from commsim.runtime.scheduler import hash_trace
 from commsim.policy import Policy, resolve
 from commsim.sim import SimFabric, set_torch_threads, spawn_driver
+from commsim.sim import visibility
 from commsim.sim.faults import ProcessFaults
 from commsim.scenario.faults import arm_driver_faults
 from commsim.scenario.outcomes import judge_outcomes
@@ -52,6 +53,7 @@ class RunResult:
     explain: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)         # unmet expectations
     outcomes: list[str] = field(default_factory=list)         # met non-error expectations (outcomes.py)
+    unmet: list[str] = field(default_factory=list)            # unmet ones (also in failures)
     # The schedule's events (thread mode; process mode has none): hashed only when asked,
     # since a sweep compares hashes only for the scenarios it runs twice.
     trace: list[tuple] | None = field(default=None, repr=False)
@@ -88,6 +90,24 @@ class RunResult:
             cmd += f" --policy {self.policy}"
         cmd += "".join(f" {x}" for x in self.scenario.extra.get("version_flags", ()))
         return cmd + (" --expect-failure" if self.expects_failure else "")
+
+
+def spawn_rank(fabric: Any, sc: Scenario, rank: int) -> Any:
+    """Rank `rank`'s process on its GPU, seeing what its container and CUDA_VISIBLE_DEVICES
+    give it (rows W1, W3; sim/visibility.py). A host whose container shows each process its
+    own GPU only (fault one_gpu_per_process) sets CUDA_VISIBLE_DEVICES to it."""
+    g = sc.placement[rank]
+    view = sc.view(rank)
+    host = sc.cluster.host(g.host)
+    visible = container = None
+    if view.devices is not None:
+        container = visibility.container_devices(view.devices, len(host.gpus))
+    if host.container.one_gpu_per_process:
+        visible = [g.index]
+    elif view.devices is not None or view.visible is not None:
+        uuids = visibility.host_uuids(host)
+        visible = list(visibility.process_view(uuids, view.devices, view.visible))
+    return spawn_driver(fabric, g, faults_for(sc, rank), visible=visible, container=container)
 
 
 def faults_for(sc: Scenario, rank: int) -> ProcessFaults:
@@ -303,11 +323,7 @@ def run_scenario(sc: Scenario, policy: Policy | str | None = None, seed: int | N
     set_torch_threads()
     seed, pol, res = prepare(sc, policy, seed)
     fabric = SimFabric(sc.cluster, seed, disabled_rules=disabled_rules)
-    # A host whose container shows each process its own GPU only (row W1): CUDA_VISIBLE_DEVICES.
-    drivers = [spawn_driver(fabric, g, faults_for(sc, r),
-                            visible=[g.index] if sc.cluster.host(g.host).container.one_gpu_per_process
-                            else None)
-               for r, g in enumerate(sc.placement)]
+    drivers = [spawn_rank(fabric, sc, r) for r in range(sc.world_size)]
     world = LocalWorld(sc.world_size, seed)
     inputs = Inputs(seed, ahead=input_keys(sc))
     outcomes = world.run(lambda wg: run_rank(sc, pol, wg, drivers[wg.rank], inputs, disabled_rules))

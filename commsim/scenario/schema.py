@@ -90,7 +90,7 @@ def _build(text: str, source: str, path: Path | None) -> Scenario:
     policy = check_policy(head, "policy", head.string("policy", default="default"))
 
     cluster, spec, notes = machine.topology(source, doc["topology"])
-    placement = machine.placement(source, doc.get("placement"), cluster)
+    placement, views = machine.placement(source, doc.get("placement"), cluster)
     world = len(placement)
     cluster = _versions(source, doc.get("versions", {}), cluster)
     faults, cluster = machine.faults(source, doc.get("fault", []), cluster, world)
@@ -101,7 +101,7 @@ def _build(text: str, source: str, path: Path | None) -> Scenario:
     return Scenario(name=name, cluster=cluster, placement=placement, groups=groups,
                     workload=workload, faults=faults, policy=policy, expectations=expectations,
                     seed=seed, description=description, topology_spec=spec, path=path,
-                    extra={"topology_warnings": notes} if notes else {})
+                    extra={"topology_warnings": notes} if notes else {}, views=views)
 
 
 _POS_RE = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
@@ -162,7 +162,7 @@ def _check_sections(doc: Mapping[str, Any], source: str) -> None:
 def _owner_of(key: str) -> str:
     """The table a stray top-level key most likely belongs to (for the hint)."""
     for table, keys in (("[scenario]", SCENARIO_KEYS), ("[topology]", machine.PRESET_KEYS),
-                        ("[workload]", WORKLOAD_KEYS), ("[placement]", ("ranks", "gpus"))):
+                        ("[workload]", WORKLOAD_KEYS), ("[placement]", machine.PLACEMENT_KEYS)):
         if key in keys:
             return table
     return ""

@@ -12,6 +12,7 @@ in this process).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import sys
@@ -27,6 +28,10 @@ from commsim.scenario.executors import replay_command, run_ray
 from commsim.scenario.oracle import judge
 from commsim.scenario.seeds import seed_of
 from commsim.scenario.sweep_report import Report
+
+# Version fields a command line pins over every generated scenario's draw: (field, text)
+# pairs, picklable for worker processes (commsim/versions.py).
+VersionPins = tuple[tuple[str, str], ...]
 
 DETERMINISM_EVERY = 20          # 1 in 20 scenarios is run twice (by id, so reproducible)
 
@@ -88,12 +93,14 @@ def wants_determinism(sid: str, mode: str) -> bool:
     return seed_of("determinism", sid) % DETERMINISM_EVERY == 0
 
 
-def run_one(sid: str, determinism: str = "sample") -> dict:
-    """Regenerate, run, judge. Returns a small picklable record."""
+def run_one(sid: str, determinism: str = "sample", versions: VersionPins = ()) -> dict:
+    """Regenerate, run, judge. Returns a small picklable record. `versions`: the version
+    fields a command line pins over the generator's draw ((field, text) pairs)."""
     from commsim.scenario.runner import run_scenario
+    from commsim.versions import pinned
 
     t0 = time.perf_counter()
-    sc = G.scenario_from_id(sid)
+    sc = pinned(G.scenario_from_id(sid), dict(versions))
     ex = sc.extra
     rec: dict[str, Any] = {"id": sid, "shape": ex["shape"], "layout": ex["layout"],
                            "placement": ex["placement"], "description": sc.description,
@@ -112,7 +119,7 @@ def run_one(sid: str, determinism: str = "sample") -> dict:
                               "detail": f"run_scenario raised {type(e).__name__}: {e}\n"
                                         + traceback.format_exc(limit=6)}])
     rec["seconds"] = time.perf_counter() - t0
-    rec["replay"] = replay_command(sid)
+    rec["replay"] = replay_command(sid, dict(versions))
     return rec
 
 
@@ -160,18 +167,18 @@ def _note_running(sid: str) -> None:
 
 
 def _run_chunk(args: tuple) -> list[dict]:
-    ids, det, crash = args
+    ids, det, crash, versions = args
     out = []
     for sid in ids:
         _note_running(sid)
         if sid in crash:        # harness self-test: die as a native crash does, or stop as a deadlock
             os.kill(os.getpid(), crash[sid])
-        out.append(run_one(sid, det))
+        out.append(run_one(sid, det, versions))
     _note_running("")                   # idle between chunks: not stuck, however long
     return out
 
 
-def crash_record(sid: str, why: str) -> dict:
+def crash_record(sid: str, why: str, versions: VersionPins = ()) -> dict:
     """The record of a scenario whose process died (a segfault, say): nothing came back."""
     try:
         sc = G.scenario_from_id(sid)
@@ -182,7 +189,8 @@ def crash_record(sid: str, why: str) -> dict:
         base = {"shape": "?", "layout": "?", "placement": "?", "description": str(e), "world": 0}
     return {"id": sid, **base, "ok": False, "kinds": ["cuda-error"], "notes": [],
             "checked_determinism": False, "backends": {}, "seconds": 0.0,
-            "failures": [{"kind": "cuda-error", "detail": why}], "replay": replay_command(sid)}
+            "failures": [{"kind": "cuda-error", "detail": why}],
+            "replay": replay_command(sid, dict(versions))}
 
 
 # -- progress ---------------------------------------------------------------------------------------
@@ -307,7 +315,8 @@ def _stuck(progress_dir: str, ex: Any, limit: float) -> list[str]:
 
 
 def _run_pool(ids: list[str], jobs: int, determinism: str, take: Callable[[dict], None],
-              crash: dict[str, int] | None = None, stuck_after: float = STUCK_AFTER) -> None:
+              crash: dict[str, int] | None = None, stuck_after: float = STUCK_AFTER,
+              versions: VersionPins = ()) -> None:
     """Chunks over `jobs` worker processes. A worker that dies (a segfault in native code) or
     is stuck (one scenario longer than `stuck_after`: killed, and named) breaks the pool: the
     ids the workers were running are re-run one at a time in a one-worker pool, those that
@@ -331,7 +340,7 @@ def _run_pool(ids: list[str], jobs: int, determinism: str, take: Callable[[dict]
             with ProcessPoolExecutor(jobs, mp_context=_context(), initializer=_worker_init,
                                      initargs=(tmp,)) as ex:
                 try:
-                    pending = {ex.submit(_run_chunk, (c, determinism, crash)) for c in chunks}
+                    pending = {ex.submit(_run_chunk, (c, determinism, crash, versions)) for c in chunks}
                     while pending:
                         finished, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
                         for f in finished:
@@ -357,17 +366,19 @@ def _run_pool(ids: list[str], jobs: int, determinism: str, take: Callable[[dict]
             for sid in suspects:
                 with ProcessPoolExecutor(1, mp_context=_context()) as one:
                     try:
-                        take(one.submit(_run_chunk, ([sid], determinism, crash)).result(
+                        take(one.submit(_run_chunk, ([sid], determinism, crash, versions)).result(
                             timeout=stuck_after)[0])
                     except BrokenProcessPool:
                         take(crash_record(sid, "the worker process died while running this scenario "
                                                "(a crash in native code, e.g. a segmentation fault); "
-                                               f"`{replay_command(sid)}` reproduces it in the foreground"))
+                                               f"`{replay_command(sid, dict(versions))}` reproduces "
+                                               f"it in the foreground", versions))
                     except FutureTimeout:
                         _kill_workers(one)
                         take(crash_record(sid, f"the worker process was stuck on this scenario (no "
                                                f"answer within {stuck_after:g} s, twice); "
-                                               f"`{replay_command(sid)}` reproduces it in the foreground"))
+                                               f"`{replay_command(sid, dict(versions))}` reproduces "
+                                               f"it in the foreground", versions))
                     except BaseException:
                         _kill_workers(one)
                         raise
@@ -378,7 +389,7 @@ def run_sweep(ids: list[str], jobs: int = 1, determinism: str = "sample",
               progress: Progress | None = None,
               on_record: Callable[[dict], None] | None = None,
               crash_ids: Iterable[str] = (), executor: str = "local",
-              ray_address: str | None = None) -> Report:
+              ray_address: str | None = None, versions: VersionPins = ()) -> Report:
     """Run every id; `jobs` > 1 uses worker processes. `determinism`: sample (1 in 20, by id),
     all, or none. `crash_ids` (worker processes only) makes a worker die on those ids, to
     test that a crash is reported instead of hanging the sweep. `executor="ray"` runs the
@@ -404,13 +415,15 @@ def run_sweep(ids: list[str], jobs: int = 1, determinism: str = "sample",
             progress.update(len(records), fails)
 
     if executor == "ray":
-        run_ray(ids, jobs, determinism, run_one, take, address=ray_address)
+        run_ray(ids, jobs, determinism, functools.partial(run_one, versions=versions), take,
+                address=ray_address)
     elif jobs == 1 or len(ids) < 8:
         for sid in ids:
-            take(run_one(sid, determinism))
+            take(run_one(sid, determinism, versions))
     else:
         import signal
-        _run_pool(ids, jobs, determinism, take, {sid: signal.SIGSEGV for sid in crash_ids})
+        _run_pool(ids, jobs, determinism, take, {sid: signal.SIGSEGV for sid in crash_ids},
+                  versions=versions)
     if progress:
         progress.close()
     order = {s: i for i, s in enumerate(ids)}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -191,7 +191,7 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         fabric over the same cluster, made once per rank process: its verdict is the one the
         shared fabric would give (sim/p2p_probe.py: it reads only the machine), except that a
         peer GPU too full for the probe's buffer is not seen from there (not modelled)."""
-        refs = self.cluster.gpu_refs_of(self.proc.host)
+        refs = self._nvml_refs()
         if not (0 <= gpu < len(refs) and 0 <= peer < len(refs)):
             return None
         fabric = self.fabric
@@ -203,15 +203,34 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
             fabric = own
         return probe_pair(fabric, refs[gpu], refs[peer], spawn_driver)
 
+    def _nvml_refs(self) -> Sequence[GpuRef]:
+        """The GPUs NVML enumerates in this process, NVML index i -> result[i]: the host's,
+        or its container's device cgroup (row W3, sim/visibility.py)."""
+        if self.proc.container is not None:
+            return self.proc.container
+        return self.cluster.gpu_refs_of(self.proc.host)
+
     def nvml_index(self, ordinal: int) -> int:
         """The NVML index of a CUDA ordinal (what nvmlDeviceGetHandleByPciBusId of the
-        device's bus id gives): the GPU's index on its host, whatever CUDA_VISIBLE_DEVICES
-        remapped (row W1)."""
-        return self.proc.gpus[ordinal].index
+        device's bus id gives): the GPU's place among the GPUs NVML enumerates (the host's,
+        or the container's), whatever CUDA_VISIBLE_DEVICES remapped (rows W1, W3)."""
+        g = self.proc.gpus[ordinal]
+        return g.index if self.proc.container is None else self.proc.container.index(g)
+
+    def nvml_host_index(self, index: int) -> int:
+        """The host index of the GPU at NVML `index`: what its PCI bus id identifies across
+        processes whose containers number their GPUs differently (row W3)."""
+        return self._nvml_refs()[index].index
+
+    def host_gpu_count(self) -> int:
+        """How many GPUs the host has: only the width of facts kept by host index (a process
+        in a container cannot read it; what lies outside its container stays unknown)."""
+        return len(self._host.gpus)
 
     def nvmlDeviceGetCount(self) -> tuple:
-        """NVML sees every GPU of the host; CUDA_VISIBLE_DEVICES does not apply (row W1)."""
-        return (0, len(self._host.gpus))
+        """NVML sees every GPU of the host, or of the container's device cgroup;
+        CUDA_VISIBLE_DEVICES does not apply (rows W1, W3)."""
+        return (0, len(self._nvml_refs()))
 
     @api(1, False)
     def cuDeviceCanAccessPeer(self, dev: int, peer_dev: int) -> int:
@@ -472,14 +491,14 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
 
     # ---- NVML --------------------------------------------------------------------------------
     def _nvml_gpu(self, index: int):
-        h = self._host
         if type(index) is int:
             i = index
         else:
             i = _attr_int(index) if isinstance(index, int) or hasattr(index, "__index__") else -1
-        if not 0 <= i < len(h.gpus):
+        refs = self._nvml_refs()
+        if not 0 <= i < len(refs):
             return None
-        return h.gpus[i]
+        return self._host.gpus[refs[i].index]
 
     def nvmlDeviceGetGpuFabricInfo(self, index: int) -> tuple:
         g = self._nvml_gpu(index)
@@ -529,19 +548,25 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
 
 
 def spawn_driver(fabric: SimFabric, gpu, faults: ProcessFaults | None = None,
-                 visible=None) -> SimDriver:
+                 visible=None, container=None) -> SimDriver:
     """A process on `gpu`'s host, current device = `gpu`. By default it sees every GPU of that
     host (how vLLM/sglang workers run: all GPUs visible, torch.cuda.set_device(local_rank));
     `visible` is its CUDA_VISIBLE_DEVICES as host GPU indices, in order: ordinals are
-    remapped to that list (row W1; e.g. one GPU per process as Ray places trays)."""
+    remapped to that list (row W1; e.g. one GPU per process as Ray places trays).
+    `container`: the host GPU indices its container's device cgroup allows (row W3), which
+    NVML enumerates in host order; the visible list must lie within them."""
     refs = fabric.cluster.gpu_refs_of(gpu.host)
     if visible is None:
-        order, seen = [g.index for g in refs], refs
+        order = [g.index for g in refs] if container is None else sorted(container)
     else:
         order = list(visible)
-        seen = [type(gpu)(gpu.host, i) for i in order]
+    seen = [type(gpu)(gpu.host, i) for i in order]
     if gpu.index not in order:
         raise ValueError(f"{gpu} is not among the visible devices {order}")
+    if container is not None and not set(order) <= set(container):
+        raise ValueError(f"visible devices {order} are not all in the container's {sorted(container)}")
     proc = fabric.spawn(gpu.host, seen, faults)
+    if container is not None:
+        proc.container = tuple(type(gpu)(gpu.host, i) for i in sorted(container))
     proc.current = order.index(gpu.index)
     return SimDriver(fabric, proc)

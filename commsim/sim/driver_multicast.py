@@ -85,7 +85,7 @@ class MulticastCalls:
         mc_off, mem_off = mc_offset, mem_offset
         gran = unconfirmed.MULTICAST_GRANULARITY_MIN
         if min(mc_off, mem_off) < 0 or size <= 0 or mc_off % gran or mem_off % gran or size % gran:
-            raise Fail(unconfirmed.code("M5"))
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # row M5 (NCCL src/transport/nvls.cc)
         if mc_off + size > mc.size or mem_off + size > a.size:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         if a.gpu not in self.proc.gpus:

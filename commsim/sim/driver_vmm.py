@@ -44,7 +44,7 @@ class VmmCalls:
         gpu = self.cluster.gpu(g)
         types = _prop_handle_types(prop)
         if size <= 0 or size % unconfirmed.GRANULARITY_MIN or types < 0 or types & ~(FD | FABRIC | 0x6):
-            raise Fail(unconfirmed.code("V1"))
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)     # row V1 (torch_memory_saver#82)
         if not gpu.vmm:
             raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
         if types & FD and not gpu.posix_fd:

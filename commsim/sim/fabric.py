@@ -63,6 +63,9 @@ class SimProcess:
     current: int = 0
     alive: bool = True
     sticky: object = None           # a sticky CUDA error (row MC6): every later call returns it
+    # The GPUs of the process's container (its device cgroup), host order: what NVML
+    # enumerates there (sim/visibility.py). None: every GPU of the host (no cgroup).
+    container: tuple[GpuRef, ...] | None = None
 
 
 def is_undefined(flag: str) -> bool:

@@ -20,14 +20,12 @@ R = cu.CUresult
 UNCONFIRMED: dict[str, tuple[object, str]] = {
     "L7": (E.cudaErrorInvalidResourceHandle, "second context opening the same exporter's handle"),
     "L13": (E.cudaErrorInvalidValue, "flags != cudaIpcMemLazyEnablePeerAccess: docs require it"),
-    "V1": (R.CUDA_ERROR_INVALID_VALUE, "cuMemCreate size not a multiple of MINIMUM granularity"),
     "V4": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate(FABRIC) where attribute 128 is 0"),
     "V7": (R.CUDA_ERROR_NOT_PERMITTED, "FABRIC import from another NVLink domain (flagged)"),
     "V10": (R.CUDA_ERROR_INVALID_VALUE, "cuMemMap onto a range that is not reserved or is mapped"),
     "V12": (R.CUDA_ERROR_INVALID_VALUE, "cuMemUnmap of a sub-range of a mapping"),
     "V15": (R.CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree with a ptr/size other than reserved"),
     "M1": (R.CUDA_ERROR_NOT_SUPPORTED, "cuMulticastCreate where attribute 132 is 0"),
-    "M5": (R.CUDA_ERROR_INVALID_VALUE, "multicast bind offset/size off the MINIMUM granularity"),
     "M6": (R.CUDA_ERROR_INVALID_VALUE, "cuMulticastUnbind offset/size other than bound (UB: flagged)"),
     "X1": (R.CUDA_ERROR_INVALID_VALUE, "export of a handle type not requested at cuMemCreate"),
     "X2": (R.CUDA_ERROR_SYSTEM_NOT_READY, "cuMemCreate(FABRIC) / multicast bind while the GPU's "
@@ -60,6 +58,49 @@ OUT_OF_RANGE_COPY = E.cudaErrorInvalidValue
 
 def code(row: str):
     return UNCONFIRMED[row][0]
+
+
+# row -> what was searched for the exact code and did not pin it (kept so the next search
+# starts where this one stopped). Settled and moved to the rules docs with their sources:
+# V1, M5 (docs/driver-rules.md).
+SEARCHED: dict[str, str] = {
+    "L7": "docs state the one-context restriction only; no report of a second context's open "
+          "(commsim has no cuCtxCreate, so the row is unreachable)",
+    "L13": "cudaIpcOpenMemHandle docs (flags must be the lazy flag); no report or library "
+           "check of another flag's code",
+    "V4": "NVIDIA/nccl src/allocator.cc (v2.23.4-1 to v2.30.7-1) retries a FABRIC cuMemCreate "
+          "answered NOT_PERMITTED or NOT_SUPPORTED without FABRIC (for this code), but "
+          "pytorch/pytorch#173606 (Jan 2026) says cuMemCreate accepts FABRIC on devices that "
+          "cannot use it and the export then fails 'invalid argument' (the device's attribute "
+          "not stated): conflicting, kept",
+    "V7": "NCCL src/mnnvl.cc, src/graph/paths.cc (v2.30.7-1) and FlashInfer mnnvl.py check "
+          "clusterUuid before any import, so no caller meets the code",
+    "V10": "cuda.h cuMemMap return list; issues on cuMemMap errors (microsoft/mscclpp#451: a "
+           "granularity mismatch, not a double map)",
+    "V12": "cuda.h cuMemUnmap; issues on partial unmaps found only other APIs' (munmap, HIP)",
+    "V15": "NVIDIA/cuda-python#2345 (freeing a reservation never made 'can' give "
+           "CUDA_ERROR_INVALID_VALUE: a reading, not a run), NVlabs/instant-ngp#954 (INVALID_VALUE "
+           "from cuMemAddressFree of an arena still mapped: another condition)",
+    "M1": "NCCL src/transport/nvls.cc (v2.30.7-1), PyTorch c10d cuda/utils.cpp "
+          "(deviceSupportsMulticast, pytorch/pytorch#136577), UCC tl_cuda_nvls, "
+          "ThunderKittens#149 and vllm-project/vllm#33274 all read attribute 132 before "
+          "cuMulticastCreate, so no report shows the create's code",
+    "M6": "cuda.h cuMulticastUnbind (undefined); no report",
+    "X1": "NVIDIA/cuda-python#27 (INVALID_VALUE from a NULL out-pointer, another cause)",
+    "X2": "cuda.h cuMemCreate / cuMulticastBindMem return lists; no report of FABRIC create "
+          "during fabric start-up",
+    "X3": "cuda.h cuMulticastAddDevice return list; no report",
+    "X4": "no report of importing an fd number the process does not hold",
+    "I3": "kubernetes-sigs/dra-driver-nvidia-gpu#294 (the import fails; its code is not shown)",
+    "MC4": "NVIDIA/nvbandwidth#35 (multicast needs IMEX; no code shown)",
+    "H5": "microsoft/mscclpp#165, openucx/ucx#3030, deepseek-ai/DeepEP#497 (free before close "
+          "is undefined; no reopen of a stale handle reported)",
+    "W6": "vllm-project/vllm#55906 (201 from UCX's log, not from the CUDA call itself), "
+          "NVIDIA/nccl#360",
+    "CG3": "cudaStreamBeginCapture docs; no report of IPC calls inside a capture",
+    "CG4": "cudaStreamBeginCapture / cudaStreamEndCapture docs (return lists omit the case); "
+           "HIP's reimplementation (ROCm/rocm-systems#11589) is not CUDA's evidence",
+}
 
 
 # Granularity: typical values are UNCONFIRMED; 2 MiB matches what FlashInfer rounds to

@@ -375,8 +375,9 @@ def _(rig):
 
 # ================ docs/driver-rules.md §2-3 VMM and handles (V), checks (X) ================
 
-@case("V1", "cuMemCreate size not a multiple of the MINIMUM granularity", "cuda.h",
-      "hgx-h100-8", [(0, 0)], expect=U("V1"))
+@case("V1", "cuMemCreate size not a multiple of the MINIMUM granularity",
+      "cuda.h; fzyzcjy/torch_memory_saver#82", "hgx-h100-8", [(0, 0)],
+      expect=R.CUDA_ERROR_INVALID_VALUE)
 def _(rig):
     d = rig[0]
     res = d.cuMemCreate(gran(d) + 4096, alloc_prop(0, 0), 0)
@@ -905,12 +906,25 @@ def _(rig):
     return res
 
 
-@case("M5", "multicast bind offset off the multicast MINIMUM granularity", "cuda.h; row M5",
-      "hgx-h100-8", [(0, 0)], expect=U("M5"))
+@case("M5", "multicast bind offset off the multicast MINIMUM granularity",
+      "cuda.h; NCCL src/transport/nvls.cc", "hgx-h100-8", [(0, 0)], expect=R.CUDA_ERROR_INVALID_VALUE)
 def _(rig):
     d = rig[0]
     mg, mc, mem = _one_device_mc(d, 2)
     res = d.cuMulticastBindMem(mc, 4096, mem, 0, mg, 0)
+    check("release", d.cuMemRelease(mc))
+    check("release", d.cuMemRelease(mem))
+    return res
+
+
+@case("M5/size", "multicast bind of a size off the multicast granularity (NCCL's user-buffer "
+      "registration meets this)", "NCCL src/transport/nvls.cc", "hgx-h100-8", [(0, 0)],
+      expect=R.CUDA_ERROR_INVALID_VALUE)
+def _(rig):
+    d = rig[0]
+    mg, mc, mem = _one_device_mc(d, 2)
+    res = d.cuMulticastBindMem(mc, 0, mem, 0, mg + mg // 2, 0)
+    assert "multicast_binding" not in rig.held(0)
     check("release", d.cuMemRelease(mc))
     check("release", d.cuMemRelease(mem))
     return res
@@ -1482,3 +1496,10 @@ def test_every_unconfirmed_row_has_a_case():
 def test_every_case_cites_a_source():
     for c in CASES:
         assert c.source and c.row, c
+
+
+def test_every_unconfirmed_row_says_what_was_searched():
+    """A row kept UNCONFIRMED names the search that failed to settle it (unconfirmed.SEARCHED)."""
+    assert set(unconfirmed.SEARCHED) == set(unconfirmed.UNCONFIRMED), \
+        set(unconfirmed.SEARCHED) ^ set(unconfirmed.UNCONFIRMED)
+    assert all(line.strip() for line in unconfirmed.SEARCHED.values())

@@ -419,3 +419,24 @@ def test_pynccl_program_agrees_across_modes():
                               command=[str(PROG), "--check"]))
     assert a.agree, a.text()
     assert all(v.ok for v in a.verdicts.values()), {m: v.format() for m, v in a.verdicts.items()}
+
+
+DIST_NCCL = PROGRAMS / "dist_nccl.py"
+
+
+@pytest.mark.parametrize("scenario, args", [
+    ("", ["--check"]),             # lazy init at the first all-reduce, every rank's bytes checked
+    # no /dev/nvidia-caps: NCCL's multicast create fails init on rank 0 (row MC3), its peers
+    # see ncclRemoteError; torch raises both as DistBackendError
+    ("scenarios/fidelity/multicast-container-no-caps.toml", []),
+])
+def test_torch_distributed_nccl_agrees_across_modes(scenario, args):
+    """torch.distributed "nccl" (ProcessGroupNCCL over the simulated NCCL) in procs mode and
+    in-process: the same verdict."""
+    from commsim.launch.agreement import modes_agree
+    from commsim.launch.config import RunConfig
+    a = modes_agree(RunConfig(machine="" if scenario else "hgx-h100-8", scenario=scenario,
+                              nproc_per_host=2, seed=1, timeout=60,
+                              command=[str(DIST_NCCL), *args]))
+    assert a.agree, a.text()
+    assert all(v.ok for v in a.verdicts.values()) == (not scenario), a.text()

@@ -1,8 +1,11 @@
-"""The simulated NCCL (commsim/libmodels/nccl/) through the ctypes libnccl surface, in-process
+"""The simulated NCCL (commsim/libmodels/nccl/) through the ctypes libnccl surface and through
+hosted torch.distributed "nccl" (ProcessGroupNCCL, torch_distributed/pg_nccl.py), in-process
 ranks on small machines: the driver calls its init makes, and each machine fault class's
 outcome with the NCCL v2.27.3-1 rule it follows (file cited per row). The faults are edits of
 the machine (the scenario fault registry); the NCCL code never names them: they reach it
-through the driver's answers."""
+through the driver's answers. The fault table runs every row through both surfaces: torch
+raises what the C call returned (DistBackendError with its text and ncclGetLastError) at the
+first collective, where ProcessGroupNCCL makes its communicator."""
 
 import ctypes
 
@@ -14,7 +17,10 @@ import sim_ranks as S
 from sim_ranks import module_surfaces  # noqa: F401  (fixture)
 from test_nccl_ctypes import P, UniqueId, _init, _lib
 
+from commsim.hosting.install.registry import install_all
 from commsim.hosting.surfaces.nccl import comm as nc
+from commsim.hosting.surfaces.nccl.libnccl import ERROR_STRINGS
+from commsim.hosting.surfaces.torch_distributed.pg_nccl import CHECK_SITE, DETAILS
 from commsim.runtime.diagnosis import HangDetected
 import commsim.scenario.faults  # noqa: F401  (registers the fault kinds)
 from commsim.scenario.fault_registry import apply_machine_fault
@@ -126,14 +132,72 @@ CASES = [
     # No NVSwitch multicast: the attribute is 0, ncclNvlsInit leaves NVLS off; P2P exact.
     ("no_multicast", [Fault("no_multicast", gpu=S.GpuRef("hgx-h100-0", 0))], {},
      {"via": ["P2P/CUMEM"], "exact": True}),
+    # One GPU visible per process (Ray): NCCL finds its peers by bus id over NVML, cuMem
+    # fds go through the proxy socket as before (src/transport/p2p.cc): P2P, exact.
+    ("one_gpu_per_process", [Fault("one_gpu_per_process", host="hgx-h100-0")], {},
+     {"via": ["P2P/CUMEM"], "exact": True}),
+    # No pidfd_getfd: NCCL passes cuMem fds over its proxy's Unix socket (SCM_RIGHTS,
+    # src/proxy.cc), never pidfd_getfd: unaffected, exact.
+    ("pidfd_getfd_denied", [Fault("pidfd_getfd_denied", host="hgx-h100-0")], {},
+     {"via": ["P2P/CUMEM"], "exact": True}),
+    # Two GB200 trays, the first without /dev/nvidia-caps-imex-channels: MNNVL's own FABRIC
+    # export fails there (row I1), ncclMnnvlCheck's WARN and ncclSystemError at init
+    # (src/mnnvl.cc); the other tray's rank loses its peer: ncclRemoteError.
+    ("no_imex_channel_device", [Fault("no_imex_channel_device", host="gb200-nvl72-tray00")], {},
+     {"init": 2, "last": "MNNVL (cliqueSize 2) is available but not working on this system. "
+                         "Check the IMEX channel configuration (/dev/nvidia-caps-imex-channels). "
+                         "Set NCCL_MNNVL_ENABLE=0 to ignore this issue."}),
 ]
+# The machine a row runs on where it is not three GPUs of one HGX H100 board.
+MACHINES = {"no_imex_channel_device": ("gb200-nvl72:2", [(0, 0), (1, 0)])}
+
+
+def _torch_body(g):
+    """init_process_group("nccl"), one float32 all-reduce of rank-dependent values: what
+    ProcessGroupNCCL did (its communicator is made at the all-reduce)."""
+    import torch.distributed as dist
+    dist.init_process_group("nccl")
+    x = torch.arange(1024, dtype=torch.float32, device="cuda") + g.rank
+    try:
+        dist.all_reduce(x)
+    except dist.DistBackendError as e:
+        return {"error": str(e)}
+    finally:
+        comms = list(nc.state(S.session.hosted()).comms.values())
+        dist.destroy_process_group()
+    want = sum(np.arange(1024, dtype=np.float32) + r for r in range(g.size))
+    return {"via": sorted(set(comms[0].nccl.transports().values())),
+            "exact": bool(np.array_equal(x.cpu().numpy(), want))}
+
+
+def _as_torch(c):
+    """What torch.distributed "nccl" shows for the ctypes outcome `c`: a failing init or
+    all-reduce as C10D_NCCL_CHECK's DistBackendError text, else the same transports and
+    result."""
+    code = c["init"] or c.get("ar")
+    if code:
+        return {"error": f"NCCL error in: {CHECK_SITE}, {ERROR_STRINGS[code].decode()}, NCCL "
+                         f"version 2.29.7\n{DETAILS[code]}\nLast error:\n{c['last']}"}
+    return {"via": c["via"], "exact": c["exact"]}
+
+
+@pytest.fixture(scope="module")
+def hosting(module_surfaces):
+    install_all()          # torch.distributed's inproc surface too, as an in-process run does
 
 
 @pytest.mark.parametrize("name, faults, env, want", CASES, ids=[c[0] for c in CASES])
-def test_machine_fault_reaches_nccl(module_surfaces, monkeypatch, name, faults, env, want):
-    _, _, outs = _run(H100, [(0, 0), (0, 1), (0, 2)], *faults, env=env, monkeypatch=monkeypatch)
+def test_machine_fault_reaches_nccl(hosting, monkeypatch, name, faults, env, want):
+    spec, placement = MACHINES.get(name, (H100, [(0, 0), (0, 1), (0, 2)]))
+    _, _, outs = _run(spec, placement, *faults, env=env, monkeypatch=monkeypatch)
     got = _values(outs)[0]
     assert {k: got.get(k) for k in want} == want, got
+    # the same machine through torch.distributed "nccl": rank 0 sees what the C calls gave
+    _, ranks = S.ranks(spec, placement, mutate=_mutate(*faults))
+    for r in ranks:
+        r.mode = "inproc"
+    seen = _values(S.run(ranks, _torch_body))[0]
+    assert seen == _as_torch(got), seen
 
 
 def test_lost_peer_writes_hang_the_all_reduce(module_surfaces):
@@ -201,3 +265,24 @@ def test_a_small_dev_shm_fails_the_shm_segments(module_surfaces, monkeypatch):
     assert all(g["init"] == 0 and g["ar"] in (2, 6) for g in got), got
     assert any(g["last"] == "Error while creating shared memory segment /dev/shm/nccl-XXXXXX (size "
                "9637888), error: No space left on device (28)" for g in got), got
+
+
+@pytest.mark.parametrize("mode, does", [(None, "(SkipCleanUp): the process is taken down"),
+                                        ("0", "no handling (TORCH_NCCL_ASYNC_ERROR_HANDLING=0)")])
+def test_lost_peer_writes_are_a_watchdog_timeout_in_torch(hosting, monkeypatch, mode, does):
+    """The same dropped peer writes under torch.distributed "nccl": the hang is named as
+    ProcessGroupNCCL's watchdog names it, the collective's WorkNCCL and what
+    TORCH_NCCL_ASYNC_ERROR_HANDLING makes of it (3, SkipCleanUp, by default)."""
+    if mode is not None:
+        monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", mode)
+    _, ranks = S.ranks(H100, [(0, 0), (0, 1)], mutate=_mutate(
+        Fault("p2p_writes_lost", cause="dropped", **PAIR)))
+    for r in ranks:
+        r.mode = "inproc"
+    errs = [o.error for o in S.run(ranks, _torch_body)]
+    assert all(isinstance(e, HangDetected) for e in errs), errs
+    text = str(errs[0])
+    assert text.startswith("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL("
+                           "SeqNum=1, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, "
+                           "Timeout(ms)=600000) ran for 600000 milliseconds before timing out"), text
+    assert does in text and "over P2P/CUMEM" in text, text

@@ -16,6 +16,11 @@ from hosting_helpers import PROGRAMS, hosted
 # pytester's in-process runs drop the modules they imported; the surface modules (what they
 # patch outlives the run: ctypes.CDLL) are imported here so that every run shares them.
 _SURFACES = [importlib.import_module(m) for m in table.MODULES]
+# Likewise torch's modules that define a torch library at import (symmetric memory and the
+# functional collectives under it), which the hosted FlashInfer runs below import: pytester
+# drops the module after a test but not its library, and the next import in this worker
+# would define the library twice.
+_TORCH_LIBRARIES = importlib.import_module("torch.distributed._symmetric_memory")
 
 
 DOWNSTREAM = '''
@@ -134,7 +139,7 @@ def test_module_level_driver_gives_execs_verdicts(pytester, monkeypatch):
     r.assert_outcomes(passed=1, failed=1)
     assert _failed_line(r) == want
     # procs mode collects in hosted rank processes: test_function_taken_at_top_... checks its
-    # root cause line (the CI budget keeps one procs run of these; `make peers` runs both
+    # root cause line (the CI budget keeps one procs run of these; the peers extra runs both
     # modes on FlashInfer's module below)
 
 
@@ -174,7 +179,7 @@ def test_flashinfer_comm_at_top_gives_execs_verdicts(pytester, monkeypatch):
     probe answers from the simulated machine in both modes, as under `commsim exec` (a GB200
     tray has the fabric, an HGX box does not)."""
     if importlib.util.find_spec("flashinfer") is None:
-        pytest.skip("flashinfer-python is not installed (`make peers` installs it)")
+        pytest.skip("flashinfer-python is not installed (`make test` installs it)")
     monkeypatch.setenv("CI", "true")
     path = _program_as_test(pytester, "flashinfer_at_top")
     for machine, mode in (("gb200-nvl72:1", "inproc"), ("hgx-h100-8", "inproc"),

@@ -1,5 +1,5 @@
 """The installed vLLM 0.33.0, unmodified, under `commsim exec` (the `peers` extra pins it,
---no-deps; `make peers` installs it): its own CustomAllreduce and PyNcclCommunicator built as
+--no-deps; `make test` installs it): its own CustomAllreduce and PyNcclCommunicator built as
 its GPU worker builds them (tests/hosting/programs/vllm_custom_ar.py). Skips when vLLM is
 absent.
 
@@ -7,7 +7,7 @@ Each run is `commsim exec` in an interpreter of its own, as a user runs it: vLLM
 it learnt of the devices at module level (device capability, the P2P access cache), so two
 in-process runs on different machines in one interpreter would see the first machine's
 answers. The first run probes P2P with vLLM's own subprocesses (each imports vLLM): these
-tests cost about a minute of CPU and run under `make peers` only."""
+tests cost about a minute of CPU."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 from hosting_helpers import PROGRAMS, results
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm is not installed (make peers)")
+                                reason="vllm is not installed (make test installs the peers extra)")
 PROGRAM = PROGRAMS / "vllm_custom_ar.py"
 COMMSIM = Path(sys.executable).with_name("commsim")
 

@@ -28,6 +28,10 @@ DECIDED_BY = {
     "pidfd-getfd-denied": ("tp", "EPERM: pidfd_getfd"),
     "ipc-graph-segment-current-driver": ("tp", "ipc: admitted"),
     "container-per-process": ("tp", "ipc: declined: ranks on one host are in different containers"),
+    "visible-devices-reordered": ("tp", "ipc: admitted"),
+    "container-device-cgroups": ("tp", "ipc: declined: some pair of GPUs has no P2P access"),
+    "processes-sharing-a-gpu": ("tp", "Duplicate GPU detected : rank 1 and rank 0"),
+    "visible-devices-uuid-cut": ("tp", "ipc: admitted"),
 }
 
 

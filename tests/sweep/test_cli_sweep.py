@@ -34,7 +34,8 @@ def test_sweep_writes_json_and_html(capsys, tmp_path) -> None:
     assert d["count"] == 25 and d["failed"] == 0 and d["seed"] == 3
     assert all(s["id"][:3] in ("s3-", "k3-") and s["ok"] for s in d["scenarios"])
     assert set(d["failures_by_kind"]) == {"illegal-backend", "not-best", "cuda-error", "numerics",
-                                          "leak", "nondeterministic", "knob-outcome", "nccl-outcome"}
+                                          "leak", "nondeterministic", "knob-outcome", "nccl-outcome",
+                                          "outcome"}
     assert sum(c["scenarios"] for c in d["cells"]) == 25
     page = ht.read_text()
     assert page.startswith("<!doctype html>") and "display: grid" in page

@@ -306,8 +306,10 @@ BAD = [
      ["[placement] gpus: GPU 'hgx-h100-0/9': host hgx-h100-0 has GPUs 0..7"]),
     ("bad-placement-gpu-shape", H100 + '[placement]\ngpus = ["hgx-h100-0:1"]\n',
      ["[placement] gpus: GPU 'hgx-h100-0:1' is not \"host/index\"", 'e.g. "hgx-h100-0/0"']),
-    ("placement-gpu-twice", H100 + '[placement]\ngpus = ["hgx-h100-0/1", "hgx-h100-0/gpu1"]\n',
-     ["[placement] gpus: GPU 'hgx-h100-0/gpu1' is placed twice"]),
+    # A GPU placed twice is several processes on one GPU (accepted); a rank whose own GPU
+    # its CUDA_VISIBLE_DEVICES hides is not.
+    ("placement-visible-hides-own-gpu", H100 + '[placement]\ngpus = ["hgx-h100-0/1"]\nvisible = ["0,-1,1"]\n',
+     ["[placement] visible: rank 0 drives hgx-h100-0/1, which its process does not see (it sees [0])"]),
     ("placement-length-mismatch", H100 + '[placement]\nranks = 3\ngpus = ["hgx-h100-0/1"]\n',
      ["[placement] gpus: lists 1 GPU(s) but ranks = 3"]),
     ("rank-out-of-range", H100 + '[[group]]\nname = "tp"\nranks = [0, 8]\n',

@@ -82,9 +82,7 @@ def test_flags_are_checked_by_argparse_and_go_into_the_replay(tmp_path: Path, ca
     with pytest.raises(SystemExit) as e:
         main(["run", str(f), "--nccl-version", "new"])
     assert e.value.code == 2 and "argument --nccl-version: 'new' is not a version" in capsys.readouterr().err
-    assert main(["sweep", "--count", "1", "--torch-version", "2.10"]) == 2
-    assert "apply to sweep --exec PROG" in capsys.readouterr().err
-    from commsim.commands.run import with_versions
+    from commsim.commands.args import with_versions
     ns = type("Args", (), {"driver_version": "535.104.05", "cuda_version": None,
                            "torch_version": "2.9", "nccl_version": None})()
     sc = with_versions(loads(BASE, str(f)), ns)
@@ -93,6 +91,23 @@ def test_flags_are_checked_by_argparse_and_go_into_the_replay(tmp_path: Path, ca
     from commsim.scenario.runner import RunResult
     res = RunResult(scenario=sc, policy=sc.policy)
     assert res.replay_command().endswith("--driver-version 535.104.05 --torch-version 2.9")
+
+
+def test_plain_sweep_and_replay_pin_versions_and_print_them(tmp_path, capsys) -> None:
+    """One declaration of the version flags serves sweep and replay too: a plain sweep runs
+    every generated scenario under them and each record's replay command carries them."""
+    import json
+    from commsim.cli import main
+    from commsim.scenario.sweep import run_one
+    out = tmp_path / "s.json"
+    assert main(["sweep", "--count", "1", "--seed", "7", "--quiet", "--torch-version", "2.10",
+                 "--driver-version", "450.80.02", "--json", str(out)]) == 0
+    (rec,) = json.loads(out.read_text())["scenarios"]
+    assert rec["replay"] == f"commsim replay {rec['id']} --driver-version 450.80.02 --torch-version 2.10"
+    pins = (("driver", "450.80.02"), ("torch", "2.10"))
+    assert run_one("s7-0", "none", pins)["replay"] == rec["replay"]
+    assert main(["replay", "s7-0", "--torch-version", "2.10", "--driver-version", "450.80.02"]) == 0
+    assert "versions: driver=450.80.02 cuda=" in capsys.readouterr().out
 
 
 def test_the_generator_draws_versions_from_a_stream_of_its_own() -> None:

@@ -113,6 +113,9 @@ class HostedRank:
     world: Any = None          # inproc: the commsim.group.local.LocalWorld of the run
     slot: int = 0              # this process's index in the run (ranks first, spawned workers after)
     state: dict = field(default_factory=dict)   # per-rank state a surface keeps (by its name)
+    # The host GPU indices of this process's container (its device cgroup), which NVML
+    # enumerates (row W3, sim/visibility.py); None: every GPU of the host.
+    container: tuple | None = None
 
     @property
     def group_rank(self) -> int:

@@ -63,11 +63,17 @@ def _rank_host():
     return r, r.cluster.host(r.host)
 
 
+def _enumerated(r: Any, host: Any) -> tuple[int, ...]:
+    """The host indices of the GPUs NVML enumerates in this process, NVML index i ->
+    result[i]: the host's, or its container's device cgroup (row W3, sim/visibility.py)."""
+    return tuple(range(len(host.gpus))) if r.container is None else tuple(r.container)
+
+
 def _gpu(handle: int):
-    """(rank, host, index) of a device handle of this rank's host."""
+    """(rank, host, host index) of a device handle this process's NVML can reach."""
     r, host = _rank_host()
     key = _by_addr.get(handle)
-    if key is None or key[0] != host.name:
+    if key is None or key[0] != host.name or key[1] not in _enumerated(r, host):
         raise _Fail(N.NVML_ERROR_INVALID_ARGUMENT)
     return r, host, key[1]
 
@@ -162,21 +168,22 @@ def _functions() -> dict[str, Callable[..., int]]:
         return 0
 
     def count(out: int) -> int:
-        _, host = _rank_host()
-        _put(out, U, len(host.gpus))
+        r, host = _rank_host()
+        _put(out, U, len(_enumerated(r, host)))
         return 0
 
     def by_index(index: int, out: int) -> int:
-        _, host = _rank_host()
-        if not 0 <= index < len(host.gpus):
+        r, host = _rank_host()
+        seen = _enumerated(r, host)
+        if not 0 <= index < len(seen):
             raise _Fail(N.NVML_ERROR_INVALID_ARGUMENT)
-        _put(out, ctypes.c_void_p, _handle_addr(host.name, index))
+        _put(out, ctypes.c_void_p, _handle_addr(host.name, seen[index]))
         return 0
 
     def by_uuid(text: int, out: int) -> int:
-        _, host = _rank_host()
+        r, host = _rank_host()
         want = ctypes.string_at(text).decode(errors="replace") if text else ""
-        for g in host.gpus:
+        for g in (host.gpus[i] for i in _enumerated(r, host)):
             if g.uuid == want:
                 _put(out, ctypes.c_void_p, _handle_addr(host.name, g.index))
                 return 0
@@ -185,7 +192,7 @@ def _functions() -> dict[str, Callable[..., int]]:
     def by_pci(text: int, out: int) -> int:
         r, host = _rank_host()
         want = ctypes.string_at(text).decode(errors="replace").upper() if text else ""
-        for g in host.gpus:
+        for g in (host.gpus[i] for i in _enumerated(r, host)):
             pci = host_layout.pci_address(r.cluster, GpuRef(host.name, g.index))
             if want in (pci.nvml_bus_id, pci.nvml_bus_id[4:]):
                 _put(out, ctypes.c_void_p, _handle_addr(host.name, g.index))
@@ -193,8 +200,13 @@ def _functions() -> dict[str, Callable[..., int]]:
         raise _Fail(N.NVML_ERROR_NOT_FOUND)
 
     def index_of(h: int, out: int) -> int:
+        r, host, i = _gpu(h)
+        _put(out, U, _enumerated(r, host).index(i))
+        return 0
+
+    def minor_number(h: int, out: int) -> int:
         _, _, i = _gpu(h)
-        _put(out, U, i)
+        _put(out, U, i)          # /dev/nvidia<i>: the node keeps its host number in a container
         return 0
 
     def name(h: int, buf: int, length: int) -> int:
@@ -359,7 +371,7 @@ def _functions() -> dict[str, Callable[..., int]]:
         "nvmlDeviceGetHandleByIndex": by_index, "nvmlDeviceGetHandleByIndex_v2": by_index,
         "nvmlDeviceGetHandleByUUID": by_uuid,
         "nvmlDeviceGetHandleByPciBusId": by_pci, "nvmlDeviceGetHandleByPciBusId_v2": by_pci,
-        "nvmlDeviceGetIndex": index_of, "nvmlDeviceGetMinorNumber": index_of,
+        "nvmlDeviceGetIndex": index_of, "nvmlDeviceGetMinorNumber": minor_number,
         "nvmlDeviceGetName": name, "nvmlDeviceGetUUID": uuid,
         "nvmlDeviceGetPciInfo_v3": pci_info, "nvmlDeviceGetPciInfo_v2": pci_info,
         "nvmlDeviceGetCudaComputeCapability": compute_capability,

@@ -331,7 +331,7 @@ def run_version(r: HostedRank) -> int:
     return version_code(r.driver.cluster.versions.nccl)
 
 
-def init_nccl(r: HostedRank, group: Any, rank: int, nranks: int) -> NcclComm:
+def init_nccl(r: HostedRank, group: Any, rank: int, nranks: int, key: str = "") -> NcclComm:
     """ncclCommInitRank's work after the rendezvous: the simulated NCCL's init through this
     rank's driver (commsim/libmodels/nccl/comm.py). os.environ is the rank's own view while
     it runs (rankview.py swaps it per inproc rank). Its debug lines go to stdout under
@@ -343,7 +343,11 @@ def init_nccl(r: HostedRank, group: Any, rank: int, nranks: int) -> NcclComm:
     level = os.environ.get("NCCL_DEBUG", "")
     # OS processes pass fds over the proxy's Unix socket; in-process ranks over the driver's
     # fd channel (the scheduler waits on it).
-    tag = hashlib.sha256(f"{r.shm_dir}\0{group.name}".encode()).hexdigest()[:16]
+    # Peers that pass fds share a host: the host is in the name, so two hosts' processes
+    # (simulated pids repeat across hosts) never bind one abstract socket name; `key` (the
+    # unique id) tells apart two communicators of one process whose groups share a name.
+    tag = hashlib.sha256(f"{r.shm_dir}\0{r.driver.gethostname()}\0{group.name}\0{key}"
+                         .encode()).hexdigest()[:16]
     fds = None if r.world is not None else process_transport(tag, r.driver)
     try:
         comm = nccl_init(r.driver, group, rank, nranks, dict(os.environ), store,

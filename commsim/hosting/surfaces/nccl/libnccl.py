@@ -416,7 +416,7 @@ def _comm_init_rank(out: int, nranks: int, unique: Any, rank: int) -> None:
     if int(err) != 0:
         raise NcclFailure(UNHANDLED_CUDA, f"{api} : cudaGetDevice failed ({int(err)})")
     m = nc.rendezvous(r, st, blob[:nc.ID_BYTES], nranks, rank, site)
-    nccl = nc.init_nccl(r, m.group, rank, nranks)
+    nccl = nc.init_nccl(r, m.group, rank, nranks, key=f"{blob[:nc.ID_BYTES].hex()}/{m.ctx}")
     handle = nc.new_handle(st)
     st.comms[handle] = Comm(handle, nranks, rank, int(device), m.group, m.transport, m.ctx,
                             m.members, nccl=nccl)
@@ -538,6 +538,17 @@ _FUNCTIONS = _functions()
 SIMULATED = tuple(sorted(_FUNCTIONS))
 
 
+def call(name: str, *args: Any) -> Any:
+    """The C function `name` as a caller inside the rank's process makes it (torch's
+    ProcessGroupNCCL links libnccl; torch_distributed/pg_nccl.py calls it here)."""
+    return _FUNCTIONS[name](*args)
+
+
+def last_error() -> str:
+    """ncclGetLastError(NULL) of the running rank."""
+    return _last_error(0).decode()
+
+
 def library(name: str) -> fakelib.FakeLibrary:
     return fakelib.FakeLibrary(name, _FUNCTIONS, lambda s: s in _SYMBOLS or s in _FUNCTIONS,
                                lambda s: not_simulated(f"libnccl.{s}"))
@@ -550,4 +561,4 @@ def _patch(patches: Patches) -> None:
 SURFACE = register_surface("libnccl", _patch)
 install, uninstall = SURFACE.install, SURFACE.uninstall
 
-__all__ = ["SONAME", "VERSION", "ERROR_STRINGS", "library", "install", "uninstall", "OPS"]
+__all__ = ["SONAME", "VERSION", "ERROR_STRINGS", "library", "install", "uninstall", "OPS", "call", "last_error"]

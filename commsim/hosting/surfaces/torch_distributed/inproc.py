@@ -10,7 +10,10 @@ get_group_rank, all_gather_object, broadcast_object_list, gather_object, barrier
 all_reduce / all_gather / broadcast / all_gather_into_tensor / reduce_scatter_tensor, in
 place, on CPU tensors and on the rank's CUDA tensors (torch/tensors.py: their bytes are the
 simulated device memory, read and written where they are). Any other collective fails
-loudly, naming itself. A backend of "nccl" is served the same way.
+loudly, naming itself. A group whose backend binds CUDA to NCCL ("nccl", "cpu:gloo,cuda:nccl",
+or none on a CUDA build) runs all_reduce, broadcast, barrier, all_gather_into_tensor and
+reduce_scatter_tensor on CUDA tensors as ProcessGroupNCCL does, over the rank's simulated
+NCCL (pg_nccl.py); its CPU tensors and object collectives are served as gloo's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from commsim.hosting.install.patches import Patches
 from commsim.hosting.install.registry import register_surface, wrap_torch_distributed
 from commsim.hosting.surfaces.torch.graphs import check_outside_capture
 from commsim.hosting.surfaces.torch.tensors import inner_of
+from commsim.hosting.surfaces.torch_distributed import pg_nccl
 
 KEY = "torch.distributed"
 NOT_SIMULATED = tuple("""
@@ -77,17 +81,8 @@ def _handle(local: Any) -> HostedGroup:
     return _process_group_class[0](local)
 
 
-class _Done:
-    """The Work of an async_op=True call: inproc collectives complete before returning."""
-
-    def wait(self, timeout: Any = None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
+# The Work of an async_op=True call: inproc collectives complete before returning.
+_Done = pg_nccl.Completed
 
 
 class _State:
@@ -99,6 +94,9 @@ class _State:
         # What GroupMember.WORLD / group.WORLD / _get_default_group() give this rank: one
         # handle for the run, so `group is dist.group.WORLD` holds as it does for torch's.
         self.world_handle: HostedGroup | None = None
+        self.timeout: Any = None    # init_process_group's timeout: every group's default
+        self.backends: dict[str, str] = {}                  # group name -> its backend
+        self.nccl: dict[str, pg_nccl.GroupNccl] = {}        # group name -> ProcessGroupNCCL
 
 
 def _inproc() -> HostedRank | None:
@@ -149,6 +147,39 @@ def _tag(name: str) -> str:
     return f"torch.distributed.{name} at {user_site(3, 1)}"
 
 
+# ---- ProcessGroupNCCL ------------------------------------------------------------------------
+
+def _nccl_of(r: HostedRank, g: Any) -> pg_nccl.GroupNccl:
+    st = _st(r)
+    pg = st.nccl.get(g.name)
+    if pg is None:
+        pg = st.nccl[g.name] = pg_nccl.GroupNccl(g.rank, g.size, pg_nccl.timeout_ms(st.timeout))
+    return pg
+
+
+def _over_nccl(r: HostedRank, g: Any, t: Any, what: str) -> pg_nccl.GroupNccl | None:
+    """The group's ProcessGroupNCCL where its backend runs this tensor's collective on NCCL."""
+    backend = _st(r).backends.get(g.name, _st(r).backend)
+    if not pg_nccl.uses_nccl(backend, "cuda" if getattr(t, "is_cuda", False) else "cpu"):
+        return None
+    check_outside_capture(t, f"torch.distributed.{what}")
+    return _nccl_of(r, g)
+
+
+def _share(g: Any, tag: str) -> pg_nccl.Share:
+    """Group rank 0's unique id to every rank (ProcessGroupNCCL's store broadcast)."""
+    return lambda blob: g.broadcast_object(blob, 0, tag=f"{tag} (NCCL unique id)")
+
+
+def _eager(r: HostedRank, g: Any, device_id: Any) -> None:
+    """`device_id` given: the group's communicator is made now, on that device."""
+    if device_id is None or not pg_nccl.uses_nccl(_st(r).backends[g.name], "cuda"):
+        return
+    dev = torch.device(device_id) if not isinstance(device_id, int) else torch.device("cuda", device_id)
+    pg_nccl.connect(r, _nccl_of(r, g), dev.index if dev.index is not None else 0,
+                    _share(g, _tag("init_process_group")))
+
+
 # ---- the calls ------------------------------------------------------------------------------
 
 def init_process_group(r: HostedRank, backend: Any = None, init_method: Any = None,
@@ -164,11 +195,15 @@ def init_process_group(r: HostedRank, backend: Any = None, init_method: Any = No
     if world_size not in (-1, None) and int(world_size) != r.world_size:
         raise ValueError(f"commsim hosting: init_process_group(world_size={world_size}) but the "
                          f"run has {r.world_size} ranks; match --nproc-per-host and the machine")
-    st.backend = str(backend or "gloo")
+    st.backend = str(backend or pg_nccl.default_backend())
     if "nccl" in st.backend:
-        r.events.note(f"backend {st.backend!r} served in-process, as gloo")
+        r.events.note(f"backend {st.backend!r}: CUDA tensors over the simulated NCCL "
+                      f"(ProcessGroupNCCL), CPU tensors and objects served in-process as gloo")
     st.world = r.world.group(r.rank)
     st.world_handle = _handle(st.world)
+    st.timeout = timeout
+    st.backends[st.world.name] = st.backend
+    _eager(r, st.world, device_id)
 
 
 def is_initialized(r: HostedRank) -> bool:
@@ -178,6 +213,9 @@ def is_initialized(r: HostedRank) -> bool:
 def destroy_process_group(r: HostedRank, group: Any = None) -> None:
     if group is None:
         st = _st(r)
+        for g in st.nccl.values():          # ProcessGroupNCCL's shutdown destroys its comms
+            g.close()
+        st.nccl.clear()
         st.world = st.world_handle = None
 
 
@@ -209,6 +247,8 @@ def new_group(r: HostedRank, ranks: Any = None, timeout: Any = None, backend: An
     sub = world.new_subgroup(members, group_desc or f"group{st.groups}", tag=_tag("new_group"))
     if sub is not None:
         st.made.append(sub)
+        st.backends[sub.name] = str(backend or st.backend)
+        _eager(r, sub, device_id)
     return _handle(sub) if sub is not None else dist.GroupMember.NON_GROUP_MEMBER
 
 
@@ -263,7 +303,11 @@ def gather_object(r: HostedRank, obj: Any, object_gather_list: Any = None, dst: 
 
 
 def barrier(r: HostedRank, group: Any = None, async_op: bool = False, device_ids: Any = None) -> Any:
-    _group(r, group).barrier(tag=_tag("barrier"))
+    g = _group(r, group)
+    if pg_nccl.barrier_uses_nccl(_st(r).backends.get(g.name, _st(r).backend)):
+        pg_nccl.barrier(r, _nccl_of(r, g), _share(g, _tag("barrier")))
+    else:
+        g.barrier(tag=_tag("barrier"))
     return _Done() if async_op else None
 
 
@@ -325,8 +369,12 @@ def _op(op: Any) -> Any:
 
 def all_reduce(r: HostedRank, tensor: Any, op: Any = None, group: Any = None,
                async_op: bool = False) -> Any:
-    h = _host(tensor, "all_reduce")
     g = _group(r, group)
+    pg = _over_nccl(r, g, tensor, "all_reduce")
+    if pg is not None:
+        pg_nccl.all_reduce(r, pg, _share(g, _tag("all_reduce")), tensor, op)
+        return _Done() if async_op else None
+    h = _host(tensor, "all_reduce")
     # Every rank's array combined once, over the ranks' own arrays (no copy per receiver);
     # the op is matched across ranks like the call itself.
     out = g.combine_arrays(_array(h), _reduce_parts, (_op(op),), tag=_tag("all_reduce"))
@@ -354,6 +402,11 @@ def all_gather_into_tensor(r: HostedRank, output_tensor: Any, input_tensor: Any,
     if out.numel() != g.size * h.numel():
         # ProcessGroupNCCL::_allgather_base's check
         raise ValueError("output tensor size must be equal to world_size times input tensor size")
+    pg = _over_nccl(r, g, input_tensor, "all_gather_into_tensor")
+    if pg is not None:
+        pg_nccl.all_gather_into_tensor(r, pg, _share(g, _tag("all_gather_into_tensor")),
+                                       output_tensor, input_tensor)
+        return _Done() if async_op else None
     parts = g.combine_arrays(_array(h), _stack, tag=_tag("all_gather_into_tensor"))
     _store(out, parts)
     return _Done() if async_op else None
@@ -366,6 +419,11 @@ def reduce_scatter_tensor(r: HostedRank, output: Any, input: Any, op: Any = None
     if h.numel() != g.size * out.numel():
         # ProcessGroupNCCL::_reduce_scatter_base's check
         raise ValueError("input tensor must be the same size as output size times world size")
+    pg = _over_nccl(r, g, input, "reduce_scatter_tensor")
+    if pg is not None:
+        pg_nccl.reduce_scatter_tensor(r, pg, _share(g, _tag("reduce_scatter_tensor")), output,
+                                      input, op)
+        return _Done() if async_op else None
     full = g.combine_arrays(_array(h), _reduce_parts, (_op(op),), tag=_tag("reduce_scatter_tensor"))
     _store(out, full.reshape(g.size, -1)[g.rank])
     return _Done() if async_op else None
@@ -373,9 +431,13 @@ def reduce_scatter_tensor(r: HostedRank, output: Any, input: Any, op: Any = None
 
 def broadcast(r: HostedRank, tensor: Any, src: Any = None, group: Any = None,
               async_op: bool = False, group_src: Any = None) -> Any:
-    h = _host(tensor, "broadcast")
     g = _group(r, group)
     s = _group_src(g, src, group_src)
+    pg = _over_nccl(r, g, tensor, "broadcast")
+    if pg is not None:
+        pg_nccl.broadcast(r, pg, _share(g, _tag("broadcast")), tensor, s)
+        return _Done() if async_op else None
+    h = _host(tensor, "broadcast")
     got = g.broadcast_object(_array(h).copy() if g.rank == s else None, s,
                              tag=_tag("broadcast"))
     if g.rank != s:
