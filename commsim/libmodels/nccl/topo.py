@@ -8,7 +8,9 @@ Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
 - hostHash: the hostname (plus /proc/sys/kernel/random/boot_id, which one simulated host
   shares: UNCONFIRMED that containers of a host share it; NCCL_HOSTID overrides both).
 - shmDev: `stat("/dev/shm").st_dev`, here the driver's shm namespace.
-- busId / nvmlDev: the NVML index of the current device (`driver.nvml_index`).
+- busId / nvmlDev: the host index of the current device (`driver.nvml_index`, then
+  `nvml_host_index`: a container numbers its own GPUs from 0, row W3), which keys every
+  per-GPU fact below.
 - cuMem support: CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   (src/misc/cudawrap.cc ncclIsCuMemSupported); multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED
   (src/transport/nvls.cc ncclNvlsInit); FABRIC handles: ..._HANDLE_TYPE_FABRIC_SUPPORTED and
@@ -45,11 +47,11 @@ class PeerInfo:
 
     facts: NcclRank
     pid: int                            # pidHash
-    nvml: int                           # busId / nvmlDev
+    nvml: int                           # busId: the GPU's host index
     cuda_dev: int
-    nvlink: tuple[bool, ...]            # per NVML index of this host
-    pci: tuple[str, ...]                # NCCL's PCIe path type per NVML index (PIX ... SYS)
-    access: tuple[bool, ...]            # cudaDeviceCanAccessPeer per NVML index (NVML's P2P
+    nvlink: tuple[bool, ...]            # per host index of this host's GPUs
+    pci: tuple[str, ...]                # NCCL's PCIe path type per host index (PIX ... SYS)
+    access: tuple[bool, ...]            # cudaDeviceCanAccessPeer per host index (NVML's P2P
                                         # status for an invisible one)
 
     @property
@@ -86,33 +88,41 @@ def local_info(driver: Any, rank: int) -> PeerInfo:
     _, count = driver.nvmlDeviceGetCount()
     _, ordinals = driver.cudaGetDeviceCount()
     by_nvml = {_nvml_index(driver, o): o for o in range(int(ordinals))}
-    nvlink, access = [], []
+    # Facts by host index, what the PCI bus id names across processes: under a container's
+    # device cgroup NVML numbers only the container's GPUs (row W3), so two containers'
+    # index 0 are different GPUs; one outside this container is neither asked nor linked.
+    host_of = getattr(driver, "nvml_host_index", None)
+    bus = [j if host_of is None else int(host_of(j)) for j in range(int(count))]
+    width = getattr(driver, "host_gpu_count", None)
+    width = max(max(bus, default=-1) + 1, int(width()) if width is not None else 0)
+    nvlink, access, pci = [False] * width, [False] * width, ["SYS"] * width
     ask = getattr(driver, "pci_path", None)
-    pci = tuple(pcie_path(ask(nvml, j)) if ask is not None and j != nvml else "SYS"
-                for j in range(int(count)))
     for j in range(int(count)):
+        k = bus[j]
+        if ask is not None and j != nvml:
+            pci[k] = pcie_path(ask(nvml, j))
         err, status = driver.nvmlDeviceGetP2PStatus(nvml, j)
-        nvlink.append(j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK)
+        nvlink[k] = j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK
         o = by_nvml.get(j)
         if o is None:
-            access.append(nvlink[-1])       # NVML's P2P status of the invisible peer
+            access[k] = nvlink[k]           # NVML's P2P status of the invisible peer
         elif j == nvml:
-            access.append(True)
+            access[k] = True
         else:
             err, ok = driver.cudaDeviceCanAccessPeer(dev, o)
-            access.append(int(err) == 0 and bool(ok))
+            access[k] = int(err) == 0 and bool(ok)
     err, fab = driver.nvmlDeviceGetGpuFabricInfo(nvml)
     uuid, clique, state = (fab.cluster_uuid, fab.clique_id, fab.state) if int(err) == 0 \
         else (bytes(16), 0, 0)
     fabric_handle = _attr(driver, _A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev)
     arch = "aarch64" if fabric_handle and any(uuid) else "x86_64"   # as machine_from_view
     host = driver.gethostname()
-    facts = NcclRank(rank, host, driver.shm_namespace(), (host, nvml), arch,
+    facts = NcclRank(rank, host, driver.shm_namespace(), (host, bus[nvml]), arch,
                      _attr(driver, _A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
                      True, _attr(driver, _A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, dev),
                      fabric_handle, bool(driver.imex_channels()), bytes(uuid), int(clique),
                      int(state))
-    return PeerInfo(facts, driver.getpid(), nvml, dev, tuple(nvlink), pci, tuple(access))
+    return PeerInfo(facts, driver.getpid(), bus[nvml], dev, tuple(nvlink), tuple(pci), tuple(access))
 
 
 def machine(infos: list[PeerInfo]) -> NcclMachine:
