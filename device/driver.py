@@ -152,6 +152,12 @@ class CudaDriver:
     def shm_namespace(self) -> str:
         return hostinfo.shm_namespace()
 
+    def shm_dir(self) -> str | None:
+        """None: the ranks that share an in-memory /dev/shm store are threads of this process;
+        ranks in processes of their own take no NCCL segments (backends/nccl.py decides by
+        the rules there), so nothing is written to the real /dev/shm."""
+        return None
+
     def imex_channels(self) -> tuple[int, ...]:
         return hostinfo.imex_channels()
 
@@ -401,6 +407,21 @@ class CudaDriver:
     def nvmlDeviceGetNvLinkState(self, index: int) -> tuple:
         rc, dev = self.nvml_device(index)
         return (rc, None) if rc else self.nvml.nvlinks_up(dev)
+
+    def nvmlDeviceGetCount(self) -> tuple:
+        return self.nvml.count()
+
+    def pci_path(self, index1: int, index2: int) -> str:
+        """The PCIe path between two GPUs by NVML index (PIX, PXB, PHB, NODE, SYS; "" for one
+        GPU or an index NVML does not know), as the simulated driver answers it."""
+        if index1 == index2:
+            return ""
+        rc, a = self.nvml_device(index1)
+        rc2, b = self.nvml_device(index2) if rc == 0 else (rc, None)
+        if rc or rc2:
+            return ""
+        rc, level = self.nvml.pci_level(a, b)
+        return level if rc == 0 and level else ""
 
     # ---- kernels ---------------------------------------------------------------------------------
     def sm_count(self) -> int:

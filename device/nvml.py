@@ -126,6 +126,12 @@ class Nvml:
         without NVLink has none inactive."""
         return self.call(lambda m: all(active for _, active in self._links(m, h)))
 
+    def pci_level(self, h1: Any, h2: Any) -> tuple[int, str | None]:
+        """The PCIe path between two GPUs as `nvidia-smi topo -m` names it, from
+        nvmlDeviceGetTopologyCommonAncestor."""
+        return self.call(lambda m: TOPOLOGY_CELLS.get(
+            int(m.nvmlDeviceGetTopologyCommonAncestor(h1, h2)), "SYS"))
+
     # ---- the topology matrix (commsim probe) --------------------------------------------
     def link_cell(self, h1: Any, h2: Any) -> str:
         """The `nvidia-smi topo -m` cell between two GPUs: NV<n> over NVLink (direct links to

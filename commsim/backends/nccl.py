@@ -50,6 +50,15 @@ def on_machine(params: dict[str, Any]) -> bool:
     return bool(params.get("nccl_on_machine", ON_MACHINE))
 
 
+def _fabric_per_process(group: Any, drv: Any) -> bool:
+    """Ranks in OS processes of their own that do not share one simulated machine: a plain
+    SimFabric per process (a Communicator over real torch.distributed), where no peer's memory
+    is reachable, or real CUDA, where NCCL's /dev/shm segments would be real files under
+    guessable names. Their drivers give no shared /dev/shm directory; NCCL cannot connect on
+    the machine there, and the rules decide alone."""
+    return getattr(group, "processes_of_their_own", False) and drv.shm_dir() is None
+
+
 class NcclError(RuntimeError):
     """An NCCL init failure; `name` is the ncclResult_t (ncclInvalidUsage, ncclSystemError)."""
 
@@ -116,7 +125,7 @@ class NcclBackend(Backend):
         self.decision = d
         if d.init_error is not None:
             raise SetupFailed(self.name, "init: ncclCommInitRank", self.rank, NcclError(*d.init_error))
-        if not on_machine(self.params):
+        if not on_machine(self.params) or _fabric_per_process(self.group, self.driver):
             return
         envd = dict(env)
         if self.adjusted:

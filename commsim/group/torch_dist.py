@@ -428,6 +428,8 @@ class ProcessWorld:
 class TorchDistGroup:
     """One rank's handle on a group of real processes (commsim.group.base.Group)."""
 
+    processes_of_their_own = True     # each rank is an OS process (backends/nccl.py asks)
+
     def __init__(self, world: ProcessWorld, name: str, ns: str, global_ranks: tuple[int, ...],
                  rank: int) -> None:
         self._world = world
