@@ -122,6 +122,12 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     def getpid(self) -> int:
         return self.proc.pid
 
+    def uts_hostname(self) -> str:
+        """What gethostname(2) answers in this process: its host's name, unless the process
+        has a UTS namespace of its own (a container per process; `gethostname` above stays
+        the simulated host, the key every model finds the host by)."""
+        return self._host.process_hostname(self.proc.pid)
+
     def imex_channels(self) -> tuple[int, ...]:
         """IMEX channels this process can open: configured on its host and the device node
         present in its container (rows I1, W5)."""

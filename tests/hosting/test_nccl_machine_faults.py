@@ -147,6 +147,15 @@ CASES = [
      {"init": 2, "last": "MNNVL (cliqueSize 2) is available but not working on this system. "
                          "Check the IMEX channel configuration (/dev/nvidia-caps-imex-channels). "
                          "Set NCCL_MNNVL_ENABLE=0 to ignore this issue."}),
+    # No shared host identity: each process's own hostname (its container's UTS namespace)
+    # enters NCCL's hostHash (src/misc/utils.cc getHostHashOnce), so p2pCanConnect and
+    # shmCanConnect see other nodes (src/transport/p2p.cc, shm.cc) and each "node" holds one
+    # GPU, too few for NVLS: the network, exact (rule NC23).
+    ("no_shared_host_identity", [Fault("no_shared_host_identity", host="hgx-h100-0")], {},
+     {"via": ["NET/Socket/0"], "nvls": "NVLS off: fewer than 2 GPUs per NVLink node", "exact": True}),
+    # ... and NCCL_HOSTID, one value for every process, makes them one host again.
+    ("no_shared_host_identity_hostid", [Fault("no_shared_host_identity", host="hgx-h100-0")],
+     {"NCCL_HOSTID": "node-a"}, {"via": ["P2P/CUMEM"], "exact": True}),
 ]
 # The machine a row runs on where it is not three GPUs of one HGX H100 board.
 MACHINES = {"no_imex_channel_device": ("gb200-nvl72:2", [(0, 0), (1, 0)])}

@@ -5,8 +5,13 @@ model's `NcclMachine` (commsim/libmodels/nccl_rules.py), so NCCL's search is tha
 by what this process's driver answers rather than by the topology file.
 
 Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
-- hostHash: the hostname (plus /proc/sys/kernel/random/boot_id, which one simulated host
-  shares: UNCONFIRMED that containers of a host share it; NCCL_HOSTID overrides both).
+- hostHash (src/misc/utils.cc getHostHashOnce): the hash of gethostname(2), as the
+  process's UTS namespace answers it, followed by /proc/sys/kernel/random/boot_id;
+  NCCL_HOSTID, where set, replaces the whole string. One simulated host has one boot id
+  (UNCONFIRMED that containers of a host read the same one; the kernel's), so the hostname
+  decides: processes with hostnames of their own (no_shared_host_identity) are other nodes
+  to every hostHash comparison (p2p.cc p2pCanConnect, shm.cc shmCanConnect, init.cc's
+  local ranks), rule NC23. The identity string stands for the hash here.
 - shmDev: `stat("/dev/shm").st_dev`, here the driver's shm namespace.
 - busId / nvmlDev: the NVML index of the current device (`driver.nvml_index`).
 - cuMem support: CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
@@ -76,8 +81,19 @@ def _nvml_index(driver: Any, ordinal: int) -> int:
     return ordinal if index is None else int(index(ordinal))
 
 
-def local_info(driver: Any, rank: int) -> PeerInfo:
-    """What this rank learns of itself through its driver (fillInfo + topology detection)."""
+def host_identity(driver: Any, host_id: str | None = None) -> str:
+    """What NCCL hashes into hostHash (module docstring): NCCL_HOSTID (`host_id`) where set,
+    else the hostname this process reads (the boot id every process of a host shares adds
+    nothing that tells them apart)."""
+    if host_id:
+        return host_id
+    uts = getattr(driver, "uts_hostname", None)
+    return driver.gethostname() if uts is None else uts()
+
+
+def local_info(driver: Any, rank: int, host_id: str | None = None) -> PeerInfo:
+    """What this rank learns of itself through its driver (fillInfo + topology detection);
+    `host_id`: the process's NCCL_HOSTID."""
     _, dev = driver.cudaGetDevice()
     dev = int(dev)
     nvml = _nvml_index(driver, dev)
@@ -101,8 +117,8 @@ def local_info(driver: Any, rank: int) -> PeerInfo:
         else (bytes(16), 0, 0)
     fabric_handle = _attr(driver, _A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev)
     arch = "aarch64" if fabric_handle and any(uuid) else "x86_64"   # as machine_from_view
-    host = driver.gethostname()
-    facts = NcclRank(rank, host, driver.shm_namespace(), (host, nvml), arch,
+    host = host_identity(driver, host_id)
+    facts = NcclRank(rank, host, driver.shm_namespace(), (driver.gethostname(), nvml), arch,
                      _attr(driver, _A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
                      True, _attr(driver, _A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, dev),
                      fabric_handle, bool(driver.imex_channels()), bytes(uuid), int(clique),
