@@ -22,7 +22,7 @@ from commsim.topology.model import GpuRef
 from commsim.sim import real_fds, unconfirmed
 from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, Refusal, _attr_int, api
 from commsim.sim.driver_ipc import LegacyIpcCalls
-from commsim.sim.driver_multicast import MulticastCalls
+from commsim.sim.driver_multicast import MULTICAST_SINCE_BRANCH, MulticastCalls
 from commsim.sim.driver_vmm import VmmCalls
 from commsim.sim.faults import ProcessFaults
 from commsim.sim.fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
@@ -48,6 +48,7 @@ _DEVICE_ATTRIBUTES: dict[int, Callable[[Any], Any]] = {
     int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR): lambda g: g.compute_capability[1],
     int(A.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING): lambda g: 1,
 }
+_MULTICAST_ATTR = int(A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)
 
 
 class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
@@ -165,7 +166,9 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     def cuDeviceGetAttribute(self, attrib: Any, dev: int) -> int:
         g = self.cluster.gpu(self._dev(dev))
         read = _DEVICE_ATTRIBUTES.get(attrib)
-        if read is None:
+        if read is None or (attrib == _MULTICAST_ATTR and self.cluster.driver_major(
+                self.proc.host) < MULTICAST_SINCE_BRANCH):
+            # an attribute this driver does not know (row M9 for multicast's, attribute 132)
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         return int(read(g))
 

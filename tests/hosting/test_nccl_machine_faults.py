@@ -23,7 +23,7 @@ from commsim.hosting.surfaces.nccl.libnccl import ERROR_STRINGS
 from commsim.hosting.surfaces.torch_distributed.pg_nccl import CHECK_SITE, DETAILS
 from commsim.runtime.diagnosis import HangDetected
 import commsim.scenario.faults  # noqa: F401  (registers the fault kinds)
-from commsim.scenario.fault_registry import apply_machine_fault
+from commsim.scenario.fault_registry import apply_machine_fault, arm_driver_faults, is_driver_fault
 from commsim.scenario.model import Fault
 
 H100 = "hgx-h100-8"
@@ -32,9 +32,18 @@ H100 = "hgx-h100-8"
 def _mutate(*faults: Fault):
     def edit(c):
         for f in faults:
-            c = apply_machine_fault(c, f)
+            if not is_driver_fault(f):
+                c = apply_machine_fault(c, f)
         return c
     return edit
+
+
+def _ranks(spec, placement, *faults: Fault):
+    """The machine with the faults: machine edits applied, driver faults armed on their rank."""
+    fabric, ranks = S.ranks(spec, placement, mutate=_mutate(*faults))
+    for r in ranks:
+        r.driver.proc.faults = arm_driver_faults(faults, r.rank)
+    return fabric, ranks
 
 
 def _body(g):
@@ -61,7 +70,7 @@ def _body(g):
 def _run(spec, placement, *faults, env=None, monkeypatch=None):
     for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)
-    fabric, ranks = S.ranks(spec, placement, mutate=_mutate(*faults))
+    fabric, ranks = _ranks(spec, placement, *faults)
     outs = S.run(ranks, _body)
     return fabric, ranks, outs
 
@@ -156,6 +165,23 @@ CASES = [
     # ... and NCCL_HOSTID, one value for every process, makes them one host again.
     ("no_shared_host_identity_hostid", [Fault("no_shared_host_identity", host="hgx-h100-0")],
      {"NCCL_HOSTID": "node-a"}, {"via": ["P2P/CUMEM"], "exact": True}),
+    # Multicast failing by each cause (NVLS set-up, src/transport/nvls.cc v2.27.3-1):
+    # a driver before CUDA 12.1 (branch 530) has no cuMulticast* entry points, which NCCL
+    # loads at 12010 (src/misc/cudawrap.cc), so ncclNvlsInit leaves nvlsSupport 0: NVLS off,
+    # P2P, exact (rules M9, NC24).
+    ("multicast_old_driver", [Fault("driver_version", host="hgx-h100-0", version="525.147.05")], {},
+     {"via": ["P2P/CUMEM"], "nvls": "NVLS off: some GPU lacks multicast (no NVSwitch / Fabric "
+                                    "Manager)", "exact": True}),
+    # cuMulticastCreate failing on the node's root: CUCHECK in nvlsGroupCreate (v2.19.3-1,
+    # v2.23.4-1, v2.27.3-1), init fails ncclUnhandledCudaError with the CUDA error's text.
+    ("multicast_create_fails", [Fault("call_fails", rank=0, api="cuMulticastCreate",
+                                      code="CUDA_ERROR_OUT_OF_MEMORY")], {},
+     {"init": 1, "last": "Cuda failure 2 'out of memory'"}),
+    # cuMulticastBindMem failing: from 2.27.3 NCCL goes on without NVLS ("Proceeding without
+    # NVLS support", nvlsGroupBindMem), P2P, exact; before, init fails (the version test).
+    ("multicast_bind_fails", [Fault("call_fails", rank=0, api="cuMulticastBindMem",
+                                    code="CUDA_ERROR_SYSTEM_NOT_READY")], {},
+     {"init": 0, "via": ["P2P/CUMEM"], "exact": True}),
 ]
 # The machine a row runs on where it is not three GPUs of one HGX H100 board.
 MACHINES = {"no_imex_channel_device": ("gb200-nvl72:2", [(0, 0), (1, 0)])}
@@ -202,7 +228,7 @@ def test_machine_fault_reaches_nccl(hosting, monkeypatch, name, faults, env, wan
     got = _values(outs)[0]
     assert {k: got.get(k) for k in want} == want, got
     # the same machine through torch.distributed "nccl": rank 0 sees what the C calls gave
-    _, ranks = S.ranks(spec, placement, mutate=_mutate(*faults))
+    _, ranks = _ranks(spec, placement, *faults)
     for r in ranks:
         r.mode = "inproc"
     seen = _values(S.run(ranks, _torch_body))[0]
@@ -295,3 +321,23 @@ def test_lost_peer_writes_are_a_watchdog_timeout_in_torch(hosting, monkeypatch, 
                            "SeqNum=1, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, "
                            "Timeout(ms)=600000) ran for 600000 milliseconds before timing out"), text
     assert does in text and "over P2P/CUMEM" in text, text
+
+
+def test_the_runs_nccl_version_decides_whether_a_failed_multicast_bind_fails_init(module_surfaces):
+    """cuMulticastBindMem failing on one rank: up to 2.26 every NVLS step is CUCHECK, so
+    ncclCommInitRank fails (ncclUnhandledCudaError there, ncclRemoteError on its peers); from
+    2.27.3 NCCL proceeds without NVLS (src/transport/nvls.cc of each tag; rule NC24)."""
+    import dataclasses
+    bind = Fault("call_fails", rank=0, api="cuMulticastBindMem", code="CUDA_ERROR_SYSTEM_NOT_READY")
+    got = {}
+    for nccl in ((2, 26, 6), (2, 27, 3)):
+        def edit(c, nccl=nccl):
+            return dataclasses.replace(c, versions=dataclasses.replace(c.versions, nccl=nccl))
+        _, ranks = S.ranks(H100, [(0, 0), (0, 1), (0, 2)], mutate=edit)
+        ranks[0].driver.proc.faults = arm_driver_faults([bind], 0)
+        a, b, _ = _values(S.run(ranks, _body))
+        got[nccl] = (a["init"], b["init"], a.get("nvls") or a["last"])
+    assert got[(2, 26, 6)] == (1, 6, "Cuda failure 802 'system not yet initialized'"), got
+    assert got[(2, 27, 3)][:2] == (0, 0), got
+    assert got[(2, 27, 3)][2].startswith("NVLS off: Failed to bind NVLink SHARP (NVLS) Multicast "
+                                         "memory of size"), got
