@@ -522,6 +522,19 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
             return (2, None)
         return (0, bool(g.nvlinks_up))
 
+    def nvml_nvlink_reach(self, index: int) -> tuple[bool, ...] | None:
+        """Per host index, whether the GPU at NVML `index` reaches that GPU over its active
+        NVLinks, as the far ends' PCI bus ids of its own links name them
+        (nvmlDeviceGetNvLinkRemotePciInfo: a peer, or an NVSwitch every switched GPU links
+        to): a GPU's own links are readable whatever its container holds (row W3), so this
+        names GPUs outside it too. None for an index NVML does not have."""
+        g = self._nvml_gpu(index)
+        if g is None:
+            return None
+        h = self._host
+        return tuple(k != g.index and h.link(g.index, k).is_nvlink and g.nvlinks_up
+                     and h.gpus[k].nvlinks_up for k in range(len(h.gpus)))
+
     # ---- kernels ------------------------------------------------------------------------------
     @api(0, True)
     def launch_kernel(self, kernel: Callable[..., None], *args: Any) -> None:

@@ -351,3 +351,34 @@ def test_the_runs_nccl_version_decides_whether_a_failed_multicast_bind_fails_ini
     assert got[(2, 27, 3)][:2] == (0, 0), got
     assert got[(2, 27, 3)][2].startswith("NVLS off: Failed to bind NVLink SHARP (NVLS) Multicast "
                                          "memory of size"), got
+
+
+def _in_containers(ranks, containers):
+    """Put each rank's process in a container whose device cgroup holds `containers[r]` (host
+    GPU indices of its host): CUDA and NVML there number only those, from 0 (row W3)."""
+    for r, held in zip(ranks, containers):
+        own = r.driver.device
+        gpus = tuple(S.GpuRef(own.host, i) for i in held)
+        r.driver.proc.gpus, r.driver.proc.container = gpus, gpus
+        r.driver.proc.current = gpus.index(own)
+        r.visible = gpus
+    return ranks
+
+
+def test_nccl_across_device_cgroup_containers_keys_gpus_by_bus_id(hosting):
+    """The shipped scenario container-device-cgroups: two containers of one HGX H100 board
+    given GPUs 0,1 and 2,3; inside each NVML numbers them 0 and 1. NCCL names GPUs by PCI bus
+    id, so rank 2 (host GPU 2, its container's 0) is no duplicate of rank 0 (src/init.cc), and
+    fills each GPU's own NVLinks into the topology, whose far ends are the NVSwitches every
+    GPU links to (src/graph/xml.cc ncclTopoFillGpu, src/graph/topo.cc), so the pair across
+    the containers is NVL, and P2P "with invisible devices" (src/transport/p2p.cc): P2P/CUMEM
+    for every pair, exact, through the ctypes surface and torch.distributed "nccl" (NC25)."""
+    four = [(0, 0), (0, 1), (0, 2), (0, 3)]
+    cgroups = [(0, 1), (0, 1), (2, 3), (2, 3)]
+    got = _values(S.run(_in_containers(S.ranks(H100, four)[1], cgroups), _body))
+    assert [(g["init"], g["via"], g["exact"]) for g in got] == [(0, ["P2P/CUMEM"], True)] * 4, got
+    ranks = _in_containers(S.ranks(H100, four)[1], cgroups)
+    for r in ranks:
+        r.mode = "inproc"
+    seen = _values(S.run(ranks, _torch_body))
+    assert seen == [{"via": ["P2P/CUMEM"], "exact": True}] * 4, seen

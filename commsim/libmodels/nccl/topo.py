@@ -13,12 +13,19 @@ Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
   to every hostHash comparison (p2p.cc p2pCanConnect, shm.cc shmCanConnect, init.cc's
   local ranks), rule NC23. The identity string stands for the hash here.
 - shmDev: `stat("/dev/shm").st_dev`, here the driver's shm namespace.
-- busId / nvmlDev: the NVML index of the current device (`driver.nvml_index`).
+- busId: the PCI bus id of the current device, here its host index
+  (`driver.nvml_host_index`): inside a container's device cgroup NVML numbers the GPUs from
+  0 (row W3), the bus id stays the host's, so two containers' GPUs never collide (NCCL's
+  "Duplicate GPU detected" compares hostHash and busId, src/init.cc).
 - cuMem support: CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   (src/misc/cudawrap.cc ncclIsCuMemSupported); multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED
   (src/transport/nvls.cc ncclNvlsInit); FABRIC handles: ..._HANDLE_TYPE_FABRIC_SUPPORTED and
   NVML's fabric info (src/init.cc ncclMnnvlCheck); IMEX channels: the channel device nodes
   the process can open (the FABRIC self-test needs one).
+- per same-host peer outside the process's container: NVLink from the far ends of this GPU's
+  own links (2.27 fills only its own GPU into the topology, ncclTopoFillGpu through NVML,
+  src/graph/xml.cc, and fuses the local ranks' XML, src/graph/topo.cc ncclTopoGetSystem), so
+  a switched peer in another container is NVL (rule NC25);
 - per same-host peer: NVLink from nvmlDeviceGetP2PStatus (NCCL reads NVLinks from NVML), and
   whether `cudaDeviceCanAccessPeer` allows it; for a peer not visible to this process NCCL
   reads NVML's P2P status of the pair instead (src/transport/p2p.cc p2pCanConnect: "CUDA
@@ -49,11 +56,11 @@ class PeerInfo:
 
     facts: NcclRank
     pid: int                            # pidHash
-    nvml: int                           # busId / nvmlDev
+    nvml: int                           # busId: the GPU's host index (not its container's)
     cuda_dev: int
-    nvlink: tuple[bool, ...]            # per NVML index of this host
-    access: tuple[bool, ...]            # cudaDeviceCanAccessPeer per NVML index (NVML's P2P
-                                        # status for an invisible one)
+    nvlink: tuple[bool, ...]            # per host index
+    access: tuple[bool, ...]            # cudaDeviceCanAccessPeer per host index (the NVLink
+                                        # fact for an invisible one)
 
     @property
     def rank(self) -> int:
@@ -96,18 +103,32 @@ def local_info(driver: Any, rank: int, host_id: str | None = None) -> PeerInfo:
     `host_id`: the process's NCCL_HOSTID."""
     _, dev = driver.cudaGetDevice()
     dev = int(dev)
-    nvml = _nvml_index(driver, dev)
+    nvml = _nvml_index(driver, dev)         # in this process's NVML: its container's numbering
     _, count = driver.nvmlDeviceGetCount()
     _, ordinals = driver.cudaGetDeviceCount()
-    by_nvml = {_nvml_index(driver, o): o for o in range(int(ordinals))}
+    # NCCL names GPUs by PCI bus id (peerInfo.busId), which a container does not renumber:
+    # here the host index (row W3); facts about peers are kept by it.
+    host_of = getattr(driver, "nvml_host_index", None)
+    bus = [j if host_of is None else int(host_of(j)) for j in range(int(count))]
+    slots = getattr(driver, "host_gpu_count", None)
+    width = max(max(bus, default=-1) + 1, slots() if slots is not None else 0)
+    at = {k: j for j, k in enumerate(bus)}                      # bus id -> NVML index
+    me = bus[nvml]
+    by_bus = {bus[_nvml_index(driver, o)]: o for o in range(int(ordinals))}
+    reach_of = getattr(driver, "nvml_nvlink_reach", None)
+    reach = reach_of(nvml) if reach_of is not None else None
     nvlink, access = [], []
-    for j in range(int(count)):
-        err, status = driver.nvmlDeviceGetP2PStatus(nvml, j)
-        nvlink.append(j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK)
-        o = by_nvml.get(j)
+    for k in range(width):
+        if k in at:
+            err, status = driver.nvmlDeviceGetP2PStatus(nvml, at[k])
+            link = k != me and int(err) == 0 and status == NVML_P2P_STATUS_OK
+        else:       # outside the container: the far end of this GPU's own links (NC25)
+            link = bool(reach is not None and reach[k])
+        nvlink.append(link)
+        o = by_bus.get(k)
         if o is None:
-            access.append(nvlink[-1])       # NVML's P2P status of the invisible peer
-        elif j == nvml:
+            access.append(link)             # the invisible peer's NVLink (NC16)
+        elif k == me:
             access.append(True)
         else:
             err, ok = driver.cudaDeviceCanAccessPeer(dev, o)
@@ -118,12 +139,12 @@ def local_info(driver: Any, rank: int, host_id: str | None = None) -> PeerInfo:
     fabric_handle = _attr(driver, _A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev)
     arch = "aarch64" if fabric_handle and any(uuid) else "x86_64"   # as machine_from_view
     host = host_identity(driver, host_id)
-    facts = NcclRank(rank, host, driver.shm_namespace(), (driver.gethostname(), nvml), arch,
+    facts = NcclRank(rank, host, driver.shm_namespace(), (driver.gethostname(), me), arch,
                      _attr(driver, _A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
                      True, _attr(driver, _A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, dev),
                      fabric_handle, bool(driver.imex_channels()), bytes(uuid), int(clique),
                      int(state))
-    return PeerInfo(facts, driver.getpid(), nvml, dev, tuple(nvlink), tuple(access))
+    return PeerInfo(facts, driver.getpid(), me, dev, tuple(nvlink), tuple(access))
 
 
 def machine(infos: list[PeerInfo]) -> NcclMachine:
