@@ -212,7 +212,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
                 raise           # the launcher's, not the rank's: it ends the run as it is
             except NeedsProcesses as e:
                 # The run cannot go on in one interpreter: ended here, run again in procs.
-                needs_procs.append(f"rank {r}: {e.call} at {e.site}")
+                needs_procs.append((f"rank {r}: {e.call} at {e.site}", e.why))
                 code = 1
                 res.exception = _exception_line(e)
             except BaseException as e:
@@ -233,7 +233,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
             raise _RankExit(code)
 
     timed_out = threading.Event()
-    needs_procs: list[str] = []
+    needs_procs: list[tuple[str, str]] = []          # (the call and where, why)
 
     def _expire() -> None:
         timed_out.set()
@@ -283,5 +283,7 @@ def run_inproc(cfg: RunConfig, boot_dir: str, *, out: TextIO, err: TextIO, echo:
         res.cuda_errors = ev.cuda_errors
         res.notes = list(ev.notes)
     results += worker_results(cfg, read_reports(cfg.run_dir))
-    return Verdict(cfg, results, trace_hash=world.trace_hash(), flags=list(fabric.flags),
-                   needs_procs=needs_procs[0] if needs_procs else None)
+    v = Verdict(cfg, results, trace_hash=world.trace_hash(), flags=list(fabric.flags))
+    if needs_procs:
+        v.needs_procs, v.procs_reason = needs_procs[0]
+    return v

@@ -28,7 +28,7 @@ from commsim.launch import zygote
 from commsim.launch.inproc import run_inproc
 from commsim.launch.procs import run_procs
 from commsim.launch.torchrun_flags import advice, launcher_in
-from commsim.launch.verdict import SOCKETS, Verdict
+from commsim.launch.verdict import Verdict
 
 PYTHONS = ("python", "python3", os.path.basename(sys.executable))
 
@@ -75,11 +75,12 @@ def _procs_owned(cfg: RunConfig, boot: str, *, out: TextIO, err: TextIO, echo: b
     return v
 
 
-def _again_in_procs(cfg: RunConfig, why: str, *, out: TextIO, err: TextIO,
+def _again_in_procs(cfg: RunConfig, why: str, reason: str, *, out: TextIO, err: TextIO,
                     echo: bool) -> Verdict:
-    """An inproc run that a blocking socket between ranks ended, run again as processes in a
-    fresh run directory (the first run's files and segments are gone with it)."""
-    err.write(f"commsim exec: {why}: {SOCKETS}; running again in procs mode\n")
+    """An inproc run that a call only processes can serve ended (`why`: the call and where;
+    `reason`: what about it needs processes), run again as processes in a fresh run
+    directory (the first run's files and segments are gone with it)."""
+    err.write(f"commsim exec: {why}: {reason}; running again in procs mode\n")
     shm.sweep(cfg.shm_prefix)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     cfg.mode = "procs"
@@ -89,7 +90,7 @@ def _again_in_procs(cfg: RunConfig, why: str, *, out: TextIO, err: TextIO,
     boot = write_sitecustomize(cfg.run_dir)
     cfg.dump(os.path.join(cfg.run_dir, "config.json"))
     v = _procs_owned(cfg, boot, out=out, err=err, echo=echo)
-    v.needs_procs = why
+    v.needs_procs, v.procs_reason = why, reason
     return v
 
 
@@ -122,7 +123,7 @@ def execute(cfg: RunConfig, *, out: TextIO | None = None, err: TextIO | None = N
         if v.needs_procs and (target is None or procs_command):
             if target is not None:
                 cfg.command = list(procs_command)
-            v = _again_in_procs(cfg, v.needs_procs, out=out or sys.stdout,
+            v = _again_in_procs(cfg, v.needs_procs, v.procs_reason, out=out or sys.stdout,
                                 err=err or sys.stderr, echo=echo)
     finally:
         shm.sweep(cfg.shm_prefix)

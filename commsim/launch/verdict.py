@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from commsim.hosting.surfaces.sockets import BLOCKING_SOCKETS
 from commsim.launch.cause import root_cause_lines
 from commsim.launch.config import RunConfig
 from commsim.launch.torch_build import torch_build
@@ -63,7 +64,7 @@ class ProcResult:
 
 
 # Why an inproc run went to procs mode (or ended): each cause's words, said once.
-SOCKETS = "blocking sockets between ranks need real processes"
+SOCKETS = BLOCKING_SOCKETS
 STALE_MODULES = ("modules imported before hosting was installed hold real hosted modules "
                  "(a module-level import at test collection); fresh processes import them hosted")
 SWITCHED = "run in procs mode, not inproc: {}"

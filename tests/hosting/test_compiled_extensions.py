@@ -39,22 +39,26 @@ def test_every_declaration_has_a_version_range_and_ranges_of_one_module_do_not_o
 
 def test_the_message_names_the_module_what_is_served_and_what_is_not(monkeypatch):
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.7.2.post1")
-    text = str(extensions.not_served_error("flashinfer-jit", "vllm_comm"))
-    assert text.startswith("commsim hosting: flashinfer JIT module 'vllm_comm' is a compiled "
-                           "CUDA extension; served: none; not served: meta_size")
+    text = str(extensions.not_served_error("flashinfer-jit", "pcie_ipc_comm"))
+    assert text.startswith("commsim hosting: flashinfer JIT module 'pcie_ipc_comm' is a "
+                           "compiled CUDA extension; served: pcie_ipc_memop_supported, "
+                           "pcie_ipc_set_memop_enabled, pcie_ipc_workspace_size; not served: "
+                           "pcie_ipc_init, pcie_ipc_all_reduce, pcie_ipc_dispose (")
     assert "(flashinfer-python 0.7.2.post1;" in text
     text = str(extensions.not_served_error("flashinfer-jit", "trtllm_comm",
-                                           op="trtllm_moe_allreduce_fusion"))
+                                           op="trtllm_custom_all_reduce"))
     assert text.startswith("commsim hosting: flashinfer JIT module 'trtllm_comm' is a compiled "
                            "CUDA extension; served: trtllm_allreduce_fusion, "
-                           "trtllm_lamport_initialize, trtllm_lamport_initialize_all; not "
-                           "served: trtllm_custom_all_reduce, "), text
-    assert "(flashinfer-python 0.7.2.post1; trtllm_moe_allreduce_fusion called; " in text
+                           "trtllm_lamport_initialize, trtllm_lamport_initialize_all, "
+                           "trtllm_moe_allreduce_fusion, trtllm_moe_finalize_allreduce_fusion; "
+                           "not served: trtllm_custom_all_reduce ("), text
+    assert "(flashinfer-python 0.7.2.post1; trtllm_custom_all_reduce called; " in text
     other = str(extensions.not_served_error("flashinfer-jit", "gemm_sm100"))
     assert "not served: every op (not declared for flashinfer-python 0.7.2.post1)" in other
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.4.1")
-    assert ("served: trtllm_lamport_initialize, trtllm_lamport_initialize_all; not served: "
-            "trtllm_custom_all_reduce, trtllm_allreduce_fusion, ") in str(
+    assert ("served: trtllm_allreduce_fusion, trtllm_lamport_initialize, "
+            "trtllm_lamport_initialize_all, trtllm_moe_allreduce_fusion, "
+            "trtllm_moe_finalize_allreduce_fusion; not served: trtllm_custom_all_reduce (") in str(
         extensions.not_served_error("flashinfer-jit", "trtllm_comm"))
     monkeypatch.setattr(extensions, "_installed", lambda lib: "0.5.3")
     assert "not declared for flashinfer-python 0.5.3" in str(
@@ -103,3 +107,16 @@ def test_every_served_op_cites_the_kernel_source_it_follows():
             if e.library == "flashinfer-python":
                 doc = sys.modules[module].__doc__
                 assert "flashinfer-ai/flashinfer at " in doc and ".cuh" in doc and ".cu" in doc, name
+
+
+def test_a_cuda_error_in_flashinfer_s_custom_all_reduce_raises_where_vllm_s_exits():
+    """The same object under two libraries: vLLM's CUDACHECK prints and exits the process,
+    FlashInfer's CHECK_CUDA_SUCCESS throws its cuda_error ("<error>\\n<file>"), a RuntimeError
+    in Python. 400 is cudaErrorInvalidResourceHandle, the seed's error."""
+    from commsim.hosting.surfaces.compiled import flashinfer_vllm_ar, vllm_custom_ar
+    ar = vllm_custom_ar._Allreduce(rank=0, signals=[0, 0], device=0,
+                                   cuda_error_raises_from=flashinfer_vllm_ar._HEADER)
+    with pytest.raises(RuntimeError, match=r"^invalid resource handle\ninclude/flashinfer/comm/"
+                       r"vllm_custom_all_reduce\.cuh$"):
+        vllm_custom_ar._cudacheck(None, ar, (400,))
+    assert vllm_custom_ar._cudacheck(None, ar, (0, 7)) == 7

@@ -13,8 +13,9 @@ from hosting_helpers import PROGRAMS, hosted
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
                                 reason="flashinfer-python is not installed (make test installs the peers extra)")
 PROGRAM = PROGRAMS / "flashinfer_comm.py"
-VLLM_NOT_SERVED = ("CompiledExtensionNotServed: commsim hosting: flashinfer JIT module "
-                   "'vllm_comm' is a compiled CUDA extension; served: none; not served: ")
+UNDECLARED = ("CompiledExtensionNotServed: commsim hosting: flashinfer JIT module "
+              "'comm' is a compiled CUDA extension; served: none; not served: every op "
+              "(not declared for flashinfer-python ")
 
 
 @pytest.mark.parametrize("mode", ["inproc", "procs"])
@@ -28,8 +29,8 @@ def test_import_flashinfer_comm_succeeds_in_every_rank(mode):
 def test_jit_module_load_is_the_served_module_or_the_named_error_and_starts_no_compiler(
         mode, tmp_path, monkeypatch):
     """With JIT left on and an `nvcc` on PATH that records each start: loading trtllm_comm
-    gives its served module, loading vllm_comm (nothing served) the named error, and no
-    compiler ran or is left."""
+    gives its served module, loading the all-to-all module 'comm' (not declared) the named
+    error, and no compiler ran or is left."""
     ran = tmp_path / "nvcc-ran"
     nvcc = tmp_path / "bin" / "nvcc"
     nvcc.parent.mkdir()
@@ -38,12 +39,12 @@ def test_jit_module_load_is_the_served_module_or_the_named_error_and_starts_no_c
     monkeypatch.setenv("PATH", f"{nvcc.parent}:{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     v, res, out = hosted(PROGRAM, "hgx-h100-8", "jit", "gen_trtllm_comm_module",
-                         "gen_vllm_comm_module", mode=mode, nproc_per_host=2)
+                         "gen_comm_alltoall_module", mode=mode, nproc_per_host=2)
     assert v.ok, v.format() + out
     for r in (0, 1):
         served, refused = res[r]["outcome"].split(" | ")
         assert served == "ok", res[r]
-        assert refused.startswith(VLLM_NOT_SERVED), res[r]
+        assert refused.startswith(UNDECLARED), res[r]
         assert res[r]["compilers"] == []
     assert not ran.exists(), ran.read_text()
 
@@ -157,3 +158,87 @@ def test_symm_device_memory_maps_every_peer_over_the_handle_type_the_machine_giv
     assert v.ok and v.residue == 0, v.format() + out
     assert {r: d["outcome"] for r, d in res.items()} == {
         r: f"{handle} {list(range(1, n + 1))}" for r in range(n)}, out
+
+
+@pytest.mark.parametrize("how", ["unified", "direct"])
+def test_moe_fusion_patterns_on_the_trtllm_workspace_return_the_reference(how):
+    """allreduce_fusion with kMoEReductionARResidualRMSNorm and kMoEFinalizeARResidualRMSNorm
+    on a trtllm workspace (or the two ops called by name over the direct workspace) reaches
+    the served trtllm_moe_allreduce_fusion and trtllm_moe_finalize_allreduce_fusion: every
+    rank's residual_out and norm_out equal the reference of every rank's expert outputs."""
+    v, res, out = hosted(PROGRAM, "gb200-nvl72:1", "moe", how, nproc_per_host=2)
+    assert v.ok, v.format() + out
+    assert [res[r]["outcome"] for r in (0, 1)] == ["ok trtllm moe"] * 2, out
+
+
+def test_the_moe_check_fails_on_a_planted_wrong_result():
+    v, res, out = hosted(PROGRAM, "gb200-nvl72:1", "moe", "plant", nproc_per_host=2)
+    assert [res[r]["outcome"] for r in (0, 1)] == [
+        "kMoEReductionARResidualRMSNorm residual_out differs from the reference",
+        "ok trtllm moe"], out
+
+
+def test_flashinfer_vllm_custom_all_reduce_returns_the_reference():
+    """flashinfer.comm.vllm_ar (the vllm_comm JIT module, served) over legacy-IPC buffers on an
+    HGX box: every dtype's all-reduce equals the sum of every rank's input, and so do two
+    all-reduces captured in a CUDA graph, registered and replayed as FlashInfer's test does."""
+    v, res, out = hosted(PROGRAM, "hgx-h100-8", "vllm_ar", "graph", nproc_per_host=4)
+    assert v.ok and v.residue == 0, v.format() + out
+    assert {r: d["outcome"] for r, d in res.items()} == {r: "ok vllm_ar" for r in range(4)}, out
+
+
+def test_the_vllm_ar_check_fails_on_a_planted_wrong_result():
+    v, res, out = hosted(PROGRAM, "hgx-h100-8", "vllm_ar", "plant", nproc_per_host=2)
+    assert [res[r]["outcome"] for r in (0, 1)] == [
+        "vllm_all_reduce torch.float32 differs from the reference", "ok vllm_ar"], out
+
+
+PEER_REFUSED = "RuntimeError: CUDART error: peer access is not supported between these two devices"
+
+
+@pytest.mark.parametrize("machine, visible, profile", [
+    ("rtx4090-8", "all", "pcieswitch-pairs (rank 0 shares a PCIe switch with group member GPU-"),
+    ("l40s-8-pcie", "all", "pcieswitch-pairs (rank 0 shares a PCIe switch with group member GPU-"),
+    ("rtx4090-8", "0,2", "rootcplx-noswitch (no switch-local pair observed)")])
+def test_pcie_ipc_probe_takes_the_branch_of_the_machine_s_topology(machine, visible, profile):
+    """FlashInfer's PCIe IPC probe asks NVML for the common ancestor of the group's GPUs (by
+    the UUIDs torch reports): GPUs 0 and 1 of these boxes share a PCIe switch (PIX), GPUs 0
+    and 2 only the CPU (NODE). The workspace then gets its size from the served
+    pcie_ipc_comm and stops in create_shared_buffer, where the machine refuses the legacy
+    IPC mapping between GPUs without P2P: FlashInfer's own error on every rank."""
+    v, res, out = hosted(PROGRAM, machine, "pcie", nproc_per_host=2, visible=visible)
+    for r in (0, 1):
+        got, _, made = res[r]["outcome"].partition(" | ")
+        assert got.startswith(profile), res[r]
+        assert made == PEER_REFUSED, res[r]
+
+
+@pytest.mark.parametrize("machine, nproc, handle", [
+    ("gb200-nvl72:2", 1, "FABRIC"), ("hgx-h100-8", 2, "POSIX_FILE_DESCRIPTOR")])
+def test_mnnvl_memory_maps_every_rank_s_segment(machine, nproc, handle):
+    """FlashInfer's MnnvlMemory: FABRIC handles across two GB200 trays, POSIX fds over its
+    AF_UNIX exchange on an HGX box (no fabric in NVML); every rank reads every rank's value
+    through its mapping, and closing the memory leaves nothing behind. Asked for inproc, the
+    run goes to procs and says why: MnnvlMemory keeps its communicator and address
+    reservation in class attributes, one value for every in-process rank."""
+    v, res, out = hosted(PROGRAM, machine, "mnnvl_memory", mode="inproc", nproc_per_host=nproc)
+    assert v.ok and v.residue == 0, v.format() + out
+    assert v.cfg.mode == "procs" and v.needs_procs.endswith(
+        "MnnvlMemory.open_mnnvl_memory at mnnvl.py:226 in __init__"), v.format()
+    assert "class attributes" in v.format()
+    assert {r: d["outcome"] for r, d in res.items()} == {r: f"{handle} ok" for r in range(2)}, out
+
+
+def test_the_mnnvl_memory_check_fails_on_a_planted_wrong_value():
+    v, res, out = hosted(PROGRAM, "hgx-h100-8", "mnnvl_memory", "plant", mode="procs",
+                         nproc_per_host=2)
+    assert [res[r]["outcome"] for r in (0, 1)] == [
+        "POSIX_FILE_DESCRIPTOR read [2, 2], not [1, 2]", "POSIX_FILE_DESCRIPTOR ok"], out
+
+
+def test_auto_takes_the_mnnvl_two_shot_past_its_threshold_and_returns_the_reference():
+    """2.25 MiB across two GB200 trays: FlashInfer's select_strategy answers TWOSHOT and the
+    served two-shot kernel's result equals the reference."""
+    v, res, out = hosted(PROGRAM, "gb200-nvl72:2", "large", nproc_per_host=1)
+    assert v.ok, v.format() + out
+    assert [res[r]["outcome"] for r in (0, 1)] == ["mnnvl TWOSHOT ok"] * 2, out

@@ -21,13 +21,13 @@ pytestmark = pytest.mark.skipif(not PYTHON.exists(),
                                 reason=f"{PYTHON.parent.parent.name} is absent (make peers builds it)")
 
 
-def _exec(machine: str, nproc_per_host: int) -> tuple[int, dict[int, dict], str]:
-    """`commsim exec` of the FlashInfer program's `direct` step in the 0.4.1 venv: (exit
-    status, RESULT lines by rank, output)."""
+def _exec(machine: str, nproc_per_host: int, *step: str) -> tuple[int, dict[int, dict], str]:
+    """`commsim exec` of the FlashInfer program's `step` (default `direct`) in the 0.4.1 venv:
+    (exit status, RESULT lines by rank, output)."""
     p = subprocess.run([str(PYTHON), "-c", "import sys; from commsim.cli import main; "
                         "sys.exit(main(sys.argv[1:]))", "exec", "--machine", machine,
                         "--nproc-per-host", str(nproc_per_host), "--mode", "inproc", "--",
-                        "python", str(PROGRAMS / "flashinfer_comm.py"), "direct"],
+                        "python", str(PROGRAMS / "flashinfer_comm.py"), *(step or ("direct",))],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     out = p.stdout + p.stderr
     return p.returncode, results(out), out
@@ -59,3 +59,34 @@ def test_the_workspace_on_one_tray_is_created_and_its_destroy_leaks():
     assert sorted(ln.split(" on ")[1].split(" ")[0] for ln in out.splitlines()
                   if "allocation: cudaMalloc(20) on " in ln) == [
         f"gb200-nvl72-tray00/gpu{g}" for g in range(4)], out
+
+
+def test_allreduce_fusion_on_one_tray_returns_the_reference():
+    """0.4.1's 21-argument trtllm_allreduce_fusion (no block_quant_group_size, weight_bias)
+    over its legacy-IPC workspace: three one-shot kAllReduce rounds (every Lamport buffer),
+    a two-shot one and a kARResidualRMSNorm, each equal to the reference on every rank."""
+    code, res, out = _exec("gb200-nvl72:1", 4, "direct-fusion")
+    assert code == 0, out
+    assert {r: (d["version"], d["outcome"]) for r, d in res.items()} == {
+        r: ("0.4.1", "ok trtllm") for r in range(4)}, out
+
+
+def test_the_fusion_check_fails_on_a_planted_wrong_result():
+    """The same run with one wrong element planted in rank 0's first result: that rank's
+    check names the round, the others still pass."""
+    code, res, out = _exec("gb200-nvl72:1", 4, "direct-fusion", "plant")
+    assert {r: d["outcome"] for r, d in res.items()} == {
+        0: "trtllm: kAllReduce round 0 differs from the reference",
+        **{r: "ok trtllm" for r in (1, 2, 3)}}, out
+
+
+
+def test_moe_fusions_on_one_tray_return_the_reference():
+    """0.4.1's 20-argument trtllm_moe_allreduce_fusion and 13-argument
+    trtllm_moe_finalize_allreduce_fusion over its legacy-IPC workspace, called by name (0.4.1
+    has no unified allreduce_fusion): every rank's residual_out and norm_out equal the
+    reference."""
+    code, res, out = _exec("gb200-nvl72:1", 4, "moe", "direct")
+    assert code == 0, out
+    assert {r: (d["version"], d["outcome"]) for r, d in res.items()} == {
+        r: ("0.4.1", "ok trtllm moe") for r in range(4)}, out

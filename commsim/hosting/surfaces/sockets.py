@@ -43,20 +43,24 @@ BETWEEN_RANKS: dict[str, tuple[int, ...]] = {
 _FAMILY = {socket.AF_UNIX: "AF_UNIX", socket.AF_INET: "AF_INET", socket.AF_INET6: "AF_INET6"}
 
 
-class NeedsProcesses(BaseException):
-    """An inproc rank made a socket call that only real processes can serve."""
+BLOCKING_SOCKETS = "blocking sockets between ranks need real processes"
 
-    def __init__(self, call: str, site: str) -> None:
-        super().__init__(f"commsim hosting: {call} at {site}: blocking sockets between ranks "
-                         f"need real processes (--mode procs)")
+
+class NeedsProcesses(BaseException):
+    """An inproc rank made a call that only real processes can serve (a socket between ranks,
+    or another cause `why` names)."""
+
+    def __init__(self, call: str, site: str, why: str = BLOCKING_SOCKETS) -> None:
+        super().__init__(f"commsim hosting: {call} at {site}: {why} (--mode procs)")
         self.call = call
         self.site = site
+        self.why = why
 
 
-def _site() -> str:
-    """Where the program made the call: the first frame outside this module and socket.py."""
+def call_site(skip: tuple[str, ...] = (__file__, socket.__file__)) -> str:
+    """Where the program made the call: the first frame outside `skip` (this module and
+    socket.py)."""
     f = sys._getframe(2)
-    skip = (__file__, socket.__file__)
     while f is not None and f.f_code.co_filename in skip:
         f = f.f_back
     if f is None:
@@ -68,7 +72,7 @@ def _guarded(name: str, families: tuple[int, ...], real: Any) -> Any:
     def call(self: socket.socket, *args: Any, **kwargs: Any) -> Any:
         r = hosted()
         if r is not None and r.mode == "inproc" and self.family in families:
-            raise NeedsProcesses(f"socket.{name}({_FAMILY[self.family]})", _site())
+            raise NeedsProcesses(f"socket.{name}({_FAMILY[self.family]})", call_site())
         return real(self, *args, **kwargs)
     call.__name__ = call.__qualname__ = name
     call.__doc__ = real.__doc__

@@ -19,9 +19,11 @@ the loaded module): FlashInfer 0.7.2.post1 `flashinfer/comm/trtllm_ar.py`,
 needs `trtllm_lamport_initialize`: its csrc/trtllm_allreduce.cu and
 include/flashinfer/comm/trtllm_allreduce.cuh fill the buffer with negative zero as 0.7.2.post1's
 do (`lamport_initialize_kernel`, `lamportInitializeAll` dividing by sizeof(T) again), so the same
-reference serves both; its `trtllm_allreduce_fusion` takes 21 arguments (no
-`block_quant_group_size`, `weight_bias`) and its fusion kernels differ, so it is not served
-there. vLLM 0.33.0 ships no `vllm._C`: its
+reference serves both; its `trtllm_allreduce_fusion` (21 arguments: no
+`block_quant_group_size`, `weight_bias`), `trtllm_moe_allreduce_fusion` (20) and
+`trtllm_moe_finalize_allreduce_fusion` (13) are served by functions of those signatures over
+the same references ("op=function" below; flashinfer_trtllm.py and flashinfer_trtllm_moe.py
+say why the kernels agree). vLLM 0.33.0 ships no `vllm._C`: its
 CUDA platform (`vllm/platforms/cuda.py`) imports `vllm._C_stable_libtorch`, which registers
 the namespaces `_C`, `_C_cache_ops`, `_C_cuda_utils` and `_C_custom_ar`; the `_C_custom_ar`
 schemas below are the strings that library registers (read from the installed 0.33.0 wheel,
@@ -114,36 +116,55 @@ _VLLM_AR_REFUSED = tuple(n for n in REFUSED_SCHEMAS if n.startswith("_C_custom_a
 
 def _jit_ops(module: str, source: str, names: str) -> dict[str, ServedOp]:
     """A FlashInfer JIT module's served functions, each implemented by the function of the
-    same name in `module` (imported when the module loads in a hosted rank, not here)."""
-    return {n: ServedOp("", f"commsim.hosting.surfaces.compiled.{module}:{n}", source)
-            for n in names.split()}
+    same name in `module`, or "op=function" where one release's signature needs a function
+    of its own (imported when the module loads in a hosted rank, not here)."""
+    pairs = (n.partition("=") for n in names.split())
+    return {op: ServedOp("", f"commsim.hosting.surfaces.compiled.{module}:{fn or op}", source)
+            for op, _, fn in pairs}
 
 
 # Sources as each module's docstring details them (flashinfer-ai/flashinfer at the commit
 # whose csrc matches the 0.7.2.post1 wheel).
 _FI_TRTLLM = "flashinfer csrc/trtllm_allreduce.cu, include/flashinfer/comm/trtllm_allreduce*.cuh"
-_FI_TRTLLM_041 = ("flashinfer-python 0.4.1 sdist csrc/trtllm_allreduce.cu, "
-                  "include/flashinfer/comm/trtllm_allreduce.cuh")
+_FI_TRTLLM_041 = ("flashinfer-python 0.4.1 sdist (v0.4.1, a88349f9f43d) csrc/trtllm_allreduce.cu, "
+                  "csrc/trtllm_allreduce_fusion.cu, include/flashinfer/comm/trtllm_allreduce*.cuh")
+_FI_TRTLLM_MOE = ("flashinfer csrc/trtllm_moe_allreduce_fusion.cu, "
+                  "include/flashinfer/comm/trtllm_moe_allreduce_fusion.cuh")
+_FI_VLLM_AR = ("flashinfer csrc/vllm_custom_all_reduce.cu, "
+               "include/flashinfer/comm/vllm_custom_all_reduce.cuh")
+_FI_PCIE_IPC = ("flashinfer csrc/pcie_ipc_all_reduce.cu, "
+                "include/flashinfer/comm/pcie_ipc_all_reduce.cuh, pcie_ipc_ce_memop.cuh")
+_FI_TRTLLM_MOE_041 = ("flashinfer-python 0.4.1 sdist (v0.4.1, a88349f9f43d) "
+                      "csrc/trtllm_moe_allreduce_fusion.cu, "
+                      "include/flashinfer/comm/trtllm_moe_allreduce_fusion.cuh")
 _FI_MNNVL = "flashinfer csrc/trtllm_mnnvl_allreduce.cu, include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh"
 
 EXTENSIONS: tuple[CompiledExtension, ...] = (
     CompiledExtension("flashinfer-python", ("0.4.1", "0.4.2"), "trtllm_comm", "flashinfer-jit", _ops(
-        "trtllm_custom_all_reduce trtllm_allreduce_fusion trtllm_moe_allreduce_fusion "
-        "trtllm_moe_finalize_allreduce_fusion"),
-        served=_jit_ops("flashinfer_trtllm", _FI_TRTLLM_041, "trtllm_lamport_initialize "
-                        "trtllm_lamport_initialize_all")),
+        "trtllm_custom_all_reduce"),
+        served={**_jit_ops("flashinfer_trtllm", _FI_TRTLLM_041, "trtllm_lamport_initialize "
+                           "trtllm_lamport_initialize_all "
+                           "trtllm_allreduce_fusion=trtllm_allreduce_fusion_v041"),
+                **_jit_ops("flashinfer_trtllm_moe", _FI_TRTLLM_MOE_041,
+                           "trtllm_moe_allreduce_fusion=trtllm_moe_allreduce_fusion_v041 "
+                           "trtllm_moe_finalize_allreduce_fusion="
+                           "trtllm_moe_finalize_allreduce_fusion_v041")}),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_comm", "flashinfer-jit", _ops(
-        "trtllm_custom_all_reduce trtllm_moe_allreduce_fusion trtllm_moe_finalize_allreduce_fusion"),
-        served=_jit_ops("flashinfer_trtllm", _FI_TRTLLM, "trtllm_lamport_initialize "
-                        "trtllm_lamport_initialize_all trtllm_allreduce_fusion")),
+        "trtllm_custom_all_reduce"),
+        served={**_jit_ops("flashinfer_trtllm", _FI_TRTLLM, "trtllm_lamport_initialize "
+                           "trtllm_lamport_initialize_all trtllm_allreduce_fusion"),
+                **_jit_ops("flashinfer_trtllm_moe", _FI_TRTLLM_MOE, "trtllm_moe_allreduce_fusion "
+                           "trtllm_moe_finalize_allreduce_fusion")}),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "trtllm_mnnvl_comm", "flashinfer-jit", (),
                       served=_jit_ops("flashinfer_mnnvl", _FI_MNNVL, "trtllm_mnnvl_allreduce_fusion")),
-    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "vllm_comm", "flashinfer-jit", _ops(
-        "meta_size init_custom_ar register_buffer get_graph_buffer_ipc_meta "
-        "register_graph_buffers all_reduce dispose")),
+    CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "vllm_comm", "flashinfer-jit", (),
+                      served=_jit_ops("flashinfer_vllm_ar", _FI_VLLM_AR, "meta_size "
+                                      "init_custom_ar register_buffer get_graph_buffer_ipc_meta "
+                                      "register_graph_buffers all_reduce dispose")),
     CompiledExtension("flashinfer-python", ("0.7.2", "0.8"), "pcie_ipc_comm", "flashinfer-jit", _ops(
-        "pcie_ipc_init pcie_ipc_workspace_size pcie_ipc_all_reduce pcie_ipc_dispose init "
-        "workspace_size memop_supported set_memop_enabled")),
+        "pcie_ipc_init pcie_ipc_all_reduce pcie_ipc_dispose"),
+        served=_jit_ops("flashinfer_pcie_ipc", _FI_PCIE_IPC, "pcie_ipc_memop_supported "
+                        "pcie_ipc_workspace_size pcie_ipc_set_memop_enabled")),
     CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._C_stable_libtorch", "import", (
         *_VLLM_AR_REFUSED, "_C.*", "_C_cache_ops.*", "_C_cuda_utils.*"), served=_VLLM_AR_SERVED),
     CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._moe_C_stable_libtorch", "import", ()),

@@ -28,7 +28,7 @@ from commsim.hosting.surfaces.compiled import kernel_args as ka
 from commsim.kernels.context import KernelContext
 
 __all__ = ["trtllm_lamport_initialize", "trtllm_lamport_initialize_all",
-           "trtllm_allreduce_fusion"]
+           "trtllm_allreduce_fusion", "trtllm_allreduce_fusion_v041", "lamport_exchange"]
 
 _DISPATCH = "DISPATCH_FLOATING_TYPES_FOR_ALLREDUCE"
 _BARRIER_FLAGS = 256                      # details::kBarrierFlagCount
@@ -99,6 +99,27 @@ def trtllm_allreduce_fusion(allreduce_in: Any, world_size: int, world_rank: int,
               size, hidden, name, esz, bool(fp32_acc), out)
 
 
+def trtllm_allreduce_fusion_v041(allreduce_in: Any, world_size: int, world_rank: int,
+                                 token_num: int, hidden_size: int, workspace_ptrs: Any,
+                                 launch_with_pdl: bool, use_oneshot: bool,
+                                 trigger_completion_at_end: bool, fp32_acc: bool,
+                                 pattern_code: int, allreduce_out: Any, residual_in: Any,
+                                 residual_out: Any, norm_out: Any, quant_out: Any, scale_out: Any,
+                                 rms_gamma: Any, rms_eps: Any, scale_factor: Any,
+                                 layout_code: Any) -> None:
+    """flashinfer-python 0.4.1's export (csrc/trtllm_allreduce_fusion.cu at v0.4.1,
+    a88349f9f43df74d31d1d52ad5aa20c28824a790): 21 arguments, no `block_quant_group_size` and
+    no `weight_bias`. Its workspace layout (`SyncComm`, `LamportComm`), `Barrier`, the one- and
+    two-shot kernels and the pattern values 0 and 1 are those of the 0.7.2.post1 source above;
+    its `FusedOp::rms_norm` multiplies by gamma alone, which is the later kernel with
+    weight_bias 0. So the same reference runs, with the two later arguments absent."""
+    trtllm_allreduce_fusion(allreduce_in, world_size, world_rank, token_num, hidden_size,
+                            workspace_ptrs, launch_with_pdl, use_oneshot,
+                            trigger_completion_at_end, fp32_acc, pattern_code, allreduce_out,
+                            residual_in, residual_out, norm_out, quant_out, scale_out, rms_gamma,
+                            rms_eps, scale_factor, layout_code, None, None)
+
+
 def _epilogue(ctx: KernelContext, total: torch.Tensor, lo: int, hidden: int, name: str,
               esz: int, o: dict) -> None:
     """FusedOp::operator() over elements [lo, lo + total.numel()) (whole tokens)."""
@@ -113,29 +134,43 @@ def _epilogue(ctx: KernelContext, total: torch.Tensor, lo: int, hidden: int, nam
         ka.store(ctx, o["norm_out"] + lo * esz, norm)
 
 
-def _oneshot(ctx: KernelContext, inp: int, ws: int, n: int, me: int, size: int, hidden: int,
-             name: str, esz: int, fp32_acc: bool, o: dict) -> None:
-    """allreduce_fusion_kernel_oneshot_lamport with LamportComm."""
+def lamport_exchange(ctx: KernelContext, ws: int, n: int, me: int, val: np.ndarray, esz: int,
+                     what: str, read_peers: bool = False) -> list[np.ndarray]:
+    """LamportComm over the fusion workspace, as every one-shot kernel of trtllm_comm uses it:
+    `val` (raw elements, negative zeros made +0 as remove_neg_zero does) pushed to slot `me`
+    of every rank's current Lamport buffer, this rank's buffer of two rounds ago cleared
+    (its clear size, the last round's), a spin until no element of any rank's slot is
+    negative zero, then LamportComm::update. The slots are read in this rank's buffer, or
+    with `read_peers` slot r in rank r's own buffer (the MoE finalize kernel's loads).
+    Returns every rank's slot (raw bytes, rank order)."""
     w = ka.pointers(ctx, ws, 3 * n + 1)
     ctrl = ctx.array(w[3 * n], np.int32, 5)
     flag, comm_size, clear_size = int(ctrl[2]), int(ctrl[3]), int(ctrl[4])
     data = [w[2 * n + r] + (flag % 3) * comm_size for r in range(n)]
     clear = w[2 * n + me] + ((flag + 2) % 3) * comm_size
-    val = ka.raw(ctx.load(inp, np.uint8, size * esz).copy(), esz)
+    size = val.size
+    val = val.copy()
     val[val == ka.NEG_ZERO[esz]] = 0                           # remove_neg_zero
     for r in range(n):                                         # push to every rank's slot
         ka.raw(ctx.array(data[r] + me * size * esz, np.uint8, size * esz), esz)[:] = val
     if clear_size > 0:                                         # the previous round's buffer
         ka.raw(ctx.array(clear, np.uint8, clear_size * esz), esz)[:] = ka.NEG_ZERO[esz]
-    slots = [ka.raw(ctx.array(data[me] + r * size * esz, np.uint8, size * esz), esz)
-             for r in range(n)]
+    slots = [ka.raw(ctx.array(data[r if read_peers else me] + r * size * esz, np.uint8,
+                              size * esz), esz) for r in range(n)]
     for r, slot in enumerate(slots):
         ka.wait_for(lambda s=slot: not (s == ka.NEG_ZERO[esz]).any(),
-                    f"trtllm_allreduce_fusion one-shot: Lamport slot of rank {r} "
-                    f"(buffer {flag % 3})")
-    total = ka.sum_ranks([s.view(np.uint8) for s in slots], name, fp32_acc)
-    _epilogue(ctx, total, 0, hidden, name, esz, o)
+                    f"{what} one-shot: Lamport slot of rank {r} (buffer {flag % 3})")
+    got = [s.copy().view(np.uint8) for s in slots]
     ctrl[2], ctrl[4], ctrl[0] = (flag + 1) % 3, size * n, 0    # LamportComm::update
+    return got
+
+
+def _oneshot(ctx: KernelContext, inp: int, ws: int, n: int, me: int, size: int, hidden: int,
+             name: str, esz: int, fp32_acc: bool, o: dict) -> None:
+    """allreduce_fusion_kernel_oneshot_lamport with LamportComm."""
+    val = ka.raw(ctx.load(inp, np.uint8, size * esz), esz)
+    slots = lamport_exchange(ctx, ws, n, me, val, esz, "trtllm_allreduce_fusion")
+    _epilogue(ctx, ka.sum_ranks(slots, name, fp32_acc), 0, hidden, name, esz, o)
 
 
 def _barrier(ctx: KernelContext, flags: list[int], n: int, me: int, value: int) -> int:

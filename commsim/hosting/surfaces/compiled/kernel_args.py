@@ -24,7 +24,7 @@ from commsim.runtime.scheduler import wait_until
 from commsim.hosting.state.session import current
 
 __all__ = ["ELEMENT", "NEG_ZERO", "element", "launch", "pointers", "address", "raw", "wait_for",
-           "tensor", "sum_ranks", "add_in", "rms_norm", "store"]
+           "tensor", "dtype", "sum_ranks", "add_in", "rms_norm", "store"]
 
 # The element types the comm kernels dispatch on (DISPATCH_FLOATING_TYPES_FOR_ALLREDUCE in
 # csrc/trtllm_allreduce.cu and csrc/trtllm_mnnvl_allreduce.cu): torch dtype -> (name, bytes).
@@ -34,6 +34,7 @@ ELEMENT: dict[torch.dtype, tuple[str, int]] = {
 # include/flashinfer/comm/trtllm_allreduce_fusion.cuh): raw bits by element size.
 NEG_ZERO = {2: np.uint16(0x8000), 4: np.uint32(0x80000000)}
 _RAW = {2: np.uint16, 4: np.uint32}
+_TORCH = {name: dtype for dtype, (name, _) in ELEMENT.items()}
 
 
 def element(dtype: Any, what: str) -> tuple[str, int]:
@@ -77,8 +78,12 @@ def wait_for(pred: Callable[[], bool], what: str) -> None:
 def tensor(a: np.ndarray, name: str) -> torch.Tensor:
     """Raw bytes of `name` as a CPU tensor of that type (a copy when read-only)."""
     t = torch.from_numpy(a if a.flags.writeable else a.copy())
-    return t.view({"float32": torch.float32, "float16": torch.float16,
-                   "bfloat16": torch.bfloat16}[name])
+    return t.view(_TORCH[name])
+
+
+def dtype(name: str) -> torch.dtype:
+    """The torch dtype of a dispatched element type's name."""
+    return _TORCH[name]
 
 
 def sum_ranks(vals: list[np.ndarray], name: str, fp32_acc: bool) -> torch.Tensor:
@@ -103,15 +108,18 @@ def add_in(val: torch.Tensor, other: np.ndarray, name: str) -> torch.Tensor:
 
 
 def rms_norm(val: torch.Tensor, gamma: np.ndarray, name: str, hidden: int, eps: float,
-             weight_bias: float) -> torch.Tensor:
+             weight_bias: float, gamma_first: bool = False) -> torch.Tensor:
     """RMSNorm per token as the fused kernels compute it: the float32 sum of squares of the
     token, s = rsqrt(sum / hidden + eps), out = T(v * s * (weight_bias + gamma)), all in
-    float32. The order of the block reduction's float adds is the GPU's and not pinned down
-    here (UNCONFIRMED: a last-bit difference in s is possible)."""
+    float32; with `gamma_first` the product is taken as T((weight_bias + gamma) * v * s)
+    (the MNNVL rmsNormLamport kernel's order). The order of the block reduction's float adds
+    is the GPU's and not pinned down here (UNCONFIRMED: a last-bit difference in s is
+    possible)."""
     v = val.float().view(-1, hidden)
     s = torch.rsqrt((v * v).sum(dim=1, keepdim=True) / hidden + np.float32(eps))
-    g = tensor(gamma, name).float()
-    return (v * s * (np.float32(weight_bias) + g)).to(val.dtype).view(-1)
+    g = np.float32(weight_bias) + tensor(gamma, name).float()
+    out = g * v * s if gamma_first else v * s * g
+    return out.to(val.dtype).view(-1)
 
 
 def store(ctx: KernelContext, ptr: int, value: torch.Tensor) -> None:

@@ -78,6 +78,9 @@ class _Allreduce:
     graph: dict[int, list[int]] = field(default_factory=dict)     # own address -> every rank's
     opened: dict[bytes, int] = field(default_factory=dict)        # IPC handle -> mapping
     flag: int = 0
+    # How a failing CUDA call inside the object ends: vLLM's CUDACHECK exits the process;
+    # FlashInfer's copy of the object (flashinfer_vllm_ar.py) throws, text "<error>\n<file>".
+    cuda_error_raises_from: str = ""
 
     @property
     def world_size(self) -> int:
@@ -187,12 +190,15 @@ def dispose(r: HostedRank, fa: int) -> None:
     if ar is None:
         return
     for ptr in ar.opened.values():
-        _cudacheck(r, runtime_api.cudaIpcCloseMemHandle(ptr))
+        _cudacheck(r, ar, runtime_api.cudaIpcCloseMemHandle(ptr))
 
 
-def _cudacheck(r: HostedRank, res: tuple) -> Any:
+def _cudacheck(r: HostedRank, ar: _Allreduce, res: tuple) -> Any:
     """CUDACHECK of custom_all_reduce.cuh: print the error and exit(EXIT_FAILURE), no Python
-    exception (SystemExit is how a hosted rank's process exit is seen)."""
+    exception (SystemExit is how a hosted rank's process exit is seen); for an object whose
+    `cuda_error_raises_from` names a file, a RuntimeError instead."""
+    if int(res[0]) != 0 and ar.cuda_error_raises_from:
+        raise RuntimeError(f"{error_string(res[0])}\n{ar.cuda_error_raises_from}")
     if int(res[0]) != 0:
         sys.stdout.write(f"Failed: Cuda error csrc/custom_all_reduce.cuh '{error_string(res[0])}'\n")
         sys.stdout.flush()
@@ -213,7 +219,7 @@ def get_graph_buffer_ipc_meta(r: HostedRank, fa: int) -> tuple[list[int], list[i
         err, base = driver_api.cuPointerGetAttribute(start, ptr)
         if int(err) != 0:
             raise RuntimeError("failed to get pointer attr")
-        handle = _cudacheck(r, runtime_api.cudaIpcGetMemHandle(int(base)))
+        handle = _cudacheck(r, ar, runtime_api.cudaIpcGetMemHandle(int(base)))
         handles += [b - 256 if b > 127 else b for b in runtime_api.ipc_handle_bytes(handle)]
         offsets.append(ptr - int(base))
     return handles, offsets
@@ -222,7 +228,8 @@ def get_graph_buffer_ipc_meta(r: HostedRank, fa: int) -> tuple[list[int], list[i
 def _open_ipc(r: HostedRank, ar: _Allreduce, blob: bytes) -> int:
     if blob not in ar.opened:
         handle = runtime_api.ipc_handle_of(blob)
-        ar.opened[blob] = _cudacheck(r, runtime_api.cudaIpcOpenMemHandle(handle, LAZY_ENABLE_PEER_ACCESS))
+        ar.opened[blob] = _cudacheck(r, ar, runtime_api.cudaIpcOpenMemHandle(
+            handle, LAZY_ENABLE_PEER_ACCESS))
     return ar.opened[blob]
 
 
