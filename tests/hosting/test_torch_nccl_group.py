@@ -132,3 +132,54 @@ def test_eager_init_with_device_id_makes_the_communicator_at_init(hosting):
     assert got[0] == ("init", "ncclUnhandledCudaError: Call to CUDA function failed."), got
     assert all(g[0] == "init" for g in got), got
     assert _run(body(False), n=3, mutate=failing) == [("all_reduce", 0)] * 3
+
+
+def test_new_group_of_an_eager_world_splits_its_communicator(hosting):
+    """With device_id the world's communicator exists at init, so new_group splits the new
+    group's from it (ncclCommSplit): every world rank calls it, rank 2 with
+    NCCL_SPLIT_NOCOLOR, and ranks 0-1 hold the new communicator right after new_group, before
+    any collective on it. Without device_id the new group's communicator waits for its first
+    collective (ncclCommInitRank then)."""
+    def body(eager):
+        def run(g):
+            import torch.distributed as dist
+            dev = torch.device("cuda", g.rank)
+            torch.cuda.set_device(dev)
+            dist.init_process_group("nccl", **({"device_id": dev} if eager else {}))
+            pair = dist.new_group([0, 1])
+            made = _comms()
+            x = torch.full((4,), float(g.rank + 1), device=dev)
+            if g.rank < 2:
+                dist.all_reduce(x, group=pair)
+            dist.destroy_process_group()
+            return made, x.cpu().tolist()
+        return run
+    assert _run(body(True), n=3) == [(2, [3.0] * 4), (2, [3.0] * 4), (1, [3.0] * 4)]
+    assert _run(body(False), n=3) == [(0, [3.0] * 4), (0, [3.0] * 4), (0, [3.0] * 4)]
+
+
+def test_nccl_comm_split_through_the_c_api(hosting):
+    """ncclCommSplit: colors and keys all-gathered over the parent, a color's ranks ordered
+    by key, NCCL_SPLIT_NOCOLOR gets NULL, a negative color ncclInvalidArgument
+    (src/init.cc commGetSplitInfo, v2.27.3-1)."""
+    import ctypes
+    from commsim.hosting.surfaces.nccl import libnccl
+
+    def body(g):
+        from test_nccl_ctypes import _init, _lib
+        lib = _lib()
+        _, comm = _init(lib, g)
+        bad = ctypes.c_void_p()
+        refused = lib.ncclCommSplit(comm, -5, 0, ctypes.byref(bad), None)
+        new = ctypes.c_void_p()
+        color = libnccl.SPLIT_NOCOLOR if g.rank == 3 else g.rank % 2
+        assert lib.ncclCommSplit(comm, color, -g.rank, ctypes.byref(new), None) == 0
+        rank, count = ctypes.c_int(-1), ctypes.c_int(-1)
+        if new.value:
+            lib.ncclCommUserRank(new, ctypes.byref(rank))
+            lib.ncclCommCount(new, ctypes.byref(count))
+            lib.ncclCommDestroy(new)
+        lib.ncclCommDestroy(comm)
+        return refused, new.value is not None, rank.value, count.value
+    # colors: ranks 0, 2 -> 0 (keys 0, -2: rank 2 first); 1 -> 1 alone; 3 no color
+    assert _run(body, n=4) == [(4, True, 1, 2), (4, True, 0, 1), (4, True, 0, 2), (4, False, -1, -1)]

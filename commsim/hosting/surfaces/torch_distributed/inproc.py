@@ -100,6 +100,7 @@ class _State:
         self.timeout: Any = None    # init_process_group's timeout: every group's default
         self.backends: dict[str, str] = {}                  # group name -> its backend
         self.nccl: dict[str, pg_nccl.GroupNccl] = {}        # group name -> ProcessGroupNCCL
+        self.bound: Any = None      # init_process_group's device_id: new groups inherit it
 
 
 def _inproc() -> HostedRank | None:
@@ -212,6 +213,7 @@ def init_process_group(r: HostedRank, backend: Any = None, init_method: Any = No
     st.world_handle = _handle(st.world)
     st.timeout = timeout
     st.backends[st.world.name] = st.backend
+    st.bound = device_id
     _eager(r, st.world, device_id)
 
 
@@ -225,7 +227,7 @@ def destroy_process_group(r: HostedRank, group: Any = None) -> None:
         for g in st.nccl.values():          # ProcessGroupNCCL's shutdown destroys its comms
             g.close()
         st.nccl.clear()
-        st.world = st.world_handle = None
+        st.world = st.world_handle = st.bound = None
 
 
 def get_rank(r: HostedRank, group: Any = None) -> int:
@@ -259,7 +261,15 @@ def new_group(r: HostedRank, ranks: Any = None, timeout: Any = None, backend: An
     if sub is not None:
         st.made.append(sub)
         st.backends[sub.name] = str(backend or st.backend)
-        _eager(r, sub, device_id)
+    # torch 2.13: a new group inherits the default group's bound device, and splits its
+    # communicator from the world's when that one was made eagerly (pg_nccl.split); every
+    # world rank takes part in the split, members or not.
+    parent = st.nccl.get(world.name)
+    if st.bound is not None and parent is not None and parent.comm \
+            and pg_nccl.uses_nccl(str(backend or st.backend), "cuda"):
+        pg_nccl.split(r, parent, _nccl_of(r, sub) if sub is not None else None, members)
+    elif sub is not None:
+        _eager(r, sub, device_id if device_id is not None else st.bound)
     return _handle(sub) if sub is not None else dist.GroupMember.NON_GROUP_MEMBER
 
 

@@ -174,6 +174,28 @@ def connect(r: HostedRank, g: GroupNccl, device: int,
     return g.comm
 
 
+def split_color(ranks: list[int]) -> int:
+    """The color torch splits a new group's communicator with (distributed_c10d.py
+    `_process_group_color`: the hash of the group's global ranks, within C int)."""
+    return abs(hash(tuple(ranks))) % 2 ** (ctypes.sizeof(ctypes.c_int) * 8 - 1)
+
+
+def split(r: HostedRank, parent: GroupNccl, child: GroupNccl | None, ranks: list[int]) -> None:
+    """new_group of a world whose communicator was made eagerly (device_id): the new group's
+    communicator is split from the world's (torch 2.13.0 distributed_c10d.py
+    `_new_process_group_helper`: split only once the default group has a bound device; the
+    world's ranks outside the group make a NCCL_SPLIT_NOCOLOR split, "as otherwise we would
+    get out of sync"), on the world's device. The key is the rank in the world
+    (UNCONFIRMED: ProcessGroupNCCL's key; a group's ranks are sorted, so the order agrees)."""
+    out = ctypes.c_void_p()
+    color = split_color(ranks) if child is not None else libnccl.SPLIT_NOCOLOR
+    _check(r, libnccl.call("ncclCommSplit", parent.comm, color, parent.rank,
+                           ctypes.addressof(out), None))
+    if child is not None:
+        child.comm, child.device = int(out.value), parent.device
+        before_exit(r, lambda: _abort_at_exit(r, child))
+
+
 def _abort_at_exit(r: HostedRank, g: GroupNccl) -> None:
     """A group the program never destroyed: ProcessGroupNCCL's destructor aborts its
     communicators at the process's exit (its "process group has NOT been destroyed"
