@@ -35,7 +35,8 @@ test: $(STAMP) $(PEERS_STAMP)
 # with other work: the download is 407 MB (vllm's wheel 321 MB, flashinfer's 60 MB), 18 s from
 # the registry; the install 82-107 s wall, 35 s CPU; their tests 48 s CPU on -n 2. CI's budget
 # is 10 min on 2 cores, install included; the rest of `make test` took 332 s there, so this
-# leaves about 2.5 min to spare. `make peers` adds FlashInfer 0.4.1 in a venv of its own.
+# leaves about 2.5 min to spare. `make peers` adds FlashInfer 0.4.1, vLLM 0.34.0 and SGLang in
+# venvs of their own.
 PEERS_STAMP := $(VENV)/.peers-installed
 
 $(PEERS_STAMP): $(STAMP)
@@ -44,25 +45,57 @@ $(PEERS_STAMP): $(STAMP)
 
 PEERS = $(shell $(BIN)/python -c 'import tomllib; print(" ".join(repr(p) for p in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["peers"]))' 2>/dev/null)
 
+# A venv layered over .venv at $(1): a .pth adds .venv's site-packages after its own.
+define layered_venv
+rm -rf $(1)
+$$(readlink -f $(BIN)/python) -m venv --without-pip $(1)
+$(1)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_paths()["purelib"] + "/zz-commsim-venv.pth", "w").write("import site; site.addsitedir(%r)\n" % sys.argv[1])' $(SITE)
+endef
+
 # FlashInfer 0.4.1 (the release of the legacy-IPC seed) pins apache-tvm-ffi 0.1.0b15 where
-# 0.7.x needs 0.1.11+, so it gets a venv of its own, layered over .venv: a .pth adds .venv's
-# site-packages after its own (torch, commsim and the test tools shared; flashinfer and
-# tvm-ffi its own). 0.1.0b15 is no longer on the registry: 0.1.0, its final release, stands
-# in; 0.4.1 ships as an sdist whose build needs tvm-ffi, so it builds without isolation.
+# 0.7.x needs 0.1.11+, so it gets a venv of its own, layered over .venv (torch, commsim and
+# the test tools shared; flashinfer and tvm-ffi its own). 0.1.0b15 is no longer on the
+# registry: 0.1.0, its final release, stands in; 0.4.1 ships as an sdist whose build needs tvm-ffi, so it builds without isolation.
 FI041 := .venv-fi041
 SITE = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 $(FI041)/.installed: $(STAMP)
-	rm -rf $(FI041)
-	$$(readlink -f $(BIN)/python) -m venv --without-pip $(FI041)
-	$(FI041)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_paths()["purelib"] + "/zz-commsim-venv.pth", "w").write("import site; site.addsitedir(%r)\n" % sys.argv[1])' $(SITE)
+	$(call layered_venv,$(FI041))
 	$(FI041)/bin/python -m pip install --quiet --no-deps 'apache-tvm-ffi==0.1.0'
 	$(FI041)/bin/python -m pip install --quiet --no-deps --no-build-isolation 'flashinfer-python==0.4.1'
 	touch $@
 
-peers: $(PEERS_STAMP) $(FI041)/.installed
+# vLLM 0.34.0 beside the peers pin 0.33.0 (the seed's release, vllm-project/vllm#52778:
+# custom all-reduce admits a TP group across two GB200 trays and dies registering graph
+# buffers; `make test` runs it): 0.34.0 declines that group. A venv layered over .venv
+# holding only vllm 0.34.0 (--no-deps; every other package is .venv's);
+# tests/hosting/test_vllm.py runs commsim with each venv's interpreter.
+VLLM034 := .venv-vllm034
+
+$(VLLM034)/.installed: $(STAMP)
+	$(call layered_venv,$(VLLM034))
+	$(VLLM034)/bin/python -m pip install --quiet --no-deps 'vllm==0.34.0'
+	touch $@
+
+# SGLang 0.5.23 pins torch 2.14.1 and imports triton at module level
+# (sglang/srt/utils/common.py), which the other peers must not see: a layered venv holding
+# sglang, triton and the pure packages its communication modules import (--no-deps, as
+# installed when tests/hosting/test_sglang.py passed; FlashInfer is .venv's), and
+# sglang-kernel, whose custom all-reduce ops commsim serves (a 373 MB wheel, 1.5 GB
+# installed, nearly all of it kernels no hosted rank loads).
+SGLANG := .venv-sglang
+SGLANG_PKGS := 'sglang==0.5.23' 'sglang-kernel==0.4.10' 'triton==3.9.0' orjson starlette anyio \
+    httpx2 httpcore2 truststore ipython traitlets aiohttp multidict yarl propcache \
+    aiohappyeyeballs aiosignal frozenlist
+
+$(SGLANG)/.installed: $(STAMP)
+	$(call layered_venv,$(SGLANG))
+	$(SGLANG)/bin/python -m pip install --quiet --no-deps $(SGLANG_PKGS)
+	touch $@
+
+peers: $(PEERS_STAMP) $(FI041)/.installed $(VLLM034)/.installed $(SGLANG)/.installed
 	$(BIN)/python -m pytest -q -n 2 tests/hosting/test_flashinfer.py tests/hosting/test_vllm.py \
-	    tests/hosting/test_flashinfer_041.py tests/hosting/test_plugin.py
+	    tests/hosting/test_flashinfer_041.py tests/hosting/test_plugin.py tests/hosting/test_sglang.py
 
 # Hosting over a CUDA build of torch on a machine without a driver (a vLLM developer's laptop
 # or CI image; vLLM 0.33 pins torch 2.14.0): a second venv with the CUDA wheel, then the
@@ -82,4 +115,4 @@ cuda-torch: $(CUDA_VENV)/.installed
 	$(CUDA_VENV)/bin/python -m pytest -q -n 2 tests/hosting
 
 clean:
-	rm -rf $(VENV) $(CUDA_VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(CUDA_VENV) $(FI041) $(VLLM034) $(SGLANG) .pytest_cache build *.egg-info

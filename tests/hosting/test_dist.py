@@ -2,6 +2,9 @@
 answered per rank in inproc mode, with the same answers; hangs diagnosed; calls commsim does
 not serve fail naming themselves."""
 
+import functools
+import operator
+
 import pytest
 
 from hosting_helpers import PROGRAMS, hosted
@@ -15,6 +18,11 @@ def _expected(rank: int, world: int) -> dict:
         "objs": [{"rank": r} for r in range(world)], "box": [f"from{world - 1}", (world - 1) * 10],
         "gathered": [r * r for r in range(world)] if rank == 0 else None, "sub": group,
         "sum": [float(sum(range(world))), float(world)], "max": [world - 1],
+        "bits": {name: [functools.reduce(fn, (v(r) for r in range(world))) for v in
+                        (lambda r: r + 1, lambda r: 6 | r)]
+                 for name, fn in (("BAND", operator.and_), ("BOR", operator.or_),
+                                  ("BXOR", operator.xor))},
+        "refused": "Cannot use ReduceOp.BAND with non-integral dtype",
         "parts": [[float(r), float(-r)] for r in range(world)], "bcast": [0.0, 2.0, 4.0],
     }
 

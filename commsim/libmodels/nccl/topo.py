@@ -13,10 +13,10 @@ Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
   to every hostHash comparison (p2p.cc p2pCanConnect, shm.cc shmCanConnect, init.cc's
   local ranks), rule NC23. The identity string stands for the hash here.
 - shmDev: `stat("/dev/shm").st_dev`, here the driver's shm namespace.
-- busId: the PCI bus id of the current device, here its host index
-  (`driver.nvml_host_index`): inside a container's device cgroup NVML numbers the GPUs from
-  0 (row W3), the bus id stays the host's, so two containers' GPUs never collide (NCCL's
-  "Duplicate GPU detected" compares hostHash and busId, src/init.cc).
+- busId / nvmlDev: the host index of the current device (`driver.nvml_index`, then
+  `nvml_host_index`: a container numbers its own GPUs from 0, row W3), which keys every
+  per-GPU fact below; two containers' GPUs never collide in NCCL's "Duplicate GPU
+  detected", which compares hostHash and busId (src/init.cc).
 - cuMem support: CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   (src/misc/cudawrap.cc ncclIsCuMemSupported); multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED
   (src/transport/nvls.cc ncclNvlsInit); FABRIC handles: ..._HANDLE_TYPE_FABRIC_SUPPORTED and
@@ -25,14 +25,15 @@ Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
 - per same-host peer outside the process's container: NVLink from the far ends of this GPU's
   own links (2.27 fills only its own GPU into the topology, ncclTopoFillGpu through NVML,
   src/graph/xml.cc, and fuses the local ranks' XML, src/graph/topo.cc ncclTopoGetSystem), so
-  a switched peer in another container is NVL (rule NC25);
+  a switched peer in another container is NVL (rule NC25); its PCIe path stays SYS;
 - per same-host peer: NVLink from nvmlDeviceGetP2PStatus (NCCL reads NVLinks from NVML), and
   whether `cudaDeviceCanAccessPeer` allows it; for a peer not visible to this process NCCL
   reads NVML's P2P status of the pair instead (src/transport/p2p.cc p2pCanConnect: "CUDA
   10.1 and later can use P2P with invisible devices", checked against the NVML pair info);
   which NVML capability index it reads is UNCONFIRMED (the simulated NVML's one status).
-  The PCIe distance NCCL reads from sysfs is not asked of the driver: a same-host pair
-  without NVLink is SYS (UNCONFIRMED, as nccl_rules.machine_from_view).
+- per same-host peer without NVLink: the PCIe path NCCL's topology detection reads from
+  sysfs (src/graph/topo.cc), asked of the driver (`pci_path`); `nvidia-smi topo -m`'s NODE
+  (host bridges within a CPU socket) is NCCL's PHB. A driver that cannot tell gives SYS.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any
 from cuda.bindings import driver as cu
 
 from commsim.driver import NVML_P2P_STATUS_OK
-from commsim.libmodels.nccl_rules import NcclMachine, NcclRank
+from commsim.libmodels.nccl_rules import NcclMachine, NcclRank, pcie_path
 
 _A = cu.CUdevice_attribute
 
@@ -56,11 +57,12 @@ class PeerInfo:
 
     facts: NcclRank
     pid: int                            # pidHash
-    nvml: int                           # busId: the GPU's host index (not its container's)
+    nvml: int                           # busId: the GPU's host index
     cuda_dev: int
-    nvlink: tuple[bool, ...]            # per host index
-    access: tuple[bool, ...]            # cudaDeviceCanAccessPeer per host index (the NVLink
-                                        # fact for an invisible one)
+    nvlink: tuple[bool, ...]            # per host index of this host's GPUs
+    pci: tuple[str, ...]                # NCCL's PCIe path type per host index (PIX ... SYS)
+    access: tuple[bool, ...]            # cudaDeviceCanAccessPeer per host index (NVML's P2P
+                                        # status for an invisible one)
 
     @property
     def rank(self) -> int:
@@ -103,48 +105,52 @@ def local_info(driver: Any, rank: int, host_id: str | None = None) -> PeerInfo:
     `host_id`: the process's NCCL_HOSTID."""
     _, dev = driver.cudaGetDevice()
     dev = int(dev)
-    nvml = _nvml_index(driver, dev)         # in this process's NVML: its container's numbering
+    nvml = _nvml_index(driver, dev)
     _, count = driver.nvmlDeviceGetCount()
     _, ordinals = driver.cudaGetDeviceCount()
-    # NCCL names GPUs by PCI bus id (peerInfo.busId), which a container does not renumber:
-    # here the host index (row W3); facts about peers are kept by it.
+    by_nvml = {_nvml_index(driver, o): o for o in range(int(ordinals))}
+    # Facts by host index, what the PCI bus id names across processes: under a container's
+    # device cgroup NVML numbers only the container's GPUs (row W3), so two containers'
+    # index 0 are different GPUs; one outside this container is neither asked nor linked.
     host_of = getattr(driver, "nvml_host_index", None)
     bus = [j if host_of is None else int(host_of(j)) for j in range(int(count))]
-    slots = getattr(driver, "host_gpu_count", None)
-    width = max(max(bus, default=-1) + 1, slots() if slots is not None else 0)
-    at = {k: j for j, k in enumerate(bus)}                      # bus id -> NVML index
-    me = bus[nvml]
-    by_bus = {bus[_nvml_index(driver, o)]: o for o in range(int(ordinals))}
+    width = getattr(driver, "host_gpu_count", None)
+    width = max(max(bus, default=-1) + 1, int(width()) if width is not None else 0)
+    nvlink, access, pci = [False] * width, [False] * width, ["SYS"] * width
+    # A GPU outside the container: the far ends of this GPU's own NVLinks name it (NC25),
+    # and a peer this process cannot see is allowed P2P on that fact (NC16).
     reach_of = getattr(driver, "nvml_nvlink_reach", None)
     reach = reach_of(nvml) if reach_of is not None else None
-    nvlink, access = [], []
     for k in range(width):
-        if k in at:
-            err, status = driver.nvmlDeviceGetP2PStatus(nvml, at[k])
-            link = k != me and int(err) == 0 and status == NVML_P2P_STATUS_OK
-        else:       # outside the container: the far end of this GPU's own links (NC25)
-            link = bool(reach is not None and reach[k])
-        nvlink.append(link)
-        o = by_bus.get(k)
+        if k not in bus and reach is not None and reach[k]:
+            nvlink[k] = access[k] = True
+    ask = getattr(driver, "pci_path", None)
+    for j in range(int(count)):
+        k = bus[j]
+        if ask is not None and j != nvml:
+            pci[k] = pcie_path(ask(nvml, j))
+        err, status = driver.nvmlDeviceGetP2PStatus(nvml, j)
+        nvlink[k] = j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK
+        o = by_nvml.get(j)
         if o is None:
-            access.append(link)             # the invisible peer's NVLink (NC16)
-        elif k == me:
-            access.append(True)
+            access[k] = nvlink[k]           # NVML's P2P status of the invisible peer
+        elif j == nvml:
+            access[k] = True
         else:
             err, ok = driver.cudaDeviceCanAccessPeer(dev, o)
-            access.append(int(err) == 0 and bool(ok))
+            access[k] = int(err) == 0 and bool(ok)
     err, fab = driver.nvmlDeviceGetGpuFabricInfo(nvml)
     uuid, clique, state = (fab.cluster_uuid, fab.clique_id, fab.state) if int(err) == 0 \
         else (bytes(16), 0, 0)
     fabric_handle = _attr(driver, _A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev)
     arch = "aarch64" if fabric_handle and any(uuid) else "x86_64"   # as machine_from_view
     host = host_identity(driver, host_id)
-    facts = NcclRank(rank, host, driver.shm_namespace(), (driver.gethostname(), me), arch,
+    facts = NcclRank(rank, host, driver.shm_namespace(), (driver.gethostname(), bus[nvml]), arch,
                      _attr(driver, _A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
                      True, _attr(driver, _A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, dev),
                      fabric_handle, bool(driver.imex_channels()), bytes(uuid), int(clique),
                      int(state))
-    return PeerInfo(facts, driver.getpid(), me, dev, tuple(nvlink), tuple(access))
+    return PeerInfo(facts, driver.getpid(), bus[nvml], dev, tuple(nvlink), tuple(pci), tuple(access))
 
 
 def machine(infos: list[PeerInfo]) -> NcclMachine:
@@ -154,7 +160,8 @@ def machine(infos: list[PeerInfo]) -> NcclMachine:
         for b in infos:
             if a.rank == b.rank or a.host != b.host or a.nvml == b.nvml:
                 continue
-            paths[(a.rank, b.rank)] = "NVL" if b.nvml < len(a.nvlink) and a.nvlink[b.nvml] else "SYS"
+            paths[(a.rank, b.rank)] = ("NVL" if b.nvml < len(a.nvlink) and a.nvlink[b.nvml]
+                                       else a.pci[b.nvml] if b.nvml < len(a.pci) else "SYS")
             if b.nvml < len(a.access) and a.access[b.nvml]:
                 access.add((a.rank, b.rank))
     return NcclMachine(tuple(ranks), paths, frozenset(access), "driver")

@@ -24,6 +24,16 @@ t = torch.tensor([float(rank), 1.0])
 dist.all_reduce(t)
 mx = torch.tensor([rank])
 dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+bits = {}
+for name in ("BAND", "BOR", "BXOR"):             # gloo's bitwise ops on an integral tensor
+    x = torch.tensor([rank + 1, 6 | rank], dtype=torch.int32)
+    dist.all_reduce(x, op=getattr(dist.ReduceOp, name))
+    bits[name] = x.tolist()
+try:                                             # ... and its refusal of a float one
+    dist.all_reduce(torch.ones(1), op=dist.ReduceOp.BAND)
+    refused = None
+except RuntimeError as e:
+    refused = str(e).splitlines()[0]
 parts = [torch.zeros(2) for _ in range(world)]
 dist.all_gather(parts, torch.tensor([rank, -rank], dtype=torch.float32))
 b = torch.arange(3, dtype=torch.float32) * (rank + 1)
@@ -34,6 +44,6 @@ print("RESULT " + json.dumps({
     "rank": rank, "world": world, "backend": dist.get_backend(),
     "group_ranks": dist.get_process_group_ranks(mine), "group_rank": dist.get_rank(mine),
     "group_size": dist.get_world_size(mine), "objs": objs, "box": box, "gathered": gathered,
-    "sub": sub, "sum": t.tolist(), "max": mx.tolist(), "parts": [p.tolist() for p in parts],
+    "sub": sub, "sum": t.tolist(), "max": mx.tolist(), "bits": bits, "refused": refused, "parts": [p.tolist() for p in parts],
     "bcast": b.tolist()}))
 dist.destroy_process_group()

@@ -73,6 +73,16 @@ def rank_input(rank: int, rnd: int) -> torch.Tensor:
     return ((i * (rank + 3) + 5 * rnd) % 13 - 6).to(torch.bfloat16)
 
 
+def residual_rmsnorm_outcome(backend: str, world: int, residual: torch.Tensor,
+                             gamma: torch.Tensor, res_out: torch.Tensor,
+                             norm_out: torch.Tensor) -> str:
+    """"ok BACKEND" when kARResidualRMSNorm's outputs over every rank's round-5 input match a
+    torch reference (eps 1e-6), else the first output that does not."""
+    total = sum(rank_input(r, 5).float() for r in range(world)).to(torch.bfloat16)
+    return (residual_norm_mismatch(f"{backend}: kARResidualRMSNorm", total, residual, gamma,
+                                   res_out, norm_out) or f"ok {backend}")
+
+
 def fusion(backend: str, skip: str = "") -> str:
     from flashinfer.comm import AllReduceFusionPattern as P
     from flashinfer.comm.mnnvl import TorchDistBackend

@@ -8,13 +8,16 @@ register_graph_buffers=True)`. An all-reduce goes where CudaCommunicator.all_red
 graph captured under `ca.capture()` (vLLM's graph_capture), then replayed.
 
     python vllm_custom_ar.py [--disable-custom-all-reduce] [--graph] [--no-eager] [--numel N]
-                             [--dtype D]
+                             [--dtype D] [--check]
 
 --no-eager captures without an eager all-reduce first (vLLM's profile_cudagraph_memory, where
 vllm-project/vllm#52778 first aborts).
 
 Prints one RESULT line per rank: which communicator ran, whether custom all-reduce was
-disabled, and whether every result equals the exact sum.
+disabled or kept to MNNVL collectives only (`mnnvl_only`, a group spanning nodes; None
+where the release has no such attribute), and whether every result equals the exact sum.
+--check: exit 1 on a rank whose result is not exact (so a verdict alone says it, as the
+mode-agreement harness compares verdicts).
 """
 
 import json
@@ -90,8 +93,11 @@ def main() -> None:
         ca.close()
     print("RESULT " + json.dumps({"rank": rank, "used": used, "exact": exact,
                                   "same_node": same_node,
-                                  "ca_disabled": None if ca is None else ca.disabled}), flush=True)
+                                  "ca_disabled": None if ca is None else ca.disabled,
+                                  "mnnvl_only": getattr(ca, "mnnvl_only", None)}), flush=True)
     dist.destroy_process_group()
+    if "--check" in sys.argv and not exact:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,11 @@ CUDA platform (`vllm/platforms/cuda.py`) imports `vllm._C_stable_libtorch`, whic
 the namespaces `_C`, `_C_cache_ops`, `_C_cuda_utils` and `_C_custom_ar`; the `_C_custom_ar`
 schemas below are the strings that library registers (read from the installed 0.33.0 wheel,
 `csrc/torch_bindings.cpp` at v0.33.0), the ops `vllm/_custom_ops.py` calls for
-`vllm/distributed/device_communicators/custom_all_reduce.py`.
+`vllm/distributed/device_communicators/custom_all_reduce.py`. vLLM 0.34.0's
+`_C_stable_libtorch.abi3.so` registers the same fifteen `_C_custom_ar` schema strings (both
+wheels' strings compared), so one declaration covers [0.33.0, 0.35); a release that changes
+one gets a declaration of its own. The served ops follow the v0.33.0 kernels; that 0.34.0's
+`csrc/custom_all_reduce.cuh` computes the same is UNCONFIRMED (the wheel carries no source).
 
 A served op of a Python extension module is declared as "<namespace>.<op>" with its schema
 and the function that implements it (`ServedOp`); loading the module in a hosted rank
@@ -69,7 +73,8 @@ class CompiledExtension:
     library: str                     # the distribution (importlib.metadata name)
     versions: tuple[str, str]        # [first, past-last) release, e.g. ("0.7.2", "0.8")
     module: str                      # import name, or the JIT module's spec name
-    kind: str                        # "import" (a Python extension module) or "flashinfer-jit"
+    kind: str                        # "import" (a Python extension module), "flashinfer-jit" or
+                                     # "sgl_kernel" (its common_ops, loaded from a path)
     not_served: tuple[str, ...]
     served: dict[str, Any] = field(default_factory=dict)   # op -> ServedOp (or what the kind loads)
 
@@ -92,8 +97,37 @@ _VLLM_AR_SCHEMAS = (
     "open_mem_handle(Tensor mem_handle) -> int",
     "free_shared_buffer(int ptr) -> ()",
 )
-_VLLM_AR_SERVED = {f"_C_custom_ar.{s.partition('(')[0]}": ServedOp(
-    s, f"{_VLLM_AR}:{s.partition('(')[0]}", _VLLM_AR_SOURCE) for s in _VLLM_AR_SCHEMAS}
+
+
+def _torch_ops(namespace: str, impl: str, source: str, schemas: tuple[str, ...]) -> dict[str, ServedOp]:
+    """Served torch.library ops "<namespace>.<op>", each implemented by the function of the
+    op's name in the module `impl`."""
+    return {f"{namespace}.{s.partition('(')[0]}": ServedOp(s, f"{impl}:{s.partition('(')[0]}", source)
+            for s in schemas}
+
+
+_VLLM_AR_SERVED = _torch_ops("_C_custom_ar", _VLLM_AR, _VLLM_AR_SOURCE, _VLLM_AR_SCHEMAS)
+
+# sglang-kernel 0.4.10 registers its custom all-reduce (`sglang::CustomAllreduce`, adapted
+# from vLLM's) under `sgl_kernel` from `sgl_kernel/sm90/common_ops.abi3.so` or
+# `sm100/common_ops.abi3.so` (both wheels' strings compared): `init_custom_ar` and
+# `all_reduce` with the schema strings below, the others by signature alone (`m.def(name,
+# &fn)`: torch infers the schema, its argument names UNCONFIRMED; callers pass them by
+# position, sgl_kernel/allreduce.py). Its Python side calls them as vLLM's does
+# (sglang/srt/distributed/device_communicators/custom_all_reduce.py at 0.5.23), so vLLM's
+# reference serves them; that sgl-kernel's kernel and Signal match vLLM v0.33.0's is
+# UNCONFIRMED (the wheel carries no source).
+_SGL_AR_SOURCE = "sglang-kernel 0.4.10 sgl_kernel/sm90|sm100/common_ops.abi3.so (schemas); " \
+                 "kernel as vllm-project/vllm v0.33.0 csrc/custom_all_reduce.cuh (UNCONFIRMED)"
+_SGL_AR_SCHEMAS = (
+    "meta_size() -> int",
+    "init_custom_ar(int[] ipc_tensors, Tensor rank_data, int rank, bool full_nvlink) -> int",
+    "register_buffer(int fa, int[] fake_ipc_ptrs) -> ()",
+    "get_graph_buffer_ipc_meta(int fa) -> (int[], int[])",
+    "register_graph_buffers(int fa, int[][] handles, int[][] offsets) -> ()",
+    "all_reduce(int fa, Tensor inp, Tensor! out, int reg_buffer, int reg_buffer_sz_bytes) -> ()",
+    "dispose(int fa) -> ()",
+)
 
 # Ops a served extension registers that commsim does not serve: "<namespace>.<op>" -> schema.
 REFUSED_SCHEMAS: dict[str, str] = {
@@ -165,10 +199,17 @@ EXTENSIONS: tuple[CompiledExtension, ...] = (
         "pcie_ipc_init pcie_ipc_all_reduce pcie_ipc_dispose"),
         served=_jit_ops("flashinfer_pcie_ipc", _FI_PCIE_IPC, "pcie_ipc_memop_supported "
                         "pcie_ipc_workspace_size pcie_ipc_set_memop_enabled")),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._C_stable_libtorch", "import", (
+    CompiledExtension("vllm", ("0.33.0", "0.35"), "vllm._C_stable_libtorch", "import", (
         *_VLLM_AR_REFUSED, "_C.*", "_C_cache_ops.*", "_C_cuda_utils.*"), served=_VLLM_AR_SERVED),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm._moe_C_stable_libtorch", "import", ()),
-    CompiledExtension("vllm", ("0.33.0", "0.34"), "vllm.cumem_allocator", "import", ()),
+    CompiledExtension("vllm", ("0.33.0", "0.35"), "vllm._moe_C_stable_libtorch", "import", ()),
+    CompiledExtension("vllm", ("0.33.0", "0.35"), "vllm.cumem_allocator", "import", ()),
+    # Loaded by sgl_kernel/load_utils.py's _load_architecture_specific_ops from a file path
+    # (kind "sgl_kernel"); the other compiled modules of the package are plain imports.
+    CompiledExtension("sglang-kernel", ("0.4.10", "0.4.11"), "common_ops", "sgl_kernel",
+                      ("sgl_kernel.*",),
+                      served=_torch_ops("sgl_kernel", _VLLM_AR, _SGL_AR_SOURCE, _SGL_AR_SCHEMAS)),
+    *(CompiledExtension("sglang-kernel", ("0.4.10", "0.4.11"), f"sgl_kernel.{m}", "import", ())
+      for m in ("flash_ops", "flashmla_ops", "spatial_ops")),
 )
 
 

@@ -14,6 +14,11 @@ Two ways in:
   served ops gives its `ServedModule` (served.py), which is what FlashInfer's
   `get_*_module()` wraps; loading any other module, or building one that is not served,
   is the named error. Outside a hosted rank both are the library's own.
+- sglang-kernel's `common_ops`: `sgl_kernel/__init__` loads it from a file path
+  (`load_utils._load_architecture_specific_ops`, `spec_from_file_location`), past the
+  finders; once `sgl_kernel.load_utils` is imported, that function gives, in a hosted rank,
+  a module in place of the extension with the served ops registered, or the named error,
+  before any `.so` is opened.
 - Compiler processes: FlashInfer asks `nvcc --list-gpu-arch` while it generates a JIT spec
   (`compilation_context._nvcc_supports_sm107`), before any load; Triton runs ptxas. In a
   hosted rank `subprocess` does not start a CUDA compiler or build tool (`COMPILERS`): the
@@ -30,6 +35,7 @@ import importlib.machinery
 import os
 import subprocess
 import sys
+import types
 from typing import Any
 
 from commsim.hosting.install.patches import Patches
@@ -81,6 +87,14 @@ class _RefusingLoader(importlib.abc.Loader):
         raise not_served_error("import", self.name)
 
 
+def _served_module(kind: str, name: str, ext: Any) -> types.ModuleType:
+    """A module in place of the extension `name`, its served ops registered."""
+    module = types.ModuleType(name)
+    module.__commsim_served__ = True                  # type: ignore[attr-defined]
+    _serve(_patches[-1], kind, name, ext)
+    return module
+
+
 class _ServingLoader(importlib.abc.Loader):
     """A module in place of the extension (an extension module holds no Python attributes
     of its own); executing it registers the declared ops, as loading the library does."""
@@ -94,25 +108,27 @@ class _ServingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         module.__commsim_served__ = True
-        _serve(_patches[-1], self.name, self.ext)
+        _serve(_patches[-1], "import", self.name, self.ext)
 
 
-def _serve(patches: Patches, name: str, ext: Any) -> None:
+def _serve(patches: Patches, kind: str, name: str, ext: Any) -> None:
     from commsim.hosting.surfaces.compiled import served_torch_ops
     served_torch_ops.register(patches, ext.served,
                     {n: REFUSED_SCHEMAS[n] for n in ext.not_served if n in REFUSED_SCHEMAS},
-                    lambda: not_served_error("import", name))
+                    lambda: not_served_error(kind, name))
 
 
 def _serve_loaded(patches: Patches) -> None:
     """In-process runs share sys.modules: a library imported by an earlier run keeps the
     served module and does not import it again, so its ops are registered for this run too
     (restore() removed them at the end of the last)."""
-    for name in _IMPORTED:
-        if getattr(sys.modules.get(name), "__commsim_served__", False):
-            ext, _, _ = declared("import", name)
+    loaded = [("import", name, sys.modules.get(name)) for name in _IMPORTED]
+    loaded.append(("sgl_kernel", "common_ops", getattr(sys.modules.get("sgl_kernel"), "common_ops", None)))
+    for kind, name, module in loaded:
+        if getattr(module, "__commsim_served__", False):
+            ext, _, _ = declared(kind, name)
             if ext is not None and ext.served:
-                _serve(patches, name, ext)
+                _serve(patches, kind, name, ext)
 
 
 def _loader(name: str) -> importlib.abc.Loader:
@@ -171,6 +187,25 @@ def _patch_jit(patches: Patches, core: Any) -> None:
                 patches.attr(cls, attr, _refusing(real, attr))
 
 
+def _sgl_kernel_ops(real: Any) -> Any:
+    @functools.wraps(real)
+    def load() -> Any:
+        if not (_active[0] and hosted() is not None):
+            return real()
+        ext, _, _ = declared("sgl_kernel", "common_ops")
+        if ext is None or not ext.served:
+            raise not_served_error("sgl_kernel", "common_ops")
+        return _served_module("sgl_kernel", "common_ops", ext)
+    load.__commsim_compiled__ = True                  # type: ignore[attr-defined]
+    return load
+
+
+def _patch_sgl_kernel(patches: Patches, load_utils: Any) -> None:
+    real = load_utils._load_architecture_specific_ops
+    if not getattr(real, "__commsim_compiled__", False):
+        patches.attr(load_utils, "_load_architecture_specific_ops", _sgl_kernel_ops(real))
+
+
 def _deactivate() -> None:
     _active[0] = False
     _patches.clear()
@@ -184,6 +219,7 @@ def _install(patches: Patches) -> None:
     patches.finder(_finder, first=True)
     patches.attr(subprocess.Popen, "_execute_child", _no_compiler(subprocess.Popen._execute_child))
     patches.on_import("flashinfer.jit.core", lambda core: _patch_jit(patches, core))
+    patches.on_import("sgl_kernel.load_utils", lambda lu: _patch_sgl_kernel(patches, lu))
 
 
 SURFACE = register_surface("compiled CUDA extensions", _install)

@@ -340,6 +340,12 @@ def barrier(r: HostedRank, group: Any = None, async_op: bool = False, device_ids
     return _Done() if async_op else None
 
 
+# The bitwise ops gloo reduces integral tensors with (SGLang votes with BAND on a CPU
+# group); on any other dtype ProcessGroupGloo's toFunction refuses them, as the installed
+# torch 2.13.0 answers: RuntimeError "Cannot use ReduceOp.BAND with non-integral dtype".
+_BITWISE = {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
+
+
 def _reduce(op: Any, arrays: list) -> Any:
     import torch.distributed as dist
     R = dist.ReduceOp
@@ -353,7 +359,19 @@ def _reduce(op: Any, arrays: list) -> Any:
         return functools.reduce(np.maximum, arrays)
     if op == R.AVG:
         return functools.reduce(np.add, arrays) / len(arrays)
+    for name, fn in _BITWISE.items():
+        if op == getattr(R, name):
+            return functools.reduce(fn, arrays)
     raise NotImplementedError(f"commsim hosting: torch.distributed.all_reduce op {op} is not simulated")
+
+
+def _check_op(op: Any, t: Any) -> None:
+    """The caller's own error for a bitwise op on a non-integral tensor, on every rank that
+    makes the call (gloo checks before it exchanges anything)."""
+    import torch.distributed as dist
+    for name in _BITWISE:
+        if op == getattr(dist.ReduceOp, name) and (t.dtype.is_floating_point or t.dtype.is_complex):
+            raise RuntimeError(f"Cannot use ReduceOp.{name} with non-integral dtype")
 
 
 def _reduce_parts(parts: list, op: Any) -> Any:
@@ -404,6 +422,7 @@ def all_reduce(r: HostedRank, tensor: Any, op: Any = None, group: Any = None,
         pg_nccl.all_reduce(r, pg, _share(g, _tag("all_reduce")), tensor, op)
         return _Done() if async_op else None
     h = _host(tensor, "all_reduce")
+    _check_op(_op(op), h)
     # Every rank's array combined once, over the ranks' own arrays (no copy per receiver);
     # the op is matched across ranks like the call itself.
     out = g.combine_arrays(_array(h), _reduce_parts, (_op(op),), tag=_tag("all_reduce"))

@@ -1,0 +1,77 @@
+"""SGLang 0.5.23, unmodified, under `commsim exec`: its own communication set-up
+(tests/hosting/programs/sglang_comm.py): the FlashInfer all-reduce-fusion workspace manager
+and its custom all-reduce. SGLang pins torch 2.14.1 and flashinfer-python 0.7.2 and imports
+triton at module level (sglang/srt/utils/common.py), so it lives in the layered
+.venv-sglang (`make peers` builds it: sglang and the pure packages its communication modules
+import, --no-deps; the FlashInfer it finds is .venv's 0.7.2.post1). The tests skip without it.
+Each run is `commsim exec` in that venv's interpreter, as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hosting_helpers import PROGRAMS, results
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
+
+pytestmark = pytest.mark.skipif(not PYTHON.exists(),
+                                reason=f"{PYTHON.parent.parent.name} is absent (make peers builds it)")
+
+
+def _exec(machine: str, nproc_per_host: int, *args: str) -> tuple[int, dict[int, dict], str]:
+    """(exit status, RESULT lines by rank, output) of the program under `commsim exec`."""
+    p = subprocess.run([str(PYTHON), "-c", "import sys; from commsim.cli import main; "
+                        "sys.exit(main(sys.argv[1:]))", "exec", "--machine", machine,
+                        "--nproc-per-host", str(nproc_per_host), "--mode", "inproc", "--",
+                        "python", str(PROGRAMS / "sglang_comm.py"), *args],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    out = p.stdout + p.stderr
+    return p.returncode, results(out), out
+
+
+@pytest.mark.parametrize("machine, per_host, backend, got", [
+    ("gb200-nvl72:1", 4, "trtllm", "trtllm"),
+    ("gb200-nvl72:1", 4, "auto", "mnnvl"),
+    # Two trays of one NVL72: SGLang's own gate (is_one_nvlink_clique over NVML's fabric
+    # clique) admits the group, and the mnnvl workspace maps every peer over FABRIC.
+    ("gb200-nvl72:2", 2, "mnnvl", "mnnvl"),
+])
+def test_the_fusion_workspace_manager_returns_the_reference(machine, per_host, backend, got):
+    """FlashInferWorkspaceManager.initialize as ensure_workspace_initialized calls it (its
+    preflight cuMemCreate probe and BAND vote included), then allreduce_fusion with the
+    arguments flashinfer_allreduce_residual_rmsnorm passes, against the reference; cleanup."""
+    code, res, out = _exec(machine, per_host, "fusion", backend)
+    assert code == 0 and "commsim exec: ok" in out, out
+    assert res == {r: {"rank": r, "outcome": f"ok {got}"} for r in range(len(res))}, out
+    assert len(res) == per_host * int(machine.partition(":")[2]), out
+
+
+def test_trtllm_on_an_hgx_box_runs_as_processes_and_says_so():
+    """On H100s FlashInfer exchanges POSIX fds over blocking AF_UNIX sockets, which in-process
+    ranks cannot serve: the run goes on in procs mode, names why, and passes."""
+    code, res, out = _exec("hgx-h100-8", 4, "fusion", "trtllm")
+    assert code == 0 and "running again in procs mode" in out, out
+    assert "mode procs" in out, out
+    assert res == {r: {"rank": r, "outcome": "ok trtllm"} for r in range(4)}, out
+
+
+def test_custom_all_reduce_stops_named():
+    """SGLang's CustomAllreduce over sglang-kernel's served `sgl_kernel` ops (the 373 MB
+    wheel, not in the Makefile's venv): without the package custom_all_reduce_ops cannot
+    import sgl_kernel.allreduce and SGLang leaves custom all-reduce off. With it, the served
+    common_ops loads in place of the library (no .so opened) and the set-up goes on to
+    SGLang's P2P check, where in-process ranks share SGLang's module-level world group
+    (`parallel_state._WORLD`), which the group layer names (in procs mode the check's own
+    subprocesses stop at `cudaDeviceReset`, not simulated; not run here: ~2 min)."""
+    code, res, out = _exec("hgx-h100-8", 2, "custom")
+    assert code == 0 and sorted(res) == [0, 1], out
+    outcomes = {d["outcome"] for d in res.values()}
+    if any(o.startswith("no kernels") for o in outcomes):
+        assert outcomes == {"no kernels (ModuleNotFoundError: No module named 'sgl_kernel')"}, out
+        return
+    assert all(o.startswith("kernels (meta_size 3456); ") for o in outcomes), out
+    assert any("each rank must use its own handle" in o for o in outcomes), out
