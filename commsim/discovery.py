@@ -96,6 +96,12 @@ def probe(driver: Driver, rank: int) -> RankInfo:
     def attr(a) -> int:
         return check("cuDeviceGetAttribute", driver.cuDeviceGetAttribute(a, dev))
 
+    def newer_attr(a) -> int:
+        # an attribute the host's driver may predate (multicast's before branch 530, row M9):
+        # CUDA_ERROR_INVALID_VALUE there, read as "not supported"
+        err, v = driver.cuDeviceGetAttribute(a, dev)
+        return int(v) if int(err) == 0 else 0
+
     n = check("cudaGetDeviceCount", driver.cudaGetDeviceCount())
     me = _nvml_index(driver, dev)
     count = getattr(driver, "nvmlDeviceGetCount", None)
@@ -134,7 +140,7 @@ def probe(driver: Driver, rank: int) -> RankInfo:
         vmm=bool(attr(A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)),
         posix_fd=bool(attr(A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)),
         fabric_handle=bool(attr(A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)),
-        multicast=bool(attr(A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)),
+        multicast=bool(newer_attr(A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)),
         imex=bool(driver.imex_channels()),
         fabric_uuid=fab.cluster_uuid if err == 0 else bytes(16),
         fabric_clique=fab.clique_id if err == 0 else 0,

@@ -177,7 +177,7 @@ def main() -> None:
                     help="decline the legacy-IPC workspace unless IPC reaches every peer")
     ap.add_argument("--size", type=int, default=1 << 20, help="bytes per workspace buffer")
     args = ap.parse_args()
-    dist.init_process_group(backend="nccl")
+    dist.init_process_group(backend="cpu:gloo,cuda:nccl")   # handles and votes travel by gloo
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = local_rank % cudart.device_count()
     cudart.set_device(device)

@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--fix", action="store_true", help="probe before the world-size-2 shortcut")
     ap.add_argument("--graphs", type=int, default=2, help="graph buffers per rank")
     args = ap.parse_args()
-    dist.init_process_group(backend="nccl")
+    dist.init_process_group(backend="cpu:gloo,cuda:nccl")   # vLLM keeps a gloo group for CPU work
     lib = _libcudart()
     count = ctypes.c_int()
     _ok(lib, lib.cudaGetDeviceCount(ctypes.byref(count)))

@@ -143,3 +143,14 @@ register_fault(FaultKind(
     apply=lambda c, f: c.replace_host(f.host, container=dataclasses.replace(
         c.host(f.host).container, shm_bytes=64 << 20)),
     label=lambda f: f"small_dev_shm({f.host})"))
+
+# Not drawn either (weight 0): only NCCL's host hash reads the hostname here.
+register_fault(FaultKind(
+    "no_shared_host_identity", ("host",), MACHINE,
+    "the host's processes do not share a hostname (a container each with its own UTS "
+    "namespace, Docker naming each host after its container id): NCCL's host hash differs "
+    "per process, so its peers on the host look like other nodes (no P2P, no SHM, no NVLS: "
+    "the network).", "NC23",
+    apply=lambda c, f: c.replace_host(f.host, container=dataclasses.replace(
+        c.host(f.host).container, own_uts=True)),
+    label=lambda f: f"no_shared_host_identity({f.host})"))

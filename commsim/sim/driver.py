@@ -24,7 +24,7 @@ from commsim.topology.model import GpuRef
 from commsim.sim import real_fds, shm, unconfirmed
 from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, Refusal, _attr_int, api
 from commsim.sim.driver_ipc import LegacyIpcCalls
-from commsim.sim.driver_multicast import MulticastCalls
+from commsim.sim.driver_multicast import MULTICAST_SINCE_BRANCH, MulticastCalls
 from commsim.sim.driver_vmm import VmmCalls
 from commsim.sim.faults import ProcessFaults
 from commsim.sim.fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess
@@ -50,6 +50,7 @@ _DEVICE_ATTRIBUTES: dict[int, Callable[[Any], Any]] = {
     int(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR): lambda g: g.compute_capability[1],
     int(A.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING): lambda g: 1,
 }
+_MULTICAST_ATTR = int(A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)
 
 
 class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
@@ -124,6 +125,12 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     def getpid(self) -> int:
         return self.proc.pid
 
+    def uts_hostname(self) -> str:
+        """What gethostname(2) answers in this process: its host's name, unless the process
+        has a UTS namespace of its own (a container per process; `gethostname` above stays
+        the simulated host, the key every model finds the host by)."""
+        return self._host.process_hostname(self.proc.pid)
+
     def imex_channels(self) -> tuple[int, ...]:
         """IMEX channels this process can open: configured on its host and the device node
         present in its container (rows I1, W5)."""
@@ -174,7 +181,9 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
     def cuDeviceGetAttribute(self, attrib: Any, dev: int) -> int:
         g = self.cluster.gpu(self._dev(dev))
         read = _DEVICE_ATTRIBUTES.get(attrib)
-        if read is None:
+        if read is None or (attrib == _MULTICAST_ATTR and self.cluster.driver_major(
+                self.proc.host) < MULTICAST_SINCE_BRANCH):
+            # an attribute this driver does not know (row M9 for multicast's, attribute 132)
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         return int(read(g))
 
@@ -538,6 +547,19 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         if g is None:
             return (2, None)
         return (0, bool(g.nvlinks_up))
+
+    def nvml_nvlink_reach(self, index: int) -> tuple[bool, ...] | None:
+        """Per host index, whether the GPU at NVML `index` reaches that GPU over its active
+        NVLinks, as the far ends' PCI bus ids of its own links name them
+        (nvmlDeviceGetNvLinkRemotePciInfo: a peer, or an NVSwitch every switched GPU links
+        to): a GPU's own links are readable whatever its container holds (row W3), so this
+        names GPUs outside it too. None for an index NVML does not have."""
+        g = self._nvml_gpu(index)
+        if g is None:
+            return None
+        h = self._host
+        return tuple(k != g.index and h.link(g.index, k).is_nvlink and g.nvlinks_up
+                     and h.gpus[k].nvlinks_up for k in range(len(h.gpus)))
 
     # ---- kernels ------------------------------------------------------------------------------
     @api(0, True)

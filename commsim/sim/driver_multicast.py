@@ -15,6 +15,13 @@ from commsim.sim.fabric import MulticastObject, PhysicalAlloc
 
 
 
+# Row M9: multicast objects came with CUDA 12.1, whose drivers are branch 530 and later
+# (CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions": 12.1 GA
+# >= 530.30.02; NCCL v2.27.3-1 src/misc/cudawrap.cc loads every cuMulticast* entry point at
+# version 12010): an older driver has neither the calls nor attribute 132.
+MULTICAST_SINCE_BRANCH = 530
+
+
 class MulticastCalls:
     """Mixin of SimDriver (driver.py): these calls use its address space, ledger and fabric."""
 
@@ -31,8 +38,9 @@ class MulticastCalls:
             n, size, types = int(prop.numDevices), int(prop.size), int(prop.handleTypes)
         except (AttributeError, TypeError, ValueError, OverflowError):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)   # a duck-typed prop with inf or garbage
-        if not self.cluster.gpu(g).multicast or self.cluster.domain_of(g) is None:
-            raise Fail(unconfirmed.code("M1"))                          # rows M1, MC1
+        if not self.cluster.gpu(g).multicast or self.cluster.domain_of(g) is None \
+                or self.cluster.driver_major(g.host) < MULTICAST_SINCE_BRANCH:
+            raise Fail(unconfirmed.code("M1"))                          # rows M1, MC1, M9
         if not self._host.container.nvidia_caps:
             # Row MC3: a container without /dev/nvidia-caps: NCCL nvls.cc:251 "Cuda failure 1
             # 'invalid argument'" at cuMulticastCreate (pie-project/pie#500, NVIDIA/nccl#1672).

@@ -15,6 +15,7 @@ Vocabulary:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -192,6 +193,9 @@ class ContainerCaps:
     # the limit here. Docker gives a container 64 MB unless --shm-size says otherwise
     # (NVIDIA/nccl#342).
     shm_bytes: int = 0
+    # Each process in a UTS namespace of its own (a container per process with Docker's
+    # default hostname, its container id): processes of one host do not share a hostname.
+    own_uts: bool = False
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,14 @@ class Host:
         if self.container.container_per_process:
             return f"{self.shm_namespace}.container-{pid}"
         return self.shm_namespace
+
+    def process_hostname(self, pid: int) -> str:
+        """The hostname process `pid` of this host reads (gethostname, its UTS namespace):
+        the host's, or with `container.own_uts` its container's id, as Docker names a
+        container's host (twelve hex digits; these are derived from the pid)."""
+        if self.container.own_uts:
+            return hashlib.sha256(f"{self.name}/{pid}".encode()).hexdigest()[:12]
+        return self.name
 
     def gpu_namespace(self, index: int) -> str:
         """The namespace of the process that drives GPU `index` (one process per GPU, as

@@ -1385,6 +1385,21 @@ def _(rig):
     return res
 
 
+def _pre_multicast_driver():
+    c = build("hgx-h100-8")
+    return c.replace_host("hgx-h100-0", driver_version="525.147.05")
+
+
+@case("M9", "an NVSwitch board on a driver older than CUDA 12.1's has no multicast",
+      "CUDA Toolkit release notes (12.1 GA >= 530.30.02); NCCL src/misc/cudawrap.cc "
+      "(cuMulticast* at 12010); row M9", _pre_multicast_driver, [(0, 0)], expect=U("M1"))
+def _(rig):
+    d = rig[0]
+    res = d.cuDeviceGetAttribute(DevAttr.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0)
+    assert int(res[0]) == int(R.CUDA_ERROR_INVALID_VALUE), res
+    return d.cuMulticastCreate(multicast_prop(2, 2 * MIB, int(FD)))
+
+
 @case("H4", "cudaIpcGetMemHandle of cuMemCreate memory (expandable segments): InvalidValue",
       "vllm-project/vllm#42609 (custom_all_reduce.cuh 'invalid argument'); rows L2, H4",
       "hgx-h100-8", [(0, 0)], expect=E.cudaErrorInvalidValue)

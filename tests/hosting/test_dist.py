@@ -13,7 +13,7 @@ from hosting_helpers import PROGRAMS, hosted
 def _expected(rank: int, world: int) -> dict:
     group = [r for r in range(world) if r % 2 == rank % 2]
     return {
-        "rank": rank, "world": world, "backend": "gloo", "group_ranks": group,
+        "rank": rank, "world": world, "backend": "cpu:gloo,cuda:nccl", "group_ranks": group,
         "group_rank": group.index(rank), "group_size": len(group),
         "objs": [{"rank": r} for r in range(world)], "box": [f"from{world - 1}", (world - 1) * 10],
         "gathered": [r * r for r in range(world)] if rank == 0 else None, "sub": group,
@@ -34,7 +34,7 @@ def test_served_calls_answer_like_gloo(mode, per_host):
     assert v.ok, v.format() + out
     n = 2 * per_host
     assert {r: res[r] for r in range(n)} == {r: _expected(r, n) for r in range(n)}
-    # "nccl" is served by gloo, and the verdict says so
+    # CPU tensors and objects of a "cpu:gloo,cuda:nccl" group are gloo's, and the verdict says so
     assert all(any("gloo" in n for n in p.notes) for p in v.ranks)
 
 

@@ -133,8 +133,9 @@ def test_library_facts(module_surfaces):
         assert texts[8] == b"unknown result code"
         with pytest.raises(AttributeError, match="undefined symbol: ncclNoSuchThing"):
             lib.ncclNoSuchThing
-        with pytest.raises(NotImplementedError, match="libnccl.ncclCommSplit is not simulated"):
-            lib.ncclCommSplit(None, 0, 0, None, None)
+        with pytest.raises(NotImplementedError, match="libnccl.ncclCommShrink is not simulated"):
+            lib.ncclCommShrink(None, None, 0, None, None, 0)
+        assert lib.ncclCommSplit(None, 0, 0, None, None) == 4   # CommCheck
         assert lib.ncclCommDestroy(None) == 0                   # NULL: a no-op
         assert lib.ncclGroupEnd() == 5                          # not in a group
         return torch.version.cuda

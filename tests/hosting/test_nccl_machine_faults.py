@@ -23,7 +23,7 @@ from commsim.hosting.surfaces.nccl.libnccl import ERROR_STRINGS
 from commsim.hosting.surfaces.torch_distributed.pg_nccl import CHECK_SITE, DETAILS
 from commsim.runtime.diagnosis import HangDetected
 import commsim.scenario.faults  # noqa: F401  (registers the fault kinds)
-from commsim.scenario.fault_registry import apply_machine_fault
+from commsim.scenario.fault_registry import apply_machine_fault, arm_driver_faults, is_driver_fault
 from commsim.scenario.model import Fault
 
 H100 = "hgx-h100-8"
@@ -32,9 +32,18 @@ H100 = "hgx-h100-8"
 def _mutate(*faults: Fault):
     def edit(c):
         for f in faults:
-            c = apply_machine_fault(c, f)
+            if not is_driver_fault(f):
+                c = apply_machine_fault(c, f)
         return c
     return edit
+
+
+def _ranks(spec, placement, *faults: Fault):
+    """The machine with the faults: machine edits applied, driver faults armed on their rank."""
+    fabric, ranks = S.ranks(spec, placement, mutate=_mutate(*faults))
+    for r in ranks:
+        r.driver.proc.faults = arm_driver_faults(faults, r.rank)
+    return fabric, ranks
 
 
 def _body(g):
@@ -61,7 +70,7 @@ def _body(g):
 def _run(spec, placement, *faults, env=None, monkeypatch=None):
     for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)
-    fabric, ranks = S.ranks(spec, placement, mutate=_mutate(*faults))
+    fabric, ranks = _ranks(spec, placement, *faults)
     outs = S.run(ranks, _body)
     return fabric, ranks, outs
 
@@ -130,6 +139,10 @@ CASES = [
     ("no_nvidia_caps", [Fault("no_nvidia_caps", host="hgx-h100-0")], {},
      {"init": 1, "last": "Cuda failure 1 'invalid argument'"}),
     # No NVSwitch multicast: the attribute is 0, ncclNvlsInit leaves NVLS off; P2P exact.
+    # Dropped peer writes: every call succeeds, the flag never lands, the receiver waits: a
+    # diagnosed hang naming NCCL, the collective and the pair's transport.
+    ("p2p_writes_dropped", [Fault("p2p_writes_lost", cause="dropped", **PAIR)], {},
+     {"hang": "over P2P/CUMEM"}),
     ("no_multicast", [Fault("no_multicast", gpu=S.GpuRef("hgx-h100-0", 0))], {},
      {"via": ["P2P/CUMEM"], "exact": True}),
     # One GPU visible per process (Ray): NCCL finds its peers by bus id over NVML, cuMem
@@ -147,9 +160,55 @@ CASES = [
      {"init": 2, "last": "MNNVL (cliqueSize 2) is available but not working on this system. "
                          "Check the IMEX channel configuration (/dev/nvidia-caps-imex-channels). "
                          "Set NCCL_MNNVL_ENABLE=0 to ignore this issue."}),
+    # Two GB200 trays in different IMEX domains: MNNVL's own check passes on each tray
+    # (src/mnnvl.cc imports its own handle), but a FABRIC handle from the other tray is
+    # refused (CUDA_ERROR_NOT_PERMITTED, row I3): NVLS's multicast import at init on the
+    # tray that imports it (ncclUnhandledCudaError; its peer ncclRemoteError) ...
+    ("imex_split", [Fault("imex_split", hosts=("gb200-nvl72-tray01",))], {},
+     ({"init": 6}, {"init": 1, "last": "Cuda failure 800 'operation not permitted'"})),
+    # ... and without NVLS the P2P buffer's import at the first collective, on both.
+    ("imex_split_no_nvls", [Fault("imex_split", hosts=("gb200-nvl72-tray01",))],
+     {"NCCL_NVLS_ENABLE": "0"}, ({"init": 0, "ar": 1, "last": "Cuda failure 800 'operation not permitted'"},
+                                 {"init": 0, "ar": 1})),
+    # A container's 64 MiB /dev/shm under NCCL_P2P_DISABLE=1 (every pair of four ranks on
+    # SHM, one 9637888-byte segment per connection): six fit, the next ncclShmOpen fails
+    # with ENOSPC: ncclSystemError and its WARN at the first all-reduce
+    # (src/misc/shmutils.cc; NVIDIA/nccl#342: "the shm size is limited to 64MB under docker").
+    ("small_dev_shm", [Fault("small_dev_shm", host="hgx-h100-0")], {"NCCL_P2P_DISABLE": "1"},
+     {"init": 0, "ar": 2, "last": "Error while creating shared memory segment /dev/shm/nccl-XXXXXX "
+                                  "(size 9637888), error: No space left on device (28)"}),
+    # No shared host identity: each process's own hostname (its container's UTS namespace)
+    # enters NCCL's hostHash (src/misc/utils.cc getHostHashOnce), so p2pCanConnect and
+    # shmCanConnect see other nodes (src/transport/p2p.cc, shm.cc) and each "node" holds one
+    # GPU, too few for NVLS: the network, exact (rule NC23).
+    ("no_shared_host_identity", [Fault("no_shared_host_identity", host="hgx-h100-0")], {},
+     {"via": ["NET/Socket/0"], "nvls": "NVLS off: fewer than 2 GPUs per NVLink node", "exact": True}),
+    # ... and NCCL_HOSTID, one value for every process, makes them one host again.
+    ("no_shared_host_identity_hostid", [Fault("no_shared_host_identity", host="hgx-h100-0")],
+     {"NCCL_HOSTID": "node-a"}, {"via": ["P2P/CUMEM"], "exact": True}),
+    # Multicast failing by each cause (NVLS set-up, src/transport/nvls.cc v2.27.3-1):
+    # a driver before CUDA 12.1 (branch 530) has no cuMulticast* entry points, which NCCL
+    # loads at 12010 (src/misc/cudawrap.cc), so ncclNvlsInit leaves nvlsSupport 0: NVLS off,
+    # P2P, exact (rules M9, NC24).
+    ("multicast_old_driver", [Fault("driver_version", host="hgx-h100-0", version="525.147.05")], {},
+     {"via": ["P2P/CUMEM"], "nvls": "NVLS off: some GPU lacks multicast (no NVSwitch / Fabric "
+                                    "Manager)", "exact": True}),
+    # cuMulticastCreate failing on the node's root: CUCHECK in nvlsGroupCreate (v2.19.3-1,
+    # v2.23.4-1, v2.27.3-1), init fails ncclUnhandledCudaError with the CUDA error's text.
+    ("multicast_create_fails", [Fault("call_fails", rank=0, api="cuMulticastCreate",
+                                      code="CUDA_ERROR_OUT_OF_MEMORY")], {},
+     {"init": 1, "last": "Cuda failure 2 'out of memory'"}),
+    # cuMulticastBindMem failing: from 2.27.3 NCCL goes on without NVLS ("Proceeding without
+    # NVLS support", nvlsGroupBindMem), P2P, exact; before, init fails (the version test).
+    ("multicast_bind_fails", [Fault("call_fails", rank=0, api="cuMulticastBindMem",
+                                    code="CUDA_ERROR_SYSTEM_NOT_READY")], {},
+     {"init": 0, "via": ["P2P/CUMEM"], "exact": True}),
 ]
 # The machine a row runs on where it is not three GPUs of one HGX H100 board.
-MACHINES = {"no_imex_channel_device": ("gb200-nvl72:2", [(0, 0), (1, 0)])}
+TRAYS = ("gb200-nvl72:2", [(0, 0), (1, 0)])
+MACHINES = {"no_imex_channel_device": TRAYS, "imex_split": TRAYS, "imex_split_no_nvls": TRAYS,
+            "small_dev_shm": (H100, [(0, 0), (0, 1), (0, 2), (0, 3)]),
+            "p2p_writes_dropped": (H100, [(0, 0), (0, 1)])}
 
 
 def _torch_body(g):
@@ -186,45 +245,48 @@ def hosting(module_surfaces):
     install_all()          # torch.distributed's inproc surface too, as an in-process run does
 
 
+def _outcomes(outs):
+    """Each rank's outcome: what its body returned, or {"hang": the diagnosis} where it
+    waited forever (any other error is the test's own)."""
+    out = []
+    for o in outs:
+        if isinstance(o.error, HangDetected):
+            out.append({"hang": str(o.error)})
+        elif o.error is not None:
+            raise o.error
+        else:
+            out.append(o.value)
+    return out
+
+
+def _shows(got, want):
+    """`got` has `want`'s values; a hang's diagnosis contains `want`'s text."""
+    if "hang" in want:
+        return "hang" in got and want["hang"] in got["hang"]
+    return {k: got.get(k) for k in want} == want
+
+
 @pytest.mark.parametrize("name, faults, env, want", CASES, ids=[c[0] for c in CASES])
 def test_machine_fault_reaches_nccl(hosting, monkeypatch, name, faults, env, want):
     spec, placement = MACHINES.get(name, (H100, [(0, 0), (0, 1), (0, 2)]))
     _, _, outs = _run(spec, placement, *faults, env=env, monkeypatch=monkeypatch)
-    got = _values(outs)[0]
-    assert {k: got.get(k) for k in want} == want, got
-    # the same machine through torch.distributed "nccl": rank 0 sees what the C calls gave
-    _, ranks = S.ranks(spec, placement, mutate=_mutate(*faults))
+    wants = want if isinstance(want, tuple) else (want,)
+    got = _outcomes(outs)
+    for g, w in zip(got, wants):
+        assert _shows(g, w), got
+        if "hang" in w:      # a diagnosed hang names NCCL and the collective
+            assert "NCCL ncclAllReduce" in g["hang"], g
+    # the same machine through torch.distributed "nccl": each rank sees what the C calls gave
+    _, ranks = _ranks(spec, placement, *faults)
     for r in ranks:
         r.mode = "inproc"
-    seen = _values(S.run(ranks, _torch_body))[0]
-    assert seen == _as_torch(got), seen
-
-
-def test_lost_peer_writes_hang_the_all_reduce(module_surfaces):
-    """Dropped peer writes: the flag never lands, the receiver waits: a diagnosed hang naming
-    NCCL, the collective and the pair's transport (as NCCL's watchdog would see it)."""
-    _, _, outs = _run(H100, [(0, 0), (0, 1)], Fault("p2p_writes_lost", cause="dropped", **PAIR))
-    errs = [o.error for o in outs]
-    assert any(isinstance(e, HangDetected) for e in errs), errs
-    text = " ".join(str(e) for e in errs)
-    assert "NCCL ncclAllReduce" in text and "over P2P/CUMEM" in text
-
-
-def test_imex_split_fails_the_fabric_import(module_surfaces, monkeypatch):
-    """Two GB200 trays in different IMEX domains: MNNVL's own check passes on each tray
-    (src/mnnvl.cc imports its own handle), but a FABRIC handle from the other tray is
-    refused (CUDA_ERROR_NOT_PERMITTED, row I3): NVLS's multicast import at init on the
-    tray that imports it (ncclUnhandledCudaError; its peer ncclRemoteError), and without
-    NVLS the P2P buffer's import at the first collective, on both."""
-    split = Fault("imex_split", hosts=("gb200-nvl72-tray01",))
-    a, b = _values(_run("gb200-nvl72:2", [(0, 0), (1, 0)], split)[2])
-    assert (a["init"], b["init"]) == (6, 1)
-    assert b["last"] == "Cuda failure 800 'operation not permitted'"
-    assert a["last"].startswith("socketProgress: Connection closed by remote peer (rank 1 failed")
-    a, b = _values(_run("gb200-nvl72:2", [(0, 0), (1, 0)], split, env={"NCCL_NVLS_ENABLE": "0"},
-                        monkeypatch=monkeypatch)[2])
-    assert a["init"] == b["init"] == 0 and a["ar"] == b["ar"] == 1
-    assert a["last"] == "Cuda failure 800 'operation not permitted'"
+    seen = _outcomes(S.run(ranks, _torch_body))
+    for r, (g, s) in enumerate(zip(got[:len(wants)], seen)):
+        if "hang" in g:     # ProcessGroupNCCL's watchdog names it (rule NC20)
+            assert s["hang"].startswith(f"[Rank {r}] Watchdog caught collective operation timeout"), s
+            assert wants[r]["hang"] in s["hang"], s
+        else:
+            assert s == _as_torch(g), s
 
 
 def test_the_runs_nccl_version_decides_when_a_refused_ipc_open_fails(module_surfaces, monkeypatch):
@@ -250,23 +312,6 @@ def test_the_runs_nccl_version_decides_when_a_refused_ipc_open_fails(module_surf
     assert got == {22105: (1, None), 22703: (0, 1)}
 
 
-def test_a_small_dev_shm_fails_the_shm_segments(module_surfaces, monkeypatch):
-    """NCCL_P2P_DISABLE=1 puts every pair of four ranks on SHM: one segment per connection,
-    each 9637888 bytes as NCCL sizes it. The host's own /dev/shm holds them, exact; a
-    container's 64 MiB one (small_dev_shm) has room for six, and the next ncclShmOpen fails
-    with ENOSPC: ncclSystemError and its WARN, at the first all-reduce
-    (src/misc/shmutils.cc; NVIDIA/nccl#342: "the shm size is limited to 64MB under docker")."""
-    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
-    four = [(0, 0), (0, 1), (0, 2), (0, 3)]
-    a = _values(_run(H100, four)[2])[0]
-    assert a["via"] == ["SHM/direct/direct"] and a["exact"], a
-    outs = _run(H100, four, Fault("small_dev_shm", host="hgx-h100-0"))[2]
-    got = [o.value for o in outs]
-    assert all(g["init"] == 0 and g["ar"] in (2, 6) for g in got), got
-    assert any(g["last"] == "Error while creating shared memory segment /dev/shm/nccl-XXXXXX (size "
-               "9637888), error: No space left on device (28)" for g in got), got
-
-
 @pytest.mark.parametrize("mode, does", [(None, "(SkipCleanUp): the process is taken down"),
                                         ("0", "no handling (TORCH_NCCL_ASYNC_ERROR_HANDLING=0)")])
 def test_lost_peer_writes_are_a_watchdog_timeout_in_torch(hosting, monkeypatch, mode, does):
@@ -286,3 +331,54 @@ def test_lost_peer_writes_are_a_watchdog_timeout_in_torch(hosting, monkeypatch, 
                            "SeqNum=1, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, "
                            "Timeout(ms)=600000) ran for 600000 milliseconds before timing out"), text
     assert does in text and "over P2P/CUMEM" in text, text
+
+
+def test_the_runs_nccl_version_decides_whether_a_failed_multicast_bind_fails_init(module_surfaces):
+    """cuMulticastBindMem failing on one rank: up to 2.26 every NVLS step is CUCHECK, so
+    ncclCommInitRank fails (ncclUnhandledCudaError there, ncclRemoteError on its peers); from
+    2.27.3 NCCL proceeds without NVLS (src/transport/nvls.cc of each tag; rule NC24)."""
+    import dataclasses
+    bind = Fault("call_fails", rank=0, api="cuMulticastBindMem", code="CUDA_ERROR_SYSTEM_NOT_READY")
+    got = {}
+    for nccl in ((2, 26, 6), (2, 27, 3)):
+        def edit(c, nccl=nccl):
+            return dataclasses.replace(c, versions=dataclasses.replace(c.versions, nccl=nccl))
+        _, ranks = S.ranks(H100, [(0, 0), (0, 1), (0, 2)], mutate=edit)
+        ranks[0].driver.proc.faults = arm_driver_faults([bind], 0)
+        a, b, _ = _values(S.run(ranks, _body))
+        got[nccl] = (a["init"], b["init"], a.get("nvls") or a["last"])
+    assert got[(2, 26, 6)] == (1, 6, "Cuda failure 802 'system not yet initialized'"), got
+    assert got[(2, 27, 3)][:2] == (0, 0), got
+    assert got[(2, 27, 3)][2].startswith("NVLS off: Failed to bind NVLink SHARP (NVLS) Multicast "
+                                         "memory of size"), got
+
+
+def _in_containers(ranks, containers):
+    """Put each rank's process in a container whose device cgroup holds `containers[r]` (host
+    GPU indices of its host): CUDA and NVML there number only those, from 0 (row W3)."""
+    for r, held in zip(ranks, containers):
+        own = r.driver.device
+        gpus = tuple(S.GpuRef(own.host, i) for i in held)
+        r.driver.proc.gpus, r.driver.proc.container = gpus, gpus
+        r.driver.proc.current = gpus.index(own)
+        r.visible = gpus
+    return ranks
+
+
+def test_nccl_across_device_cgroup_containers_keys_gpus_by_bus_id(hosting):
+    """The shipped scenario container-device-cgroups: two containers of one HGX H100 board
+    given GPUs 0,1 and 2,3; inside each NVML numbers them 0 and 1. NCCL names GPUs by PCI bus
+    id, so rank 2 (host GPU 2, its container's 0) is no duplicate of rank 0 (src/init.cc), and
+    fills each GPU's own NVLinks into the topology, whose far ends are the NVSwitches every
+    GPU links to (src/graph/xml.cc ncclTopoFillGpu, src/graph/topo.cc), so the pair across
+    the containers is NVL, and P2P "with invisible devices" (src/transport/p2p.cc): P2P/CUMEM
+    for every pair, exact, through the ctypes surface and torch.distributed "nccl" (NC25)."""
+    four = [(0, 0), (0, 1), (0, 2), (0, 3)]
+    cgroups = [(0, 1), (0, 1), (2, 3), (2, 3)]
+    got = _values(S.run(_in_containers(S.ranks(H100, four)[1], cgroups), _body))
+    assert [(g["init"], g["via"], g["exact"]) for g in got] == [(0, ["P2P/CUMEM"], True)] * 4, got
+    ranks = _in_containers(S.ranks(H100, four)[1], cgroups)
+    for r in ranks:
+        r.mode = "inproc"
+    seen = _values(S.run(ranks, _torch_body))
+    assert seen == [{"via": ["P2P/CUMEM"], "exact": True}] * 4, seen

@@ -53,12 +53,21 @@ def switch_pci_address(link: int) -> PciAddress:
 def cuda_driver_version(cluster: Cluster, host: str) -> int:
     """CUDA version the host's driver supports, as cuDriverGetVersion encodes it
     (1000*major + 10*minor). R580 drivers ship CUDA 13.0 (CUDA 13.0 release notes, driver
-    580.65.06); R570 12.8; R560 12.6; R550 12.4; older: 12.2 (UNCONFIRMED below R550)."""
+    580.65.06); R570 12.8; R560 12.6; R550 12.4; below, the branch each CUDA release's GA
+    needs (CUDA Toolkit release notes, "CUDA Toolkit and Corresponding Driver Versions":
+    12.3 545, 12.2 535, 12.1 530 (the first with multicast objects, row M9), 12.0 525,
+    11.8 520, 11.7 515, 11.6 510, 11.5 495, 11.4 470, 11.3 465, 11.2 460, 11.1 455, 11.0 450)."""
     major = cluster.driver_major(host)
-    for branch, version in ((580, 13000), (575, 12090), (570, 12080), (560, 12060), (550, 12040)):
+    for branch, version in _CUDA_BY_BRANCH:
         if major >= branch:
             return version
-    return 12020
+    return _CUDA_BY_BRANCH[-1][1]
+
+
+_CUDA_BY_BRANCH = ((580, 13000), (575, 12090), (570, 12080), (560, 12060), (550, 12040),
+                   (545, 12030), (535, 12020), (530, 12010), (525, 12000), (520, 11080),
+                   (515, 11070), (510, 11060), (495, 11050), (470, 11040), (465, 11030),
+                   (460, 11020), (455, 11010), (450, 11000))
 
 
 def uuid_bytes(uuid: str) -> bytes:

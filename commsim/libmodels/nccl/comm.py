@@ -168,7 +168,7 @@ def init(driver: Any, group: Any, rank: int, nranks: int, env: Mapping[str, str]
     _, dev = driver.cudaGetDevice()
     log = NcclLog(driver.gethostname(), driver.getpid(), int(dev), debug)
     calls = DriverCalls(driver, log, fds=fds)
-    infos = group.all_gather_object(topo.local_info(driver, rank),
+    infos = group.all_gather_object(topo.local_info(driver, rank, env.get("NCCL_HOSTID")),
                                     tag="ncclCommInitRank: bootstrap all-gather of peer info")
     d = _search(tuple(infos), tuple(sorted(_modelled(env).items())))
     if d.init_error is not None:

@@ -5,17 +5,27 @@ model's `NcclMachine` (commsim/libmodels/nccl_rules.py), so NCCL's search is tha
 by what this process's driver answers rather than by the topology file.
 
 Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
-- hostHash: the hostname (plus /proc/sys/kernel/random/boot_id, which one simulated host
-  shares: UNCONFIRMED that containers of a host share it; NCCL_HOSTID overrides both).
+- hostHash (src/misc/utils.cc getHostHashOnce): the hash of gethostname(2), as the
+  process's UTS namespace answers it, followed by /proc/sys/kernel/random/boot_id;
+  NCCL_HOSTID, where set, replaces the whole string. One simulated host has one boot id
+  (UNCONFIRMED that containers of a host read the same one; the kernel's), so the hostname
+  decides: processes with hostnames of their own (no_shared_host_identity) are other nodes
+  to every hostHash comparison (p2p.cc p2pCanConnect, shm.cc shmCanConnect, init.cc's
+  local ranks), rule NC23. The identity string stands for the hash here.
 - shmDev: `stat("/dev/shm").st_dev`, here the driver's shm namespace.
 - busId / nvmlDev: the host index of the current device (`driver.nvml_index`, then
   `nvml_host_index`: a container numbers its own GPUs from 0, row W3), which keys every
-  per-GPU fact below.
+  per-GPU fact below; two containers' GPUs never collide in NCCL's "Duplicate GPU
+  detected", which compares hostHash and busId (src/init.cc).
 - cuMem support: CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   (src/misc/cudawrap.cc ncclIsCuMemSupported); multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED
   (src/transport/nvls.cc ncclNvlsInit); FABRIC handles: ..._HANDLE_TYPE_FABRIC_SUPPORTED and
   NVML's fabric info (src/init.cc ncclMnnvlCheck); IMEX channels: the channel device nodes
   the process can open (the FABRIC self-test needs one).
+- per same-host peer outside the process's container: NVLink from the far ends of this GPU's
+  own links (2.27 fills only its own GPU into the topology, ncclTopoFillGpu through NVML,
+  src/graph/xml.cc, and fuses the local ranks' XML, src/graph/topo.cc ncclTopoGetSystem), so
+  a switched peer in another container is NVL (rule NC25); its PCIe path stays SYS;
 - per same-host peer: NVLink from nvmlDeviceGetP2PStatus (NCCL reads NVLinks from NVML), and
   whether `cudaDeviceCanAccessPeer` allows it; for a peer not visible to this process NCCL
   reads NVML's P2P status of the pair instead (src/transport/p2p.cc p2pCanConnect: "CUDA
@@ -80,8 +90,19 @@ def _nvml_index(driver: Any, ordinal: int) -> int:
     return ordinal if index is None else int(index(ordinal))
 
 
-def local_info(driver: Any, rank: int) -> PeerInfo:
-    """What this rank learns of itself through its driver (fillInfo + topology detection)."""
+def host_identity(driver: Any, host_id: str | None = None) -> str:
+    """What NCCL hashes into hostHash (module docstring): NCCL_HOSTID (`host_id`) where set,
+    else the hostname this process reads (the boot id every process of a host shares adds
+    nothing that tells them apart)."""
+    if host_id:
+        return host_id
+    uts = getattr(driver, "uts_hostname", None)
+    return driver.gethostname() if uts is None else uts()
+
+
+def local_info(driver: Any, rank: int, host_id: str | None = None) -> PeerInfo:
+    """What this rank learns of itself through its driver (fillInfo + topology detection);
+    `host_id`: the process's NCCL_HOSTID."""
     _, dev = driver.cudaGetDevice()
     dev = int(dev)
     nvml = _nvml_index(driver, dev)
@@ -96,6 +117,13 @@ def local_info(driver: Any, rank: int) -> PeerInfo:
     width = getattr(driver, "host_gpu_count", None)
     width = max(max(bus, default=-1) + 1, int(width()) if width is not None else 0)
     nvlink, access, pci = [False] * width, [False] * width, ["SYS"] * width
+    # A GPU outside the container: the far ends of this GPU's own NVLinks name it (NC25),
+    # and a peer this process cannot see is allowed P2P on that fact (NC16).
+    reach_of = getattr(driver, "nvml_nvlink_reach", None)
+    reach = reach_of(nvml) if reach_of is not None else None
+    for k in range(width):
+        if k not in bus and reach is not None and reach[k]:
+            nvlink[k] = access[k] = True
     ask = getattr(driver, "pci_path", None)
     for j in range(int(count)):
         k = bus[j]
@@ -116,8 +144,8 @@ def local_info(driver: Any, rank: int) -> PeerInfo:
         else (bytes(16), 0, 0)
     fabric_handle = _attr(driver, _A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev)
     arch = "aarch64" if fabric_handle and any(uuid) else "x86_64"   # as machine_from_view
-    host = driver.gethostname()
-    facts = NcclRank(rank, host, driver.shm_namespace(), (host, bus[nvml]), arch,
+    host = host_identity(driver, host_id)
+    facts = NcclRank(rank, host, driver.shm_namespace(), (driver.gethostname(), bus[nvml]), arch,
                      _attr(driver, _A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
                      True, _attr(driver, _A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, dev),
                      fabric_handle, bool(driver.imex_channels()), bytes(uuid), int(clique),

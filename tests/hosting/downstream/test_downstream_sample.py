@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 @pytest.mark.commsim(machine="gb200-nvl72:2", ranks=4)
 def test_tensor_parallel_all_reduce(commsim_rank):
-    dist.init_process_group("nccl")
+    dist.init_process_group("cpu:gloo,cuda:nccl")     # CPU tensors and objects: gloo
     t = torch.ones(8) * (dist.get_rank() + 1)
     dist.all_reduce(t)
     assert t.tolist() == [10.0] * 8

@@ -1,11 +1,12 @@
-"""Every torch.distributed call the hosting surface serves, with CPU tensors; one RESULT line."""
+"""Every torch.distributed call the hosting surface serves, with CPU tensors (gloo beside NCCL,
+as a pure "nccl" group refuses them); one RESULT line."""
 
 import json
 
 import torch
 import torch.distributed as dist
 
-dist.init_process_group(backend="nccl")
+dist.init_process_group(backend="cpu:gloo,cuda:nccl")   # CPU tensors and objects: gloo
 assert dist.is_initialized()
 rank, world = dist.get_rank(), dist.get_world_size()
 evens = dist.new_group([r for r in range(world) if r % 2 == 0])

@@ -1,6 +1,7 @@
 """torch.distributed over NCCL as a training script uses it: one CUDA device per rank
 (LOCAL_RANK), init_process_group("nccl"), an all-reduce, a broadcast and a barrier on CUDA
-tensors, then destroy_process_group.
+tensors, all_gather_object and a list all_gather (both over NCCL), get_backend, a CPU
+tensor's all-reduce (refused: the group has no CPU backend), then destroy_process_group.
 
     python dist_nccl.py [--eager] [--check]
 
@@ -29,13 +30,28 @@ def main() -> None:
     b = torch.full((3,), float(rank), device=device)
     dist.broadcast(b, src=world - 1)
     dist.barrier()
+    # objects and a list all_gather over NCCL; a CPU tensor refused (no CPU backend)
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank})
+    parts = [torch.empty(2, device=device) for _ in range(world)]
+    dist.all_gather(parts, torch.tensor([rank, -rank], dtype=torch.float32, device=device))
+    try:
+        dist.all_reduce(torch.ones(1))
+        refused = ""
+    except RuntimeError as e:
+        refused = str(e)
     want = torch.arange(1024, dtype=torch.float32) * world + sum(range(world))
     res = {"rank": rank, "all_reduce_ok": bool(torch.equal(x.cpu(), want)),
-           "broadcast": b.cpu().tolist()}
+           "broadcast": b.cpu().tolist(), "backend": dist.get_backend(),
+           "objs_ok": objs == [{"rank": r} for r in range(world)],
+           "parts_ok": [p.cpu().tolist() for p in parts] == [[float(r), float(-r)] for r in range(world)],
+           "cpu": refused}
     print("RESULT " + json.dumps(res), flush=True)
     dist.destroy_process_group()
     if "--check" in sys.argv and res != {"rank": rank, "all_reduce_ok": True,
-                                         "broadcast": [float(world - 1)] * 3}:
+                                         "broadcast": [float(world - 1)] * 3, "backend": "nccl",
+                                         "objs_ok": True, "parts_ok": True,
+                                         "cpu": "No backend type associated with device type cpu"}:
         sys.exit(f"rank {rank}: wrong results: {res}")
 
 

@@ -37,6 +37,8 @@ Rules, with their sources (nccl.h and NCCL's docs; src/ paths are NCCL's source 
   ncclInvalidUsage (src/group.cc "ncclGroupEnd: not in a group call"). Outside a group a
   send is buffered and returns (a real NCCL's send waits on the GPU for the matching
   receive, so two ranks that both send first deadlock there: not modelled).
+- ncclCommSplit: collective over the parent; NCCL_SPLIT_NOCOLOR gives NULL, another negative
+  color ncclInvalidArgument; ranks of a color ordered by key (src/init.cc commGetSplitInfo).
 - ncclCommDestroy(NULL) is ncclSuccess (src/init.cc returns early); destroying is local.
 - ncclMemAlloc/ncclMemFree: device memory of the rank's current device (a cudaMalloc here;
   NCCL uses cuMem VMM allocations: UNCONFIRMED whether a program can tell, except through
@@ -423,6 +425,48 @@ def _comm_init_rank(out: int, nranks: int, unique: Any, rank: int) -> None:
     _put(out, _P, handle)
 
 
+SPLIT_NOCOLOR = -1      # NCCL_SPLIT_NOCOLOR (nccl.h)
+
+
+def _comm_split(comm: int, color: int, key: int, out: int, config: Any = None) -> None:
+    """ncclCommSplit (src/init.cc ncclCommInitChildComm / commGetSplitInfo, v2.27.3-1): every
+    rank of the parent takes part; (color, key) are all-gathered over the parent; a rank of
+    NCCL_SPLIT_NOCOLOR gets NULL, the others a communicator of their color ordered by key
+    (ties by parent rank), on the parent's device, initialised as any other (the machine's
+    rules again). Here the new ranks meet through a unique id the color's first rank makes,
+    carried by the parent (NCCL reuses the parent's bootstrap; with config.splitShare
+    unset, its default, no resources are shared: UNCONFIRMED whether a program can tell)."""
+    api = "ncclCommSplit"
+    r, st = _rank_state()
+    c = nc.comm_of(st, comm, api)
+    _ptr_check(out, api, "newcomm")
+    color, key = ctypes.c_int(color).value, ctypes.c_int(key).value
+    if color < 0 and color != SPLIT_NOCOLOR:
+        raise NcclFailure(INVALID_ARGUMENT, f"{api} : invalid color {color} (a color is >= 0 "
+                                            f"or NCCL_SPLIT_NOCOLOR)")
+    _put(out, _P, 0)            # NULL until the split completes
+    got = c.group.all_gather_object((color, key), tag=f"{api}: colors and keys")
+    members = [p for _, p in sorted((k, p) for p, (col, k) in enumerate(got) if col == color)]
+    lead = color != SPLIT_NOCOLOR and members[0] == c.rank
+    ids = c.group.all_gather_object(nc.unique_id(r) if lead else None,
+                                    tag=f"{api}: the new communicators' ids")
+    if color == SPLIT_NOCOLOR:
+        return
+    rank, blob = members.index(c.rank), ids[members[0]]
+    site = user_site(3, 1)
+    _, old = rt.cudaGetDevice()
+    rt.cudaSetDevice(c.device)          # the child is on the parent's device; the caller's
+    try:                                # current device is back after (as NCCL's exit does)
+        m = nc.rendezvous(r, st, blob, len(members), rank, site)
+        nccl = nc.init_nccl(r, m.group, rank, len(members), key=f"{blob.hex()}/{m.ctx}")
+    finally:
+        rt.cudaSetDevice(int(old))
+    handle = nc.new_handle(st)
+    st.comms[handle] = Comm(handle, len(members), rank, c.device, m.group, m.transport, m.ctx,
+                            m.members, nccl=nccl)
+    _put(out, _P, handle)
+
+
 def _comm_destroy(comm: int) -> None:
     if not comm:
         return                           # src/init.cc: a NULL comm is a no-op
@@ -512,7 +556,8 @@ def _deregistrar(api: str, table: str) -> Callable[[int, int], None]:
 def _functions() -> dict[str, Callable[..., Any]]:
     coded = {
         "ncclGetVersion": _get_version, "ncclGetUniqueId": _get_unique_id,
-        "ncclCommInitRank": _comm_init_rank, "ncclCommDestroy": _comm_destroy,
+        "ncclCommInitRank": _comm_init_rank, "ncclCommSplit": _comm_split,
+        "ncclCommDestroy": _comm_destroy,
         "ncclCommAbort": _comm_destroy, "ncclCommFinalize": _comm_finalize,
         "ncclCommCount": _comm_query("ncclCommCount", "nranks"),
         "ncclCommUserRank": _comm_query("ncclCommUserRank", "rank"),

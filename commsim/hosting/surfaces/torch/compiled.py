@@ -77,8 +77,19 @@ NOT_SIMULATED = (
 )
 
 
+def nccl_version() -> tuple[int, int, int]:
+    """torch.cuda.nccl.version() in a hosted rank: the run's NCCL, on either build. The CPU
+    build has no NCCL to ask, but a hosted rank's torch is a CUDA build's (torch.version.cuda,
+    cuda.py), and torch's own code asks it: c10d_logger.py, logging a failed collective of an
+    "nccl" group (torch 2.13.0)."""
+    v = run_version(current())
+    return v // 10000, v // 100 % 100, v % 100
+
+
 def _install(patches: Patches) -> None:
     patches.on_import("torch.cuda", lambda _: _patch(patches))
+    patches.on_import("torch.cuda.nccl", lambda m: patches.attr(
+        m, "version", per_rank("version", nccl_version, m.version, hosted)))
 
 
 def _patch(patches: Patches) -> None:

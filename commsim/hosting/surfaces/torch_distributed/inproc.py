@@ -11,9 +11,12 @@ all_reduce / all_gather / broadcast / all_gather_into_tensor / reduce_scatter_te
 place, on CPU tensors and on the rank's CUDA tensors (torch/tensors.py: their bytes are the
 simulated device memory, read and written where they are). Any other collective fails
 loudly, naming itself. A group whose backend binds CUDA to NCCL ("nccl", "cpu:gloo,cuda:nccl",
-or none on a CUDA build) runs all_reduce, broadcast, barrier, all_gather_into_tensor and
-reduce_scatter_tensor on CUDA tensors as ProcessGroupNCCL does, over the rank's simulated
-NCCL (pg_nccl.py); its CPU tensors and object collectives are served as gloo's.
+or none on a CUDA build) runs all_reduce, broadcast, barrier, all_gather (list and
+into_tensor) and reduce_scatter_tensor on CUDA tensors as ProcessGroupNCCL does, over the
+rank's simulated NCCL (pg_nccl.py). A group whose only backend is "nccl" also moves
+all_gather_object and broadcast_object_list over NCCL (pickled into CUDA tensors, as torch
+does) and refuses CPU tensors as torch does; a mixed group serves its CPU tensors and objects
+as gloo's. get_backend names the backend the group was made with.
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ class _State:
         self.timeout: Any = None    # init_process_group's timeout: every group's default
         self.backends: dict[str, str] = {}                  # group name -> its backend
         self.nccl: dict[str, pg_nccl.GroupNccl] = {}        # group name -> ProcessGroupNCCL
+        self.bound: Any = None      # init_process_group's device_id: new groups inherit it
 
 
 def _inproc() -> HostedRank | None:
@@ -157,9 +161,15 @@ def _nccl_of(r: HostedRank, g: Any) -> pg_nccl.GroupNccl:
     return pg
 
 
+def _backend(r: HostedRank, g: Any) -> str:
+    return _st(r).backends.get(g.name, _st(r).backend)
+
+
 def _over_nccl(r: HostedRank, g: Any, t: Any, what: str) -> pg_nccl.GroupNccl | None:
-    """The group's ProcessGroupNCCL where its backend runs this tensor's collective on NCCL."""
-    backend = _st(r).backends.get(g.name, _st(r).backend)
+    """The group's ProcessGroupNCCL where its backend runs this tensor's collective on NCCL
+    (a CPU tensor on a pure "nccl" group is refused as torch refuses it)."""
+    backend = _backend(r, g)
+    pg_nccl.refuse_cpu(backend, t)
     if not pg_nccl.uses_nccl(backend, "cuda" if getattr(t, "is_cuda", False) else "cpu"):
         return None
     check_outside_capture(t, f"torch.distributed.{what}")
@@ -203,6 +213,7 @@ def init_process_group(r: HostedRank, backend: Any = None, init_method: Any = No
     st.world_handle = _handle(st.world)
     st.timeout = timeout
     st.backends[st.world.name] = st.backend
+    st.bound = device_id
     _eager(r, st.world, device_id)
 
 
@@ -216,7 +227,7 @@ def destroy_process_group(r: HostedRank, group: Any = None) -> None:
         for g in st.nccl.values():          # ProcessGroupNCCL's shutdown destroys its comms
             g.close()
         st.nccl.clear()
-        st.world = st.world_handle = None
+        st.world = st.world_handle = st.bound = None
 
 
 def get_rank(r: HostedRank, group: Any = None) -> int:
@@ -229,8 +240,10 @@ def get_world_size(r: HostedRank, group: Any = None) -> int:
 
 
 def get_backend(r: HostedRank, group: Any = None) -> str:
-    _group(r, group)
-    return "gloo"
+    """The group's backend as it was asked for, lower case ("nccl", "gloo",
+    "cpu:gloo,cuda:nccl"): torch 2.13.0 distributed_c10d.py get_backend returns
+    Backend(pg_map[pg][0])."""
+    return _backend(r, _group(r, group)).lower()
 
 
 def new_group(r: HostedRank, ranks: Any = None, timeout: Any = None, backend: Any = None,
@@ -248,7 +261,15 @@ def new_group(r: HostedRank, ranks: Any = None, timeout: Any = None, backend: An
     if sub is not None:
         st.made.append(sub)
         st.backends[sub.name] = str(backend or st.backend)
-        _eager(r, sub, device_id)
+    # torch 2.13: a new group inherits the default group's bound device, and splits its
+    # communicator from the world's when that one was made eagerly (pg_nccl.split); every
+    # world rank takes part in the split, members or not.
+    parent = st.nccl.get(world.name)
+    if st.bound is not None and parent is not None and parent.comm \
+            and pg_nccl.uses_nccl(str(backend or st.backend), "cuda"):
+        pg_nccl.split(r, parent, _nccl_of(r, sub) if sub is not None else None, members)
+    elif sub is not None:
+        _eager(r, sub, device_id if device_id is not None else st.bound)
     return _handle(sub) if sub is not None else dist.GroupMember.NON_GROUP_MEMBER
 
 
@@ -281,6 +302,10 @@ def all_gather_object(r: HostedRank, object_list: list, obj: Any, group: Any = N
     if len(object_list) != g.size:
         raise ValueError(f"all_gather_object: object_list has {len(object_list)} entries, the "
                          f"group has {g.size} ranks")
+    if pg_nccl.barrier_uses_nccl(_backend(r, g)):       # pickled into CUDA tensors, over NCCL
+        object_list[:] = pg_nccl.all_gather_object(r, _nccl_of(r, g),
+                                                   _share(g, _tag("all_gather_object")), obj)
+        return
     object_list[:] = g.all_gather_object(obj, tag=_tag("all_gather_object"))
 
 
@@ -288,6 +313,10 @@ def broadcast_object_list(r: HostedRank, object_list: list, src: Any = None, gro
                           device: Any = None, group_src: Any = None) -> None:
     g = _group(r, group)
     s = _group_src(g, src, group_src)
+    if pg_nccl.barrier_uses_nccl(_backend(r, g)):       # pickled into CUDA tensors, over NCCL
+        pg_nccl.broadcast_object_list(r, _nccl_of(r, g), _share(g, _tag("broadcast_object_list")),
+                                      object_list, s)
+        return
     object_list[:] = g.broadcast_object(list(object_list), s, tag=_tag("broadcast_object_list"))
 
 
@@ -403,8 +432,12 @@ def all_reduce(r: HostedRank, tensor: Any, op: Any = None, group: Any = None,
 
 def all_gather(r: HostedRank, tensor_list: list, tensor: Any, group: Any = None,
                async_op: bool = False) -> Any:
-    h = _host(tensor, "all_gather")
     g = _group(r, group)
+    pg = _over_nccl(r, g, tensor, "all_gather")
+    if pg is not None:
+        pg_nccl.all_gather(r, pg, _share(g, _tag("all_gather")), tensor_list, tensor)
+        return _Done() if async_op else None
+    h = _host(tensor, "all_gather")
     if len(tensor_list) != g.size:
         raise ValueError(f"all_gather: tensor_list has {len(tensor_list)} entries, the group "
                          f"has {g.size} ranks")

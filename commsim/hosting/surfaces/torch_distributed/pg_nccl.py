@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -94,8 +95,19 @@ def uses_nccl(backend: str, device_type: str) -> bool:
 
 def barrier_uses_nccl(backend: str) -> bool:
     """barrier() goes over NCCL on a group whose only backend is NCCL; with a CPU backend
-    beside it, over that one (UNCONFIRMED which one torch 2.13 picks for a mixed group)."""
+    beside it, over that one (UNCONFIRMED which one torch 2.13 picks for a mixed group).
+    Object collectives follow the same rule (torch 2.13.0 distributed_c10d.py
+    `_get_object_coll_device`: the one backend's device, or "cpu" when CPU is bound)."""
     return backend.lower() == "nccl"
+
+
+def refuse_cpu(backend: str, t: Any) -> None:
+    """A CPU tensor's collective on a group whose only backend is NCCL: ProcessGroup finds
+    no backend for the CPU device and raises (torch 2.13.0 libtorch_cpu, ProcessGroup's
+    getBackend: "No backend type associated with device type cpu")."""
+    if backend.lower() == "nccl" and getattr(t, "device", None) is not None \
+            and t.device.type == "cpu":
+        raise RuntimeError("No backend type associated with device type cpu")
 
 
 def timeout_ms(timeout: Any) -> int:
@@ -160,6 +172,28 @@ def connect(r: HostedRank, g: GroupNccl, device: int,
     g.comm, g.device = int(out.value), device
     before_exit(r, lambda: _abort_at_exit(r, g))
     return g.comm
+
+
+def split_color(ranks: list[int]) -> int:
+    """The color torch splits a new group's communicator with (distributed_c10d.py
+    `_process_group_color`: the hash of the group's global ranks, within C int)."""
+    return abs(hash(tuple(ranks))) % 2 ** (ctypes.sizeof(ctypes.c_int) * 8 - 1)
+
+
+def split(r: HostedRank, parent: GroupNccl, child: GroupNccl | None, ranks: list[int]) -> None:
+    """new_group of a world whose communicator was made eagerly (device_id): the new group's
+    communicator is split from the world's (torch 2.13.0 distributed_c10d.py
+    `_new_process_group_helper`: split only once the default group has a bound device; the
+    world's ranks outside the group make a NCCL_SPLIT_NOCOLOR split, "as otherwise we would
+    get out of sync"), on the world's device. The key is the rank in the world
+    (UNCONFIRMED: ProcessGroupNCCL's key; a group's ranks are sorted, so the order agrees)."""
+    out = ctypes.c_void_p()
+    color = split_color(ranks) if child is not None else libnccl.SPLIT_NOCOLOR
+    _check(r, libnccl.call("ncclCommSplit", parent.comm, color, parent.rank,
+                           ctypes.addressof(out), None))
+    if child is not None:
+        child.comm, child.device = int(out.value), parent.device
+        before_exit(r, lambda: _abort_at_exit(r, child))
 
 
 def _abort_at_exit(r: HostedRank, g: GroupNccl) -> None:
@@ -285,6 +319,87 @@ def reduce_scatter_tensor(r: HostedRank, g: GroupNccl, share: Share, out: Any, t
     collective(r, g, "_REDUCE_SCATTER_BASE", t.numel(), out.numel(), dev, share,
                lambda comm: libnccl.call("ncclReduceScatter", t.data_ptr(), out.data_ptr(),
                                          out.numel(), dt, red, comm, 0))
+
+
+def all_gather(r: HostedRank, g: GroupNccl, share: Share, outs: list, t: Any) -> None:
+    """all_gather into a list (ProcessGroupNCCL::allgather): outputs of one size are
+    gathered into one flat buffer by ncclAllGather and copied out; outputs of different
+    sizes take one ncclBroadcast per rank (the "uneven" path)."""
+    if len(outs) != g.size:
+        raise ValueError(f"all_gather: tensor_list has {len(outs)} entries, the group has "
+                         f"{g.size} ranks")
+    dev, dt, n = _cuda(t, "all_gather"), nccl_dtype(t), t.numel()
+    if all(o.numel() == n for o in outs):
+        flat = torch.empty(g.size * n, dtype=t.dtype, device=t.device)
+        collective(r, g, "ALLGATHER", n, flat.numel(), dev, share,
+                   lambda comm: libnccl.call("ncclAllGather", t.data_ptr(), flat.data_ptr(), n,
+                                             dt, comm, 0))
+        for i, o in enumerate(outs):
+            o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
+        return
+    outs[g.rank].copy_(t.view(outs[g.rank].shape))
+
+    def each(comm: int) -> int:
+        for i, o in enumerate(outs):
+            code = libnccl.call("ncclBroadcast", o.data_ptr(), o.data_ptr(), o.numel(), dt, i,
+                                comm, 0)
+            if code:
+                return code
+        return 0
+    collective(r, g, "ALLGATHER", n, sum(o.numel() for o in outs), dev, share, each)
+
+
+def _to_bytes(obj: Any, device: Any) -> tuple[Any, Any]:
+    """_object_to_tensor (distributed_c10d.py): the pickled object as a uint8 tensor on
+    `device`, and its length as a one-element int64 tensor there."""
+    data = pickle.dumps(obj)
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    return t, torch.tensor([len(data)], dtype=torch.int64).to(device)
+
+
+def _from_bytes(t: Any, size: int) -> Any:
+    return pickle.loads(t.cpu().numpy().tobytes()[:size])
+
+
+def all_gather_object(r: HostedRank, g: GroupNccl, share: Share, obj: Any) -> list:
+    """all_gather_object on an NCCL group (torch 2.13.0 distributed_c10d.py): the object
+    pickled into a CUDA tensor on the current device, the sizes all-gathered, then the
+    bytes, padded to the largest, all-gathered: two ncclAllGather."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    mine, size = _to_bytes(obj, device)
+    sizes = torch.zeros(g.size, dtype=torch.int64, device=device)
+    all_gather(r, g, share, [sizes[i:i + 1] for i in range(g.size)], size)
+    counts = [int(v) for v in sizes.cpu().tolist()]
+    longest = max(counts)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[:mine.numel()].copy_(mine)
+    out = torch.empty(longest * g.size, dtype=torch.uint8, device=device)
+    all_gather(r, g, share, [out[i * longest:(i + 1) * longest] for i in range(g.size)], padded)
+    return [_from_bytes(out[i * longest:(i + 1) * longest], counts[i]) for i in range(g.size)]
+
+
+def broadcast_object_list(r: HostedRank, g: GroupNccl, share: Share, objs: list,
+                          root: int) -> None:
+    """broadcast_object_list on an NCCL group (distributed_c10d.py): the sizes, then the
+    concatenated pickles, each one ncclBroadcast from group rank `root`; `objs` filled in
+    place on the other ranks."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    if g.rank == root:
+        parts = [_to_bytes(o, device) for o in objs]
+        sizes = torch.cat([s for _, s in parts])
+        data = torch.cat([t for t, _ in parts])
+    else:
+        sizes = torch.empty(len(objs), dtype=torch.int64, device=device)
+    broadcast(r, g, share, sizes, root)
+    counts = [int(v) for v in sizes.cpu().tolist()]
+    if g.rank != root:
+        data = torch.empty(sum(counts), dtype=torch.uint8, device=device)
+    broadcast(r, g, share, data, root)
+    if g.rank != root:
+        at = 0
+        for i, n in enumerate(counts):
+            objs[i] = _from_bytes(data[at:at + n], n)
+            at += n
 
 
 def default_backend() -> str:

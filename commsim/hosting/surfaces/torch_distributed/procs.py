@@ -2,11 +2,13 @@
 ProcessGroupNCCL over the rank's simulated NCCL.
 
 The CPU build of torch has no NCCL, so a group whose backend binds CUDA to NCCL ("nccl",
-"cpu:gloo,cuda:nccl", or none on a CUDA build) is made as a gloo group, which serves its CPU
-tensors and object collectives, and remembered: its all_reduce, broadcast, barrier,
-all_gather_into_tensor and reduce_scatter_tensor on CUDA tensors run as ProcessGroupNCCL
-does over the simulated NCCL (pg_nccl.py: the communicator made lazily, or at the call with
-`device_id`; the unique id broadcast over the gloo group), as in inproc mode. The
+"cpu:gloo,cuda:nccl", or none on a CUDA build) is made as a gloo group, which serves a mixed
+group's CPU tensors and object collectives, and remembered: its all_reduce, broadcast,
+barrier, all_gather (list and into_tensor) and reduce_scatter_tensor on CUDA tensors run as
+ProcessGroupNCCL does over the simulated NCCL (pg_nccl.py: the communicator made lazily, or
+at the call with `device_id`; the unique id broadcast over the gloo group), as in inproc
+mode; a pure "nccl" group also moves all_gather_object / broadcast_object_list over NCCL and
+refuses CPU tensors, and get_backend names the backend asked for. The
 substitution is noted in the rank's verdict. The rank's other CUDA tensors
 (torch/tensors.py) reach gloo as the CPU tensors over their simulated device memory, so a
 collective reads and writes the device's bytes in place. Everything else is torch's own code.
@@ -42,6 +44,7 @@ class _Groups:
         self.backend: dict[int, tuple[Any, str]] = {}
         self.nccl: dict[int, pg_nccl.GroupNccl] = {}
         self.timeout: Any = None
+        self.sharing = False        # a unique id on its way over the gloo group
 
     def clear(self) -> None:
         for g in self.nccl.values():        # ProcessGroupNCCL's shutdown destroys its comms
@@ -72,6 +75,11 @@ def _nccl_of(group: Any) -> pg_nccl.GroupNccl:
     return g
 
 
+# torch's own broadcast_object_list, which the unique id travels by (the wrapper below
+# would send a pure "nccl" group's objects over NCCL, the communicator being made).
+_real: dict[str, Any] = {}
+
+
 def _share(group: Any) -> pg_nccl.Share:
     """Group rank 0's unique id to every rank, over the gloo group (ProcessGroupNCCL sends
     it through the group's store)."""
@@ -80,7 +88,12 @@ def _share(group: Any) -> pg_nccl.Share:
     def share(blob: bytes | None) -> bytes:
         pg = _key(group)
         box = [blob]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
+        _groups.sharing = True      # the exchange itself is gloo's (not the group's NCCL)
+        try:
+            _real.get("broadcast_object_list", dist.broadcast_object_list)(
+                box, src=dist.get_global_rank(pg, 0), group=pg)
+        finally:
+            _groups.sharing = False
         return box[0]
     return share
 
@@ -98,6 +111,44 @@ def _remember(group: Any, backend: str, device_id: Any) -> None:
 def _backend_of(group: Any) -> str:
     entry = _groups.backend.get(id(_key(group)))
     return entry[1] if entry is not None else "gloo"
+
+
+def _wrap_get_backend(real: Any) -> Any:
+    """The backend a group was made with, lower case, as torch's get_backend answers it
+    (the gloo group standing in for an NCCL one would say "gloo")."""
+    @functools.wraps(real)
+    def get_backend(group: Any = None) -> Any:
+        r = hosted()
+        if r is None or r.mode != "procs" or id(_key(group)) not in _groups.backend:
+            return real(group)
+        return _backend_of(group).lower()
+    return get_backend
+
+
+def _wrap_objects(real: Any) -> Any:
+    """all_gather_object / broadcast_object_list: over NCCL on a group whose only backend
+    is NCCL (pickled into CUDA tensors, pg_nccl.py), else torch's own over gloo."""
+    name = real.__name__
+    _real[name] = real
+    sig = inspect.signature(real)
+
+    @functools.wraps(real)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        r = hosted()
+        if r is None or r.mode != "procs":
+            return real(*args, **kwargs)
+        a = sig.bind(*args, **kwargs).arguments
+        group = a.get("group")
+        if not pg_nccl.barrier_uses_nccl(_backend_of(group)):
+            return real(*args, **kwargs)
+        if name == "all_gather_object":
+            a["object_list"][:] = pg_nccl.all_gather_object(r, _nccl_of(group), _share(group),
+                                                            a["obj"])
+        else:
+            pg_nccl.broadcast_object_list(r, _nccl_of(group), _share(group), a["object_list"],
+                                          _group_root(sig.bind(*args, **kwargs)))
+        return None
+    return call
 
 
 def _wrap_init(real: Any) -> Any:
@@ -168,9 +219,12 @@ def _over_nccl(name: str, bound: inspect.BoundArguments, tensor: str | None) -> 
     group's backend binds the tensor's device (barrier: the group's only backend) to NCCL."""
     group = bound.arguments.get("group")
     backend = _backend_of(group)
+    if _groups.sharing:
+        return False
     if tensor is None:
         return pg_nccl.barrier_uses_nccl(backend)
     t = bound.arguments[tensor]
+    pg_nccl.refuse_cpu(backend, t)
     if not pg_nccl.uses_nccl(backend, "cuda" if getattr(t, "is_cuda", False) else "cpu"):
         return False
     check_outside_capture(t, f"torch.distributed.{name}")
@@ -193,6 +247,9 @@ NCCL_CALLS: dict[str, tuple[str | None, Callable[[Any, Any], None]]] = {
     "broadcast": ("tensor", lambda r, a: pg_nccl.broadcast(
         r, _nccl_of(a.arguments.get("group")), _share(a.arguments.get("group")),
         a.arguments["tensor"], _group_root(a))),
+    "all_gather": ("tensor", lambda r, a: pg_nccl.all_gather(
+        r, _nccl_of(a.arguments.get("group")), _share(a.arguments.get("group")),
+        a.arguments["tensor_list"], a.arguments["tensor"])),
     "barrier": (None, lambda r, a: pg_nccl.barrier(
         r, _nccl_of(a.arguments.get("group")), _share(a.arguments.get("group")))),
     "all_gather_into_tensor": ("input_tensor", lambda r, a: pg_nccl.all_gather_into_tensor(
@@ -227,6 +284,8 @@ def _wrap_nccl(real: Any) -> Any:
 
 wrap_torch_distributed("torch.distributed (procs)",
                        {"init_process_group": _wrap_init, "new_group": _wrap_new_group,
-                        "destroy_process_group": _wrap_destroy,
+                        "destroy_process_group": _wrap_destroy, "get_backend": _wrap_get_backend,
+                        "all_gather_object": _wrap_objects,
+                        "broadcast_object_list": _wrap_objects,
                         **{name: _wrap_tensors for name in TENSOR_CALLS},
                         **{name: _wrap_nccl for name in NCCL_CALLS}})
