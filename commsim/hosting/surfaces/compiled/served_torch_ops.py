@@ -24,6 +24,7 @@ import torch
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import current, hosted
 from commsim.hosting.surfaces.compiled.extensions import ServedOp
+from commsim.hosting.surfaces.torch import tensors as hosted_tensors
 
 __all__ = ["register"]
 
@@ -88,7 +89,21 @@ def register(patches: Patches, ops: dict[str, ServedOp], refused: dict[str, str]
         lib.impl(short, run, "CompositeExplicitAutograd")
     for lib in libraries.values():
         patches.on_restore(lib._destroy)
+    packets: dict[str, _Packet] = {}
     for name, (schema, run) in runs.items():
         namespace, _, short = name.partition(".")
         ns = getattr(torch.ops, namespace)
-        patches.attr(ns, short, _Packet(getattr(ns, short), run))
+        packets[name] = _Packet(getattr(ns, short), run)
+        patches.attr(ns, short, packets[name])
+    # An OpOverload (`torch.ops.sgl_kernel.init_custom_ar.default(...)`, as sgl_kernel/
+    # allreduce.py calls them) with a hosted CUDA tensor among its arguments reaches the
+    # tensor's dispatch before any kernel registered here: route it to the same packet.
+    for namespace in libraries:
+        hosted_tensors.register_op_namespace(namespace, _overload_handler(namespace, packets))
+        patches.on_restore(lambda ns=namespace: hosted_tensors.unregister_op_namespace(ns))
+
+
+def _overload_handler(namespace: str, packets: dict[str, _Packet]) -> Callable[..., Any]:
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        return packets[f"{namespace}.{func.overloadpacket.__name__}"](*args, **(kwargs or {}))
+    return run
