@@ -62,8 +62,28 @@ class _Packet:
             raise TypeError(f"{schema.name}() got unexpected arguments. Declaration: {schema}")
         return self._run(*values)
 
+    @property
+    def default(self) -> "_Overload":
+        return _Overload(self)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
+
+
+class _Overload:
+    """`torch.ops.<namespace>.<op>.default` in a hosted rank (sgl_kernel/allreduce.py calls
+    every op so): the packet, in Python. Through torch's dispatcher, an inproc rank that waits
+    inside the op would hand the thread to its peers with the dispatcher's thread-local
+    guards still set (a peer's hosted CUDA tensors would then reach CPU torch)."""
+
+    def __init__(self, packet: _Packet) -> None:
+        self._packet = packet
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._packet(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._packet._real.default, name)
 
 
 def _refusing(error: Callable[[], Exception]) -> Callable[..., Any]:
