@@ -24,11 +24,12 @@ pytestmark = pytest.mark.skipif(not PYTHON.exists(),
 
 
 def _exec(machine: str, nproc_per_host: int, *args: str, mode: str = "inproc",
-          env: dict[str, str] | None = None) -> tuple[int, dict[int, dict], str]:
+          env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+          ) -> tuple[int, dict[int, dict], str]:
     """(exit status, RESULT lines by rank, output) of the program under `commsim exec`."""
     p = subprocess.run([str(PYTHON), "-c", "import sys; from commsim.cli import main; "
                         "sys.exit(main(sys.argv[1:]))", "exec", "--machine", machine,
-                        "--nproc-per-host", str(nproc_per_host), "--mode", mode, "--",
+                        "--nproc-per-host", str(nproc_per_host), "--mode", mode, *extra, "--",
                         "python", str(PROGRAMS / "sglang_comm.py"), *args],
                        capture_output=True, text=True, timeout=600, cwd=ROOT,
                        env={**os.environ, **(env or {})})
@@ -62,22 +63,33 @@ def test_trtllm_on_an_hgx_box_runs_as_processes_and_says_so():
     assert res == {r: {"rank": r, "outcome": "ok trtllm"} for r in range(4)}, out
 
 
-def test_custom_all_reduce_stops_named():
+def test_custom_all_reduce_goes_to_procs_and_stops_at_its_p2p_check_named(tmp_path):
     """SGLang's CustomAllreduce over sglang-kernel's served `sgl_kernel` ops (the 373 MB
-    wheel, not in the Makefile's venv): without the package custom_all_reduce_ops cannot
-    import sgl_kernel.allreduce and SGLang leaves custom all-reduce off. With it, the served
-    common_ops loads in place of the library (no .so opened) and the set-up goes on to
-    SGLang's P2P check, where in-process ranks share SGLang's module-level world group
-    (`parallel_state._WORLD`), which the group layer names (in procs mode the check's own
-    subprocesses race: see below)."""
-    code, res, out = _exec("hgx-h100-8", 2, "custom")
-    assert code == 0 and sorted(res) == [0, 1], out
-    outcomes = {d["outcome"] for d in res.values()}
-    if any(o.startswith("no kernels") for o in outcomes):
-        assert outcomes == {"no kernels (ModuleNotFoundError: No module named 'sgl_kernel')"}, out
+    wheel, not in the Makefile's venv: without it custom_all_reduce_ops cannot import
+    sgl_kernel.allreduce and SGLang leaves custom all-reduce off). Asked for inproc, the run
+    goes to procs and says why: SGLang keeps its world group in a module global
+    (`parallel_state._WORLD`), which in-process ranks would share. In procs mode SGLang's own
+    P2P check (custom_all_reduce_utils.py at 0.5.23, run in a subprocess by local rank 0)
+    resets the producer's device after the barrier while its consumer may still read the
+    buffer through its IPC mapping: when the consumer loses that race (the OS schedules the
+    two processes), commsim names the access to freed memory (row L15) and the check never
+    answers; when it wins, the all-reduce runs exactly."""
+    # Two visible GPUs (the check tries every ordered pair of them), a fresh SGLang cache
+    # (the check writes its verdict there and a later run would only read it).
+    code, res, out = _exec("hgx-h100-8", 2, "custom", extra=("--visible", "0,1", "--timeout", "60"),
+                           env={"SGLANG_CACHE_DIR": str(tmp_path)})
+    if any(d["outcome"].startswith("no kernels") for d in res.values()):
+        assert {d["outcome"] for d in res.values()} == {
+            "no kernels (ModuleNotFoundError: No module named 'sgl_kernel')"}, out
         return
-    assert all(o.startswith("kernels (meta_size 3456); ") for o in outcomes), out
-    assert any("each rank must use its own handle" in o for o in outcomes), out
+    assert "parallel_state.init_distributed_environment at sglang_comm.py" in out, out
+    assert "running again in procs mode" in out and "module globals" in out, out
+    if code == 0:
+        assert res == {r: {"rank": r, "outcome": "kernels (meta_size 3456); enabled, "
+                              "all-reduce exact"} for r in range(2)}, out
+    else:
+        assert ("access to memory its exporter freed while mapped (undefined behaviour, row "
+                "L15)") in out and "custom_all_reduce_utils.py:140 in consumer" in out, out
 
 
 # SGLang's own switch for its P2P check (custom_all_reduce_utils.can_p2p: "Skipping P2P check
