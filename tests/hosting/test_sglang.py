@@ -96,21 +96,22 @@ def test_custom_all_reduce_goes_to_procs_and_stops_at_its_p2p_check_named(tmp_pa
 # and trusting the driver's P2P report"). With the check on, its producer process
 # cudaDeviceReset()s its buffer while the consumer may still read it through the IPC mapping
 # (custom_all_reduce_utils.py producer/consumer at 0.5.23: both read after the same barrier),
-# which commsim reports as row L15 when the consumer loses the race; procs-mode scheduling
-# decides it, so these runs trust the driver's report.
+# which commsim reports as row L15 when the consumer loses the race (the OS's scheduling of
+# the two processes decides it; with eight GPUs visible it lost in every run tried), so these
+# runs trust the driver's report.
 _TRUST_DRIVER = {"SGLANG_SKIP_P2P_CHECK": "1"}
 
 
-@pytest.mark.parametrize("per_host, mode", [(2, "inproc"), (2, "procs"), (8, "procs")])
-def test_custom_all_reduce_runs_exact(per_host, mode):
+@pytest.mark.parametrize("per_host", [2, 4, 8])
+def test_custom_all_reduce_runs_exact_on_tp_2_to_8(per_host):
     """SGLang's CustomAllreduce over sglang-kernel's served ops on hgx-h100-8: enabled, and
     its custom_all_reduce of every rank's input equals their sum exactly. Its close() frees
     its buffers while the peers still map them (free_shared_buffer: cudaFree only), which
     commsim flags as row L15 without failing the run."""
-    code, res, out = _exec("hgx-h100-8", per_host, "custom", mode=mode, env=_TRUST_DRIVER)
+    code, res, out = _exec("hgx-h100-8", per_host, "custom", mode="procs", env=_TRUST_DRIVER)
     if any(d["outcome"].startswith("no kernels") for d in res.values()):
         pytest.skip("sglang-kernel is not installed in .venv-sglang")
-    assert code == 0 and f"mode {mode}" in out, out
+    assert code == 0 and "mode procs" in out, out
     assert res == {r: {"rank": r, "outcome": "kernels (meta_size 3456); enabled, all-reduce exact"}
                    for r in range(per_host)}, out
     assert "row L15" in out and "free_shared_buffer" in out, out
