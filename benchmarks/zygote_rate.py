@@ -10,7 +10,10 @@ ratios; no assertions: the machine is shared and noisy).
    interpreters (--fresh-interpreters) for comparison unless --skip-fresh.
 2. `commsim sweep --exec "examples/flashinfer_style_ipc_workspace.py --fix" --exec-mode procs`
    over 12 machines of the default mix, seed 0: machines per second of wall time and of the
-   whole tree's CPU, cold (goal >= 3/s on 2 cores), and the same sweep inproc (goal >= 30/s).
+   whole tree's CPU, cold (goal >= 3/s on 2 cores), and the same sweep inproc (goal >= 30/s);
+   each against one bare `python -c "import torch"` measured in the same run (the sweep's CPU
+   in bare imports, and the rate a machine whose bare import takes QUIET_IMPORT_S would give:
+   CPU figures on a loaded machine run high, and the bare import with them).
 CPU is what the tree's processes used (getrusage RUSAGE_CHILDREN: each process is waited for
 by its parent, the zygote's ranks by the zygote, the zygote by the launcher at its exit).
 """
@@ -27,6 +30,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# CPU of one bare `import torch` on the quiet 2-core machine the goals were set on (8 of them
+# took 10.5 s there): the CPU figures are scaled to it.
+QUIET_IMPORT_S = 1.31
 
 HELLO = """
 import torch
@@ -97,7 +103,9 @@ def hello_world(ranks: int, fresh: bool) -> None:
 
 def exec_sweep(machines: int) -> None:
     prog = "examples/flashinfer_style_ipc_workspace.py --fix"
-    print(f"sweep --exec \"{prog}\", {machines} machines, seed 0:")
+    bare = min(_bare_imports(1) for _ in range(3))
+    print(f"sweep --exec \"{prog}\", {machines} machines, seed 0; one bare `import torch` "
+          f"{bare:.2f} s CPU (best of 3):")
     for mode in ("procs", "inproc"):
         wall, cpu = _tree([sys.executable, "-m", "commsim.cli", "sweep", "--exec", prog,
                            "--exec-mode", mode, "--count", str(machines), "--seed", "0",
@@ -105,7 +113,9 @@ def exec_sweep(machines: int) -> None:
         goal = "goal >= 3/s" if mode == "procs" else "goal >= 30/s"
         print(f"  {mode:6}: {machines / wall:6.2f} machines/s wall ({goal}), "
               f"{machines / cpu:6.2f} machines per CPU-second of the tree "
-              f"({wall:.2f} s wall, {cpu:.2f} s CPU)")
+              f"({wall:.2f} s wall, {cpu:.2f} s CPU = {cpu / bare:.2f} bare imports; "
+              f"{machines * bare / (cpu * QUIET_IMPORT_S):.2f}/s where a bare import takes "
+              f"{QUIET_IMPORT_S} s)")
 
 
 def main() -> None:
@@ -114,8 +124,10 @@ def main() -> None:
     ap.add_argument("--machines", type=int, default=12)
     ap.add_argument("--skip-fresh", action="store_true",
                     help="leave out the fresh-interpreter comparison (8 torch imports)")
+    ap.add_argument("--sweep-only", action="store_true", help="only the sweep --exec figures")
     args = ap.parse_args()
-    hello_world(args.ranks, not args.skip_fresh)
+    if not args.sweep_only:
+        hello_world(args.ranks, not args.skip_fresh)
     exec_sweep(args.machines)
 
 

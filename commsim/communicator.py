@@ -61,6 +61,10 @@ class Communicator:
         self.silent_fallbacks: list[tuple[str, str]] = []   # (step, what) under FH3
         self.rank, self.size = group.rank, group.size
         self.decisions: list[Decision] = []
+        # The fallback's own set-up failure: with nothing left to fall back to, an op no
+        # other backend accepts fails with it (NCCL's result and WARN, as a stack that
+        # falls back to NCCL raises what ncclCommInitRank returned).
+        self.fallback_failed: SetupFailed | None = None
         self.backends: dict[str, Backend] = {}
         self.choices: dict[tuple[str, int, str], Choice] = {}
         self._capture: Capture | None = None
@@ -116,6 +120,8 @@ class Communicator:
                     self.decisions.append(Decision(name, f"admitted ({'; '.join(verdict.reasons) or 'eligible'}); "
                                                          f"set-up failed, policy allows no fallback: {e}"))
                     raise
+                if cls.fallback:
+                    self.fallback_failed = e
                 if self.policy.params.get("report_fallback", True):
                     self.decisions.append(Decision(name, f"declined after set-up failure: {e}"))
                 else:               # rule FH3: nothing in the explanation says so
@@ -167,6 +173,8 @@ class Communicator:
                 self.choices[key] = Choice(op, nbytes, name, b.algorithm(op, nbytes), declined)
                 return b
             declined.append(f"{name}: {why}")
+        if self.fallback_failed is not None:
+            raise self.fallback_failed
         raise RuntimeError(f"no backend accepts {op} of {nbytes} B {dtype}: {'; '.join(declined)}")
 
     def _run(self, op: str, x: torch.Tensor) -> torch.Tensor:

@@ -14,14 +14,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
-import torch
 
 from commsim.discovery import GroupView
 from commsim.driver import CudaError, Driver, check
 from commsim.kernels import collectives as K, workspace as W
 from commsim.runtime.diagnosis import GroupError
 
+# torch only where a tensor is handled (run, staging): the launcher of `exec` imports the
+# backends (the registry, the policy) and never runs one.
 if TYPE_CHECKING:
+    import torch
+
     from commsim.topology.truth import GroupFacts
 
 Mi = 1 << 20
@@ -237,6 +240,7 @@ class Backend(ABC):
 
 
 def as_bytes(x: torch.Tensor) -> np.ndarray:
+    import torch
     return x.contiguous().view(torch.uint8).numpy()
 
 
@@ -286,6 +290,7 @@ class PeerBackend(Backend):
         check("cudaMemcpy", self.driver.memcpy_htod(self._ptrs()[self._slot()] + W.DATA, as_bytes(x)))
 
     def _result(self, nbytes: int, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        import torch
         raw = check("cudaMemcpy", self.driver.memcpy_dtoh(self._ptrs()[self._slot()] + W.DATA + self.capacity, nbytes))
         return torch.from_numpy(raw).view(like.dtype).reshape(shape)   # raw is a fresh copy: no clone
 

@@ -1,8 +1,8 @@
-"""`nccl`: the fallback. With ON_MACHINE it is run by the simulated NCCL
-(commsim/libmodels/nccl/), a client of the rank's driver as the hosted libnccl is, so what
-NCCL does on the machine is what the sweep sees; without, NCCL's choices come from the rules
-alone and the group layer combines the ranks' inputs exactly (what NCCL's collectives
-guarantee semantically on a sound machine).
+"""`nccl`: the fallback, run by the simulated NCCL (commsim/libmodels/nccl/), a client of
+the rank's driver as the hosted libnccl is, so what NCCL does on the machine is what the
+scenarios and the sweep see. The policy parameter `nccl_on_machine = False`
+keeps NCCL's choices from the rules alone and lets the group layer combine the ranks' inputs
+exactly (what NCCL's collectives guarantee semantically on a sound machine), as before.
 
 At set-up the policy's view of NCCL comes first: commsim/libmodels/nccl_rules.py
 (docs/lifecycle-rules.md NC1-NC12) decides, from the discovery view and the NCCL_* variables
@@ -20,27 +20,34 @@ rank order, rounded once)."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from commsim.discovery import GroupView
 from commsim.kernels import collectives as K
-from commsim.libmodels.nccl import comm as nccl_comm, datapath
+from commsim.libmodels.nccl import comm as nccl_comm, datapath, outcome as nccl_outcome
 from commsim.libmodels.nccl.errors import NcclError as NcclFailure
-from commsim.libmodels.nccl.shm import NamespaceShm
+from commsim.libmodels.nccl.shm import DirShm, NamespaceShm
 from commsim.libmodels.nccl_rules import NcclDecision, decide, machine_from_view, parse_env
 from commsim.topology.truth import GroupFacts
 from commsim.backends.base import Backend, Eligibility, SetupFailed
 from commsim.backends.registry import register_backend
 
+# torch where a tensor is handled (run): the launcher of `exec` loads the backends, never runs one.
+if TYPE_CHECKING:
+    import torch
+
 # Whether the backend runs the simulated NCCL on the machine (set-up through the driver,
-# bytes over the connections) or, as before, decides by the rules alone and combines the
-# ranks' inputs exactly. Off until the shipped scenarios and tests whose premise is an exact
-# fallback are revised (docs/lifecycle-rules.md NC13 lists them); the sweep's oracle
-# (commsim/scenario/nccl_truth.py) expects NCCL's outcomes only when it is on.
-ON_MACHINE = False
+# bytes over the connections) where the policy does not say; the oracle
+# (commsim/scenario/nccl_truth.py) expects NCCL's outcomes exactly where it does.
+ON_MACHINE = True
+
+
+def on_machine(params: dict[str, Any]) -> bool:
+    """Whether a communicator with these policy parameters runs NCCL on the machine."""
+    return bool(params.get("nccl_on_machine", ON_MACHINE))
 
 
 class NcclError(RuntimeError):
@@ -61,7 +68,15 @@ def _decide(view: GroupView, env: tuple[tuple[str, str], ...], auto: bool) -> tu
 
 
 def _decision(view: GroupView, env: tuple[tuple[str, str], ...], auto: bool) -> tuple[NcclDecision, str]:
-    machine = machine_from_view(view)
+    return _decision_of(view.ranks, env, auto)
+
+
+@functools.lru_cache(maxsize=1024)
+def _decision_of(ranks: tuple, env: tuple[tuple[str, str], ...], auto: bool) -> tuple[NcclDecision, str]:
+    """A pure function of the ranks' discovery facts (immutable RankInfos, compared by
+    value) and the variables: a sweep worker meets the same group on the same machine in
+    many scenarios, each with its own view object."""
+    machine = machine_from_view(GroupView(ranks))
     envd = dict(env)
     d = decide(machine, parse_env(envd))
     if (d.init_error is not None and d.init_error[0] == "ncclSystemError" and auto
@@ -101,7 +116,7 @@ class NcclBackend(Backend):
         self.decision = d
         if d.init_error is not None:
             raise SetupFailed(self.name, "init: ncclCommInitRank", self.rank, NcclError(*d.init_error))
-        if not ON_MACHINE:
+        if not on_machine(self.params):
             return
         envd = dict(env)
         if self.adjusted:
@@ -110,7 +125,12 @@ class NcclBackend(Backend):
         # The /dev/shm's size where a simulated host's container sets one.
         cluster = getattr(drv, "cluster", None)
         limit = cluster.host(drv.gethostname()).container.shm_bytes or None if cluster else None
-        shm = NamespaceShm(getattr(drv, "fabric", self.group), drv.shm_namespace(), limit)
+        # OS processes share a /dev/shm through files (each process's in-memory store would
+        # be its own: a peer attached a same-named segment of its own and read its own
+        # bytes); in-process ranks share one in-memory store per run.
+        root = drv.shm_dir() if hasattr(drv, "shm_dir") else None
+        shm = DirShm(root, limit) if root else \
+            NamespaceShm(getattr(drv, "fabric", self.view), drv.shm_namespace(), limit)
         try:
             self.comm = nccl_comm.init(drv, self.group, self.rank, self.ws, envd, shm)
         except NcclFailure as e:
@@ -131,6 +151,12 @@ class NcclBackend(Backend):
         d = self.decision
         if d is None:
             return ""
+        if self.comm is not None:
+            # What set-up did on the machine (its topology read the PCIe paths, which the
+            # discovery view does not carry): pairs, NVLS and why.
+            c = self.comm
+            return nccl_outcome.describe(c.decision, c.nvls_note, c.connected) + \
+                (f"; {self.adjusted}" if self.adjusted else "")
         algos = "; ".join(f"{op} {'/'.join(d.algorithms(op))}" for op in ("all_reduce", "all_gather"))
         return f"{d.transport_summary()}; {algos}" + (f"; {self.adjusted}" if self.adjusted else "")
 
@@ -143,6 +169,7 @@ class NcclBackend(Backend):
         return "ring"
 
     def run(self, op: str, x: torch.Tensor) -> torch.Tensor:
+        import torch
         self.round += 1
         a = x.contiguous()
         raw = (a.view(torch.int16) if a.dtype == torch.bfloat16 else a).numpy()   # a view
@@ -159,7 +186,7 @@ class NcclBackend(Backend):
             # Runtime connect (libmodels/nccl/comm.py): the connections' set-up failed at
             # the first collective; a peer's failure names that peer.
             raise SetupFailed(self.name, "connect: first collective", self.rank if e.origin is None
-                              else e.origin, _nccl_error(e)) from None
+                              else e.origin, _nccl_error(e, self.comm.decision)) from None
         return self._shaped(_collective(parts, op, dtype), op, x)
 
     def _shaped(self, res: np.ndarray, op: str, x: torch.Tensor) -> torch.Tensor:
@@ -167,15 +194,17 @@ class NcclBackend(Backend):
         if op == "reduce_scatter":
             per = x.numel() // self.ws
             res = res[self.rank * per:(self.rank + 1) * per]
+        import torch
         # A combined result is shared by the ranks of this process: each gets its own copy.
         out = torch.from_numpy(np.array(res)).view(x.dtype)
         return out if op != "all_reduce" and op != "all_reduce_rmsnorm" else out.reshape(x.shape)
 
 
-def _nccl_error(e: NcclFailure) -> NcclError:
+def _nccl_error(e: NcclFailure, d: NcclDecision | None = None) -> NcclError:
     """The simulated NCCL's failure as this backend reports it: its result name, its WARN,
-    and the CUDA call and code behind it where one failed."""
-    return NcclError(e.name, e.warn + (f" ({e.api} -> {e.cause})" if e.cause else ""))
+    the CUDA call and code behind it where one failed, and what NCCL had decided."""
+    text = nccl_outcome.failed(e.decision or d, e.name, e.warn, e.api, e.cause)
+    return NcclError(e.name, text.removeprefix(f"{e.name}: "))
 
 
 def _collective(parts: list[np.ndarray], op: str, dtype: str) -> np.ndarray:

@@ -31,9 +31,7 @@ Three knobs reproduce field bugs of this class (scenarios/policies/):
 from __future__ import annotations
 
 import weakref
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from commsim.discovery import GroupView, RankInfo
 from commsim.driver import FABRIC, FD, CudaError, FdTransportError, access_desc, alloc_prop, check, multicast_prop
@@ -43,6 +41,10 @@ from commsim.topology.truth import FABRIC as FABRIC_HANDLE, POSIX_FD, GroupFacts
 from commsim.backends.base import Eligibility, Mi, SetupFailed, kernel_width, probe_verdict
 from commsim.backends.fabric import FabricBackend, round_up
 from commsim.backends.multicast import MulticastBackend
+
+# torch where a tensor is handled (run): the launcher of `exec` loads the backends, never runs one.
+if TYPE_CHECKING:
+    import torch
 from commsim.backends.registry import register_backend
 from commsim.backends.vmm import VmmPeerBackend
 

@@ -9,21 +9,31 @@ its slot at every peer, then spins until every peer's slot in its own flags reac
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import torch
 
 from commsim.kernels.context import KernelContext
 from commsim.kernels.workspace import DATA, END, MID, START, chunks as _chunks
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# torch is imported where a kernel uses it, not here: the backends import this module, and the
+# launcher of `exec` / `sweep --exec` imports the backends without ever running a kernel.
+if TYPE_CHECKING:
+    import torch
+
 ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def _t(view: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def torch_dtype(name: str) -> "torch.dtype":
+    """The torch dtype of one of the kernels' dtype names (float32, float16, bfloat16)."""
+    import torch
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def _t(view: np.ndarray, dtype: "torch.dtype") -> "torch.Tensor":
     """A torch view of raw bytes (for kernels written with torch, such as the planted defects
     of tests/sweep/test_defects.py)."""
+    import torch
     return torch.from_numpy(view).view(dtype)
 
 
@@ -49,10 +59,14 @@ TORCH_F16_FROM = 2048
 
 
 def _torch_f16(n: int) -> bool:
-    return n >= TORCH_F16_FROM and torch.get_num_threads() == 1
+    if n < TORCH_F16_FROM:
+        return False
+    import torch
+    return torch.get_num_threads() == 1
 
 
-def _tensor(a: np.ndarray) -> torch.Tensor:
+def _tensor(a: np.ndarray) -> "torch.Tensor":
+    import torch
     # torch.from_numpy warns about a read-only array (an input shared between buffers): copy it.
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
@@ -60,6 +74,7 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
 def store_rounded(acc: np.ndarray, dst: np.ndarray, dtype: str) -> None:
     """dst (raw bytes in `dtype`) = acc (float32), rounded to nearest even like a GPU cvt.rn."""
     if dtype == "float16" and _torch_f16(acc.size):
+        import torch
         torch.from_numpy(dst.view(np.float16)).copy_(torch.from_numpy(acc))
         return
     if dtype != "bfloat16":
@@ -97,6 +112,7 @@ def _reduce(srcs: Sequence[np.ndarray], dtype: str, out: np.ndarray | None = Non
                 np.add(acc, wide.view(np.float32), out=acc)
         return acc
     if dtype == "float16" and _torch_f16(acc.size):
+        import torch
         t = torch.from_numpy(acc)
         t.copy_(_tensor(vs[0]))
         for v in vs[1:]:

@@ -119,7 +119,9 @@ def main_module(command: list[str]) -> tuple[types.ModuleType, Any]:
     else:
         path = os.path.abspath(command[0])
         with open(path, "rb") as f:
-            code = compile(f.read(), path, "exec")
+            # dont_inherit: not this module's `from __future__ import annotations` (the
+            # program's annotations would all be strings, as no `python prog.py` has them)
+            code = compile(f.read(), path, "exec", dont_inherit=True)
         mod.__file__ = path
         mod.__spec__ = None
     mod.__builtins__ = __builtins__

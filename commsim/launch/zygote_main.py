@@ -37,6 +37,7 @@ import socket
 import sys
 import threading
 import weakref
+from types import CodeType
 from typing import Any, NoReturn
 
 from commsim.hosting.install.patches import Patches
@@ -45,7 +46,12 @@ from commsim.procs import tree
 # What every rank imports before or while its program starts: torch, and commsim's hosting
 # with what a rank's bootstrap and first CUDA call load (a generated scenario's machine and
 # faults, the process fabric, the communicator). numpy.random is reseeded in each child.
-PRELOAD = ("torch", "torch.distributed", "numpy.random", "commsim.launch.bootstrap",
+# torch.distributed.tensor (DTensor, with sympy and torch.fx): torch imports it at a hosted
+# rank's first aten op on a CUDA tensor (the hosted NCCL barrier's torch.zeros), 0.6 s of
+# CPU in every rank of a run that was paid once here. encodings.idna: the codec the rank's
+# first socket call on a host name (gloo's store) imports.
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "numpy.random",
+           "encodings.idna", "commsim.launch.bootstrap",
            "commsim.hosting.surfaces.table", "commsim.scenario.generate",
            "commsim.scenario.runner", "commsim.hosting.state.fabric",
            "commsim.hosting.state.process_wait", "commsim.sim.process_fabric",
@@ -54,6 +60,9 @@ PR_SET_PDEATHSIG = 1            # linux/prctl.h
 MAX_MESSAGE = 1 << 20           # a spawn request: argv, environment, cwd
 _process = Patches()            # what a child changes for its life (never restored)
 _real_exit = posix._exit        # before the bootstrap wraps it
+PROGRAMS_KEPT = 8
+# (absolute path, path as given) -> (source, code): programs compiled in the zygote
+_programs: dict[tuple[str, str], tuple[bytes, CodeType]] = {}
 
 
 def send(sock: socket.socket, msg: dict) -> None:
@@ -80,7 +89,9 @@ def preload(opt_in: list[str], where: str) -> str:
         importlib.import_module(name)
     from commsim.hosting.install.registry import surfaces
     from commsim.hosting.surfaces.table import MODULES
+    from commsim.versions import installed
     surfaces(MODULES)                     # what bootstrap's install_all imports
+    installed()                           # the installed versions every rank's machine reads
     ran: list[str] = []
     if opt_in:
         from torch.overrides import TorchFunctionMode
@@ -107,6 +118,58 @@ def preload(opt_in: list[str], where: str) -> str:
     if n > 1:
         return f"the zygote runs {n} threads after its imports (fork copies only one)"
     return ""
+
+
+def warm_run(env: dict[str, str], cwd: str) -> None:
+    """Make, before the fork, what every rank of a run would otherwise make alone after it and
+    alike: the machine of a scenario generated from its id (topology, placement, faults: a
+    pure function of the id, which load_scenario caches), so that a run's ranks inherit one.
+    Only a generated id: a scenario file may change between the runs the zygote serves. What
+    fails here fails again in the rank, which reports it."""
+    path = env.get("COMMSIM_HOSTING", "")
+    if not path:
+        return
+    from commsim.launch.config import RunConfig, load_scenario
+    from commsim.scenario.generate import _ID
+    try:
+        spec = RunConfig.load(path).scenario
+        if spec and _ID.match(spec.strip()) and not os.path.exists(os.path.join(cwd, spec)):
+            load_scenario(spec)
+    except Exception:
+        pass
+
+
+def _compiled(path: str, where: str) -> tuple[tuple[str, str], bytes, CodeType]:
+    key = (os.path.abspath(os.path.join(where, path)), path)
+    with io.open_code(key[0]) as f:
+        source = f.read()
+    got = _programs.get(key)
+    if got is not None and got[0] == source:
+        return key, source, got[1]
+    return key, source, compile(source, path, "exec", dont_inherit=True)
+
+
+def program_code(path: str, where: str = "") -> CodeType:
+    """`path`'s code as `python PATH` compiles it (relative to the directory `where`, the
+    rank's cwd): with none of this module's __future__ flags (compile inherits its caller's
+    unless dont_inherit, and this module's `annotations` turned every annotation of a forked
+    rank's program into a string). A program the zygote compiled before (warm_program) is
+    not compiled again when its bytes are the same."""
+    return _compiled(path, where)[2]
+
+
+def warm_program(argv: list[str], cwd: str) -> None:
+    """Compile the program (`python PROG`, not `-m`) before the fork, once for all the ranks
+    and runs that run its same bytes; what fails here fails again in the rank."""
+    if not argv or argv[0] == "-m":
+        return
+    try:
+        key, source, code = _compiled(argv[0], cwd)
+    except Exception:
+        return
+    if key not in _programs and len(_programs) >= PROGRAMS_KEPT:
+        _programs.pop(next(iter(_programs)))
+    _programs[key] = (source, code)
 
 
 def _reap(sock: socket.socket) -> None:
@@ -149,6 +212,9 @@ def serve(sock: socket.socket, why: str) -> tuple[dict, list[int]]:
         if req.get("op") == "exit":
             _end_children()
             os._exit(0)
+        if not why:               # before the thread count: it counts what these left too
+            warm_run(req.get("env", {}), req.get("cwd", ""))
+            warm_program(req.get("argv", []), req.get("cwd", ""))
         n = threads()
         refuse = why or (f"the zygote runs {n} threads (fork copies only one)" if n > 1 else "")
         if refuse:
@@ -201,7 +267,11 @@ def become_rank(req: dict, fds: list[int]) -> None:
     first = os.getcwd() if argv[0] == "-m" else os.path.dirname(os.path.abspath(argv[0]))
     pp = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [first] + pp + req["site_path"]
-    sys.path_importer_cache.clear()
+    # The finders the zygote cached stay (freeing them all was 5 ms a rank, each a
+    # copy-on-write fault); invalidate_caches makes them list their directories again, and a
+    # path cached as having no finder (it did not exist then) is looked at afresh.
+    for where in [k for k, v in sys.path_importer_cache.items() if v is None]:
+        del sys.path_importer_cache[where]
     importlib.invalidate_caches()
     _process.attr(sys, "orig_argv", [sys.executable] + list(argv))
     import tempfile
@@ -283,9 +353,7 @@ def run_program(argv: list[str]) -> NoReturn:
             d.update(__name__="__main__", __doc__=None, __package__=None, __spec__=None,
                      __file__=path, __cached__=None, __builtins__=builtins,
                      __loader__=importlib.machinery.SourceFileLoader("__main__", path))
-            with io.open_code(path) as f:
-                code = compile(f.read(), path, "exec")
-            exec(code, d)
+            exec(program_code(path), d)
     except SystemExit as e:
         interpreter_exit(_exit_status(e.code))
     except BaseException as e:

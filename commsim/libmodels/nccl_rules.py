@@ -76,6 +76,12 @@ class NcclMachine:
     source: str = "topology"
 
 
+def pcie_path(smi: str) -> str:
+    """NCCL's path type for a PCIe path as `nvidia-smi topo -m` names it (NODE, host bridges
+    within one CPU socket, is NCCL's PHB); an unknown or empty one is SYS."""
+    return _SMI_TO_PATH.get(smi, "SYS")
+
+
 def machine_from_cluster(cluster: Cluster, placement: Sequence[GpuRef]) -> NcclMachine:
     ranks, paths, access = [], {}, set()
     for r, ref in enumerate(placement):
@@ -87,7 +93,7 @@ def machine_from_cluster(cluster: Cluster, placement: Sequence[GpuRef]) -> NcclM
         for j, b in enumerate(placement):
             if i != j and a.host == b.host and a.index != b.index:
                 lk = cluster.host(a.host).link(a.index, b.index)
-                paths[(i, j)] = "NVL" if lk.is_nvlink else _SMI_TO_PATH[lk.kind]
+                paths[(i, j)] = "NVL" if lk.is_nvlink else pcie_path(lk.kind)
                 if lk.p2p:
                     access.add((i, j))
     return NcclMachine(tuple(ranks), paths, frozenset(access), "topology")
@@ -254,11 +260,15 @@ class NcclDecision:
 
 
 def _p2p_level(env: NcclEnv, arch: str) -> str:
-    """NC3: the user's level, else SYS, lowered to PXB on ARM CPUs (Intel hosts also clamp
-    to PXB in newer NCCL; the topology does not model the CPU vendor: UNCONFIRMED)."""
+    """NC3: the user's level, else PXB: P2P never crosses a CPU host bridge by default.
+    src/graph/paths.cc ncclTopoCheckP2p, NVIDIA/nccl v2.23.4-1 to v2.29.7-1: `int p2pLevel =
+    PATH_PXB`, raised to SYS only on AMD x86 hosts with at most two GPUs; v2.18.1-1 to
+    v2.22.3-1: `PATH_SYS`, lowered to PXB on ARM, Intel and Zhaoxin CPUs. The topology
+    records no CPU vendor, so an x86 host counts as an Intel one (UNCONFIRMED per machine),
+    which gives PXB in every release from 2.18 on; `arch` stays an input for that reason."""
     if env.p2p_level is not None:
         return env.p2p_level
-    return "PXB" if arch == "aarch64" else "SYS"
+    return "PXB"
 
 
 def _cumem(m: NcclMachine, env: NcclEnv) -> tuple[bool, str]:

@@ -16,7 +16,7 @@ is never signalled.
 
 Each rank also dies with the launcher by itself (die_with_parent: PR_SET_PDEATHSIG, set by
 the rank's bootstrap), the moment the launcher is gone. If the launcher dies (SIGKILL), a
-watchdog process it started also ends the rest of the tree (what the ranks started) and
+watchdog process it started (procs/watchdog.py) also ends the rest of the tree (what the ranks started) and
 removes the run's files: it waits on a pidfd of the launcher and, unless the launcher said
 `done` first, ends the tree, then deletes the paths it was given and each killed process's
 `commsim-rt-<pid>-*` directory. `sweep_stale_tmp` removes what a run left in the temp
@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import select
 import shutil
 import signal
 import stat
@@ -254,8 +253,10 @@ class Watchdog:
 
     def __init__(self, marks: list[str], paths: list[str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "commsim.procs.tree", tempfile.gettempdir(), *marks, "--",
-             *paths],
+            # -S: the watchdog imports nothing from site-packages (commsim comes from the
+            # PYTHONPATH below), and site's start-up was a third of its CPU, paid per run.
+            [sys.executable, "-S", "-m", "commsim.procs.watchdog", tempfile.gettempdir(), *marks,
+             "--", *paths],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
             env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                 [_root()] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))))
@@ -304,41 +305,3 @@ def owned_tree(mark: str, paths: list[str], *, below: Iterable[int] = (),
             finally:
                 dog.done()
                 set_subreaper(was)
-
-
-def watch(marks: list[str], tmp: str, paths: list[str]) -> int:
-    """The watchdog's body: wait for the launcher (this process's parent) to say done or to
-    die; in the second case end the run's tree and remove its files."""
-    parent = os.getppid()
-    for s in (signal.SIGINT, signal.SIGHUP):      # the terminal's signals are the launcher's
-        signal.signal(s, signal.SIG_IGN)
-    try:
-        pidfd = os.pidfd_open(parent)
-    except OSError:
-        pidfd = None
-    if os.getppid() != parent:                   # the launcher died before the pidfd opened
-        pidfd = None
-    said = b""
-    while pidfd is not None:
-        ready, _, _ = select.select([sys.stdin.buffer, pidfd], [], [])
-        if sys.stdin.buffer in ready:
-            chunk = os.read(sys.stdin.fileno(), 64)
-            said += chunk
-            if b"done" in said:
-                return 0
-            if not chunk and pidfd not in ready:
-                # stdin closed without `done` while the launcher lives: it is going down;
-                # wait for it to be gone before touching its run
-                select.select([pidfd], [], [])
-                break
-        if pidfd in ready:
-            break
-    killed = end_tree(marks)
-    remove_leftovers(paths, killed, tmp)
-    sweep_stale_tmp(tmp)         # ranks that died with the launcher (die_with_parent)
-    return 0
-
-
-if __name__ == "__main__":
-    _sep = sys.argv.index("--")           # TMP MARK... -- PATH...
-    sys.exit(watch(sys.argv[2:_sep], sys.argv[1], sys.argv[_sep + 1:]))

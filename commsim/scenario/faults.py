@@ -133,8 +133,8 @@ BUILT_IN: tuple[FaultKind, ...] = (
 for _k in BUILT_IN + fidelity_faults.KINDS:
     register_fault(_k)
 
-# Not drawn by the sweep generator (weight 0): it matters to NCCL's SHM transport, which the
-# sweep's nccl backend reaches only with nccl.ON_MACHINE (docs/lifecycle-rules.md NC13).
+# Not drawn by the sweep generator (weight 0): it matters to NCCL's SHM transport (the
+# sweep's nccl backend runs NCCL on the machine, docs/lifecycle-rules.md NC13).
 register_fault(FaultKind(
     "small_dev_shm", ("host",), MACHINE,
     "the host's processes see a 64 MiB `/dev/shm` (a container's default, Docker's "

@@ -15,6 +15,7 @@ import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from commsim.errors import UserError
+from commsim.libmodels.nccl.errors import RESULT_NAMES
 from commsim.topology.model import Cluster, GpuRef
 
 
@@ -281,9 +282,10 @@ def cuda_error_names() -> frozenset[str]:
 # Outcomes that are not CUDA codes: what the group layer diagnoses (a hang, also after a
 # timeout; ranks meeting at different collectives; a peer that died) and an fd that cannot be
 # passed to another host (row V9); a fallback nobody reported (FH3); a library refusing a
-# forced algorithm (AW1); NCCL's own init results (NC8, NC10). Names as the runner reports them.
+# forced algorithm (AW1); NCCL's failing results (NC8, NC10, and what the simulated NCCL's
+# set-up returns on the machine). Names as the runner reports them.
 RUN_OUTCOMES = ("hang", "CollectiveMismatch", "RankFailed", "FdTransportError", "SilentFallback",
-                "WorkspaceTooSmall", "ncclInvalidUsage", "ncclSystemError")
+                "WorkspaceTooSmall") + RESULT_NAMES[1:-1]
 
 
 def check_cuda_error(table: Table, key: str, value: Any) -> str:

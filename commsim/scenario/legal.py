@@ -15,7 +15,7 @@ from commsim.topology.model import GpuRef
 from commsim.topology.truth import GroupFacts
 from commsim.scenario import memo
 from commsim.scenario.model import Scenario
-from commsim.scenario.reference import ESIZE, message_numel
+from commsim.scenario.message import ESIZE, message_numel
 
 
 # -- groups -------------------------------------------------------------------------------------

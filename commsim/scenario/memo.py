@@ -14,7 +14,10 @@ form of every input the value depends on:
   built: a function of the machine's key, the group's GPUs and the policy order (the backend
   registry and each backend's rule are code). A machine it did not build (a scenario file's)
   has no canonical key here and is computed each time.
-Both are bounded (least recently used first out). `COMMSIM_SWEEP_MEMO=0` or `disabled()`
+- `nccl_outcome(cluster, gpus, env, auto, make)`: what NCCL must do on a group
+  (scenario/nccl_truth.py), a function of the machine's key, the group's GPUs, the NCCL_*
+  variables and the policy's NCCL_MNNVL_ENABLE advice (`auto`), kept like a group's truth.
+All are bounded (least recently used first out). `COMMSIM_SWEEP_MEMO=0` or `disabled()`
 switches the memo off: a sweep gives the same digest for every id either way
 (tests/sweep/test_memo.py; benchmarks/sweep_memo_check.py over 2,000 ids).
 """
@@ -87,10 +90,22 @@ def machine(key: tuple, make: Callable[[], T]) -> T:
 def group_truth(cluster: Any, gpus: tuple, order: tuple[str, ...] | None,
                 make: Callable[[], T]) -> T:
     """`make()` (a group's truth on `cluster`) once per machine key, GPUs and order."""
+    return _of_machine(cluster, (gpus, order), make)
+
+
+def nccl_outcome(cluster: Any, gpus: tuple, env: tuple[tuple[str, str], ...], auto: bool,
+                 make: Callable[[], T]) -> T:
+    """`make()` (NCCL's outcome on a group of `cluster`) once per machine key, GPUs,
+    NCCL_* variables and `auto`."""
+    return _of_machine(cluster, ("nccl", gpus, env, auto), make)
+
+
+def _of_machine(cluster: Any, key: tuple, make: Callable[[], T]) -> T:
+    """`make()`, a pure function of the machine this memo built and of `key`, once."""
     mkey = _key_of.get(id(cluster)) if _on else None
     if mkey is None or _machines.get(mkey) is not cluster:
         return make()
-    key = (mkey, gpus, order)
+    key = (mkey,) + key
     got = _lookup(_truths, key, "truth")
     if got is not _lookup:
         return got

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from commsim.sim.shared_pages import PAGE
 from commsim.scenario.model import Scenario
-from commsim.scenario.reference import SHARED_MIN
+from commsim.scenario.message import SHARED_MIN
 
 MiB = 1 << 20
 BASE_BYTES = 320 * MiB     # measured: 234 MiB after `import commsim.scenario.runner`, plus heap

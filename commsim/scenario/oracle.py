@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from commsim.backends import nccl as nccl_backend
 from commsim.policy import Policy, resolve
+from commsim.scenario import memo
+from commsim.scenario.failure_kinds import KINDS
 from commsim.scenario.faults import OOM_ERRORS, get_fault, injected_errors
 from commsim.scenario.knobs import judge_knob
 from commsim.scenario.legal import group_truth, legal_backends
 from commsim.scenario.model import Scenario
 from commsim.scenario.nccl_truth import NcclOutcome, nccl_outcome
-
-KINDS = ("illegal-backend", "not-best", "cuda-error", "numerics", "leak", "nondeterministic",
-         "knob-outcome", "nccl-outcome", "outcome")
 
 
 # -- the verdict ----------------------------------------------------------------------------------
@@ -130,9 +130,10 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     # else is not: a peer left hanging or a collective mismatch means the ranks fell out of
     # step, and that is a bug even when an injected fault started it.
     # NCCL's outcomes where the backend runs NCCL on the machine; else NCCL is exact.
-    nccl = {g.name: nccl_outcome(sc.cluster, truths[g.name].gpus, sc.workload.nccl_env,
-                                 bool(pol.params.get("nccl_auto_env", True)))
-            if nccl_backend.ON_MACHINE else NcclOutcome() for g in sc.groups}
+    auto, env = bool(pol.params.get("nccl_auto_env", True)), tuple(sc.workload.nccl_env)
+    nccl = {g.name: memo.nccl_outcome(sc.cluster, truths[g.name].gpus, env, auto, partial(
+                nccl_outcome, sc.cluster, truths[g.name].gpus, env, auto))
+            if nccl_backend.on_machine(pol.params) else NcclOutcome() for g in sc.groups}
     for e in res.errors:
         if oom and (_caused_by_oom(sc, e, oom_ranks) or _nccl_knocked_out(res, e)):
             v.notes.append(f"expected under the oom fault: rank {e.rank} at {e.step}: {e.name}")

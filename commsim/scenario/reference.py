@@ -35,11 +35,11 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from commsim.scenario.message import ESIZE, SHARED_MIN, message_numel  # noqa: F401  (re-exported)
 from commsim.sim import shared_pages
 from commsim.sim.shared_pages import PAGE, SealedArray
 
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-ESIZE = {"float32": 4, "float16": 2, "bfloat16": 2}     # bytes per element of each dtype
 # Tolerances against the float64 reference: inputs are exact in every dtype, so the error is
 # the final rounding of a float32 sum back into the dtype (one ulp of the result).
 RTOL = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
@@ -47,7 +47,6 @@ RTOL = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
 # IEEE 754 binary32 / binary16, bfloat16's 8): a reference made of them rounds to itself.
 EXACT_INT = {"float32": 2 ** 24, "float16": 2 ** 11, "bfloat16": 2 ** 8}
 STRIDE = 61          # elements between consecutive ranks' windows on the tape (a prime)
-SHARED_MIN = 64 * 1024   # message bytes from which windows are page-aligned and the tape sealed
 LOW, HIGH = -8, 8    # input values
 CHUNK = 1 << 20      # elements per step of the float64 comparison (bounds its temporaries)
 MEMO = 3             # references kept per run (ranks of a group move through ops together)
@@ -68,15 +67,6 @@ def _key(*parts: Any) -> int:
     # must see the same inputs. 128 bits: PCG64's whole state.
     d = hashlib.blake2b(repr(parts).encode(), digest_size=16).digest()
     return int.from_bytes(d, "little")
-
-
-def message_numel(op: str, size: int, dtype: str, group_size: int) -> int:
-    """The elements an op hands the communicator for a workload size in bytes: whole
-    elements, at least one; a reduce-scatter's a multiple of the group size."""
-    numel = max(size // ESIZE[dtype], 1)
-    if op == "reduce_scatter":
-        numel = max(numel // group_size, 1) * group_size
-    return numel
 
 
 def stride(numel: int, dtype: str) -> int:

@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from commsim.scenario.oracle import KINDS
+from commsim.scenario.failure_kinds import KINDS
 
 
 @dataclass

@@ -13,13 +13,15 @@ docs/fidelity-rules.md); the rows whose exact code is UNCONFIRMED take it from
 from __future__ import annotations
 
 import bisect
+import hashlib
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from commsim.driver import FD, NVML_P2P_STATUS_NOT_SUPPORTED, NVML_P2P_STATUS_OK, GpuFabricInfo
 from commsim.topology.model import GpuRef
-from commsim.sim import real_fds, unconfirmed
+from commsim.sim import real_fds, shm, unconfirmed
 from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, Refusal, _attr_int, api
 from commsim.sim.driver_ipc import LegacyIpcCalls
 from commsim.sim.driver_multicast import MulticastCalls
@@ -131,6 +133,19 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         """What vLLM's same-node test observes: hosts that share /dev/shm;
         a process in a container of its own has its own (row W6)."""
         return self._host.process_namespace(self.proc.pid)
+
+    def shm_dir(self) -> str | None:
+        """The directory standing in for this process's /dev/shm where the run's ranks are OS
+        processes (process mode: one per shm namespace, inside the run's private directory,
+        so every process of the namespace sees the same files); None where the ranks share
+        one Python process and a library keeps its segments in memory."""
+        prefix = getattr(self.fabric, "prefix", None)
+        if prefix is None:
+            return None
+        ns = hashlib.sha256(self.shm_namespace().encode()).hexdigest()[:16]
+        path = shm.segment_path(prefix, f"devshm-{ns}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return str(path)
 
     def _dev(self, ordinal: Any, runtime: bool = False) -> GpuRef:
         o = ordinal if type(ordinal) is int else _attr_int(ordinal)   # a struct field may be anything
@@ -537,6 +552,17 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         # links up still reads OK); links down read NOT_SUPPORTED even where PCIe P2P works.
         up = lk.is_nvlink and a.nvlinks_up and b.nvlinks_up
         return (0, NVML_P2P_STATUS_OK if up else NVML_P2P_STATUS_NOT_SUPPORTED)
+
+    def pci_path(self, index1: int, index2: int) -> str:
+        """The PCIe path between two GPUs of this host by NVML index, as `nvidia-smi topo -m`
+        names it (PIX, PXB, PHB, NODE, SYS; "" for one GPU or an unknown index): what NCCL's
+        topology detection reads from sysfs (src/graph/topo.cc, the PCI tree under
+        /sys/bus/pci). An NVLink pair's PCIe path is not in the model: SYS."""
+        a, b = self._nvml_gpu(index1), self._nvml_gpu(index2)
+        if a is None or b is None or a.index == b.index:
+            return ""
+        lk = self._host.link(a.index, b.index)
+        return "SYS" if lk.is_nvlink else lk.kind
 
     def nvmlDeviceGetNvLinkState(self, index: int) -> tuple:
         """Whether every P2P-capable NVLink of the GPU is active (FlashInfer / TRT-LLM check it)."""

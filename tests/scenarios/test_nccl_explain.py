@@ -92,3 +92,21 @@ def test_explain_never_says_numerics_ok_under_an_error(capsys):
             "(cudaErrorAlreadyMapped)") in out
     assert main(["explain", str(NCCL / "pcie-box-nccl.toml")]) == 0
     assert "numerics: ok" in capsys.readouterr().out
+
+
+def test_explain_prints_what_nccl_set_up_did_on_the_machine():
+    """A group that falls back to NCCL: the decision record says what NCCL's set-up did on
+    the machine (each pair's transport and why not a nearer one, NVLS on or off and why, when
+    it connects), and where set-up failed, the failing call, NCCL's error text and what it
+    had decided."""
+    fid = NCCL.parent / "fidelity"
+    res = run_scenario(load(fid / "p2p-patched-writes-corrupt.toml"))
+    line = next(x for x in res.explain["tp"].splitlines() if x.startswith("  nccl: admitted"))
+    assert "NCCL on the machine: NVLS off: some GPU lacks multicast" in line, line
+    assert "pairs: SHM via host shared memory (path PHB is beyond P2P level PXB): 0-1 (1 pair)" in line
+    assert "connections at the first collective (runtime connect)" in line
+    res = run_scenario(load(fid / "multicast-container-no-caps.toml"))
+    line = next(x for x in res.explain["tp"].splitlines() if x.startswith("  nccl: declined"))
+    assert ("ncclUnhandledCudaError: Cuda failure 1 'invalid argument' (cuMulticastCreate -> "
+            "CUDA_ERROR_INVALID_VALUE) [NCCL had decided: NVLS on") in line, line
+    assert "P2P via cuMem POSIX fd over NVLink: 0-1, 0-2" in line and "(28 pairs)" in line

@@ -197,7 +197,7 @@ def _cmdline(pid: int) -> list[str]:
 
 
 def _is_watchdog(pid: int) -> bool:
-    return "commsim.procs.tree" in _cmdline(pid)
+    return "commsim.procs.watchdog" in _cmdline(pid)
 
 
 def _parent(pid: int) -> int:

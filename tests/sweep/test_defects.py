@@ -84,7 +84,7 @@ def test_dropped_contribution_is_a_numerics_failure(monkeypatch: pytest.MonkeyPa
     control(ids, "numerics")
 
     def one_shot_all_reduce(ctx, ptrs, me, n, dtype, capacity, rnd):
-        dt = K.TORCH_DTYPES[dtype]
+        dt = K.torch_dtype(dtype)
         esz = torch.empty(0, dtype=dt).element_size()
         K._barrier(ctx, ptrs, me, W.START, rnd, "one-shot start")
         acc = torch.zeros(n, dtype=torch.float32)

@@ -1,15 +1,12 @@
 """The sweep sees NCCL's outcomes: commsim's `nccl` backend runs the simulated NCCL through the
 ranks' drivers, and the oracle (commsim/scenario/nccl_truth.py) knows from the machine alone
 where NCCL must hang, must return wrong bytes or must fail its set-up, and where it must be
-exact. Generated ids of seed 7, one per outcome; planted defects in NCCL are reported.
-The backend runs NCCL on the machine only with `nccl.ON_MACHINE` (off by default until the
-scenarios that assume an exact fallback are revised): each test turns it on."""
+exact. Generated ids of seed 7, one per outcome; planted defects in NCCL are reported."""
 
 from __future__ import annotations
 
 import pytest
 
-from commsim.backends import nccl as nccl_backend
 from commsim.backends.nccl import NcclBackend, _collective
 from commsim.libmodels.nccl import nvls
 from commsim.scenario.nccl_truth import nccl_outcome
@@ -21,11 +18,6 @@ WRONG = "s7-8"       # hgx-h200-8 tp2, p2p_writes_lost(hgx-h200-0 0-1 corrupt)
 HANGS = "s7-146"     # gh200-nvl32:8, p2p_writes_lost(gh200-nvl32-node00 0-1 dropped)
 FAILS = "s7-108"     # gh200-nvl32:2*2 tp4, no_nvidia_caps on a host of the group: NVLS refused
 IDS = [WRONG, HANGS, FAILS]
-
-
-@pytest.fixture(autouse=True)
-def on_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nccl_backend, "ON_MACHINE", True)
 
 
 def _records():

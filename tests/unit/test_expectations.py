@@ -54,11 +54,12 @@ def test_wrong_data_with_its_max_error() -> None:
 def test_nccl_transport_per_pair() -> None:
     sc = load(FID / "p2p-patched-writes-wrong-data.toml")
     res = run_scenario(sc)
-    assert "NCCL transport between ranks 0 and 1: P2P via " in "\n".join(res.outcomes)
+    # The PHB pair is beyond NCCL's default P2P level PXB (NC3): SHM.
+    assert "NCCL transport between ranks 0 and 1: SHM via " in "\n".join(res.outcomes)
     other = dataclasses.replace(sc, expectations=tuple(
-        dataclasses.replace(e, transport="SHM") if e.transport else e for e in sc.expectations))
+        dataclasses.replace(e, transport="P2P") if e.transport else e for e in sc.expectations))
     got = run_scenario(other)
-    assert any("expected NCCL transport SHM between ranks 0 and 1 (group tp); NCCL uses P2P"
+    assert any("expected NCCL transport P2P between ranks 0 and 1 (group tp); NCCL uses SHM"
                in f for f in got.failures)
 
 

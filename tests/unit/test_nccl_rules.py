@@ -56,16 +56,38 @@ def test_shm_disable_falls_to_net():
 def test_pcie_box_without_peer_access_uses_shm():
     dec = d(machine("l40s-8-pcie"))
     assert kinds(dec) == {"SHM"} and not dec.nvls
-    assert all("cudaDeviceCanAccessPeer" in t.why for t in dec.transports)
+    assert all("cudaDeviceCanAccessPeer" in t.why or "beyond P2P level PXB" in t.why
+               for t in dec.transports)
     assert dec.algorithms("all_reduce") == ("Ring", "Tree")
 
 
-def test_a100_bridge_pairs_p2p_over_pcie_within_level():
+def test_p2p_stops_at_the_host_bridge_by_default():
+    """NC3 (src/graph/paths.cc ncclTopoCheckP2p, v2.27.3-1: p2pLevel = PATH_PXB): a pair
+    across host bridges (NODE = NCCL's PHB) uses SHM unless NCCL_P2P_LEVEL reaches it; a
+    pair behind one PCIe switch (PIX) uses P2P."""
     c = build_preset("a100-pcie-bridge-8")
-    dec = d(machine(None, cluster=c, refs=[GpuRef(c.hosts[0].name, i) for i in (0, 2)]))
-    assert [t.via for t in dec.transports] == ["cuMem POSIX fd over PCIe PHB"]   # NODE = PHB
-    assert kinds(d(machine(None, cluster=c, refs=[GpuRef(c.hosts[0].name, i) for i in (0, 2)]),
-                   NCCL_P2P_LEVEL="PXB")) == {"SHM"}
+    m = machine(None, cluster=c, refs=[GpuRef(c.hosts[0].name, i) for i in (0, 2)])
+    assert kinds(d(m)) == {"SHM"} and "path PHB is beyond P2P level PXB" in d(m).transports[0].why
+    assert [t.via for t in d(m, NCCL_P2P_LEVEL="PHB").transports] == ["cuMem POSIX fd over PCIe PHB"]
+    c = build_preset("rtx-pro-6000-4")
+    pix = machine(None, cluster=c, refs=[GpuRef(c.hosts[0].name, i) for i in (0, 1)])
+    assert [t.via for t in d(pix).transports] == ["cuMem POSIX fd over PCIe PIX"]
+    assert kinds(d(pix, NCCL_P2P_LEVEL="LOC")) == {"SHM"}
+
+
+def test_the_simulated_nccl_reads_the_pcie_path_from_the_driver():
+    """The simulated NCCL's topology (libmodels/nccl/topo.py) asks the driver for the PCIe
+    path, so on the machine it decides as the rules do over the topology: P2P on the PIX
+    pair, SHM across the host bridges."""
+    from commsim.libmodels.nccl import topo
+    from commsim.sim import SimFabric, spawn_driver
+    c = build_preset("rtx-pro-6000-4")
+    refs = list(c.gpu_refs())
+    fabric = SimFabric(c, seed=0)
+    infos = [topo.local_info(spawn_driver(fabric, g), r) for r, g in enumerate(refs)]
+    assert infos[0].pci[1:] == ("PIX", "PHB", "PHB")
+    assert decide(topo.machine(infos)).transport_summary() == \
+        decide(machine_from_cluster(c, refs)).transport_summary()
 
 
 def test_gb200_two_trays_mnnvl_one_clique():

@@ -175,6 +175,19 @@ def init(driver: Any, group: Any, rank: int, nranks: int, env: Mapping[str, str]
         name, message = d.init_error
         log.warn(message)
         raise NcclError(RESULT_CODES[name], message)
+    try:
+        return _set_up(calls, group, rank, nranks, env, shm, version, fds, infos, d)
+    except NcclError as e:
+        e.decision = d          # what the search had decided (`commsim explain`)
+        raise
+
+
+def _set_up(calls: DriverCalls, group: Any, rank: int, nranks: int,
+            env: Mapping[str, str], shm: ShmStore, version: int, fds: Any,
+            infos: list[topo.PeerInfo], d: NcclDecision) -> NcclComm:
+    """init after the search: the MNNVL check, then connections and NVLS as the version
+    and NCCL_RUNTIME_CONNECT say."""
+    log = calls.log
     conn = Connector(calls, group, rank, infos, d, shm)
     err = None
     if d.mnnvl:

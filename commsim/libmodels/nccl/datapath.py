@@ -3,9 +3,9 @@ through the connection NCCL chose for the pair, so what the machine does to thos
 what the collective gets.
 
 Per step (at most CAP bytes of the message) each rank writes its part into every peer's
-receive buffer through its own mapping of it (P2P: `driver.view` of the mapped peer
-pointer, the path on which a machine loses or garbles peer writes; SHM: the shared
-segment), then a flag word with the step number, as NCCL's protocols signal a peer
+receive buffer through its own mapping of it (P2P: a kernel on the rank's device writing
+through the mapped peer pointer, the path on which a machine loses or garbles peer writes;
+SHM: the shared segment), then a flag word with the step number, as NCCL's protocols signal a peer
 (src/device/prims_simple.h: data stores, then the tail flag). NET bytes travel over the
 bootstrap's sockets (the group). Each rank waits for every peer's flag in its own buffer,
 reads the data, and a barrier ends the step (the head flag that lets a sender reuse the
@@ -27,23 +27,47 @@ from typing import Any, Callable
 import numpy as np
 
 from commsim.libmodels.nccl.comm import NcclComm
+from commsim.libmodels.nccl.errors import cuda_failure
 from commsim.libmodels.nccl.transports import CAP, FLAG
 from commsim.runtime.scheduler import wait_until
 
 
+def _on_device(comm: NcclComm, kernel: Callable[..., Any], *args: Any) -> Any:
+    """`kernel(ctx, *args)` launched on this rank's device (the Driver protocol's
+    launch_kernel: its KernelContext reads and writes device memory, a peer's mapping
+    included, as the machine lets it); its value. A fault is NCCL's unhandled CUDA error."""
+    box: list[Any] = []
+    out = comm.calls.driver.launch_kernel(lambda ctx, *a: box.append(kernel(ctx, *a)), *args)
+    code = out[0] if isinstance(out, tuple) else out
+    if int(code) != 0:
+        raise cuda_failure(comm.log, "ncclKernel", code)
+    return box[0]
+
+
+def _flag_k(ctx: Any, ptr: int) -> int:
+    return int(ctx.array(ptr, np.uint32, 1)[0])
+
+
+def _write_k(ctx: Any, ptr: int, chunk: np.ndarray, word: np.ndarray) -> None:
+    if chunk.size:
+        ctx.array(ptr + FLAG, np.uint8, chunk.size)[...] = chunk
+    ctx.array(ptr, np.uint8, 4)[...] = word
+
+
+def _read_k(ctx: Any, ptr: int, n: int) -> np.ndarray:
+    return np.array(ctx.array(ptr + FLAG, np.uint8, n))
+
+
 def _flag(comm: NcclComm, conn: Any) -> int:
-    drv = comm.calls.driver
-    buf = drv.view(conn.recv, 4) if conn.kind == "P2P" else conn.recv[:4]
-    return int(np.asarray(buf).view(np.uint32)[0])
+    if conn.kind == "P2P":
+        return _on_device(comm, _flag_k, conn.recv)
+    return int(np.asarray(conn.recv[:4]).view(np.uint32)[0])
 
 
 def _write(comm: NcclComm, conn: Any, chunk: np.ndarray, step: int) -> None:
     word = np.array([step], np.uint32).view(np.uint8)
     if conn.kind == "P2P":
-        view = comm.calls.driver.view
-        if chunk.size:
-            view(conn.send + FLAG, chunk.size)[...] = chunk
-        view(conn.send, 4)[...] = word
+        _on_device(comm, _write_k, conn.send, chunk, word)
     else:
         conn.send[FLAG:FLAG + chunk.size] = chunk
         conn.send[:4] = word
@@ -51,7 +75,7 @@ def _write(comm: NcclComm, conn: Any, chunk: np.ndarray, step: int) -> None:
 
 def _read(comm: NcclComm, conn: Any, n: int) -> np.ndarray:
     if conn.kind == "P2P":
-        return np.array(comm.calls.driver.view(conn.recv + FLAG, n)) if n else np.empty(0, np.uint8)
+        return _on_device(comm, _read_k, conn.recv, n) if n else np.empty(0, np.uint8)
     return np.array(conn.recv[FLAG:FLAG + n])
 
 

@@ -57,6 +57,7 @@ class NcclError(Exception):
         self.api = api              # the CUDA / system call that failed, when one did
         self.cause = cause          # that call's CUDA result name (CUDA_ERROR_OUT_OF_MEMORY ...)
         self.origin = origin        # ncclRemoteError: the comm rank whose step failed
+        self.decision: Any = None   # the search's NcclDecision, where init got that far
 
     @property
     def name(self) -> str:

@@ -30,11 +30,13 @@ BIND_FALLBACK_SINCE = 22703     # NCCL_VERSION(2,27,3): the first with "Proceedi
 
 
 def node_of(conn: Connector) -> list[int]:
-    """The ranks of this rank's NVLink node, in rank order: its host, or its clique under MNNVL."""
+    """The ranks of this rank's NVLink node, in rank order: its host and /dev/shm (containers
+    of one host are separate nodes, row W6, as the search counts them), or its clique under
+    MNNVL."""
     me = conn.me
     if conn.d.mnnvl:
         return [p.rank for p in conn.infos if p.node == me.node]
-    return [p.rank for p in conn.infos if p.host == me.host]
+    return [p.rank for p in conn.infos if (p.host, p.facts.shm) == (me.host, me.facts.shm)]
 
 
 def setup(conn: Connector, version: int, forced: bool) -> str:

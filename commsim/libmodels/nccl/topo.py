@@ -8,7 +8,9 @@ Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
 - hostHash: the hostname (plus /proc/sys/kernel/random/boot_id, which one simulated host
   shares: UNCONFIRMED that containers of a host share it; NCCL_HOSTID overrides both).
 - shmDev: `stat("/dev/shm").st_dev`, here the driver's shm namespace.
-- busId / nvmlDev: the NVML index of the current device (`driver.nvml_index`).
+- busId / nvmlDev: the host index of the current device (`driver.nvml_index`, then
+  `nvml_host_index`: a container numbers its own GPUs from 0, row W3), which keys every
+  per-GPU fact below.
 - cuMem support: CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   (src/misc/cudawrap.cc ncclIsCuMemSupported); multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED
   (src/transport/nvls.cc ncclNvlsInit); FABRIC handles: ..._HANDLE_TYPE_FABRIC_SUPPORTED and
@@ -19,8 +21,9 @@ Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
   reads NVML's P2P status of the pair instead (src/transport/p2p.cc p2pCanConnect: "CUDA
   10.1 and later can use P2P with invisible devices", checked against the NVML pair info);
   which NVML capability index it reads is UNCONFIRMED (the simulated NVML's one status).
-  The PCIe distance NCCL reads from sysfs is not asked of the driver: a same-host pair
-  without NVLink is SYS (UNCONFIRMED, as nccl_rules.machine_from_view).
+- per same-host peer without NVLink: the PCIe path NCCL's topology detection reads from
+  sysfs (src/graph/topo.cc), asked of the driver (`pci_path`); `nvidia-smi topo -m`'s NODE
+  (host bridges within a CPU socket) is NCCL's PHB. A driver that cannot tell gives SYS.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 from cuda.bindings import driver as cu
 
 from commsim.driver import NVML_P2P_STATUS_OK
-from commsim.libmodels.nccl_rules import NcclMachine, NcclRank
+from commsim.libmodels.nccl_rules import NcclMachine, NcclRank, pcie_path
 
 _A = cu.CUdevice_attribute
 
@@ -44,10 +47,11 @@ class PeerInfo:
 
     facts: NcclRank
     pid: int                            # pidHash
-    nvml: int                           # busId / nvmlDev
+    nvml: int                           # busId: the GPU's host index
     cuda_dev: int
-    nvlink: tuple[bool, ...]            # per NVML index of this host
-    access: tuple[bool, ...]            # cudaDeviceCanAccessPeer per NVML index (NVML's P2P
+    nvlink: tuple[bool, ...]            # per host index of this host's GPUs
+    pci: tuple[str, ...]                # NCCL's PCIe path type per host index (PIX ... SYS)
+    access: tuple[bool, ...]            # cudaDeviceCanAccessPeer per host index (NVML's P2P
                                         # status for an invisible one)
 
     @property
@@ -84,30 +88,41 @@ def local_info(driver: Any, rank: int) -> PeerInfo:
     _, count = driver.nvmlDeviceGetCount()
     _, ordinals = driver.cudaGetDeviceCount()
     by_nvml = {_nvml_index(driver, o): o for o in range(int(ordinals))}
-    nvlink, access = [], []
+    # Facts by host index, what the PCI bus id names across processes: under a container's
+    # device cgroup NVML numbers only the container's GPUs (row W3), so two containers'
+    # index 0 are different GPUs; one outside this container is neither asked nor linked.
+    host_of = getattr(driver, "nvml_host_index", None)
+    bus = [j if host_of is None else int(host_of(j)) for j in range(int(count))]
+    width = getattr(driver, "host_gpu_count", None)
+    width = max(max(bus, default=-1) + 1, int(width()) if width is not None else 0)
+    nvlink, access, pci = [False] * width, [False] * width, ["SYS"] * width
+    ask = getattr(driver, "pci_path", None)
     for j in range(int(count)):
+        k = bus[j]
+        if ask is not None and j != nvml:
+            pci[k] = pcie_path(ask(nvml, j))
         err, status = driver.nvmlDeviceGetP2PStatus(nvml, j)
-        nvlink.append(j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK)
+        nvlink[k] = j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK
         o = by_nvml.get(j)
         if o is None:
-            access.append(nvlink[-1])       # NVML's P2P status of the invisible peer
+            access[k] = nvlink[k]           # NVML's P2P status of the invisible peer
         elif j == nvml:
-            access.append(True)
+            access[k] = True
         else:
             err, ok = driver.cudaDeviceCanAccessPeer(dev, o)
-            access.append(int(err) == 0 and bool(ok))
+            access[k] = int(err) == 0 and bool(ok)
     err, fab = driver.nvmlDeviceGetGpuFabricInfo(nvml)
     uuid, clique, state = (fab.cluster_uuid, fab.clique_id, fab.state) if int(err) == 0 \
         else (bytes(16), 0, 0)
     fabric_handle = _attr(driver, _A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev)
     arch = "aarch64" if fabric_handle and any(uuid) else "x86_64"   # as machine_from_view
     host = driver.gethostname()
-    facts = NcclRank(rank, host, driver.shm_namespace(), (host, nvml), arch,
+    facts = NcclRank(rank, host, driver.shm_namespace(), (host, bus[nvml]), arch,
                      _attr(driver, _A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
                      True, _attr(driver, _A.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, dev),
                      fabric_handle, bool(driver.imex_channels()), bytes(uuid), int(clique),
                      int(state))
-    return PeerInfo(facts, driver.getpid(), nvml, dev, tuple(nvlink), tuple(access))
+    return PeerInfo(facts, driver.getpid(), bus[nvml], dev, tuple(nvlink), tuple(pci), tuple(access))
 
 
 def machine(infos: list[PeerInfo]) -> NcclMachine:
@@ -117,7 +132,8 @@ def machine(infos: list[PeerInfo]) -> NcclMachine:
         for b in infos:
             if a.rank == b.rank or a.host != b.host or a.nvml == b.nvml:
                 continue
-            paths[(a.rank, b.rank)] = "NVL" if b.nvml < len(a.nvlink) and a.nvlink[b.nvml] else "SYS"
+            paths[(a.rank, b.rank)] = ("NVL" if b.nvml < len(a.nvlink) and a.nvlink[b.nvml]
+                                       else a.pci[b.nvml] if b.nvml < len(a.pci) else "SYS")
             if b.nvml < len(a.access) and a.access[b.nvml]:
                 access.add((a.rank, b.rank))
     return NcclMachine(tuple(ranks), paths, frozenset(access), "driver")

@@ -31,9 +31,10 @@ then NVLS. A failing call is NCCL's code and WARN (ncclGetLastError). No automat
 NCCL_MNNVL_ENABLE=0 is applied (that is commsim's policy, not NCCL's): the program sees the
 error a real NCCL gives it.
 
-Data. ncclAllReduce moves every peer's bytes over the connection set-up made for the pair
-(commsim/libmodels/nccl/datapath.py), so peer writes a machine loses hang it and garbled
-ones give a wrong result. The other collectives read and write the ranks' simulated device memory at the addresses the
+Data. ncclAllReduce, ncclReduce, ncclReduceScatter, ncclAllGather and ncclBroadcast move
+every peer's bytes over the connection set-up made for the pair
+(commsim/libmodels/nccl/datapath.py), so peer writes a machine loses hang them and garbled
+ones give a wrong result. The collectives read and write the ranks' simulated device memory at the addresses the
 program passes (the data_ptr() of hosted CUDA tensors, cudaMalloc/ncclMemAlloc pointers),
 through the rank's driver (`driver.view`), and completes at the call, as every simulated
 stream operation does. Reductions run once over all ranks' inputs in rank order: float16 and

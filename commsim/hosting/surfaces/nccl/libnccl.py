@@ -264,15 +264,24 @@ def _reduce_op(api: str, send: int, recv: int, count: int, dt: int, op: int, com
 
     def run() -> None:
         src = _typed(_view(r, send, nbytes, api, "sendbuff"), dt)
-        if root is None and c.nccl is not None:
-            # Every peer's bytes over the pair's connection (datapath.py).
-            parts = exchange(c.nccl, src.view(np.uint8), api)
-            out = nc.reduce_parts([_typed(p, dt) for p in parts], op, dt, count)
-        else:
-            out = c.group.combine_arrays(src, nc.reduce_parts, (op, dt, count), tag=_tag(api, c))
+        out = _combined(c, src, api, nc.reduce_parts, (op, dt, count), dt)
         if root is None or c.rank == root:
             _view(r, recv, nbytes, api, "recvbuff")[...] = np.asarray(out).view(np.uint8)
     _issue(api, c, stream, run)
+
+
+def _combined(c: Any, src: np.ndarray, api: str, combine: Callable[..., np.ndarray],
+              args: tuple, dt: int | None = None) -> np.ndarray:
+    """`combine(parts, *args)` over every rank's `src` in comm-rank order: on a communicator
+    the simulated NCCL set up, the parts are the bytes as they arrived here over each pair's
+    connection (datapath.py), so a machine that drops or garbles peer writes hangs or
+    corrupts every collective, not only ncclAllReduce; else the group's exact combine. Which
+    pairs carry bytes is the one-shot exchange's (every pair), not NCCL's ring or tree for
+    the collective (UNCONFIRMED: a broadcast's chain may skip a pair)."""
+    if c.nccl is None:
+        return c.group.combine_arrays(src, combine, args, tag=_tag(api, c))
+    parts = exchange(c.nccl, src.view(np.uint8), api)
+    return combine([p if dt is None else _typed(p, dt) for p in parts], *args)
 
 
 def _all_reduce(send: int, recv: int, count: int, dt: int, op: int, comm: int,
@@ -292,8 +301,7 @@ def _reduce_scatter(send: int, recv: int, recvcount: int, dt: int, op: int, comm
 
     def run() -> None:
         src = _typed(_view(r, send, nbytes * c.nranks, api, "sendbuff"), dt)
-        out = c.group.combine_arrays(src, nc.reduce_parts, (op, dt, recvcount * c.nranks),
-                                     tag=_tag(api, c))
+        out = _combined(c, src, api, nc.reduce_parts, (op, dt, recvcount * c.nranks), dt)
         mine = np.asarray(out).view(np.uint8)[c.rank * nbytes:(c.rank + 1) * nbytes]
         _view(r, recv, nbytes, api, "recvbuff")[...] = mine
     _issue(api, c, stream, run)
@@ -305,7 +313,7 @@ def _all_gather(send: int, recv: int, sendcount: int, dt: int, comm: int, stream
 
     def run() -> None:
         src = _view(r, send, nbytes, api, "sendbuff")
-        out = c.group.combine_arrays(src, nc.concat_parts, (nbytes,), tag=_tag(api, c))
+        out = _combined(c, src, api, nc.concat_parts, (nbytes,))
         _view(r, recv, nbytes * c.nranks, api, "recvbuff")[...] = out
     _issue(api, c, stream, run)
 
@@ -318,8 +326,13 @@ def _broadcast(send: int, recv: int, count: int, dt: int, root: int, comm: int,
 
     def run() -> None:
         # sendbuff is read on the root only (NCCL docs, ncclBroadcast)
-        src = _view(r, send, nbytes, api, "sendbuff") if c.rank == root else np.empty(0, np.uint8)
-        out = c.group.combine_arrays(src, nc.pick_part, (root, nbytes), tag=_tag(api, c))
+        if c.rank == root:
+            src = _view(r, send, nbytes, api, "sendbuff")
+        else:
+            # Over NCCL's connections every rank moves as many bytes as the root (datapath.py
+            # exchanges equal parts); the group combine needs none from a non-root.
+            src = np.zeros(nbytes if c.nccl is not None else 0, np.uint8)
+        out = _combined(c, src, api, nc.pick_part, (root, nbytes))
         dst = _view(r, recv, nbytes, api, "recvbuff")
         if c.rank != root or recv != send:
             dst[...] = out
