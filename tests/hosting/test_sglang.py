@@ -115,3 +115,16 @@ def test_custom_all_reduce_runs_exact_on_tp_2_to_8(per_host):
     assert res == {r: {"rank": r, "outcome": "kernels (meta_size 3456); enabled, all-reduce exact"}
                    for r in range(per_host)}, out
     assert "row L15" in out and "free_shared_buffer" in out, out
+
+
+def test_the_seed_shape_disables_custom_all_reduce_at_sglang_s_node_gate():
+    """The seed's shape, TP 2 across two GB200 trays with one GPU visible per process: SGLang
+    0.5.23 never reaches legacy IPC there. can_use_custom_all_reduce_with_nvlink
+    (custom_all_reduce_utils.py:460, `if not all(in_the_same_node_as(group, source_rank=0))`)
+    sees two nodes (no shared /dev/shm between trays) and leaves CustomAllreduce disabled."""
+    code, res, out = _exec("gb200-nvl72:2", 1, "custom", mode="procs", extra=("--visible", "one"))
+    if any(d["outcome"].startswith("no kernels") for d in res.values()):
+        pytest.skip("sglang-kernel is not installed in .venv-sglang")
+    assert code == 0, out
+    assert res == {r: {"rank": r, "outcome": "kernels (meta_size 3456); disabled"} for r in range(2)}, out
+    assert "CustomAllreduce is disabled because this process group spans across nodes." in out, out
