@@ -177,6 +177,14 @@ class CudaDriver:
     def cudaDeviceSynchronize(self) -> tuple:
         return cudart.cudaDeviceSynchronize()
 
+    @_guard(0, True)
+    def cudaDeviceReset(self) -> tuple:
+        return cudart.cudaDeviceReset()
+
+    @_guard(0, False)
+    def cuDevicePrimaryCtxReset(self, dev: int) -> tuple:
+        return cu.cuDevicePrimaryCtxReset(int(dev))
+
     @_guard(1, False)
     def cuDeviceGetAttribute(self, attrib: Any, dev: int) -> tuple:
         return _out(cu.cuDeviceGetAttribute(_enum(A, attrib), int(dev)), int)

@@ -387,6 +387,10 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         m = self._maps.get(p)
         if m is None or m.kind != "malloc":
             raise Fail(E.cudaErrorInvalidValue)
+        self._free_malloc(m)
+
+    def _free_malloc(self, m: Mapping) -> None:
+        p = m.base
         a: PhysicalAlloc = m.target
         importers = [q for q in self.fabric.processes.values()
                      if q.pid != self.proc.pid and q.ledger.has("ipc_mapping", ("aid", a.aid))
@@ -399,6 +403,34 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         self._del_map(m)
         self.fabric.free_alloc(a)
         self.ledger.remove("allocation", p, all_refs=True)
+
+    # ---- device reset -----------------------------------------------------------------------
+    # cudaDeviceReset (CUDA Runtime API, cuda_runtime_api.h, CUDA 13.0): "Explicitly destroys and
+    # cleans up all resources associated with the current device in the current process. Any
+    # subsequent API call to this device will reinitialize the device." cuDevicePrimaryCtxReset
+    # (CUDA Driver API, cuda.h, CUDA 13.0) does the same for the primary context of `dev`, and
+    # "resetting the primary context does not release it" (the retain count is the hosted
+    # context's, unchanged). The runtime's reset is the driver's over the current device.
+    @api(0, True)
+    def cudaDeviceReset(self) -> None:
+        self._reset_device(self.device)
+
+    @api(0, False)
+    def cuDevicePrimaryCtxReset(self, dev: int) -> None:
+        self._reset_device(self._dev(dev))
+
+    def _reset_device(self, g: GpuRef) -> None:
+        """Free this process's cudaMalloc allocations on `g` (as cudaFree does, row L15
+        included: an importer still mapping one sees it poisoned) and close every legacy IPC
+        mapping opened in `g`'s context, all its references at once. UNCONFIRMED: VMM and
+        multicast mappings (cuMemMap; the reservation and handles are the process's, not the
+        context's) and exported handles of other processes' memory are left as they are; the
+        docs name neither."""
+        for m in list(self._maps.values()):
+            if m.kind == "malloc" and m.target.gpu == g:
+                self._free_malloc(m)
+            elif m.kind == "ipc" and m.device == g:
+                self._close_ipc(m, 0)
 
     def _memcpy_check(self, count: int) -> int:
         if count < 0:

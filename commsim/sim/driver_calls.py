@@ -115,6 +115,7 @@ class Mapping:
     access: bool = True
     refs: int = 1
     handle: int | None = None       # process-local VMM handle it was mapped from
+    device: Any = None              # the GpuRef whose context opened an "ipc" mapping
 
 
 def _attr_int(x: Any) -> int:

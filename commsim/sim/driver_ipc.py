@@ -89,7 +89,7 @@ class LegacyIpcCalls:
         if self._peer_maps >= unconfirmed.MAX_PEER_MAPPINGS:
             raise Fail(E.cudaErrorTooManyPeers)              # row L12
         base = self._va(a.size)
-        self._add_map(Mapping(base, max(a.size, 1), "ipc", a))
+        self._add_map(Mapping(base, max(a.size, 1), "ipc", a, device=me))
         self._ipc_open[aid] = base
         self._peer_maps += 1
         self.ledger.add("ipc_mapping", ("aid", aid),
@@ -116,9 +116,14 @@ class LegacyIpcCalls:
         m = self._maps.get(dev_ptr)
         if m is None or m.kind != "ipc":
             raise Fail(E.cudaErrorInvalidValue)
+        self._close_ipc(m, m.refs - 1)                        # row L14
+
+    def _close_ipc(self, m: Mapping, refs_left: int) -> None:
+        """Drop the references of an "ipc" mapping down to `refs_left`; unmap it at 0."""
         a: PhysicalAlloc = m.target
-        m.refs -= 1                                           # row L14
-        self.ledger.remove("ipc_mapping", ("aid", a.aid))
+        for _ in range(m.refs - refs_left):
+            self.ledger.remove("ipc_mapping", ("aid", a.aid))
+        m.refs = refs_left
         if m.refs <= 0:
             self._del_map(m)
             self._ipc_open.pop(a.aid, None)

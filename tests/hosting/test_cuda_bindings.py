@@ -470,3 +470,32 @@ def test_async_copy_and_set_complete_on_a_known_stream_and_refuse_a_stale_one():
     assert stale.name == "cudaErrorInvalidResourceHandle"
     assert "cudaMemcpyAsync inside a stream capture is not simulated" in captured
     assert r.driver.ledger.summary() == {}
+
+
+def test_a_device_reset_destroys_streams_and_memory_and_keeps_the_primary_retain():
+    """cudaDeviceReset (cuda_runtime_api.h: "all resources associated with the current device
+    in the current process", streams and cudaMalloc memory named) and cuDevicePrimaryCtxReset
+    (cuda.h: "resetting the primary context does not release it", so a later release is safe)."""
+    _, (r,) = ranks("hgx-h100-8", [(0, 0)])
+
+    def body():
+        from cuda.bindings import driver as cu
+        from cuda.bindings import runtime as rt
+        p = _check(rt.cudaMalloc(8))
+        s = _check(rt.cudaStreamCreate())
+        _check(rt.cudaDeviceReset())
+        after = (rt.cudaFree(p)[0], rt.cudaStreamSynchronize(s)[0])
+        q = _check(rt.cudaMalloc(8))                 # the device reinitialises on next use
+        _check(cu.cuInit(0))
+        dev = _check(cu.cuDeviceGet(0))
+        _check(cu.cuDevicePrimaryCtxRetain(dev))
+        _check(cu.cuDevicePrimaryCtxReset(dev))
+        freed = rt.cudaFree(q)[0]
+        release = cu.cuDevicePrimaryCtxRelease(dev)[0]
+        return after, freed, release, cu.cuDevicePrimaryCtxReset(99)[0]
+
+    (free_err, sync_err), freed, release, bad = solo(r, body)
+    assert free_err.name == "cudaErrorInvalidValue"
+    assert sync_err.name == "cudaErrorInvalidResourceHandle"
+    assert freed.name == "cudaErrorInvalidValue"
+    assert release.name == "CUDA_SUCCESS" and bad.name == "CUDA_ERROR_INVALID_DEVICE"

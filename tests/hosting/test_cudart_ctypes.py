@@ -257,11 +257,24 @@ def test_default_restype_and_unsimulated_symbols():
         lib = ctypes.CDLL(cudart.mapped_path())
         raw = lib.cudaGetErrorString(400)        # no restype: ctypes gives a C int
         null_out = lib.cudaMalloc(None, 16)      # NULL out-pointer
-        with pytest.raises(NotImplementedError, match=r"libcudart\.cudaDeviceReset is not simulated"):
-            lib.cudaDeviceReset()
+        with pytest.raises(NotImplementedError, match=r"libcudart\.cudaDeviceGetLimit is not simulated"):
+            lib.cudaDeviceGetLimit(None, 0)
         return raw, null_out
     raw, null_out = solo(r, program)
     assert isinstance(raw, int) and null_out == 1
+
+
+def test_a_device_reset_through_ctypes_frees_what_the_wrapper_allocated():
+    """SGLang's and vLLM's P2P checks call `cudaDeviceReset` through their ctypes wrapper
+    after each pair: it answers cudaSuccess and the allocation is gone."""
+    _, (r,) = ranks("hgx-h100-8", [(0, 0)])
+
+    def program():
+        lib = RTWrapper()
+        p = lib.malloc(1024)
+        reset = ctypes.CDLL(cudart.mapped_path()).cudaDeviceReset()
+        return reset, lib.fn["cudaFree"](p)
+    assert solo(r, program) == (0, 1)            # cudaSuccess, then cudaErrorInvalidValue
 
 
 def test_ctypes_and_cuda_python_share_one_runtime():

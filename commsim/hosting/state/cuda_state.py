@@ -81,6 +81,19 @@ def state(driver: Any) -> RankCuda:
     return st
 
 
+def reset_context(driver: Any, ordinal: int) -> None:
+    """What a device reset destroys besides memory (the SimDriver frees that): the streams
+    created on `ordinal` and the peer access it enabled (cudaDeviceReset, CUDA Runtime API,
+    cuda_runtime_api.h, CUDA 13.0: "all resources associated with the current device in the
+    current process", streams named). The primary context's retain count stays
+    (cuDevicePrimaryCtxReset, cuda.h: "resetting the primary context does not release it")."""
+    st = state(driver)
+    st.streams = {h: o for h, o in st.streams.items() if o != ordinal}
+    peers = st.__dict__.get("peers")
+    if peers:
+        st.__dict__["peers"] = {p for p in peers if p[0] != ordinal}
+
+
 def ctx_handle(driver: Any, ordinal: int) -> int:
     return _CTX_BASE + (driver.getpid() % 4096) * 0x10000 + ordinal * 0x100 + 0x10
 

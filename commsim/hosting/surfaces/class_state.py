@@ -10,7 +10,12 @@ its allocations (`allocated_map`, `address_refcnt`) and the FABRIC decision
 other rank's communicator: rank 1's `cuMemMap` fails with CUDA_ERROR_INVALID_VALUE and rank
 0's import of rank 1's handle with another error, neither saying why.
 
-So in a hosted inproc rank the methods declared in `PER_PROCESS` raise `NeedsProcesses` with
+SGLang 0.5.23 keeps its process groups in module globals of
+sglang/srt/distributed/parallel_state.py (`_WORLD`, built by `init_distributed_environment`;
+its P2P check then calls `get_world_group().barrier()`): in-process ranks would share one
+world group, and rank 0 would wait on rank 1's.
+
+So in a hosted inproc rank the functions declared in `PER_PROCESS` raise `NeedsProcesses` with
 the reason below; the inproc runner ends the run and `commsim exec` runs it again in procs
 mode, saying so in the verdict (as for sockets between ranks, sockets.py). Outside an inproc
 rank, and in procs mode, every call is the real one.
@@ -27,10 +32,13 @@ from commsim.hosting.surfaces.sockets import NeedsProcesses, call_site
 
 __all__ = ["PER_PROCESS", "CLASS_STATE"]
 
-CLASS_STATE = "the library keeps one process's state in class attributes, which in-process ranks would share"
-# module -> class -> the methods whose first call builds that state.
+CLASS_STATE = ("the library keeps one process's state in class attributes or module globals, "
+               "which in-process ranks would share")
+# module -> class ("" for the module's own functions) -> the functions whose first call
+# builds that state.
 PER_PROCESS: dict[str, dict[str, tuple[str, ...]]] = {
     "flashinfer.comm.mnnvl": {"MnnvlMemory": ("open_mnnvl_memory",)},
+    "sglang.srt.distributed.parallel_state": {"": ("init_distributed_environment",)},
 }
 
 
@@ -47,15 +55,16 @@ def _guarded(label: str, real: Callable[..., Any]) -> Callable[..., Any]:
 
 def _patch(patches: Patches, classes: dict[str, tuple[str, ...]], module: Any) -> None:
     for cls_name, methods in classes.items():
-        cls = getattr(module, cls_name, None)
+        cls = getattr(module, cls_name, None) if cls_name else module
         if cls is None:
             continue                          # a release without the class: nothing shared
+        owner = cls_name or module.__name__.rpartition(".")[2]
         for name in methods:
             own = vars(cls).get(name)
             if isinstance(own, (staticmethod, classmethod)):
-                wrapped = type(own)(_guarded(f"{cls_name}.{name}", own.__func__))
+                wrapped = type(own)(_guarded(f"{owner}.{name}", own.__func__))
             elif own is not None:
-                wrapped = _guarded(f"{cls_name}.{name}", own)
+                wrapped = _guarded(f"{owner}.{name}", own)
             else:
                 continue
             patches.attr(cls, name, wrapped)

@@ -110,11 +110,11 @@ TABLE: tuple[Entry, ...] = (
           lambda m: {"socket.socket (procs mode)": _keys(m.BETWEEN_RANKS)},
           lambda m: {"socket.socket (inproc rank)": _keys(m.BETWEEN_RANKS)},
           others="the real socket's", needs_launcher=True),
-    Entry(f"{_PKG}.class_state", "library classes keeping one process's state in class "
-          "attributes (refused in-process: the run goes to procs)",
-          lambda m: {f"{mod}.{cls} (procs mode)": list(meths)
+    Entry(f"{_PKG}.class_state", "library classes and modules keeping one process's state in "
+          "class attributes or module globals (refused in-process: the run goes to procs)",
+          lambda m: {f"{'.'.join(filter(None, (mod, cls)))} (procs mode)": list(meths)
                      for mod, classes in m.PER_PROCESS.items() for cls, meths in classes.items()},
-          lambda m: {f"{mod}.{cls} (inproc rank)": list(meths)
+          lambda m: {f"{'.'.join(filter(None, (mod, cls)))} (inproc rank)": list(meths)
                      for mod, classes in m.PER_PROCESS.items() for cls, meths in classes.items()},
           others="the real class's", needs_launcher=True),
     Entry(f"{_PKG}.rank_locals", "threading.local, per rank (in-process ranks share a thread)",

@@ -12,7 +12,9 @@ flashinfer-python), one step named by argv[1]:
   `CustomAllreduce(group=cpu_group, device=device)` (sglang/srt/distributed/
   device_communicators/custom_all_reduce.py); the outcome names what
   `custom_all_reduce_ops` failed to import when its kernels (sgl_kernel) are missing, else
-  their `meta_size` and whether the communicator is enabled, or where its set-up stopped.
+  their `meta_size` and whether the communicator is enabled, or where its set-up stopped;
+  enabled, its `custom_all_reduce` (eager, as SGLang's tensor-parallel all-reduce calls it)
+  of every rank's input, checked exactly against their sum.
 One RESULT line per rank.
 """
 
@@ -77,8 +79,19 @@ def custom(cpu_group, device: torch.device) -> str:
         return head + f"{type(e).__name__}: {e}"
     if ca.disabled:
         return head + "disabled"
-    ca.close()
-    return head + "enabled"
+    try:
+        # What SGLang's tensor-parallel all-reduce calls eagerly (no graph capture): the
+        # communicator's out-of-place all-reduce through its own IPC buffer.
+        world = dist.get_world_size()
+        x = rank_input(dist.get_rank(), 3).cuda()
+        out = ca.custom_all_reduce(x)
+        if out is None:
+            return head + "enabled, declined the input"
+        want = sum(rank_input(r, 3).float() for r in range(world))
+        exact = torch.equal(out.cpu().float(), want)
+        return head + ("enabled, all-reduce exact" if exact else "enabled, all-reduce WRONG")
+    finally:
+        ca.close()
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import torch
 from commsim.hosting.install.patches import Patches
 from commsim.hosting.state.session import current, hosted
 from commsim.hosting.surfaces.compiled.extensions import ServedOp
+from commsim.hosting.surfaces.torch import tensors as hosted_tensors
 
 __all__ = ["register"]
 
@@ -61,8 +62,28 @@ class _Packet:
             raise TypeError(f"{schema.name}() got unexpected arguments. Declaration: {schema}")
         return self._run(*values)
 
+    @property
+    def default(self) -> "_Overload":
+        return _Overload(self)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
+
+
+class _Overload:
+    """`torch.ops.<namespace>.<op>.default` in a hosted rank (sgl_kernel/allreduce.py calls
+    every op so): the packet, in Python. Through torch's dispatcher, an inproc rank that waits
+    inside the op would hand the thread to its peers with the dispatcher's thread-local
+    guards still set (a peer's hosted CUDA tensors would then reach CPU torch)."""
+
+    def __init__(self, packet: _Packet) -> None:
+        self._packet = packet
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._packet(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._packet._real.default, name)
 
 
 def _refusing(error: Callable[[], Exception]) -> Callable[..., Any]:
@@ -88,7 +109,21 @@ def register(patches: Patches, ops: dict[str, ServedOp], refused: dict[str, str]
         lib.impl(short, run, "CompositeExplicitAutograd")
     for lib in libraries.values():
         patches.on_restore(lib._destroy)
+    packets: dict[str, _Packet] = {}
     for name, (schema, run) in runs.items():
         namespace, _, short = name.partition(".")
         ns = getattr(torch.ops, namespace)
-        patches.attr(ns, short, _Packet(getattr(ns, short), run))
+        packets[name] = _Packet(getattr(ns, short), run)
+        patches.attr(ns, short, packets[name])
+    # An OpOverload (`torch.ops.sgl_kernel.init_custom_ar.default(...)`, as sgl_kernel/
+    # allreduce.py calls them) with a hosted CUDA tensor among its arguments reaches the
+    # tensor's dispatch before any kernel registered here: route it to the same packet.
+    for namespace in libraries:
+        hosted_tensors.register_op_namespace(namespace, _overload_handler(namespace, packets))
+        patches.on_restore(lambda ns=namespace: hosted_tensors.unregister_op_namespace(ns))
+
+
+def _overload_handler(namespace: str, packets: dict[str, _Packet]) -> Callable[..., Any]:
+    def run(func: Any, args: tuple, kwargs: dict) -> Any:
+        return packets[f"{namespace}.{func.overloadpacket.__name__}"](*args, **(kwargs or {}))
+    return run

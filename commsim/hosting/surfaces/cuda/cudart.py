@@ -92,6 +92,7 @@ def _c_functions() -> dict[str, Callable[..., Any]]:
         "cudaGetDevice": lambda out: _out(out, I, api.cudaGetDevice),
         "cudaGetDeviceCount": lambda out: _out(out, I, api.cudaGetDeviceCount),
         "cudaDeviceSynchronize": lambda: int(api.cudaDeviceSynchronize()[0]),
+        "cudaDeviceReset": lambda: int(api.cudaDeviceReset()[0]),
         "cudaDeviceCanAccessPeer": lambda out, d, p: _out(
             out, I, lambda: api.cudaDeviceCanAccessPeer(ctypes.c_int(d).value, ctypes.c_int(p).value)),
         "cudaDeviceEnablePeerAccess": lambda p, f: int(api.cudaDeviceEnablePeerAccess(

@@ -24,7 +24,7 @@ from commsim.hosting.state import host_layout
 from commsim.hosting.surfaces.cuda.device_calls import device_attribute, mem_get_info, memcpy
 from commsim.hosting.state.cuda_state import (R, ApiFail, api_call, as_cu, c_int, check_struct, converted, host_buffer,
                          ctx_handle, ctx_ordinal, current, devptr, enum_attr_value, enum_value,
-                         handle_value, new_stream, state)
+                         handle_value, new_stream, reset_context, state)
 
 A = cu.CUdevice_attribute
 P = cu.CUpointer_attribute
@@ -153,6 +153,15 @@ def cuDevicePrimaryCtxRelease(dev):
     if st.primary_refs.get(o, 0) <= 0:
         raise _Err(R.CUDA_ERROR_INVALID_CONTEXT)   # UNCONFIRMED code for an over-release
     st.primary_refs[o] -= 1
+    return R.CUDA_SUCCESS
+
+
+@driver_api(0)
+def cuDevicePrimaryCtxReset(dev):
+    d = _drv()
+    o = _ordinal(dev)
+    _ok(d.cuDevicePrimaryCtxReset(o))
+    reset_context(d, o)
     return R.CUDA_SUCCESS
 
 

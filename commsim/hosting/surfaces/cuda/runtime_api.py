@@ -20,7 +20,8 @@ from commsim.hosting.state import host_layout
 from commsim.hosting.state.device_props import device_props
 from commsim.hosting.surfaces.cuda.device_calls import device_attribute, mem_get_info, memcpy
 from commsim.hosting.state.cuda_state import (E, ApiFail, api_call, as_rt, c_int, check_struct, current,
-                                              handle_value, new_stream, runtime_entry, state, void_ptr)
+                                              handle_value, new_stream, reset_context, runtime_entry,
+                                              state, void_ptr)
 
 K = cudart.cudaMemcpyKind
 _Err = ApiFail
@@ -63,6 +64,15 @@ def cudaSetDevice(device):
 @runtime_api(0)
 def cudaDeviceSynchronize():
     return _drv().cudaDeviceSynchronize()
+
+
+@runtime_api(0)
+def cudaDeviceReset():
+    d = _drv()
+    me = _ok(d.cudaGetDevice())
+    _ok(d.cudaDeviceReset())
+    reset_context(d, me)
+    return E.cudaSuccess
 
 
 @runtime_api(1, context=False)

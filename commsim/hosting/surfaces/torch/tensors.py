@@ -63,6 +63,12 @@ def register_op_namespace(namespace: str, handler: Any) -> None:
     _OP_NAMESPACES[namespace] = handler
 
 
+def unregister_op_namespace(namespace: str) -> None:
+    """Refuse `torch.ops.<namespace>.*` on hosted CUDA tensors again (a served extension's
+    ops, once its run restores the extension as unloaded)."""
+    _OP_NAMESPACES.pop(namespace, None)
+
+
 class HostedCudaTensor(torch.Tensor):
     """A tensor on cuda:N of a hosted rank (see the module docstring)."""
 
