@@ -45,6 +45,8 @@ class MulticastBackend(Backend):
         doms = {id(c.domain_of(g)) if c.domain_of(g) is not None else None for g in facts.gpus}
         if not all(g.multicast and g.vmm for g in gs):
             return "some GPU lacks multicast or VMM (row M1)"
+        if not all(c.has_multicast_driver(g.host) for g in facts.gpus):
+            return "a host's driver predates multicast objects (branch < 530, row M9)"
         if None in doms or len(doms) != 1:
             return "GPUs are not in one NVLink domain"
         if not all(g.fabric.state in (FabricState.COMPLETED, FabricState.NOT_SUPPORTED) for g in gs):

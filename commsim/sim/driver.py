@@ -24,7 +24,8 @@ from commsim.topology.model import GpuRef
 from commsim.sim import real_fds, shm, unconfirmed
 from commsim.sim.driver_calls import A, E, R, VA_ALIGN, Fail, Mapping, Refusal, _attr_int, api
 from commsim.sim.driver_ipc import LegacyIpcCalls
-from commsim.sim.driver_multicast import MULTICAST_SINCE_BRANCH, MulticastCalls
+from commsim.sim.driver_multicast import MulticastCalls
+from commsim.topology.model import MULTICAST_SINCE_BRANCH
 from commsim.sim.driver_vmm import VmmCalls
 from commsim.sim.faults import ProcessFaults
 from commsim.sim.fabric import MulticastObject, PhysicalAlloc, SimFabric, SimProcess

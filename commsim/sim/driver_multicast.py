@@ -8,18 +8,13 @@ from typing import Any
 
 from commsim.driver import FABRIC
 from commsim.runtime.scheduler import wait_until
-from commsim.topology.model import FabricState
+from commsim.topology.model import MULTICAST_SINCE_BRANCH, FabricState
 from commsim.sim import unconfirmed
 from commsim.sim.driver_calls import R, Fail, api
 from commsim.sim.fabric import MulticastObject, PhysicalAlloc
 
 
 
-# Row M9: multicast objects came with CUDA 12.1, whose drivers are branch 530 and later
-# (CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions": 12.1 GA
-# >= 530.30.02; NCCL v2.27.3-1 src/misc/cudawrap.cc loads every cuMulticast* entry point at
-# version 12010): an older driver has neither the calls nor attribute 132.
-MULTICAST_SINCE_BRANCH = 530
 
 
 class MulticastCalls:

@@ -27,6 +27,13 @@ from commsim.errors import UserError
 from commsim.versions import Versions, installed as installed_versions
 
 
+
+# Row M9: multicast objects came with CUDA 12.1, whose drivers are branch 530 and later
+# (CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions": 12.1 GA
+# >= 530.30.02; NCCL v2.27.3-1 src/misc/cudawrap.cc loads every cuMulticast* entry point at
+# version 12010): an older driver has neither the calls nor attribute 132.
+MULTICAST_SINCE_BRANCH = 530
+
 class TopologyError(UserError, ValueError):
     """A topology that cannot exist. The message names the field and what is accepted."""
 
@@ -404,6 +411,10 @@ class Cluster:
     def driver_version(self, host: str) -> str:
         """The kernel driver `host` runs: its own when a fault set one, else the run's."""
         return self.host(host).driver_version or self.versions.driver
+
+    def has_multicast_driver(self, host: str) -> bool:
+        """Whether `host`'s driver has multicast objects at all (row M9)."""
+        return self.driver_major(host) >= MULTICAST_SINCE_BRANCH
 
     def driver_major(self, host: str) -> int:
         """The branch of `host`'s driver (580 for 580.82.07): some answers changed by it (H2)."""
