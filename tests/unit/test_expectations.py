@@ -63,6 +63,22 @@ def test_nccl_transport_per_pair() -> None:
                in f for f in got.failures)
 
 
+def test_nccl_transport_is_what_its_set_up_made_on_the_machine() -> None:
+    # Processes of one host that do not share a hostname: NCCL's host hash differs per rank,
+    # so its set-up on the machine connects the pair over the network, where the rules over
+    # the scenario's topology alone (a shared NVSwitch) would say P2P.
+    fault = '[[fault]]\nkind = "no_shared_host_identity"\nhost = "hgx-h100-0"\n'
+    expect = '[[expect]]\ngroup = "tp"\ntransport = "{}"\npair = [0, 1]\n'
+    net = run_scenario(loads(BASE + fault + expect.format("NET"), "e.toml"), policy="default")
+    assert net.ok, net.failures
+    assert net.nccl_transports["tp"] and net.nccl_transports["tp"][0][2] == "NET"
+    p2p = run_scenario(loads(BASE + fault + expect.format("P2P"), "e.toml"), policy="default")
+    assert any("expected NCCL transport P2P between ranks 0 and 1 (group tp); NCCL uses NET"
+               in f for f in p2p.unmet), p2p.failures
+    plain = run_scenario(loads(BASE + expect.format("P2P"), "e.toml"), policy="default")
+    assert plain.ok and "NCCL transport between ranks 0 and 1: P2P via " in "\n".join(plain.outcomes)
+
+
 def test_fallback_to_a_slower_legal_backend_shows_both_predicted_times() -> None:
     sc = load(FID / "fallback-after-workspace-oom.toml")
     res = run_scenario(sc)
