@@ -79,6 +79,19 @@ def test_nccl_transport_is_what_its_set_up_made_on_the_machine() -> None:
     assert plain.ok and "NCCL transport between ranks 0 and 1: P2P via " in "\n".join(plain.outcomes)
 
 
+@pytest.mark.parametrize("preset,host,uses", [("hgx-h100-8", "hgx-h100-0", "P2P via cuMem POSIX fd over NVLink"),
+                                               ("dgx1-v100", "dgx1-0", "SHM via host shared memory")])
+def test_nccl_keeps_nvlink_over_the_links_still_up(preset: str, host: str, uses: str) -> None:
+    # GPU 0 has its link 0 down (row NC28). On an NVSwitch board the other links still reach
+    # GPU 1: P2P over NVLink. On DGX-1's cube mesh GPU 0's link 0 is its single link to GPU 1:
+    # no NVLink left, and the PCIe path of an NVLink pair is not in the model (SYS): SHM.
+    text = (BASE.replace("hgx-h100-8", preset) + f'[[fault]]\nkind = "nvlinks_down"\ngpu = "{host}/0"\n'
+            f'[[expect]]\ngroup = "tp"\ntransport = "{uses}"\npair = [0, 1]\n')
+    res = run_scenario(loads(text, "e.toml"), policy="default")
+    assert res.ok, res.failures
+    assert " via ".join(res.nccl_transports["tp"][0][2:]) == uses
+
+
 def test_fallback_to_a_slower_legal_backend_shows_both_predicted_times() -> None:
     sc = load(FID / "fallback-after-workspace-oom.toml")
     res = run_scenario(sc)
