@@ -419,15 +419,15 @@ def rank_views(plan: Plan, cluster: Cluster, placement: tuple[GpuRef, ...]) -> t
 
 def expected_outcome(plan: Plan, cluster: Cluster, placement: tuple[GpuRef, ...],
                      groups: tuple[Group, ...]) -> tuple[Expectation, ...]:
-    """Plan.outcome as an `[[expect]]` of NCCL's transport, from NCCL's rules over the
-    machine (nccl_rules.decide); none where NCCL's init fails there."""
+    """Plan.outcome as an `[[expect]]` of NCCL's transport, from NCCL's rules over the true
+    machine the simulated NCCL meets (nccl_truth.nccl_decision: the plan's faults applied,
+    the default policy's advice); none where NCCL's init fails there."""
     if not plan.outcome:
         return ()
-    from commsim.libmodels.nccl_rules import decide, machine_from_cluster, parse_env
+    from commsim.scenario.nccl_truth import nccl_decision
     k, i, j = plan.outcome
     g = groups[k]
-    d = decide(machine_from_cluster(cluster, [placement[r] for r in g.ranks]),
-               parse_env(dict(plan.nccl_env)))
+    d = nccl_decision(cluster, [placement[r] for r in g.ranks], dict(plan.nccl_env))
     got = next((t for t in d.transports if {t.a, t.b} == {i, j}), None)
     if d.init_error is not None or got is None:
         return ()

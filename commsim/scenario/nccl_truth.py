@@ -45,7 +45,11 @@ class NcclOutcome:
         return not (self.fails or self.hangs or self.wrong)
 
 
-def _decision(cluster: Cluster, gpus: Sequence[GpuRef], env: dict[str, str], auto: bool) -> NcclDecision:
+def nccl_decision(cluster: Cluster, gpus: Sequence[GpuRef], env: dict[str, str],
+                  auto: bool = True) -> NcclDecision:
+    """NCCL's decision for a communicator over `gpus` on the true `cluster` (the machine
+    faults applied, a host without an IMEX channel device seen as one without IMEX), with
+    the policy's NCCL_MNNVL_ENABLE=0 advice where `auto` and MNNVL's self-test fails."""
     m = machine_from_cluster(cluster, gpus)
     m = replace(m, ranks=tuple(r if cluster.host(r.host).container.imex_channel_dev
                                else replace(r, imex=False) for r in m.ranks))
@@ -65,7 +69,7 @@ def nccl_outcome(cluster: Cluster, gpus: Sequence[GpuRef], env: Sequence[tuple[s
                  auto: bool = True) -> NcclOutcome:
     """NCCL's outcome for a communicator over `gpus` (rank order) on the true `cluster`,
     under the NCCL_* variables `env`; `auto`: the policy's NCCL_MNNVL_ENABLE=0 advice."""
-    d = _decision(cluster, gpus, dict(env), auto)
+    d = nccl_decision(cluster, gpus, dict(env), auto)
     if d.init_error is not None:
         return NcclOutcome(fails=f"{d.init_error[0]}: {d.init_error[1]}")
     hosts = sorted({g.host for g in gpus})

@@ -76,20 +76,27 @@ def _undefined(res: Any, e: Expectation) -> list[str]:
 
 
 def _transport(res: Any, sc: Scenario, e: Expectation) -> None:
-    from commsim.libmodels.nccl_rules import decide, machine_from_cluster, parse_env
+    """NCCL's transport between the pair, from what its set-up made on the machine where the
+    run recorded it (`res.nccl_transports`), else from NCCL's rules over the scenario's
+    topology (the nccl backend decided by the rules alone, or never set up)."""
     g = sc.group(e.group)
     a, b = (g.ranks.index(r) for r in e.pair)
-    decision = decide(machine_from_cluster(sc.cluster, [sc.placement[r] for r in g.ranks]),
-                      parse_env(dict(sc.workload.nccl_env)))
-    if decision.init_error is not None:
-        _unmet(res, f"expected NCCL transport {e.transport} between ranks {e.pair[0]} "
-                            f"and {e.pair[1]}; NCCL's init fails: {decision.init_error[0]}")
-        return
-    got = next((t for t in decision.transports if {t.a, t.b} == {a, b}), None)
-    text = f"{got.kind} via {got.via}" if got is not None else "none"
-    if got is None or not (e.transport == got.kind or e.transport in text):
+    made = getattr(res, "nccl_transports", {}).get(g.name)
+    if made is not None:
+        got = next(((kind, via) for x, y, kind, via in made if {x, y} == {a, b}), None)
+    else:
+        from commsim.libmodels.nccl_rules import decide, machine_from_cluster, parse_env
+        decision = decide(machine_from_cluster(sc.cluster, [sc.placement[r] for r in g.ranks]),
+                          parse_env(dict(sc.workload.nccl_env)))
+        if decision.init_error is not None:
+            _unmet(res, f"expected NCCL transport {e.transport} between ranks {e.pair[0]} "
+                        f"and {e.pair[1]}; NCCL's init fails: {decision.init_error[0]}")
+            return
+        got = next(((t.kind, t.via) for t in decision.transports if {t.a, t.b} == {a, b}), None)
+    text = f"{got[0]} via {got[1]}" if got is not None else "none"
+    if got is None or not (e.transport == got[0] or e.transport in text):
         _unmet(res, f"expected NCCL transport {e.transport} between ranks {e.pair[0]} and "
-                            f"{e.pair[1]} (group {g.name}); NCCL uses {text}")
+                    f"{e.pair[1]} (group {g.name}); NCCL uses {text}")
         return
     res.outcomes.append(f"NCCL transport between ranks {e.pair[0]} and {e.pair[1]}: {text}")
 

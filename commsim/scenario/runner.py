@@ -51,6 +51,9 @@ class RunResult:
     leaks: list[str] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
     explain: dict[str, str] = field(default_factory=dict)
+    # group -> [[a, b, kind, via] ...]: the transports NCCL's set-up made on the machine
+    # (group ranks), for the groups whose nccl backend ran the simulated NCCL.
+    nccl_transports: dict[str, list[list]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)         # unmet expectations
     outcomes: list[str] = field(default_factory=list)         # met non-error expectations (outcomes.py)
     unmet: list[str] = field(default_factory=list)            # unmet ones (also in failures)
@@ -233,6 +236,9 @@ def _run_groups(sc: Scenario, pol: Policy, wg: Any, driver: Any, inputs: Inputs,
                             f"{driver.ledger.count('ipc_mapping') - before} IPC mapping(s) open "
                             f"(vLLM#46515, row G5)")
             mine["explain"][g.name] = comm.explain()
+            made = _nccl_made(comm)
+            if made is not None:
+                mine.setdefault("nccl_transports", {})[g.name] = made
             mine.setdefault("silent", []).extend(comm.silent_fallbacks)
         except BaseException as e:
             e.commsim_group = g.ranks             # to map a group rank back to a world rank
@@ -283,6 +289,16 @@ def partial(error: BaseException) -> dict | None:
     return getattr(error, "commsim_partial", None)
 
 
+def _nccl_made(comm: Any) -> list[list] | None:
+    """The transports the simulated NCCL's set-up made for `comm`'s group, as lists (procs
+    mode pickles them); None where the nccl backend did not run NCCL on the machine (absent,
+    or deciding by the rules alone)."""
+    nc = getattr(comm.backends.get("nccl"), "comm", None)
+    if nc is None:
+        return None
+    return [[t.a, t.b, t.kind, t.via] for t in nc.decision.transports]
+
+
 def collect(res: RunResult, values: list[dict | None], errors: list[RankError | None]) -> None:
     """Fold every rank's result dict (or its error) into `res`, in rank order. A failed rank's
     value, when it has one, is what it found before failing: its mismatches and leaks count,
@@ -304,6 +320,8 @@ def collect(res: RunResult, values: list[dict | None], errors: list[RankError | 
             res.errors.append(RankError(r, step, "SilentFallback", what, r))
         for gname, text in v["explain"].items():
             res.explain.setdefault(gname, text)
+        for gname, made in v.get("nccl_transports", {}).items():
+            res.nccl_transports.setdefault(gname, made)
 
 
 def input_keys(sc: Scenario) -> list[tuple[str, int, str, int, str]]:

@@ -585,14 +585,30 @@ class SimDriver(LegacyIpcCalls, VmmCalls, MulticastCalls):
         """Per host index, whether the GPU at NVML `index` reaches that GPU over its active
         NVLinks, as the far ends' PCI bus ids of its own links name them
         (nvmlDeviceGetNvLinkRemotePciInfo: a peer, or an NVSwitch every switched GPU links
-        to): a GPU's own links are readable whatever its container holds (row W3), so this
+        to), link by link as NCCL's topology detection reads them (src/graph/xml.cc
+        ncclTopoGetXmlFromGpu, NVIDIA/nccl v2.27.3-1: each P2P-capable link that is active
+        counts): a GPU's own links are readable whatever its container holds (row W3), so this
         names GPUs outside it too. None for an index NVML does not have."""
         g = self._nvml_gpu(index)
         if g is None:
             return None
-        h = self._host
-        return tuple(k != g.index and h.link(g.index, k).is_nvlink and g.nvlinks_up
-                     and h.gpus[k].nvlinks_up for k in range(len(h.gpus)))
+        h, ref = self._host, GpuRef(self._host.name, g.index)
+        switched = self.cluster.domain_of(ref) is not None
+
+        def active(a: int, b: int) -> int:
+            # The links of a and b that are up. A GPU whose links are not all up has its
+            # link 0 inactive, as the hosted NVML answers per link (which link is down is
+            # UNCONFIRMED: the model says only "not all"); its link 0 goes to a switch on a
+            # switched board, else to its lowest-index NVLink peer.
+            n = h.link(a, b).nvlinks
+            for x, y in ((a, b), (b, a)):
+                if not h.gpus[x].nvlinks_up and (switched and x == a or not switched and y == min(
+                        k for k in range(len(h.gpus)) if k != x and h.link(x, k).is_nvlink)):
+                    n -= 1
+            return n
+
+        return tuple(k != g.index and h.link(g.index, k).is_nvlink and active(g.index, k) > 0
+                     for k in range(len(h.gpus)))
 
     # ---- kernels ------------------------------------------------------------------------------
     @api(0, True)

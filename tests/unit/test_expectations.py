@@ -63,6 +63,35 @@ def test_nccl_transport_per_pair() -> None:
                in f for f in got.failures)
 
 
+def test_nccl_transport_is_what_its_set_up_made_on_the_machine() -> None:
+    # Processes of one host that do not share a hostname: NCCL's host hash differs per rank,
+    # so its set-up on the machine connects the pair over the network, where the rules over
+    # the scenario's topology alone (a shared NVSwitch) would say P2P.
+    fault = '[[fault]]\nkind = "no_shared_host_identity"\nhost = "hgx-h100-0"\n'
+    expect = '[[expect]]\ngroup = "tp"\ntransport = "{}"\npair = [0, 1]\n'
+    net = run_scenario(loads(BASE + fault + expect.format("NET"), "e.toml"), policy="default")
+    assert net.ok, net.failures
+    assert net.nccl_transports["tp"] and net.nccl_transports["tp"][0][2] == "NET"
+    p2p = run_scenario(loads(BASE + fault + expect.format("P2P"), "e.toml"), policy="default")
+    assert any("expected NCCL transport P2P between ranks 0 and 1 (group tp); NCCL uses NET"
+               in f for f in p2p.unmet), p2p.failures
+    plain = run_scenario(loads(BASE + expect.format("P2P"), "e.toml"), policy="default")
+    assert plain.ok and "NCCL transport between ranks 0 and 1: P2P via " in "\n".join(plain.outcomes)
+
+
+@pytest.mark.parametrize("preset,host,uses", [("hgx-h100-8", "hgx-h100-0", "P2P via cuMem POSIX fd over NVLink"),
+                                               ("dgx1-v100", "dgx1-0", "SHM via host shared memory")])
+def test_nccl_keeps_nvlink_over_the_links_still_up(preset: str, host: str, uses: str) -> None:
+    # GPU 0 has its link 0 down (row NC28). On an NVSwitch board the other links still reach
+    # GPU 1: P2P over NVLink. On DGX-1's cube mesh GPU 0's link 0 is its single link to GPU 1:
+    # no NVLink left, and the PCIe path of an NVLink pair is not in the model (SYS): SHM.
+    text = (BASE.replace("hgx-h100-8", preset) + f'[[fault]]\nkind = "nvlinks_down"\ngpu = "{host}/0"\n'
+            f'[[expect]]\ngroup = "tp"\ntransport = "{uses}"\npair = [0, 1]\n')
+    res = run_scenario(loads(text, "e.toml"), policy="default")
+    assert res.ok, res.failures
+    assert " via ".join(res.nccl_transports["tp"][0][2:]) == uses
+
+
 def test_fallback_to_a_slower_legal_backend_shows_both_predicted_times() -> None:
     sc = load(FID / "fallback-after-workspace-oom.toml")
     res = run_scenario(sc)

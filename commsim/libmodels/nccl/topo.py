@@ -26,7 +26,9 @@ Per rank (src/init.cc fillInfo, src/misc/utils.cc getHostHash):
   own links (2.27 fills only its own GPU into the topology, ncclTopoFillGpu through NVML,
   src/graph/xml.cc, and fuses the local ranks' XML, src/graph/topo.cc ncclTopoGetSystem), so
   a switched peer in another container is NVL (rule NC25); its PCIe path stays SYS;
-- per same-host peer: NVLink from nvmlDeviceGetP2PStatus (NCCL reads NVLinks from NVML), and
+- per same-host peer: NVLink from the far ends of this GPU's active P2P-capable links
+  (src/graph/xml.cc ncclTopoGetXmlFromGpu reads them one by one: a GPU with some link down
+  keeps NVLink over the rest), nvmlDeviceGetP2PStatus where the driver cannot tell per link; and
   whether `cudaDeviceCanAccessPeer` allows it; for a peer not visible to this process NCCL
   reads NVML's P2P status of the pair instead (src/transport/p2p.cc p2pCanConnect: "CUDA
   10.1 and later can use P2P with invisible devices", checked against the NVML pair info);
@@ -130,10 +132,14 @@ def local_info(driver: Any, rank: int, host_id: str | None = None) -> PeerInfo:
         if ask is not None and j != nvml:
             pci[k] = pcie_path(ask(nvml, j))
         err, status = driver.nvmlDeviceGetP2PStatus(nvml, j)
-        nvlink[k] = j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK
+        p2p_status = j != nvml and int(err) == 0 and status == NVML_P2P_STATUS_OK
+        # NCCL counts NVLinks link by link (src/graph/xml.cc, row NC28): a GPU with a link down
+        # still reaches its peers over the others, where NVML's pair status says not
+        # supported (row N2). A driver without the per-link answer gives the pair status.
+        nvlink[k] = j != nvml and bool(reach[k]) if reach is not None else p2p_status
         o = by_nvml.get(j)
         if o is None:
-            access[k] = nvlink[k]           # NVML's P2P status of the invisible peer
+            access[k] = p2p_status          # NVML's P2P status of the invisible peer
         elif j == nvml:
             access[k] = True
         else:
