@@ -5,6 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v p
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+PEERS_STAMP := $(VENV)/.peers-installed
 
 .PHONY: run test venv clean peers cuda-torch
 
@@ -37,8 +38,6 @@ test: $(STAMP) $(PEERS_STAMP)
 # is 10 min on 2 cores, install included; the rest of `make test` took 332 s there, so this
 # leaves about 2.5 min to spare. `make peers` adds FlashInfer 0.4.1, vLLM 0.34.0 and SGLang in
 # venvs of their own.
-PEERS_STAMP := $(VENV)/.peers-installed
-
 $(PEERS_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet --no-deps $(PEERS)
 	touch $@
