@@ -187,6 +187,11 @@ def judge(sc: Scenario, res: Any, again: Any = None, policy: Policy | None = Non
     return v
 
 
+def _nccl_setup_failed(text: str) -> bool:
+    """A peer's exit with NCCL's set-up failure, as RankFailed quotes its repr (either quote)."""
+    return 'SetupFailed("nccl' in text or "SetupFailed('nccl" in text
+
+
 def _nccl_expected(sc: Scenario, nccl: dict[str, NcclOutcome], e: Any) -> str:
     """Why error `e` is what NCCL must do on its group (nccl_truth.py), or ""."""
     text = f"{e.name} {e.message}"
@@ -198,9 +203,13 @@ def _nccl_expected(sc: Scenario, nccl: dict[str, NcclOutcome], e: Any) -> str:
             return o.hangs
         if o.fails and (e.name.startswith("nccl") or "no backend accepts" in text):
             return o.fails
-    if e.name == "RankFailed" and ("no backend accepts" in text or 'SetupFailed("nccl' in text):
+    if e.name == "RankFailed" and ("no backend accepts" in text or _nccl_setup_failed(text)):
         # a peer of another group stopped at its own group's expected NCCL failure
         return next((o.fails for o in nccl.values() if o.fails), "")
+    if e.name == "hang" and ("NCCL nccl." in e.message or "(tag 'nccl." in e.message):
+        # a rank of another group waits, in a collective of a group they share, on a peer
+        # stuck in its own group's expected NCCL hang
+        return next((o.hangs for o in nccl.values() if o.hangs), "")
     return ""
 
 
@@ -210,7 +219,7 @@ def _nccl_knocked_out(res: Any, e: Any) -> bool:
     too (to the injected failure: the run's only fault that fails calls); or a peer's exit
     from that."""
     text = f"{e.name} {e.message}"
-    return "no backend accepts" in text or (e.name == "RankFailed" and 'SetupFailed("nccl' in text)
+    return "no backend accepts" in text or (e.name == "RankFailed" and _nccl_setup_failed(text))
 
 
 def _judge_nccl(sc: Scenario, res: Any, nccl: dict[str, NcclOutcome], v: Verdict) -> None:

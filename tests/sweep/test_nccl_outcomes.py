@@ -85,3 +85,21 @@ def test_the_truth_per_fault_class():
         o = nccl_outcome(apply_machine_fault(h100, fault), gpus, env)
         got = [f for f in ("fails", "hangs", "wrong") if getattr(o, f)]
         assert got == ([field] if field else []), (name, o)
+
+
+def test_ranks_of_other_groups_waiting_on_a_hung_nccl_group_are_its_outcome():
+    """s0-53: rtx4090-8 tp4xdp2+dp, GPUs 2-3 drop peer writes. tp0's NCCL hangs (expected);
+    tp1's ranks then wait in their data-parallel groups' discovery for tp0's ranks: the same
+    hang seen from the other side, not a defect of its own."""
+    r = run_sweep(["s0-53"], jobs=1).records[0]
+    assert r["ok"], r["failures"]
+    waiting = [n for n in r["notes"] if n.startswith("NCCL's outcome: rank 4 at discover: hang")]
+    assert waiting and "drops peer writes" in waiting[0], r["notes"]
+
+
+def test_peers_of_a_failed_nccl_set_up_quoted_either_way_are_its_outcome():
+    """s0-1664: an injected import failure stops rank 0's NCCL (MNNVL's self-test); the ranks
+    of the other groups stop waiting for it, their RankFailed quoting SetupFailed('nccl ...')
+    with single quotes (its text holds a double quote)."""
+    r = run_sweep(["s0-1664"], jobs=1).records[0]
+    assert r["ok"], r["failures"]
