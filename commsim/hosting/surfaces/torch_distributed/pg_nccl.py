@@ -358,6 +358,10 @@ def _to_bytes(obj: Any, device: Any) -> tuple[Any, Any]:
 
 
 def _from_bytes(t: Any, size: int) -> Any:
+    """_tensor_to_object: what a peer rank of this run pickled. The bytes arrive through
+    simulated device memory only: this process's own (inproc ranks), or the run's segments,
+    created exclusively 0600 under an unguessable prefix (procs ranks), so no other local user
+    can have written them."""
     return pickle.loads(t.cpu().numpy().tobytes()[:size])
 
 
